@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// pyrometer's CPU sampler: one perf_event program per online CPU on the software cpu-clock
+// event (hardware PMU events are often missing in VMs), plus BTF tracepoints that keep the
+// in-kernel target set current as targeted processes fork and exit.
+//
+// Every sample becomes one variable-length record in a BPF ring buffer (header + user frames),
+// so a shallow stack costs the ring buffer only what it uses. The layout is mirrored by
+// `SampleHeader` in ../lib.rs; change both together.
+
+#include <linux/bpf.h>
+#include <linux/bpf_perf_event.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "shared.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+// Minimal CO-RE view of task_struct: clang records the field accesses and the loader
+// relocates them against the running kernel's BTF, so no vmlinux.h is needed.
+struct task_struct {
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
+
+// Set by the agent at load time (.rodata), so the verifier prunes the unused branches.
+const volatile __u32 filter_mode = FILTER_ALL;
+const volatile __u32 self_tgid = 0;
+
+// Targeted processes (tgid -> TARGET_* flags). 16384 processes is far more than one
+// `record` or one node agent selects; an insert into a full map is counted, not silent.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u32);
+} targets SEC(".maps");
+
+// Kernel stacks are interned by the kernel: most samples of one workload share a few
+// kernel stacks. Bucket collisions (-EEXIST, no BPF_F_REUSE_STACKID so that ids the agent
+// cached stay valid) fall back to copying the stack into the record itself, so none is lost.
+// 16384 buckets x 127 frames x 8 bytes = 16.6 MB, the biggest fixed cost of the sampler.
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, MAX_KERNEL_FRAMES * sizeof(__u64));
+} kernel_stacks SEC(".maps");
+
+// Sample records for the agent. The size is set by the agent at load time (--ring-buffer-mb).
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} samples SEC(".maps");
+
+// Per-CPU scratch record: a sample is too big for the 512-byte BPF stack.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample_record);
+} scratch SEC(".maps");
+
+// Health counters, one slot per COUNTER_* index, summed over CPUs by the agent.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, COUNTER_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+static __always_inline void count(__u32 index)
+{
+	__u64 *slot = bpf_map_lookup_elem(&counters, &index);
+	if (slot)
+		*slot += 1;
+}
+
+static __always_inline int is_target(__u32 tgid)
+{
+	if (tgid == 0 || tgid == self_tgid)
+		return 0;
+	if (filter_mode == FILTER_ALL)
+		return 1;
+	return bpf_map_lookup_elem(&targets, &tgid) != 0;
+}
+
+SEC("perf_event")
+int on_cpu_clock(struct bpf_perf_event_data *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	__u32 tid = (__u32)pid_tgid;
+
+	// The idle task runs as pid 0 on every CPU; it is never a target.
+	if (tid == 0 || !is_target(tgid))
+		return 0;
+
+	__u32 zero = 0;
+	struct sample_record *rec = bpf_map_lookup_elem(&scratch, &zero);
+	if (!rec)
+		return 0;
+
+	rec->hdr.timestamp_ns = bpf_ktime_get_ns();
+	rec->hdr.pid = tgid;
+	rec->hdr.tid = tid;
+	rec->hdr.cpu = bpf_get_smp_processor_id();
+	rec->hdr.flags = 0;
+	rec->hdr.kernel_frames = 0;
+	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
+
+	long kid = bpf_get_stackid(ctx, &kernel_stacks, 0);
+	rec->hdr.kernel_stack_id = (__s32)kid;
+	if (kid == -17 /* EEXIST: bucket holds another stack */) {
+		long n = bpf_get_stack(ctx, rec->kernel, sizeof(rec->kernel), 0);
+		if (n > 0) {
+			rec->hdr.kernel_frames = n / sizeof(__u64);
+			rec->hdr.flags |= SAMPLE_KERNEL_INLINE;
+		} else {
+			count(COUNTER_KERNEL_STACK_ERRORS);
+		}
+	} else if (kid < 0 && kid != -14 /* EFAULT: no kernel stack (user mode) */) {
+		count(COUNTER_KERNEL_STACK_ERRORS);
+	}
+
+	long bytes = bpf_get_stack(ctx, rec->user, sizeof(rec->user), BPF_F_USER_STACK);
+	__u32 frames = 0;
+	if (bytes > 0) {
+		frames = bytes / sizeof(__u64);
+	} else if (bytes < 0 && bytes != -14) {
+		count(COUNTER_USER_STACK_ERRORS);
+	}
+	if (frames > MAX_USER_FRAMES)
+		frames = MAX_USER_FRAMES;
+	rec->hdr.user_frames = frames;
+	if (frames == MAX_USER_FRAMES)
+		count(COUNTER_USER_STACK_TRUNCATED);
+
+	// Records carry only the frames they use: the user frames follow the header, then the
+	// inline kernel frames (if any). Both are copied into place in the scratch record.
+	__u64 size = sizeof(rec->hdr) + (__u64)frames * sizeof(__u64);
+	if (rec->hdr.flags & SAMPLE_KERNEL_INLINE) {
+		// Inline kernel stacks are rare (bucket collisions): send the whole record.
+		size = sizeof(*rec);
+	}
+	if (size > sizeof(*rec))
+		size = sizeof(*rec);
+
+	if (bpf_ringbuf_output(&samples, rec, size, 0) != 0) {
+		count(COUNTER_RINGBUF_DROPS);
+		return 0;
+	}
+	count(COUNTER_SAMPLES);
+	return 0;
+}
+
+// A targeted process that starts a child process (not a thread) passes its flags on when it
+// asked to be followed (`-- CMD`, or `--pid` with `--subprocesses`).
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (filter_mode != FILTER_TARGETS)
+		return 0;
+	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	__u32 child_tgid = BPF_CORE_READ(child, tgid);
+	if (child_tgid == parent_tgid)
+		return 0;
+	__u32 *flags = bpf_map_lookup_elem(&targets, &parent_tgid);
+	if (!flags || !(*flags & TARGET_FOLLOW_CHILDREN))
+		return 0;
+	__u32 value = *flags;
+	if (bpf_map_update_elem(&targets, &child_tgid, &value, BPF_ANY) != 0)
+		count(COUNTER_TARGETS_FULL);
+	return 0;
+}
+
+// Forget a process when its last thread leader exits, so pid reuse cannot pull an unrelated
+// process into the capture.
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *task)
+{
+	if (filter_mode != FILTER_TARGETS)
+		return 0;
+	__u32 pid = BPF_CORE_READ(task, pid);
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	if (pid != tgid)
+		return 0;
+	bpf_map_delete_elem(&targets, &tgid);
+	return 0;
+}

@@ -1,0 +1,167 @@
+//! pyrometer's kernel-side programs, compiled from C by `build.rs`, and the `#[repr(C)]`
+//! mirrors of the structs they share with the agent (`src/bpf/shared.h`).
+
+/// The CPU sampler object: `on_cpu_clock` (perf_event), `on_fork` and `on_exit` (BTF
+/// tracepoints), and the maps `targets`, `kernel_stacks`, `samples`, `scratch`, `counters`.
+pub static SAMPLER_OBJECT: &[u8] = aligned_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
+
+/// Embeds a file with 8-byte alignment: the ELF parser reads its headers in place.
+#[macro_export]
+macro_rules! aligned_bytes {
+    ($path:expr) => {{
+        #[repr(C, align(8))]
+        struct Aligned<B: ?Sized>(B);
+        static ALIGNED: &Aligned<[u8]> = &Aligned(*include_bytes!($path));
+        &ALIGNED.0
+    }};
+}
+
+pub const MAX_USER_FRAMES: usize = 127;
+pub const MAX_KERNEL_FRAMES: usize = 127;
+pub const COMM_LEN: usize = 16;
+
+/// `filter_mode` values.
+pub const FILTER_ALL: u32 = 0;
+pub const FILTER_TARGETS: u32 = 1;
+
+/// `targets` value flags.
+pub const TARGET_SELECTED: u32 = 1;
+pub const TARGET_FOLLOW_CHILDREN: u32 = 2;
+
+/// `SampleHeader::flags`: the kernel stack is inline after the user frame slots.
+pub const SAMPLE_KERNEL_INLINE: u32 = 1;
+
+/// Indices into the per-CPU `counters` map.
+pub mod counter {
+    pub const SAMPLES: u32 = 0;
+    pub const RINGBUF_DROPS: u32 = 1;
+    pub const KERNEL_STACK_ERRORS: u32 = 2;
+    pub const USER_STACK_ERRORS: u32 = 3;
+    pub const USER_STACK_TRUNCATED: u32 = 4;
+    pub const TARGETS_FULL: u32 = 5;
+    pub const COUNT: u32 = 8;
+}
+
+/// Mirror of `struct sample_header`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SampleHeader {
+    pub timestamp_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub kernel_stack_id: i32,
+    pub user_frames: u32,
+    pub kernel_frames: u32,
+    pub flags: u32,
+    pub reserved: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Byte offset of the inline kernel frames in a full record.
+pub const KERNEL_FRAMES_OFFSET: usize =
+    size_of::<SampleHeader>() + MAX_USER_FRAMES * size_of::<u64>();
+/// Size of a full `struct sample_record`.
+pub const FULL_RECORD_SIZE: usize = KERNEL_FRAMES_OFFSET + MAX_KERNEL_FRAMES * size_of::<u64>();
+
+/// A sample record as read from the ring buffer.
+#[derive(Debug, Clone)]
+pub struct RawSample<'a> {
+    pub header: SampleHeader,
+    bytes: &'a [u8],
+}
+
+/// Why a ring-buffer record could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BadRecord(pub &'static str);
+
+impl<'a> RawSample<'a> {
+    /// Parses one record; lengths are checked, so a short record is an error, not a panic.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, BadRecord> {
+        let hsize = size_of::<SampleHeader>();
+        if bytes.len() < hsize {
+            return Err(BadRecord("record shorter than its header"));
+        }
+        // SAFETY: SampleHeader is plain old data and the slice holds at least its size;
+        // read_unaligned copes with any alignment of the ring-buffer slot.
+        let header =
+            unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<SampleHeader>()) };
+        let user = header.user_frames as usize;
+        if user > MAX_USER_FRAMES || bytes.len() < hsize + user * 8 {
+            return Err(BadRecord("user frame count exceeds record"));
+        }
+        if header.flags & SAMPLE_KERNEL_INLINE != 0
+            && (header.kernel_frames as usize > MAX_KERNEL_FRAMES
+                || bytes.len() < KERNEL_FRAMES_OFFSET + header.kernel_frames as usize * 8)
+        {
+            return Err(BadRecord("kernel frame count exceeds record"));
+        }
+        Ok(Self { header, bytes })
+    }
+
+    /// User-space return addresses, leaf first.
+    pub fn user_frames(&self) -> impl Iterator<Item = u64> + '_ {
+        let start = size_of::<SampleHeader>();
+        words(&self.bytes[start..start + self.header.user_frames as usize * 8])
+    }
+
+    /// Kernel addresses copied into the record (stack-map collisions only), leaf first.
+    pub fn inline_kernel_frames(&self) -> impl Iterator<Item = u64> + '_ {
+        let n = if self.header.flags & SAMPLE_KERNEL_INLINE != 0 {
+            self.header.kernel_frames as usize
+        } else {
+            0
+        };
+        words(&self.bytes[KERNEL_FRAMES_OFFSET..KERNEL_FRAMES_OFFSET + n * 8])
+    }
+
+    /// The thread's comm (15 bytes at most, as the kernel truncates it).
+    pub fn comm(&self) -> String {
+        comm_to_string(&self.header.comm)
+    }
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().expect("chunks_exact yields 8 bytes")))
+}
+
+/// A NUL-terminated kernel comm as a string (lossy for non-UTF-8 names).
+pub fn comm_to_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_layout_matches_c() {
+        // 8 + 4*8 + 16: the C struct has no padding.
+        assert_eq!(size_of::<SampleHeader>(), 56);
+        assert_eq!(FULL_RECORD_SIZE, 56 + 127 * 8 * 2);
+    }
+
+    #[test]
+    fn object_is_bpf_elf() {
+        assert_eq!(&SAMPLER_OBJECT[..4], b"\x7fELF");
+        // e_machine EM_BPF = 247
+        assert_eq!(u16::from_le_bytes([SAMPLER_OBJECT[18], SAMPLER_OBJECT[19]]), 247);
+    }
+
+    #[test]
+    fn short_records_are_errors() {
+        assert!(RawSample::parse(&[0u8; 10]).is_err());
+        let mut rec = vec![0u8; 56];
+        rec[24..28].copy_from_slice(&5u32.to_ne_bytes());
+        assert_eq!(
+            RawSample::parse(&rec).unwrap_err(),
+            BadRecord("user frame count exceeds record")
+        );
+        rec.extend_from_slice(&[1u8; 40]);
+        let s = RawSample::parse(&rec).unwrap();
+        assert_eq!(s.user_frames().count(), 5);
+    }
+}

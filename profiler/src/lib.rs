@@ -1,0 +1,4 @@
+//! pyrometer's node-side library: loading and attaching the kernel programs, the process
+//! registry and symbolizer, the aggregator, and the local outputs.
+
+pub mod model;
