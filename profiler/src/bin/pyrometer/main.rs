@@ -1,0 +1,129 @@
+//! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
+//! `report` converts or summarizes a profile file.
+
+mod record;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit codes (README "Exit codes"): 1 is reserved for `diff` finding a regression.
+pub const EXIT_INPUT: u8 = 2;
+pub const EXIT_PRIVILEGES: u8 = 3;
+
+#[derive(Parser)]
+#[command(name = "pyrometer", version, about = "Sampling profiler for Python, native and GPU workloads")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sample processes (or the whole node) and write a flame graph, folded stacks or pprof.
+    Record(record::RecordArgs),
+    /// Convert a pprof or folded profile into another format, or print its top functions.
+    Report(report::ReportArgs),
+}
+
+/// An error that knows its exit code; everything else exits with EXIT_INPUT.
+#[derive(Debug)]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+pub fn exit_error(code: u8, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Exit {
+        code,
+        message: message.into(),
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Record(args) => record::run(args),
+        Command::Report(args) => report::run(args),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            let code = err.downcast_ref::<Exit>().map_or(EXIT_INPUT, |e| e.code);
+            // One line: the outermost context, then its causes.
+            let mut line = err.to_string();
+            for cause in err.chain().skip(1) {
+                let cause = cause.to_string();
+                if !line.contains(&cause) {
+                    line.push_str(": ");
+                    line.push_str(&cause);
+                }
+            }
+            eprintln!("pyrometer: {line}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Parses `30s`, `1.5m`, `500ms`, `2h` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}': expected e.g. 30s, 500ms, 2m"))?;
+    let secs = match unit {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("invalid duration unit '{unit}': use ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("duration must be positive: '{s}'"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// The output path and format: `--format` wins, else the extension, else `default`.
+pub fn resolve_format(
+    output: Option<&PathBuf>,
+    format: Option<&str>,
+    default: pyrometer::output::OutputFormat,
+) -> anyhow::Result<pyrometer::output::OutputFormat> {
+    if let Some(f) = format {
+        return f.parse().map_err(|e: pyrometer::output::OutputError| exit_error(EXIT_INPUT, e.to_string()));
+    }
+    Ok(output
+        .and_then(|p| pyrometer::output::OutputFormat::from_path(p))
+        .unwrap_or(default))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("3x").is_err());
+        assert!(parse_duration("0").is_err());
+    }
+}

@@ -1,0 +1,352 @@
+//! `pyrometer record`: select targets, sample them in the kernel, symbolize, write.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use clap::Args;
+use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
+use pyrometer::capture::Capture;
+use pyrometer::model::Profile;
+use pyrometer::output::{self, OutputFormat};
+use pyrometer::procs::ProcessRegistry;
+use pyrometer::symbolize::Symbolizer;
+use pyrometer::target::{self, HeldChild};
+use pyrometer::{privileges, signals};
+
+use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration, resolve_format};
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Process to profile (repeatable).
+    #[arg(short, long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Also profile the descendants of each --pid, current and future.
+    #[arg(long)]
+    subprocesses: bool,
+    /// Profile the whole node (every process but the idle task and pyrometer itself).
+    #[arg(long, conflicts_with_all = ["pids", "command"])]
+    all: bool,
+    /// How long to record (e.g. 30s, 2m); default: until the target exits or Ctrl-C.
+    #[arg(short, long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Samples per second per CPU.
+    #[arg(short = 'F', long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10000))]
+    frequency: u64,
+    /// Output file; the format follows the extension (.svg, .folded/.txt, .pb.gz/.pprof).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Output format (overrides the extension): folded, svg, pprof.
+    #[arg(short, long)]
+    format: Option<String>,
+    /// Sample type for single-type outputs (folded, svg): cpu or samples.
+    #[arg(short = 't', long = "type", value_name = "TYPE")]
+    sample_type: Option<String>,
+    /// Ring buffer size in MiB (a power of two); larger absorbs longer agent stalls.
+    #[arg(long, default_value_t = 8, value_parser = parse_ring_mb)]
+    ring_buffer_mb: u32,
+    /// Write capture statistics (samples, drops, BPF and agent cost) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    stats: Option<PathBuf>,
+    /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
+    #[arg(long, value_name = "FILE", hide = true)]
+    btf_path: Option<PathBuf>,
+    /// The command to start and profile, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn parse_ring_mb(s: &str) -> Result<u32, String> {
+    let v: u32 = s.parse().map_err(|_| format!("invalid number '{s}'"))?;
+    if v == 0 || !v.is_power_of_two() || v > 1024 {
+        return Err("ring buffer size must be a power of two between 1 and 1024 MiB".into());
+    }
+    Ok(v)
+}
+
+enum Targets {
+    All,
+    Pids(Vec<u32>),
+    Command(Vec<String>),
+}
+
+pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
+    let targets = if args.all {
+        Targets::All
+    } else if !args.command.is_empty() {
+        if !args.pids.is_empty() {
+            return Err(exit_error(EXIT_INPUT, "give either --pid or a command after --, not both"));
+        }
+        Targets::Command(args.command.clone())
+    } else if !args.pids.is_empty() {
+        Targets::Pids(args.pids.clone())
+    } else {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "nothing to profile: give --pid PID, --all, or a command after -- (e.g. pyrometer record -- ./prog)",
+        ));
+    };
+
+    // Everything that can be wrong with the request is checked before the capture starts.
+    let format = resolve_format(args.output.as_ref(), args.format.as_deref(), OutputFormat::Svg)?;
+    let probe = Profile::cpu(1);
+    let type_index = match &args.sample_type {
+        Some(t) => probe
+            .type_index(t)
+            .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?,
+        None => probe.default_type,
+    };
+    let output_path = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output_name(&targets, format));
+    let out_file = File::create(&output_path)
+        .map_err(|e| exit_error(EXIT_INPUT, format!("cannot write {}: {e}", output_path.display())))?;
+    if let Targets::Pids(pids) = &targets {
+        target::check_pids(Path::new("/proc"), pids).map_err(|e| {
+            let _ = std::fs::remove_file(&output_path);
+            exit_error(EXIT_INPUT, e.to_string())
+        })?;
+    }
+    let remove_output = |e: anyhow::Error| {
+        let _ = std::fs::remove_file(&output_path);
+        e
+    };
+    privileges::check(privileges::SAMPLING, privileges::effective())
+        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
+
+    let config = SamplerConfig {
+        frequency_hz: args.frequency,
+        filter: if matches!(targets, Targets::All) {
+            Filter::All
+        } else {
+            Filter::Targets
+        },
+        ring_buffer_bytes: args.ring_buffer_mb << 20,
+        btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
+    };
+    let mut sampler =
+        Sampler::load(&config).map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
+    signals::install();
+
+    let mut root_pids: Vec<u32> = Vec::new();
+    let mut child: Option<Child> = None;
+    let mut held: Option<HeldChild> = None;
+    match &targets {
+        Targets::All => {}
+        Targets::Pids(pids) => {
+            for &pid in pids {
+                sampler.add_target(pid, args.subprocesses)?;
+            }
+            if args.subprocesses {
+                for pid in target::descendants(Path::new("/proc"), pids) {
+                    sampler.add_target(pid, true)?;
+                }
+            }
+            root_pids = pids.clone();
+        }
+        Targets::Command(argv) => {
+            let h = HeldChild::spawn(argv).map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
+            sampler.add_target(h.pid(), true)?;
+            held = Some(h);
+        }
+    }
+    sampler
+        .start(args.frequency)
+        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
+    if let Some(h) = held.take() {
+        child = Some(h.release());
+    }
+
+    let started = Instant::now();
+    let wall_start = SystemTime::now();
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} recording {elapsed} {msg}")
+            .expect("static template"),
+    );
+    let mut registry = ProcessRegistry::new();
+    let mut capture = Capture::default();
+    let mut child_status = None;
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut last_alive_check = Instant::now();
+    loop {
+        sampler.wait(Duration::from_millis(100));
+        sampler.drain_into(&mut batch);
+        for rec in batch.drain(..) {
+            capture.ingest(&rec, &sampler, &mut registry);
+        }
+        let lost = sampler.counters().ringbuf_drops;
+        progress.set_message(format!("{} samples, {lost} lost", capture.samples));
+        progress.tick();
+
+        if let Some(sig) = signals::take() {
+            match &child {
+                // The child decides when it is done; recording ends when it exits.
+                Some(c) => unsafe {
+                    // SAFETY: plain kill(2) of our own child.
+                    libc::kill(c.id() as i32, sig);
+                },
+                None => break,
+            }
+        }
+        if let Some(c) = child.as_mut()
+            && let Some(status) = c.try_wait().context("waiting for the command")?
+        {
+            child_status = Some(status);
+            break;
+        }
+        if args.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        if !root_pids.is_empty() && last_alive_check.elapsed() >= Duration::from_millis(200) {
+            last_alive_check = Instant::now();
+            let proc_root = Path::new("/proc");
+            if root_pids.iter().all(|&p| !target::alive(proc_root, p)) {
+                break;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    // Samples taken just before the stop may still be in flight to the ring buffer.
+    std::thread::sleep(Duration::from_millis(20));
+    sampler.drain_into(&mut batch);
+    for rec in batch.drain(..) {
+        capture.ingest(&rec, &sampler, &mut registry);
+    }
+    progress.finish_and_clear();
+    let counters = sampler.counters();
+    let bpf_stats = sampler.program_stats();
+    drop(sampler);
+
+    if let Some(mut c) = child.take() {
+        // Duration ran out or Ctrl-C with a child: it keeps running, as with `perf record`.
+        child_status = c.try_wait().ok().flatten().or(child_status);
+    }
+
+    let processes = capture.pids.len();
+    let samples = capture.samples;
+    let bad = capture.bad_records;
+    let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
+    let mut symbolizer = Symbolizer::new();
+    let mut profile = capture.into_profile(&mut registry, &mut symbolizer, period_ns);
+    profile.duration_nanos = i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX);
+    profile.time_nanos = wall_start
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(0))
+        .unwrap_or(0);
+    let lost = counters.ringbuf_drops + bad;
+    profile.comments.push(format!(
+        "pyrometer record at {} Hz: {samples} samples, {lost} lost",
+        args.frequency
+    ));
+    let unsymbolized = symbolizer.stats().unsymbolized;
+
+    if samples == 0 {
+        let _ = std::fs::remove_file(&output_path);
+        return Err(exit_error(
+            EXIT_INPUT,
+            format!(
+                "no samples were collected in {:.1}s (did the target use any CPU?); nothing written",
+                elapsed.as_secs_f64()
+            ),
+        ));
+    }
+    let title = match &targets {
+        Targets::All => "pyrometer: all processes".to_string(),
+        Targets::Pids(p) => format!(
+            "pyrometer: pid {}",
+            p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        ),
+        Targets::Command(c) => format!("pyrometer: {}", c.join(" ")),
+    };
+    let mut w = BufWriter::new(out_file);
+    output::write(&profile, format, type_index, &title, &mut w)
+        .and_then(|()| w.flush().map_err(Into::into))
+        .with_context(|| format!("writing {}", output_path.display()))?;
+
+    if let Some(path) = &args.stats {
+        write_stats(path, samples, lost, &counters, elapsed, bpf_stats)?;
+    }
+    eprintln!(
+        "pyrometer: {samples} samples ({lost} lost) from {processes} process{} in {:.1}s, {unsymbolized} unsymbolized frames; wrote {}",
+        if processes == 1 { "" } else { "es" },
+        elapsed.as_secs_f64(),
+        output_path.display()
+    );
+    if counters.user_stack_errors + counters.kernel_stack_errors + capture_missing(counters) > 0 {
+        eprintln!(
+            "pyrometer: stack errors: {} user, {} kernel",
+            counters.user_stack_errors, counters.kernel_stack_errors
+        );
+    }
+    if let Some(status) = child_status
+        && !status.success()
+    {
+        let code = status
+            .code()
+            .map(|c| c.clamp(1, 255) as u8)
+            .unwrap_or_else(|| {
+                use std::os::unix::process::ExitStatusExt;
+                128u8.saturating_add(status.signal().unwrap_or(0) as u8)
+            });
+        eprintln!("pyrometer: the command failed ({status}); the profile was written anyway");
+        return Ok(code);
+    }
+    Ok(0)
+}
+
+fn capture_missing(c: pyrometer::bpf::Counters) -> u64 {
+    c.targets_full
+}
+
+fn default_output_name(targets: &Targets, format: OutputFormat) -> PathBuf {
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let what = match targets {
+        Targets::All => "all".to_string(),
+        Targets::Pids(p) => format!("pid{}", p[0]),
+        Targets::Command(c) => Path::new(&c[0])
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "cmd".into()),
+    };
+    PathBuf::from(format!("pyrometer-{what}-{stamp}.{}", format.extension()))
+}
+
+fn write_stats(
+    path: &Path,
+    samples: u64,
+    lost: u64,
+    counters: &pyrometer::bpf::Counters,
+    elapsed: Duration,
+    bpf: Option<pyrometer::bpf::ProgramStats>,
+) -> anyhow::Result<()> {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let cpu_ns = (usage.ru_utime.tv_sec as u64 * 1_000_000 + usage.ru_utime.tv_usec as u64
+        + usage.ru_stime.tv_sec as u64 * 1_000_000
+        + usage.ru_stime.tv_usec as u64)
+        * 1000;
+    let json = serde_json::json!({
+        "samples": samples,
+        "lost": lost,
+        "kernel_samples": counters.samples,
+        "ringbuf_drops": counters.ringbuf_drops,
+        "user_stack_errors": counters.user_stack_errors,
+        "kernel_stack_errors": counters.kernel_stack_errors,
+        "user_stack_truncated": counters.user_stack_truncated,
+        "elapsed_ns": elapsed.as_nanos() as u64,
+        "agent_cpu_ns": cpu_ns,
+        "bpf_run_time_ns": bpf.map(|b| b.run_time_ns),
+        "bpf_run_count": bpf.map(|b| b.run_count),
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", path.display()))
+}

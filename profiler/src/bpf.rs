@@ -1,0 +1,408 @@
+//! Loads the kernel-side sampler (`pyrometer-ebpf`) with aya, attaches it, and gives the rest of
+//! the agent typed access to its maps: the target set, the kernel stack map, the ring buffer
+//! and the health counters.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{BtfTracePoint, PerfEvent};
+use aya::{Btf, Ebpf, EbpfLoader, Endianness};
+use pyrometer_ebpf as shared;
+
+/// Default location of the running kernel's BTF.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Which processes the kernel side samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// Every process but the idle task and pyrometer itself.
+    All,
+    /// Only processes in the `targets` map.
+    Targets,
+}
+
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    pub frequency_hz: u64,
+    pub filter: Filter,
+    /// Ring buffer size in bytes: a power of two and a multiple of the page size.
+    pub ring_buffer_bytes: u32,
+    pub btf_path: PathBuf,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            frequency_hz: 99,
+            filter: Filter::Targets,
+            ring_buffer_bytes: 8 << 20,
+            btf_path: PathBuf::from(KERNEL_BTF),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "kernel BTF not found at {0}: pyrometer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux 5.8+)"
+    )]
+    NoBtf(PathBuf),
+    #[error("cannot parse kernel BTF at {path}: {reason}")]
+    BadBtf { path: PathBuf, reason: String },
+    #[error(
+        "this kernel ({0}) has no BPF ring buffers: pyrometer needs Linux 5.8 or newer"
+    )]
+    NoRingBuffer(String),
+    #[error("cannot load the BPF sampler: {0}")]
+    Load(String),
+    #[error("cannot attach {what}: {reason}")]
+    Attach { what: String, reason: String },
+    #[error("BPF map {0}: {1}")]
+    Map(&'static str, String),
+}
+
+/// Sums of the per-CPU health counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub samples: u64,
+    pub ringbuf_drops: u64,
+    pub kernel_stack_errors: u64,
+    pub user_stack_errors: u64,
+    pub user_stack_truncated: u64,
+    pub targets_full: u64,
+}
+
+/// Run time and count of the perf_event program, from `kernel.bpf_stats_enabled`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProgramStats {
+    pub run_time_ns: u64,
+    pub run_count: u64,
+}
+
+/// The loaded and attached sampler. Dropping it detaches everything.
+pub struct Sampler {
+    ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    targets: BpfHashMap<MapData, u32, u32>,
+    kernel_stacks: StackTraceMap<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    perf_prog_id: Option<u32>,
+}
+
+impl Sampler {
+    /// Loads the programs and maps, and attaches the fork/exit tracepoints. Sampling starts with
+    /// [`Sampler::start`], so targets can be registered before the first sample.
+    pub fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
+        check_ring_buffer_support()?;
+        if !config.btf_path.exists() {
+            return Err(BpfError::NoBtf(config.btf_path.clone()));
+        }
+        let btf = Btf::parse_file(&config.btf_path, Endianness::default()).map_err(|e| {
+            BpfError::BadBtf {
+                path: config.btf_path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        raise_memlock_limit();
+
+        let filter_mode = match config.filter {
+            Filter::All => shared::FILTER_ALL,
+            Filter::Targets => shared::FILTER_TARGETS,
+        };
+        let self_tgid = std::process::id();
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .override_global("filter_mode", &filter_mode, true)
+            .override_global("self_tgid", &self_tgid, true)
+            .map_max_entries("samples", config.ring_buffer_bytes)
+            .load(shared::SAMPLER_OBJECT)
+            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+
+        for (name, tracepoint) in [
+            ("on_fork", "sched_process_fork"),
+            ("on_exit", "sched_process_exit"),
+        ] {
+            let prog: &mut BtfTracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
+                .try_into()
+                .map_err(|e| BpfError::Load(error_chain(&e)))?;
+            prog.load(tracepoint, &btf)
+                .map_err(|e| BpfError::Load(format!("{name}: {}", error_chain(&e))))?;
+            prog.attach().map_err(|e| BpfError::Attach {
+                what: format!("tracepoint {tracepoint}"),
+                reason: error_chain(&e),
+            })?;
+        }
+        {
+            let prog: &mut PerfEvent = ebpf
+                .program_mut("on_cpu_clock")
+                .ok_or_else(|| BpfError::Load("program on_cpu_clock missing".into()))?
+                .try_into()
+                .map_err(|e| BpfError::Load(error_chain(&e)))?;
+            prog.load()
+                .map_err(|e| BpfError::Load(format!("on_cpu_clock: {}", error_chain(&e))))?;
+        }
+
+        let ring = RingBuf::try_from(take(&mut ebpf, "samples")?)
+            .map_err(|e| BpfError::Map("samples", e.to_string()))?;
+        let targets = BpfHashMap::try_from(take(&mut ebpf, "targets")?)
+            .map_err(|e| BpfError::Map("targets", e.to_string()))?;
+        let kernel_stacks = StackTraceMap::try_from(take(&mut ebpf, "kernel_stacks")?)
+            .map_err(|e| BpfError::Map("kernel_stacks", e.to_string()))?;
+        let counters = PerCpuArray::try_from(take(&mut ebpf, "counters")?)
+            .map_err(|e| BpfError::Map("counters", e.to_string()))?;
+        Ok(Self {
+            ebpf,
+            ring,
+            targets,
+            kernel_stacks,
+            counters,
+            perf_prog_id: None,
+        })
+    }
+
+    /// Attaches the sampler to the software cpu-clock event of every online CPU.
+    pub fn start(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Attach {
+            what: "perf events".into(),
+            reason: format!("{what}: {e}"),
+        })?;
+        let prog: &mut PerfEvent = self
+            .ebpf
+            .program_mut("on_cpu_clock")
+            .expect("loaded in Sampler::load")
+            .try_into()
+            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+        for cpu in cpus {
+            prog.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(frequency_hz),
+                false,
+            )
+            .map_err(|e| BpfError::Attach {
+                what: format!("cpu-clock perf event on CPU {cpu}"),
+                reason: error_chain(&e),
+            })?;
+        }
+        self.perf_prog_id = prog.info().ok().map(|i| i.id());
+        Ok(())
+    }
+
+    /// Adds a process to the in-kernel target set; `follow_children` makes the fork
+    /// tracepoint add the processes it starts.
+    pub fn add_target(&mut self, pid: u32, follow_children: bool) -> Result<(), BpfError> {
+        let mut flags = shared::TARGET_SELECTED;
+        if follow_children {
+            flags |= shared::TARGET_FOLLOW_CHILDREN;
+        }
+        self.targets
+            .insert(pid, flags, 0)
+            .map_err(|e| BpfError::Map("targets", e.to_string()))
+    }
+
+    /// Kernel frames (leaf first) of a stack id from a sample record.
+    pub fn kernel_stack(&self, id: i32) -> Option<Vec<u64>> {
+        let id = u32::try_from(id).ok()?;
+        let trace = self.kernel_stacks.get(&id, 0).ok()?;
+        Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// Hands every record waiting in the ring buffer to `f`; returns how many there were.
+    /// The kernel side never waits for us: when the buffer is full it drops and counts.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            f(&item);
+            n += 1;
+        }
+        n
+    }
+
+    /// Copies every waiting record into `out` (appending), so the caller can process them
+    /// while also using the sampler (e.g. to read kernel stacks).
+    pub fn drain_into(&mut self, out: &mut Vec<Vec<u8>>) -> usize {
+        self.drain(|b| out.push(b.to_vec()))
+    }
+
+    /// Waits until the ring buffer has data or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd {
+            fd: self.ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+    }
+
+    pub fn counters(&self) -> Counters {
+        let sum = |index: u32| -> u64 {
+            self.counters
+                .get(&index, 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0)
+        };
+        Counters {
+            samples: sum(shared::counter::SAMPLES),
+            ringbuf_drops: sum(shared::counter::RINGBUF_DROPS),
+            kernel_stack_errors: sum(shared::counter::KERNEL_STACK_ERRORS),
+            user_stack_errors: sum(shared::counter::USER_STACK_ERRORS),
+            user_stack_truncated: sum(shared::counter::USER_STACK_TRUNCATED),
+            targets_full: sum(shared::counter::TARGETS_FULL),
+        }
+    }
+
+    /// The perf_event program's accumulated run time (only counted while the
+    /// `kernel.bpf_stats_enabled` sysctl is 1).
+    pub fn program_stats(&self) -> Option<ProgramStats> {
+        let id = self.perf_prog_id?;
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .find(|p| p.id() == id)
+            .map(|p| ProgramStats {
+                run_time_ns: u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX),
+                run_count: p.run_count(),
+            })
+    }
+}
+
+fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, BpfError> {
+    ebpf.take_map(name)
+        .ok_or_else(|| BpfError::Map(name, "missing from object".into()))
+}
+
+/// Formats an error with its sources, so the verifier's or kernel's reason is not lost.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones use memcg and ignore it.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid struct; failure only matters on old kernels, where
+    // the map creation error that follows says what went wrong.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}
+
+/// Ring buffers came with Linux 5.8.
+fn check_ring_buffer_support() -> Result<(), BpfError> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim().to_string();
+    if let Some((major, minor)) = parse_release(&release)
+        && (major, minor) < (5, 8)
+    {
+        return Err(BpfError::NoRingBuffer(release));
+    }
+    Ok(())
+}
+
+fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// True when `path` looks like the kernel BTF override used by tests (`--btf-path`).
+pub fn btf_path_or_default(path: Option<&Path>) -> PathBuf {
+    path.map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(KERNEL_BTF))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_release_parsing() {
+        assert_eq!(parse_release("6.18.44-fc-v1045"), Some((6, 18)));
+        assert_eq!(parse_release("5.4.0"), Some((5, 4)));
+        assert_eq!(parse_release("garbage"), None);
+    }
+
+    #[test]
+    fn missing_btf_is_a_clear_error() {
+        let cfg = SamplerConfig {
+            btf_path: PathBuf::from("/nonexistent/vmlinux"),
+            ..SamplerConfig::default()
+        };
+        let err = Sampler::load(&cfg).err().expect("load must fail");
+        assert!(err.to_string().contains("kernel BTF not found at /nonexistent/vmlinux"));
+    }
+}
+
+/// Tests against the real kernel: they need root (or the sampling capabilities).
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+    use std::process::{Child, Command};
+    use std::time::Instant;
+
+    fn privileged() -> bool {
+        let ok = crate::privileges::check(crate::privileges::SAMPLING, crate::privileges::effective())
+            .is_ok();
+        if !ok {
+            println!("skipping: needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (run as root)");
+        }
+        ok
+    }
+
+    fn spinner() -> Child {
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("spawn sh")
+    }
+
+    #[test]
+    fn samples_only_the_targets_with_stacks() {
+        if !privileged() {
+            return;
+        }
+        let mut target = spinner();
+        let mut other = spinner();
+        let mut sampler = Sampler::load(&SamplerConfig::default()).expect("load");
+        sampler.add_target(target.id(), false).unwrap();
+        sampler.start(199).unwrap();
+        let (mut mine, mut foreign, mut with_user) = (0, 0, 0);
+        let deadline = Instant::now() + Duration::from_millis(800);
+        while Instant::now() < deadline {
+            sampler.wait(Duration::from_millis(50));
+            sampler.drain(|bytes| {
+                let s = shared::RawSample::parse(bytes).expect("well-formed record");
+                if s.header.pid == target.id() {
+                    mine += 1;
+                    if s.user_frames().count() > 0 {
+                        with_user += 1;
+                    }
+                } else {
+                    foreign += 1;
+                }
+            });
+        }
+        target.kill().ok();
+        other.kill().ok();
+        target.wait().ok();
+        other.wait().ok();
+        assert!(mine > 20, "only {mine} samples of the target");
+        assert_eq!(foreign, 0, "samples of untargeted processes leaked through");
+        assert!(with_user * 2 > mine, "{with_user}/{mine} samples have user frames");
+        assert!(sampler.counters().samples >= mine);
+    }
+}

@@ -1,0 +1,197 @@
+//! Target selection shared by every command: existing pids (with their descendants on
+//! request), a command started and held until the kernel filter knows it, or the whole node.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("no such process: {0}")]
+    NoSuchProcess(u32),
+    #[error("cannot start {program}: {reason}")]
+    Spawn { program: String, reason: String },
+}
+
+/// True while `/proc/PID` exists and the process is not a zombie.
+pub fn alive(proc_root: &Path, pid: u32) -> bool {
+    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
+        Ok(stat) => stat_state(&stat).is_some_and(|s| s != 'Z' && s != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// The state letter of `/proc/PID/stat` (after the parenthesised comm, which may hold spaces).
+fn stat_state(stat: &str) -> Option<char> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().next()?.chars().next()
+}
+
+fn stat_ppid(stat: &str) -> Option<u32> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Checks that every pid exists, failing on the first that does not.
+pub fn check_pids(proc_root: &Path, pids: &[u32]) -> Result<(), TargetError> {
+    for &pid in pids {
+        if !alive(proc_root, pid) {
+            return Err(TargetError::NoSuchProcess(pid));
+        }
+    }
+    Ok(())
+}
+
+/// All live descendants of `roots` (not including the roots), from the ppid links in /proc.
+pub fn descendants(proc_root: &Path, roots: &[u32]) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(entries) = std::fs::read_dir(proc_root) {
+        for entry in entries.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
+                && let Some(ppid) = stat_ppid(&stat)
+            {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut seen: HashSet<u32> = roots.iter().copied().collect();
+    let mut out = Vec::new();
+    let mut queue: Vec<u32> = roots.to_vec();
+    while let Some(p) = queue.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if seen.insert(c) {
+                out.push(c);
+                queue.push(c);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// A child started by `-- CMD`, stopped just before `exec` until [`HeldChild::release`]:
+/// the gap lets the caller put its pid into the kernel filter, so not one sample of the
+/// command (nor of anything it forks) is missed.
+pub struct HeldChild {
+    child: Child,
+    gate: std::fs::File,
+}
+
+impl HeldChild {
+    pub fn spawn(argv: &[String]) -> Result<Self, TargetError> {
+        let (program, args) = argv.split_first().ok_or_else(|| TargetError::Spawn {
+            program: String::new(),
+            reason: "empty command".into(),
+        })?;
+        let (read_end, write_end) = pipe().map_err(|e| TargetError::Spawn {
+            program: program.clone(),
+            reason: e.to_string(),
+        })?;
+        let read_fd = std::os::fd::AsRawFd::as_raw_fd(&read_end);
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        // SAFETY: the closure runs in the forked child before exec and only calls read(2)
+        // and close(2), which are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut byte = [0u8; 1];
+                let mut f = std::mem::ManuallyDrop::new(
+                    <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(read_fd),
+                );
+                // EOF (the parent died) or a byte: either way, go on to exec.
+                let _ = f.read(&mut byte);
+                libc::close(read_fd);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| TargetError::Spawn {
+            program: program.clone(),
+            reason: e.to_string(),
+        })?;
+        drop(read_end);
+        Ok(Self {
+            child,
+            gate: write_end,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets the child exec the command.
+    pub fn release(mut self) -> Child {
+        let _ = self.gate.write_all(&[1]);
+        self.child
+    }
+}
+
+fn pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    unsafe {
+        Ok((
+            std::os::fd::FromRawFd::from_raw_fd(fds[0]),
+            std::os::fd::FromRawFd::from_raw_fd(fds[1]),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_survive_odd_comms() {
+        let stat = "123 (a b) c) R 45 123 123 0 -1";
+        assert_eq!(stat_state(stat), Some('R'));
+        assert_eq!(stat_ppid(stat), Some(45));
+    }
+
+    #[test]
+    fn unknown_pid_is_named() {
+        let err = check_pids(Path::new("/proc"), &[u32::MAX - 1]).unwrap_err();
+        assert_eq!(err.to_string(), format!("no such process: {}", u32::MAX - 1));
+    }
+
+    #[test]
+    fn held_child_runs_only_after_release() {
+        let dir = std::env::temp_dir().join(format!("pyrometer-held-{}", std::process::id()));
+        let marker = dir.with_extension("marker");
+        let _ = std::fs::remove_file(&marker);
+        let held = HeldChild::spawn(&[
+            "sh".into(),
+            "-c".into(),
+            format!("touch {}", marker.display()),
+        ])
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!marker.exists(), "child ran before release");
+        let mut child = held.release();
+        assert!(child.wait().unwrap().success());
+        assert!(marker.exists());
+        let _ = std::fs::remove_file(&marker);
+    }
+
+    #[test]
+    fn finds_descendants() {
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let d = descendants(Path::new("/proc"), &[child.id()]);
+        child.kill().ok();
+        child.wait().ok();
+        assert_eq!(d.len(), 1, "{d:?}");
+    }
+}
