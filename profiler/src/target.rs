@@ -2,7 +2,7 @@
 //! request), a command started and held until the kernel filter knows it, or the whole node.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command};
@@ -84,35 +84,43 @@ pub struct HeldChild {
 
 impl HeldChild {
     pub fn spawn(argv: &[String]) -> Result<Self, TargetError> {
-        let (program, args) = argv.split_first().ok_or_else(|| TargetError::Spawn {
+        let program = argv.first().ok_or_else(|| TargetError::Spawn {
             program: String::new(),
             reason: "empty command".into(),
         })?;
-        let (read_end, write_end) = pipe().map_err(|e| TargetError::Spawn {
+        let spawn_error = |reason: String| TargetError::Spawn {
             program: program.clone(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let (read_end, write_end) = pipe().map_err(|e| spawn_error(e.to_string()))?;
         let read_fd = std::os::fd::AsRawFd::as_raw_fd(&read_end);
-        let mut cmd = Command::new(program);
-        cmd.args(args);
-        // SAFETY: the closure runs in the forked child before exec and only calls read(2)
-        // and close(2), which are async-signal-safe.
+        // std's spawn waits until the child has exec'd, so the child cannot simply block
+        // before exec. Instead the child execs a tiny shell that waits on the gate (fd 3) and
+        // then execs the command in the same process, keeping the pid we registered.
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg("read _ <&3 || exit 125; exec 3<&-; exec \"$@\"")
+            .arg("pyrometer-gate")
+            .args(argv);
+        // SAFETY: dup2 is async-signal-safe; it runs in the forked child before exec.
         unsafe {
             cmd.pre_exec(move || {
-                let mut byte = [0u8; 1];
-                let mut f = std::mem::ManuallyDrop::new(
-                    <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(read_fd),
-                );
-                // EOF (the parent died) or a byte: either way, go on to exec.
-                let _ = f.read(&mut byte);
-                libc::close(read_fd);
+                // dup2 onto itself keeps FD_CLOEXEC, so clear it explicitly in that case.
+                let ok = if read_fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0) == 0
+                } else {
+                    libc::dup2(read_fd, 3) == 3
+                };
+                if !ok {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| TargetError::Spawn {
-            program: program.clone(),
-            reason: e.to_string(),
-        })?;
+        if which(program).is_none() {
+            return Err(spawn_error("command not found".into()));
+        }
+        let child = cmd.spawn().map_err(|e| spawn_error(e.to_string()))?;
         drop(read_end);
         Ok(Self {
             child,
@@ -126,9 +134,28 @@ impl HeldChild {
 
     /// Lets the child exec the command.
     pub fn release(mut self) -> Child {
-        let _ = self.gate.write_all(&[1]);
+        let _ = self.gate.write_all(b"\n");
         self.child
     }
+}
+
+/// Resolves a program name the way exec does (a path as is, else through $PATH), so a
+/// missing command is reported before anything starts.
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = Path::new(program);
+        return executable(p).then(|| p.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| executable(p))
+    })
 }
 
 fn pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
@@ -176,10 +203,18 @@ mod tests {
         .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(!marker.exists(), "child ran before release");
+        let pid = held.pid();
         let mut child = held.release();
+        assert_eq!(child.id(), pid);
         assert!(child.wait().unwrap().success());
         assert!(marker.exists());
         let _ = std::fs::remove_file(&marker);
+    }
+
+    #[test]
+    fn missing_command_is_an_error() {
+        let err = HeldChild::spawn(&["/nonexistent/prog".into()]).err().unwrap();
+        assert_eq!(err.to_string(), "cannot start /nonexistent/prog: command not found");
     }
 
     #[test]
