@@ -1,1 +1,74 @@
-fn main() {}
+//! Builds the C workloads the end-to-end tests profile, with known behaviour by construction.
+//! Each is built with frame pointers (`NAME`), and some also without (`NAME-nofp`), and a
+//! stripped copy of cpu631 gets its debug info moved into a build-id directory.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn run(cmd: &mut Command) {
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (is gcc/binutils installed?)"));
+    assert!(status.success(), "{cmd:?} failed with {status}");
+}
+
+fn gcc(src: &Path, out: &Path, flags: &[&str]) {
+    run(Command::new("gcc")
+        .args(flags)
+        .args(["-g", "-Wl,--build-id"])
+        .arg(src)
+        .arg("-o")
+        .arg(out));
+}
+
+fn main() {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let fixtures = Path::new("fixtures");
+    println!("cargo:rerun-if-changed=fixtures");
+    let fp = [
+        "-O1",
+        "-fno-omit-frame-pointer",
+        "-mno-omit-leaf-frame-pointer",
+        "-fno-optimize-sibling-calls",
+        "-fno-inline",
+    ];
+    for name in ["cpu631", "syscalls", "fail"] {
+        gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &fp);
+    }
+
+    // Stripped cpu631 whose symbols live only in DEBUG_DIR/.build-id/xx/rest.debug.
+    let stripped = out.join("cpu631-stripped");
+    let debug_dir = out.join("debug");
+    let tmp_debug = out.join("cpu631.debug");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(out.join("cpu631"))
+        .arg(&tmp_debug));
+    run(Command::new("objcopy")
+        .args(["--strip-all"])
+        .arg(out.join("cpu631"))
+        .arg(&stripped));
+    let build_id = read_build_id(&out.join("cpu631"));
+    let dir = debug_dir.join(".build-id").join(&build_id[..2]);
+    std::fs::create_dir_all(&dir).expect("create build-id dir");
+    std::fs::rename(&tmp_debug, dir.join(format!("{}.debug", &build_id[2..])))
+        .expect("place debug file");
+
+    println!("cargo:rustc-env=FIXTURE_DIR={}", out.display());
+    println!("cargo:rustc-env=FIXTURE_DEBUG_DIR={}", debug_dir.display());
+}
+
+/// The GNU build-id as hex, read with `readelf -n` (binutils, already needed for objcopy).
+fn read_build_id(bin: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(bin)
+        .output()
+        .expect("run readelf");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .map(|s| s.trim().to_string())
+        .expect("fixture has a build-id")
+}

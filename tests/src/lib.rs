@@ -1,1 +1,148 @@
+//! Helpers for the end-to-end tests: where the built `pyrometer` and the C fixtures are, a
+//! privilege probe that prints why a test is skipped, and readers for what `record` writes.
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Directory holding the fixtures built by `build.rs`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("FIXTURE_DIR")).join(name)
+}
+
+/// The build-id debug directory for `cpu631-stripped`.
+pub fn fixture_debug_dir() -> PathBuf {
+    PathBuf::from(env!("FIXTURE_DEBUG_DIR"))
+}
+
+/// The `pyrometer` binary of this workspace (`cargo xtask test` builds it first; set
+/// PYROMETER_BIN to test another build).
+pub fn pyrometer_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PYROMETER_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("debug/pyrometer");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p pyrometer` first (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// True when sampling can run; otherwise prints the reason the calling test skips.
+pub fn privileged() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let needed = [(39, "CAP_BPF"), (38, "CAP_PERFMON"), (19, "CAP_SYS_PTRACE")];
+    let missing: Vec<&str> = needed
+        .iter()
+        .filter(|(bit, _)| eff & (1u64 << bit) == 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if missing.is_empty() {
+        true
+    } else {
+        println!("skipping: needs {} (run the tests as root)", missing.join(", "));
+        false
+    }
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pyrometer-e2e-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// Runs `pyrometer ARGS`, returning its output; panics only if it cannot be started.
+pub fn pyrometer(args: &[&str]) -> Output {
+    Command::new(pyrometer_bin())
+        .args(args)
+        .output()
+        .expect("run pyrometer")
+}
+
+/// Panics with stderr unless the command succeeded.
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "pyrometer failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// One folded line: frames root first, and its count.
+#[derive(Debug, Clone)]
+pub struct FoldedStack {
+    pub frames: Vec<String>,
+    pub count: u64,
+}
+
+pub fn read_folded(path: &Path) -> Vec<FoldedStack> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (stack, count) = l.rsplit_once(' ').expect("folded line has a count");
+            FoldedStack {
+                frames: stack.split(';').map(str::to_string).collect(),
+                count: count.parse().expect("integer count"),
+            }
+        })
+        .collect()
+}
+
+/// Share (0..=1) of all samples whose stack contains `function` (inclusive).
+pub fn inclusive_share(stacks: &[FoldedStack], function: &str) -> f64 {
+    let total: u64 = stacks.iter().map(|s| s.count).sum();
+    let hit: u64 = stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == function))
+        .map(|s| s.count)
+        .sum();
+    if total == 0 {
+        0.0
+    } else {
+        hit as f64 / total as f64
+    }
+}
+
+/// Inclusive shares of `functions`, relative to the samples that contain any of them.
+pub fn relative_shares(stacks: &[FoldedStack], functions: &[&str]) -> HashMap<String, f64> {
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    let mut total = 0;
+    for s in stacks {
+        if let Some(f) = functions.iter().find(|f| s.frames.iter().any(|x| x == *f)) {
+            *counts.entry(f.to_string()).or_default() += s.count;
+            total += s.count;
+        }
+    }
+    functions
+        .iter()
+        .map(|f| {
+            let c = counts.get(*f).copied().unwrap_or(0);
+            (f.to_string(), if total == 0 { 0.0 } else { c as f64 / total as f64 })
+        })
+        .collect()
+}
+
+/// Decodes a (gzipped) pprof file with the proto crate.
+pub fn read_pprof(path: &Path) -> pyrometer_proto::Profile {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    pyrometer_proto::decode(&bytes).expect("valid pprof")
+}

@@ -1,1 +1,137 @@
-fn main() {}
+//! `cargo xtask`: the project's tasks. Each installs what it needs first, so it works on a
+//! fresh Debian machine run as root.
+//!
+//! - `deps`  install Debian packages the build and tests need (clang, libbpf-dev, golang-go, …)
+//! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
+//! - `test`  fmt check, clippy `-D warnings`, the whole suite with nextest
+//! - `bench` overhead figures measured side by side (see bench.rs)
+
+mod bench;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Debian packages, each with a file that shows it is installed.
+const DEPS: &[(&str, &str)] = &[
+    ("clang", "/usr/bin/clang"),
+    ("llvm", "/usr/bin/llvm-objdump"),
+    ("libbpf-dev", "/usr/include/bpf/bpf_helpers.h"),
+    ("linux-libc-dev", "/usr/include/linux/bpf.h"),
+    ("gcc", "/usr/bin/gcc"),
+    ("binutils", "/usr/bin/objcopy"),
+    ("util-linux", "/usr/bin/setpriv"),
+    ("golang-go", "/usr/bin/go"),
+];
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    match args.first().map(String::as_str) {
+        Some("deps") => deps(),
+        Some("demo") => demo(&root),
+        Some("test") => test(&args[1..]),
+        Some("bench") => {
+            deps()?;
+            bench::bench(&root)
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <deps|demo|test|bench>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {}", display(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {}", display(cmd)))?;
+    if !status.success() {
+        bail!("{} failed: {status}", display(cmd));
+    }
+    Ok(())
+}
+
+fn display(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Installs missing Debian packages (needs root, as the README says).
+fn deps() -> Result<()> {
+    let missing: Vec<&str> = DEPS
+        .iter()
+        .filter(|(_, probe)| !Path::new(probe).exists())
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("installing Debian packages: {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Builds the release binary and the bundled workload, records it, writes a flame graph.
+fn demo(root: &Path) -> Result<()> {
+    deps()?;
+    run(cargo().args(["build", "--release", "-p", "pyrometer", "--bin", "pyrometer"]))?;
+    let out = root.join("target/demo");
+    std::fs::create_dir_all(&out)?;
+    let workload = out.join("cpu631");
+    run(Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-fno-optimize-sibling-calls"])
+        .arg(root.join("tests/fixtures/cpu631.c"))
+        .arg("-o")
+        .arg(&workload))?;
+    let svg = out.join("flame.svg");
+    run(Command::new(root.join("target/release/pyrometer"))
+        .args(["record", "-F", "199", "-o"])
+        .arg(&svg)
+        .arg("--")
+        .arg(&workload)
+        .arg("3"))?;
+    println!("flame graph: {}", svg.display());
+    Ok(())
+}
+
+/// fmt, clippy and the whole suite. Extra arguments go to nextest (e.g. a test filter).
+fn test(extra: &[String]) -> Result<()> {
+    deps()?;
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    // The end-to-end tests run the real binary.
+    run(cargo().args(["build", "-p", "pyrometer", "--bin", "pyrometer"]))?;
+    let has_nextest = cargo()
+        .args(["nextest", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_nextest {
+        run(cargo()
+            .args(["nextest", "run", "--workspace", "--no-fail-fast"])
+            .args(extra))
+    } else {
+        eprintln!("cargo-nextest not found: running cargo test instead");
+        run(cargo().args(["test", "--workspace", "--no-fail-fast"]).args(extra))
+    }
+}

@@ -1,0 +1,339 @@
+//! `pyrometer record` end to end, against C workloads with known behaviour. These load real
+//! BPF programs and attach real perf events, so they need root; without it each prints
+//! `skipping: <reason>`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pyrometer_e2e::*;
+
+fn fixture_str(name: &str) -> String {
+    fixture(name).to_string_lossy().into_owned()
+}
+
+/// At 499 Hz for 3 s a single-threaded workload gives ~1500 samples: the 60 % share then has a
+/// standard error of 1.3 pp, so ±5 pp is a ~4 sigma band.
+#[test]
+fn cpu631_split_and_call_chains() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("cpu631");
+    let out_path = dir.join("out.folded");
+    let out = pyrometer(&[
+        "record",
+        "-F",
+        "499",
+        "-o",
+        out_path.to_str().unwrap(),
+        "--",
+        &fixture_str("cpu631"),
+        "3",
+    ]);
+    assert_ok(&out);
+    let err = stderr(&out);
+    assert!(err.contains("samples (0 lost)"), "summary: {err}");
+    let stacks = read_folded(&out_path);
+    let shares = relative_shares(&stacks, &["leaf_a", "leaf_b", "leaf_c"]);
+    for (leaf, want) in [("leaf_a", 0.6), ("leaf_b", 0.3), ("leaf_c", 0.1)] {
+        let got = shares[leaf];
+        assert!(
+            (got - want).abs() <= 0.05,
+            "{leaf}: {:.1} % of samples, expected {:.0} % ± 5 pp ({shares:?})",
+            got * 100.0,
+            want * 100.0
+        );
+    }
+    for s in &stacks {
+        if let Some(i) = s
+            .frames
+            .iter()
+            .position(|f| f.starts_with("leaf_"))
+        {
+            let above = &s.frames[..i];
+            assert!(
+                above.iter().any(|f| f == "work") && above.iter().any(|f| f == "main"),
+                "leaf stack without work and main: {:?}",
+                s.frames
+            );
+            assert_eq!(s.frames[0], "cpu631", "root frame is the process name");
+        }
+    }
+}
+
+#[test]
+fn syscall_heavy_workload_shows_kernel_frames() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("syscalls");
+    let out_path = dir.join("out.folded");
+    let out = pyrometer(&[
+        "record",
+        "-F",
+        "499",
+        "-o",
+        out_path.to_str().unwrap(),
+        "--",
+        &fixture_str("syscalls"),
+        "2",
+    ]);
+    assert_ok(&out);
+    let stacks = read_folded(&out_path);
+    let total: u64 = stacks.iter().map(|s| s.count).sum();
+    let kernel_under_loop: u64 = stacks
+        .iter()
+        .filter(|s| {
+            let lp = s.frames.iter().position(|f| f == "write_loop");
+            let k = s.frames.iter().rposition(|f| f.ends_with("_[k]"));
+            matches!((lp, k), (Some(l), Some(k)) if k > l)
+        })
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        kernel_under_loop * 2 > total,
+        "only {kernel_under_loop}/{total} samples have kernel frames under write_loop"
+    );
+    assert!(
+        stacks
+            .iter()
+            .any(|s| s.frames.iter().any(|f| f.contains("write") && f.ends_with("_[k]"))),
+        "no kernel write frame"
+    );
+}
+
+fn has_leaf(path: &Path, comm: &str) -> bool {
+    read_folded(path)
+        .iter()
+        .any(|s| s.frames[0] == comm && s.frames.iter().any(|f| f == "leaf_a"))
+}
+
+#[test]
+fn pid_of_running_process() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("pid");
+    let mut target = Command::new(fixture("cpu631"))
+        .arg("4")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = target.id().to_string();
+    let out_path = dir.join("out.folded");
+    let out = pyrometer(&[
+        "record", "--pid", &pid, "--duration", "1.5", "-o",
+        out_path.to_str().unwrap(),
+    ]);
+    target.kill().ok();
+    target.wait().ok();
+    assert_ok(&out);
+    assert!(has_leaf(&out_path, "cpu631"));
+}
+
+#[test]
+fn subprocesses_only_with_the_flag() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("subprocesses");
+    let script = format!("sleep 0.5; {} 2", fixture_str("cpu631"));
+    for follow in [true, false] {
+        let mut parent = Command::new("sh")
+            .args(["-c", &script])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = parent.id().to_string();
+        let out_path = dir.join(format!("out-{follow}.folded"));
+        let mut args = vec!["record", "--pid", &pid, "--duration", "2", "-o"];
+        args.push(out_path.to_str().unwrap());
+        if follow {
+            args.push("--subprocesses");
+        }
+        let out = pyrometer(&args);
+        parent.kill().ok();
+        parent.wait().ok();
+        if follow {
+            assert_ok(&out);
+            assert!(has_leaf(&out_path, "cpu631"), "child started later was not followed");
+        } else {
+            // The shell itself sleeps: either nothing was sampled or only the shell was.
+            assert!(
+                !out.status.success() || !has_leaf(&out_path, "cpu631"),
+                "a child was sampled without --subprocesses"
+            );
+        }
+    }
+}
+
+#[test]
+fn all_finds_the_workload() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("all");
+    let mut target = Command::new(fixture("cpu631"))
+        .arg("4")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let out_path = dir.join("out.folded");
+    let out = pyrometer(&[
+        "record", "--all", "--duration", "1.5", "-o",
+        out_path.to_str().unwrap(),
+    ]);
+    target.kill().ok();
+    target.wait().ok();
+    assert_ok(&out);
+    assert!(has_leaf(&out_path, "cpu631"));
+    assert!(
+        !read_folded(&out_path).iter().any(|s| s.frames[0] == "pyrometer"),
+        "--all must exclude pyrometer itself"
+    );
+}
+
+#[test]
+fn command_that_forks_and_execs_is_followed() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("forkexec");
+    let out_path = dir.join("out.folded");
+    // `sh -c 'A; B'` forks and execs A, since A is not its last command.
+    let script = format!("{} 2; true", fixture_str("cpu631"));
+    let out = pyrometer(&[
+        "record", "-o", out_path.to_str().unwrap(), "--", "sh", "-c", &script,
+    ]);
+    assert_ok(&out);
+    assert!(has_leaf(&out_path, "cpu631"));
+}
+
+#[test]
+fn pprof_is_read_by_go_tool_pprof() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("pprof");
+    let out_path = dir.join("out.pb.gz");
+    let out = pyrometer(&[
+        "record", "-F", "499", "-o", out_path.to_str().unwrap(), "--",
+        &fixture_str("cpu631"), "2",
+    ]);
+    assert_ok(&out);
+    let go = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(&out_path)
+        .env("HOME", &dir)
+        .env("GOCACHE", dir.join("gocache"))
+        .output()
+        .expect("go is installed by `cargo xtask test` (Debian's golang-go)");
+    let text = String::from_utf8_lossy(&go.stdout);
+    assert!(go.status.success(), "go tool pprof failed: {}", String::from_utf8_lossy(&go.stderr));
+    let pos = |name: &str| {
+        text.lines()
+            .position(|l| l.split_whitespace().last() == Some(name))
+            .unwrap_or_else(|| panic!("{name} missing from go tool pprof -top:\n{text}"))
+    };
+    assert!(pos("leaf_a") < pos("leaf_b") && pos("leaf_b") < pos("leaf_c"), "{text}");
+
+    // Our own reader agrees on the sample types and labels.
+    let p = read_pprof(&out_path);
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let types: Vec<String> = p.sample_type.iter().map(|t| format!("{}/{}", s(t.r#type), s(t.unit))).collect();
+    assert_eq!(types, ["samples/count", "cpu/nanoseconds"]);
+    let keys: std::collections::BTreeSet<String> =
+        p.sample.iter().flat_map(|x| x.label.iter().map(|l| s(l.key))).collect();
+    for k in ["pid", "tid", "comm", "thread"] {
+        assert!(keys.contains(k), "label {k} missing: {keys:?}");
+    }
+}
+
+#[test]
+fn stripped_binary_symbolized_from_build_id_dir() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("stripped");
+    let out_path = dir.join("out.folded");
+    let debug_dir = fixture_debug_dir();
+    let out = pyrometer(&[
+        "record", "--debug-dir", debug_dir.to_str().unwrap(), "-o",
+        out_path.to_str().unwrap(), "--", &fixture_str("cpu631-stripped"), "2",
+    ]);
+    assert_ok(&out);
+    let stacks = read_folded(&out_path);
+    assert!(
+        stacks.iter().any(|s| s.frames.iter().any(|f| f == "leaf_a")),
+        "stripped binary not symbolized: {:?}",
+        stacks.iter().take(5).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn report_converts_folded_to_svg_and_prints_top() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("report");
+    let folded = dir.join("in.folded");
+    let out = pyrometer(&[
+        "record", "-F", "499", "-o", folded.to_str().unwrap(), "--",
+        &fixture_str("cpu631"), "2",
+    ]);
+    assert_ok(&out);
+    let svg = dir.join("out.svg");
+    let out = pyrometer(&["report", folded.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert_ok(&out);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<?xml") && text.contains("<svg"), "not an SVG");
+    assert!(text.contains("leaf_a") && text.contains("work"));
+
+    let out = pyrometer(&["report", folded.to_str().unwrap(), "--top", "5"]);
+    assert_ok(&out);
+    let top = String::from_utf8_lossy(&out.stdout);
+    let first = top
+        .lines()
+        .find(|l| l.contains("leaf_"))
+        .expect("top lists leaves");
+    assert!(first.trim_end().ends_with("leaf_a"), "top:\n{top}");
+}
+
+#[test]
+fn failing_command_exits_non_zero_and_still_writes() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("fail");
+    let out_path = dir.join("out.folded");
+    let out = pyrometer(&["record", "-o", out_path.to_str().unwrap(), "--", &fixture_str("fail")]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("the command failed"), "{}", stderr(&out));
+    assert!(read_folded(&out_path).iter().any(|s| s.frames.iter().any(|f| f == "spin_then_fail")));
+}
+
+#[test]
+fn process_exiting_mid_capture_keeps_its_samples() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("exits");
+    let mut target = Command::new(fixture("cpu631"))
+        .arg("1")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = target.id().to_string();
+    let out_path = dir.join("out.folded");
+    let reaper = std::thread::spawn(move || target.wait());
+    let started = std::time::Instant::now();
+    let out = pyrometer(&[
+        "record", "--pid", &pid, "--duration", "30", "-o", out_path.to_str().unwrap(),
+    ]);
+    reaper.join().unwrap().unwrap();
+    assert_ok(&out);
+    assert!(started.elapsed() < Duration::from_secs(20), "record did not end with the process");
+    assert!(has_leaf(&out_path, "cpu631"), "samples of the exited process were lost");
+}

@@ -1,0 +1,114 @@
+//! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side.
+//!
+//! The workload (tests/fixtures/cpu631.c) times its own work loop, so pyrometer's start-up
+//! and symbolization are excluded. Runs alternate alone / under pyrometer, and the figures
+//! are medians of the paired ratios. BPF cost per sample comes from the kernel's own
+//! accounting (`kernel.bpf_stats_enabled`), agent CPU from getrusage at the end of `record`.
+//! Nothing here passes or fails: it prints what it measured.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, run};
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs a command and returns the workload's `elapsed_ns` line from stderr.
+fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
+    let out = cmd.output().context("run benchmark command")?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("benchmark command failed: {err}");
+    }
+    err.lines()
+        .find_map(|l| l.strip_prefix("elapsed_ns "))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no elapsed_ns in output: {err}"))
+}
+
+pub fn bench(root: &Path) -> Result<()> {
+    run(cargo().args(["build", "--release", "-p", "pyrometer", "--bin", "pyrometer"]))?;
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let workload = dir.join("cpu631");
+    run(Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-fno-optimize-sibling-calls"])
+        .arg(root.join("tests/fixtures/cpu631.c"))
+        .arg("-o")
+        .arg(&workload))?;
+    let pyrometer = root.join("target/release/pyrometer");
+    let pairs: usize = std::env::var("BENCH_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+
+    // Calibrate to about 2 s of work per run.
+    let probe = elapsed_ns(Command::new(&workload).args(["-r", "20"]))?;
+    let rounds = ((2e9 / probe) * 20.0).max(20.0) as u64;
+    let rounds_s = rounds.to_string();
+
+    let previous = std::fs::read_to_string(STATS_SYSCTL).unwrap_or_else(|_| "0".into());
+    let _ = std::fs::write(STATS_SYSCTL, "1");
+    let stats_path = dir.join("stats.json");
+    let (mut alone, mut under, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut bpf_ns, mut agent_ns) = (Vec::new(), Vec::new());
+    let mut samples_total = 0u64;
+    for i in 0..pairs {
+        let a = elapsed_ns(Command::new(&workload).args(["-r", &rounds_s]))?;
+        let u = elapsed_ns(
+            Command::new(&pyrometer)
+                .args(["record", "-F", "99", "--stats"])
+                .arg(&stats_path)
+                .arg("-o")
+                .arg(dir.join("bench.folded"))
+                .arg("--")
+                .arg(&workload)
+                .args(["-r", &rounds_s]),
+        )?;
+        let stats: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats_path)?)?;
+        let samples = stats["samples"].as_u64().unwrap_or(0).max(1);
+        samples_total += samples;
+        if let (Some(t), Some(c)) = (stats["bpf_run_time_ns"].as_u64(), stats["bpf_run_count"].as_u64())
+            && c > 0
+        {
+            bpf_ns.push(t as f64 / c as f64);
+        }
+        if let Some(cpu) = stats["agent_cpu_ns"].as_u64() {
+            agent_ns.push(cpu as f64 / samples as f64);
+        }
+        eprintln!("pair {}/{pairs}: alone {:.3}s, under pyrometer {:.3}s", i + 1, a / 1e9, u / 1e9);
+        alone.push(a);
+        under.push(u);
+        ratios.push(u / a);
+    }
+    let _ = std::fs::write(STATS_SYSCTL, previous.trim());
+
+    println!();
+    println!("pyrometer record overhead (cpu631, {rounds} rounds, {pairs} alternating pairs, 99 Hz)");
+    println!("  workload alone (median)            {:>10.3} s", median(&mut alone) / 1e9);
+    println!("  under pyrometer record (median)    {:>10.3} s", median(&mut under) / 1e9);
+    println!("  slowdown (median of paired ratios) {:>10.4} x", median(&mut ratios));
+    if bpf_ns.is_empty() {
+        println!("  BPF cost per sample                (kernel.bpf_stats_enabled unavailable)");
+    } else {
+        println!("  BPF cost per sample (bpf_stats)    {:>10.0} ns", median(&mut bpf_ns));
+    }
+    println!(
+        "  agent CPU per sample (getrusage)   {:>10.0} ns   (whole process incl. load and symbolization)",
+        median(&mut agent_ns)
+    );
+    println!("  samples per run (mean)             {:>10}", samples_total / pairs as u64);
+    Ok(())
+}
