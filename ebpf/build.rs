@@ -4,6 +4,9 @@
 
 use std::{env, path::PathBuf, process::Command};
 
+/// Each `src/bpf/NAME.bpf.c` becomes `$OUT_DIR/NAME.bpf.o`.
+const PROGRAMS: &[&str] = &["sampler"];
+
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let src = PathBuf::from("src/bpf");
@@ -15,7 +18,7 @@ fn main() {
         "aarch64" => "arm64",
         other => other,
     };
-    for name in ["sampler"] {
+    for name in PROGRAMS {
         let input = src.join(format!("{name}.bpf.c"));
         let output = out.join(format!("{name}.bpf.o"));
         let status = Command::new(&clang)

@@ -58,7 +58,7 @@ impl Capture {
         if let Some(&ip) = user.first()
             && registry.find(h.pid, ip).is_none()
         {
-            registry.refresh(h.pid);
+            let _ = registry.refresh(h.pid);
         }
         let kernel = if h.kernel_stack_id >= 0 {
             match self.kernel_stack_cache.get(&h.kernel_stack_id) {
@@ -111,7 +111,8 @@ impl Capture {
             let ids: Vec<u32> = frames.into_iter().map(|f| profile.intern_frame(f)).collect();
             let stack = profile.intern_stack(ids);
             let process = registry
-                .process_name(raw.pid)
+                .get(raw.pid)
+                .map(|p| p.comm.clone())
                 .unwrap_or_else(|| raw.thread.clone());
             let labels = Labels::new()
                 .with("pid", LabelValue::Num(i64::from(raw.pid)))

@@ -1,0 +1,631 @@
+//! Process registry: what each profiled process had mapped, so addresses taken from its stacks
+//! can be turned into (binary, file offset) pairs long after the sample was taken, even after
+//! the process exited.
+//!
+//! Binaries are shared between processes by (device, inode) so a library mapped by a thousand
+//! workers is opened, and its build-id read, once.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Default minimum time between two re-reads of one process's maps.
+pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    #[error("no such process: {0}")]
+    NoSuchProcess(u32),
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("malformed line in {}: {line:?}", path.display())]
+    Malformed { path: PathBuf, line: String },
+}
+
+/// What backs an executable mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MappingKind {
+    /// A file (an ELF object, normally).
+    File,
+    /// Anonymous memory (JIT code): `[anon]`, `[anon:name]`.
+    Anon,
+    /// The kernel's vDSO.
+    Vdso,
+    /// Another kernel-provided mapping such as `[vsyscall]`.
+    Special,
+}
+
+/// Identity of a binary on disk, shared by every process that maps it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum BinaryKey {
+    Inode {
+        major: u32,
+        minor: u32,
+        inode: u64,
+    },
+    /// Only for file systems reporting inode 0; the path is the one we opened.
+    Path(PathBuf),
+}
+
+/// A mapped file, resolved to a path this process (the profiler) can open.
+#[derive(Debug)]
+pub struct Binary {
+    key: BinaryKey,
+    path: PathBuf,
+    dir: Option<PathBuf>,
+    // Holding the file open keeps a container's (or a deleted) binary reachable through
+    // /proc/self/fd after its process and mount namespace are gone.
+    _held: Option<File>,
+    build_id: OnceLock<Option<String>>,
+}
+
+impl Binary {
+    pub fn key(&self) -> &BinaryKey {
+        &self.key
+    }
+
+    /// A path that opens the file from the profiler's mount namespace.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory holding the binary, openable from here (for `.gnu_debuglink` siblings).
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// GNU build-id, lowercase hex; read on first use.
+    pub fn build_id(&self) -> Option<&str> {
+        self.build_id
+            .get_or_init(|| read_build_id(&self.path))
+            .as_deref()
+    }
+}
+
+/// One executable mapping of a process.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Path as the process saw it (`[anon]`, `[vdso]` for those).
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+    pub inode: u64,
+    pub kind: MappingKind,
+    /// The file still had `(deleted)` after its name.
+    pub deleted: bool,
+    binary: Option<Arc<Binary>>,
+}
+
+impl Mapping {
+    pub fn contains(&self, addr: u64) -> bool {
+        self.start <= addr && addr < self.end
+    }
+
+    /// The file offset `addr` corresponds to (meaningful for file mappings and the vDSO).
+    pub fn file_offset(&self, addr: u64) -> u64 {
+        addr - self.start + self.offset
+    }
+
+    pub fn binary(&self) -> Option<&Arc<Binary>> {
+        self.binary.as_ref()
+    }
+
+    pub fn build_id(&self) -> Option<&str> {
+        self.binary.as_ref().and_then(|b| b.build_id())
+    }
+
+    /// Last path component, for names like `libfoo.so+0x1234`.
+    pub fn basename(&self) -> &str {
+        let p = self.path.strip_suffix(" (deleted)").unwrap_or(&self.path);
+        p.rsplit('/').next().unwrap_or(p)
+    }
+}
+
+/// One observed process.
+#[derive(Debug)]
+pub struct Process {
+    pub pid: u32,
+    pub comm: String,
+    pub exe: Option<PathBuf>,
+    /// The pid inside the process's own pid namespace (it names its `/tmp/perf-PID.map`).
+    pub ns_pid: u32,
+    mappings: Vec<Mapping>,
+    exited: bool,
+    last_read: Instant,
+}
+
+impl Process {
+    /// Executable mappings sorted by start address.
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
+    /// The process was gone at the last refresh; its mappings are the last ones seen.
+    pub fn exited(&self) -> bool {
+        self.exited
+    }
+
+    pub fn find(&self, addr: u64) -> Option<(&Mapping, u64)> {
+        let i = self.mappings.partition_point(|m| m.start <= addr);
+        let m = self.mappings.get(i.checked_sub(1)?)?;
+        m.contains(addr).then(|| (m, m.file_offset(addr)))
+    }
+}
+
+/// Every process seen during a capture. Nothing is ever removed, so samples can be symbolized
+/// after their process exited.
+#[derive(Debug)]
+pub struct ProcessRegistry {
+    proc_root: PathBuf,
+    refresh_interval: Duration,
+    processes: HashMap<u32, Process>,
+    binaries: HashMap<BinaryKey, Arc<Binary>>,
+}
+
+impl Default for ProcessRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProcessRegistry {
+    pub fn new() -> Self {
+        Self::with_proc_root("/proc")
+    }
+
+    /// A registry reading another directory laid out like `/proc` (tests use fakes).
+    pub fn with_proc_root(proc_root: impl Into<PathBuf>) -> Self {
+        Self {
+            proc_root: proc_root.into(),
+            refresh_interval: DEFAULT_REFRESH_INTERVAL,
+            processes: HashMap::new(),
+            binaries: HashMap::new(),
+        }
+    }
+
+    pub fn proc_root(&self) -> &Path {
+        &self.proc_root
+    }
+
+    /// Minimum time between two maps re-reads of one pid by [`refresh`](Self::refresh).
+    pub fn set_refresh_interval(&mut self, interval: Duration) {
+        self.refresh_interval = interval;
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&Process> {
+        self.processes.get(&pid)
+    }
+
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.processes.keys().copied()
+    }
+
+    /// Reads a process's maps, name and exe the first time it is seen; later calls return what
+    /// was recorded.
+    pub fn observe(&mut self, pid: u32) -> Result<&Process, ProcError> {
+        if !self.processes.contains_key(&pid) {
+            let dir = self.proc_root.join(pid.to_string());
+            let mappings = self.read_mappings(pid)?;
+            let comm = fs::read_to_string(dir.join("comm"))
+                .map(|s| s.trim_end_matches('\n').to_string())
+                .unwrap_or_default();
+            let exe = fs::read_link(dir.join("exe")).ok();
+            let ns_pid = fs::read_to_string(dir.join("status"))
+                .ok()
+                .and_then(|s| parse_ns_pid(&s))
+                .unwrap_or(pid);
+            let process = Process {
+                pid,
+                comm,
+                exe,
+                ns_pid,
+                mappings,
+                exited: false,
+                last_read: Instant::now(),
+            };
+            self.processes.insert(pid, process);
+        }
+        Ok(&self.processes[&pid])
+    }
+
+    /// Re-reads the maps of a process (after a `dlopen`, say), at most once per refresh
+    /// interval. Returns whether the maps were read. Mappings that vanished are kept unless a
+    /// new mapping overlaps them, because samples taken before a `dlclose` still point there.
+    pub fn refresh(&mut self, pid: u32) -> Result<bool, ProcError> {
+        let Some(process) = self.processes.get(&pid) else {
+            self.observe(pid)?;
+            return Ok(true);
+        };
+        if process.exited || process.last_read.elapsed() < self.refresh_interval {
+            return Ok(false);
+        }
+        let fresh = self.read_mappings(pid);
+        let process = self.processes.get_mut(&pid).expect("checked above");
+        process.last_read = Instant::now();
+        let mut fresh = match fresh {
+            Ok(fresh) => fresh,
+            Err(ProcError::NoSuchProcess(_)) => {
+                process.exited = true;
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        let old = std::mem::take(&mut process.mappings);
+        let kept: Vec<Mapping> = old
+            .into_iter()
+            .filter(|o| !fresh.iter().any(|n| n.start < o.end && o.start < n.end))
+            .collect();
+        fresh.extend(kept);
+        fresh.sort_by_key(|m| m.start);
+        process.mappings = fresh;
+        Ok(true)
+    }
+
+    pub fn find(&self, pid: u32, addr: u64) -> Option<(&Mapping, u64)> {
+        self.processes.get(&pid)?.find(addr)
+    }
+
+    fn read_mappings(&mut self, pid: u32) -> Result<Vec<Mapping>, ProcError> {
+        let path = self.proc_root.join(pid.to_string()).join("maps");
+        let text = fs::read_to_string(&path).map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => ProcError::NoSuchProcess(pid),
+            // ESRCH: the process exited between open and read.
+            _ if source.raw_os_error() == Some(libc::ESRCH) => ProcError::NoSuchProcess(pid),
+            _ => ProcError::Io {
+                path: path.clone(),
+                source,
+            },
+        })?;
+        let mut mappings = Vec::new();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            let raw = parse_maps_line(line).ok_or_else(|| ProcError::Malformed {
+                path: path.clone(),
+                line: line.to_string(),
+            })?;
+            if !raw.executable {
+                continue;
+            }
+            let mut m = raw.mapping;
+            if m.kind == MappingKind::File {
+                m.binary = Some(self.binary_for(pid, &m));
+            }
+            mappings.push(m);
+        }
+        mappings.sort_by_key(|m| m.start);
+        Ok(mappings)
+    }
+
+    fn binary_for(&mut self, pid: u32, m: &Mapping) -> Arc<Binary> {
+        let plain = Path::new(m.path.strip_suffix(" (deleted)").unwrap_or(&m.path));
+        let key = if m.inode != 0 {
+            BinaryKey::Inode {
+                major: m.major,
+                minor: m.minor,
+                inode: m.inode,
+            }
+        } else {
+            BinaryKey::Path(plain.to_path_buf())
+        };
+        if let Some(b) = self.binaries.get(&key) {
+            return Arc::clone(b);
+        }
+        let pid_dir = self.proc_root.join(pid.to_string());
+        let rooted = pid_dir
+            .join("root")
+            .join(plain.strip_prefix("/").unwrap_or(plain));
+        let map_file = pid_dir
+            .join("map_files")
+            .join(format!("{:x}-{:x}", m.start, m.end));
+        let binary = match File::open(&rooted) {
+            // A deleted file's name may now belong to its replacement (a package upgrade).
+            Ok(f) if m.deleted && f.metadata().is_ok_and(|md| md.ino() != m.inode) => {
+                open_held(&map_file, None).unwrap_or_else(|| plain_binary(plain))
+            }
+            Ok(f) if same_file(&f, plain) => plain_binary(plain),
+            Ok(f) => held_binary(f, rooted.parent().map(Path::to_path_buf)),
+            Err(_) if m.deleted => {
+                open_held(&map_file, None).unwrap_or_else(|| plain_binary(plain))
+            }
+            // The process's root is unreadable (it exited, or no permission): the plain path
+            // is right for every process not in a container.
+            Err(_) => plain_binary(plain),
+        };
+        let binary = Arc::new(Binary {
+            key: key.clone(),
+            ..binary
+        });
+        self.binaries.insert(key, Arc::clone(&binary));
+        binary
+    }
+}
+
+fn same_file(f: &File, path: &Path) -> bool {
+    match (f.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+fn plain_binary(path: &Path) -> Binary {
+    Binary {
+        key: BinaryKey::Path(path.to_path_buf()),
+        path: path.to_path_buf(),
+        dir: path.parent().map(Path::to_path_buf),
+        _held: None,
+        build_id: OnceLock::new(),
+    }
+}
+
+fn held_binary(f: File, dir: Option<PathBuf>) -> Binary {
+    Binary {
+        key: BinaryKey::Path(PathBuf::new()),
+        path: PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+        dir,
+        _held: Some(f),
+        build_id: OnceLock::new(),
+    }
+}
+
+fn open_held(path: &Path, dir: Option<PathBuf>) -> Option<Binary> {
+    File::open(path).ok().map(|f| held_binary(f, dir))
+}
+
+struct RawMapping {
+    mapping: Mapping,
+    executable: bool,
+}
+
+fn parse_maps_line(line: &str) -> Option<RawMapping> {
+    let mut rest = line;
+    let mut field = || {
+        let s = rest.trim_start();
+        let end = s.find(char::is_whitespace).unwrap_or(s.len());
+        let (f, r) = s.split_at(end);
+        rest = r;
+        f
+    };
+    let (range, perms, offset, dev, inode) = (field(), field(), field(), field(), field());
+    let path = rest.trim();
+    let (start, end) = range.split_once('-')?;
+    let (major, minor) = dev.split_once(':')?;
+    let inode: u64 = inode.parse().ok()?;
+    let kind = match path {
+        "[vdso]" => MappingKind::Vdso,
+        "" => MappingKind::Anon,
+        p if p.starts_with("[anon") => MappingKind::Anon,
+        p if p.starts_with('[') => MappingKind::Special,
+        p if p.starts_with('/') => MappingKind::File,
+        // `anon_inode:…` and the like: nothing on disk to read.
+        _ => MappingKind::Anon,
+    };
+    Some(RawMapping {
+        executable: perms.as_bytes().get(2) == Some(&b'x'),
+        mapping: Mapping {
+            start: u64::from_str_radix(start, 16).ok()?,
+            end: u64::from_str_radix(end, 16).ok()?,
+            offset: u64::from_str_radix(offset, 16).ok()?,
+            path: if path.is_empty() { "[anon]" } else { path }.to_string(),
+            major: u32::from_str_radix(major, 16).ok()?,
+            minor: u32::from_str_radix(minor, 16).ok()?,
+            inode,
+            kind,
+            deleted: path.ends_with(" (deleted)"),
+            binary: None,
+        },
+    })
+}
+
+fn parse_ns_pid(status: &str) -> Option<u32> {
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// Reads an ELF file's GNU build-id (lowercase hex) without loading the whole file.
+pub fn read_build_id(path: &Path) -> Option<String> {
+    let cache = object::read::ReadCache::new(File::open(path).ok()?);
+    let obj = object::File::parse(&cache).ok()?;
+    use object::Object as _;
+    let id = obj.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbolize::testutil::{TempDir, compile_c};
+    use std::process::{Command, Stdio};
+
+    #[test]
+    fn parses_maps_lines() {
+        let m = parse_maps_line(
+            "7f1c2a428000-7f1c2a57d000 r-xp 00026000 fd:01 1835043                    /usr/lib/x86_64-linux-gnu/libc.so.6",
+        )
+        .unwrap();
+        assert!(m.executable);
+        let m = m.mapping;
+        assert_eq!(
+            (m.start, m.end, m.offset),
+            (0x7f1c2a428000, 0x7f1c2a57d000, 0x26000)
+        );
+        assert_eq!((m.major, m.minor, m.inode), (0xfd, 1, 1835043));
+        assert_eq!(m.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(m.kind, MappingKind::File);
+        assert_eq!(m.basename(), "libc.so.6");
+
+        let anon = parse_maps_line("7f00-8f00 rwxp 00000000 00:00 0 ").unwrap();
+        assert_eq!(
+            (anon.mapping.kind, anon.mapping.path.as_str()),
+            (MappingKind::Anon, "[anon]")
+        );
+        let vdso = parse_maps_line("7ffd1000-7ffd3000 r-xp 00000000 00:00 0  [vdso]").unwrap();
+        assert_eq!(vdso.mapping.kind, MappingKind::Vdso);
+        let spaced = parse_maps_line("1000-2000 r-xp 00000000 08:01 12 /opt/my lib.so (deleted)")
+            .unwrap()
+            .mapping;
+        assert_eq!(spaced.path, "/opt/my lib.so (deleted)");
+        assert!(spaced.deleted);
+        assert!(
+            !parse_maps_line("1000-2000 r--p 00000000 08:01 12 /x")
+                .unwrap()
+                .executable
+        );
+        assert!(parse_maps_line("garbage").is_none());
+        assert_eq!(parse_ns_pid("Name:\tx\nNSpid:\t4242\t7\n"), Some(7));
+    }
+
+    #[test]
+    fn unknown_pid_is_no_such_process() {
+        // pid_max itself is never a valid pid (pids are below it).
+        let pid_max: u32 = fs::read_to_string("/proc/sys/kernel/pid_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let mut reg = ProcessRegistry::new();
+        let err = reg.observe(pid_max).unwrap_err();
+        assert!(matches!(err, ProcError::NoSuchProcess(p) if p == pid_max));
+        assert_eq!(err.to_string(), format!("no such process: {pid_max}"));
+        assert!(reg.get(pid_max).is_none());
+    }
+
+    #[test]
+    fn live_child_libc_mapping_has_build_id_and_survives_exit() {
+        let mut child = Command::new("sleep")
+            .arg("5")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // The exec may not have happened yet; wait until the maps show sleep's libc.
+        let mut reg = ProcessRegistry::new();
+        reg.set_refresh_interval(Duration::ZERO);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            reg.refresh(pid).unwrap();
+            let p = reg.get(pid).unwrap();
+            if p.mappings().iter().any(|m| m.path.contains("libc.so")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no libc in {:?}", p.mappings());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let p = reg.get(pid).unwrap();
+        let libc = p
+            .mappings()
+            .iter()
+            .find(|m| m.path.contains("libc.so"))
+            .unwrap()
+            .clone();
+        assert_eq!(libc.kind, MappingKind::File);
+        let id = libc.build_id().expect("libc has a build-id");
+        assert!(
+            id.len() >= 16 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+        let (found, off) = reg.find(pid, libc.start + 0x10).unwrap();
+        assert_eq!(found.start, libc.start);
+        assert_eq!(off, libc.offset + 0x10);
+        assert!(reg.find(pid, 1).is_none());
+
+        // Our own libc is the same file: one shared Binary.
+        let me = reg.observe(std::process::id()).unwrap();
+        let mine = me
+            .mappings()
+            .iter()
+            .find(|m| m.path.contains("libc.so"))
+            .unwrap();
+        assert!(Arc::ptr_eq(mine.binary().unwrap(), libc.binary().unwrap()));
+
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!reg.refresh(pid).unwrap());
+        let p = reg.get(pid).unwrap();
+        assert!(p.exited());
+        assert!(
+            reg.find(pid, libc.start).is_some(),
+            "mappings kept after exit"
+        );
+    }
+
+    /// A fake /proc with one process whose maps we control.
+    fn fake_proc(tmp: &TempDir, pid: u32, maps: &str) -> PathBuf {
+        let dir = tmp.path().join("proc").join(pid.to_string());
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("maps"), maps).unwrap();
+        fs::write(dir.join("comm"), "fake\n").unwrap();
+        tmp.path().join("proc")
+    }
+
+    #[test]
+    fn refresh_is_rate_limited_and_keeps_unloaded_mappings() {
+        let tmp = TempDir::new("procs-refresh");
+        let root = fake_proc(&tmp, 7, "1000-2000 r-xp 00000000 00:00 0 \n");
+        let mut reg = ProcessRegistry::with_proc_root(&root);
+        reg.set_refresh_interval(Duration::from_secs(3600));
+        let p = reg.observe(7).unwrap();
+        assert_eq!(p.comm, "fake");
+        assert_eq!(p.mappings().len(), 1);
+        fs::write(root.join("7/maps"), "3000-4000 r-xp 00000000 00:00 0 \n").unwrap();
+        assert!(!reg.refresh(7).unwrap(), "rate limited");
+        assert!(reg.find(7, 0x3000).is_none());
+        reg.set_refresh_interval(Duration::ZERO);
+        assert!(reg.refresh(7).unwrap());
+        assert!(reg.find(7, 0x3500).is_some());
+        assert!(reg.find(7, 0x1500).is_some(), "vanished mapping kept");
+        fs::remove_dir_all(root.join("7")).unwrap();
+        assert!(!reg.refresh(7).unwrap());
+        assert!(reg.get(7).unwrap().exited());
+    }
+
+    #[test]
+    fn binary_resolves_through_process_root() {
+        let tmp = TempDir::new("procs-root");
+        let prog = compile_c(
+            &tmp,
+            "p",
+            "int main(void) { return 0; }",
+            &["-Wl,--build-id"],
+        );
+        // The file only exists inside the "container" root, at a path absent on the host.
+        let rootfs = tmp.path().join("rootfs");
+        fs::create_dir_all(rootfs.join("opt/app")).unwrap();
+        fs::copy(&prog, rootfs.join("opt/app/p")).unwrap();
+        let maps = "1000-2000 r-xp 00001000 fd:07 99 /opt/app/p\n";
+        let proc_root = fake_proc(&tmp, 9, maps);
+        std::os::unix::fs::symlink(&rootfs, proc_root.join("9/root")).unwrap();
+        let mut reg = ProcessRegistry::with_proc_root(&proc_root);
+        reg.observe(9).unwrap();
+        let (m, off) = reg.find(9, 0x1010).unwrap();
+        assert_eq!(off, 0x1010);
+        assert_eq!(m.path, "/opt/app/p");
+        assert_eq!(m.build_id(), read_build_id(&prog).as_deref());
+        assert!(m.build_id().is_some());
+        // Still readable once the root is gone (the process exited).
+        fs::remove_file(proc_root.join("9/root")).unwrap();
+        let b = m.binary().unwrap();
+        assert!(fs::metadata(b.path()).is_ok(), "{}", b.path().display());
+
+        // Without a readable root the plain path is used.
+        let maps = format!("1000-2000 r-xp 00000000 fd:07 100 {}\n", prog.display());
+        let proc_root2 = tmp.path().join("proc2");
+        fs::create_dir_all(proc_root2.join("5")).unwrap();
+        fs::write(proc_root2.join("5/maps"), maps).unwrap();
+        let mut reg = ProcessRegistry::with_proc_root(&proc_root2);
+        reg.observe(5).unwrap();
+        let (m, _) = reg.find(5, 0x1000).unwrap();
+        assert_eq!(m.binary().unwrap().path(), prog.as_path());
+    }
+}

@@ -1,0 +1,480 @@
+//! Turns raw stack addresses into [`Frame`]s: user addresses through the process registry's
+//! mappings and blazesym's ELF/DWARF reader, JIT code through perf maps, kernel addresses
+//! through kallsyms.
+//!
+//! Results are cached per (build-id, file offset) — falling back to the file's identity when
+//! it has no build-id — so a libc address is symbolized once per run whichever process hit it.
+
+mod elf;
+mod kallsyms;
+mod perfmap;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{CodeInfo, Input};
+
+use crate::model::{Frame, FrameKind};
+use crate::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
+use elf::{ElfInfo, Vdso};
+use kallsyms::Kallsyms;
+use perfmap::PerfMap;
+pub use perfmap::{PerfMapEntry, parse_perf_map};
+
+pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+pub const UNKNOWN: &str = "[unknown]";
+
+/// Directories searched for separate debug files unless configured otherwise.
+pub const DEFAULT_DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
+
+/// Counts of input addresses (not output frames: inlining expands one address into several).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SymbolizerStats {
+    /// Addresses that got a name (native, JIT, vDSO or kernel).
+    pub symbolized: u64,
+    /// Addresses left as `[unknown]` or `module+0xOFFSET`.
+    pub unsymbolized: u64,
+    /// User addresses answered from the result cache.
+    pub cache_hits: u64,
+    /// User addresses that needed a lookup in a binary.
+    pub cache_misses: u64,
+}
+
+/// One function at an address, before it is dressed up as a [`Frame`] for a given mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Resolved {
+    function: String,
+    file: Option<String>,
+    line: Option<u32>,
+    inlined: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ModKey {
+    BuildId(String),
+    File(BinaryKey),
+}
+
+/// Not `Send`: blazesym's resolvers use `Rc`. Create it on the thread that symbolizes.
+pub struct Symbolizer {
+    blaze: blazesym::symbolize::Symbolizer,
+    debug_dirs: Vec<PathBuf>,
+    kallsyms_path: PathBuf,
+    perf_map_interval: Duration,
+    elves: HashMap<BinaryKey, Option<Rc<ElfInfo>>>,
+    /// Innermost-first functions at (module, lookup file offset); `None`: nothing found.
+    results: HashMap<(ModKey, u64), Option<Rc<[Resolved]>>>,
+    perf_maps: HashMap<u32, PerfMap>,
+    kallsyms: Option<Kallsyms>,
+    vdso: Option<Option<Vdso>>,
+    stats: SymbolizerStats,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        let blaze = blazesym::symbolize::Symbolizer::builder()
+            // Files do not change under a capture, and reload checks cost a stat per lookup.
+            .enable_auto_reload(false)
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            // We find debug files ourselves (by build-id too, which blazesym does not).
+            .set_debug_dirs(Some(Vec::<PathBuf>::new()))
+            .build();
+        Self {
+            blaze,
+            debug_dirs: DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect(),
+            kallsyms_path: PathBuf::from("/proc/kallsyms"),
+            perf_map_interval: crate::procs::DEFAULT_REFRESH_INTERVAL,
+            elves: HashMap::new(),
+            results: HashMap::new(),
+            perf_maps: HashMap::new(),
+            kallsyms: None,
+            vdso: None,
+            stats: SymbolizerStats::default(),
+        }
+    }
+
+    /// Directories holding separate debug files (`<dir>/.build-id/xx/yyyy.debug`,
+    /// `<dir>/<binary's dir>/<debuglink>`).
+    pub fn with_debug_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
+        self.debug_dirs = dirs;
+        self
+    }
+
+    pub fn with_kallsyms(mut self, path: impl Into<PathBuf>) -> Self {
+        self.kallsyms_path = path.into();
+        self.kallsyms = None;
+        self
+    }
+
+    /// Minimum time between re-reads of one process's perf map after a miss.
+    pub fn with_perf_map_interval(mut self, interval: Duration) -> Self {
+        self.perf_map_interval = interval;
+        self
+    }
+
+    pub fn stats(&self) -> SymbolizerStats {
+        self.stats
+    }
+
+    /// Symbolizes a user stack of `pid`: `addrs` are leaf first, the first the sampled IP, the
+    /// rest return addresses. Frames come back leaf first, inlined functions expanded.
+    pub fn user(&mut self, registry: &mut ProcessRegistry, pid: u32, addrs: &[u64]) -> Vec<Frame> {
+        if registry.get(pid).is_none() {
+            // An unknown pid just yields `[unknown]` frames.
+            let _ = registry.observe(pid);
+        }
+        let mut out = Vec::with_capacity(addrs.len());
+        for (i, &addr) in addrs.iter().enumerate() {
+            // A return address points after the call, possibly into the next function or
+            // line; one byte back is inside the call instruction.
+            let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
+            let named = self.user_one(registry, pid, addr, lookup, &mut out);
+            self.count(named);
+        }
+        out
+    }
+
+    fn count(&mut self, named: bool) {
+        if named {
+            self.stats.symbolized += 1;
+        } else {
+            self.stats.unsymbolized += 1;
+        }
+    }
+
+    fn user_one(
+        &mut self,
+        registry: &mut ProcessRegistry,
+        pid: u32,
+        addr: u64,
+        lookup: u64,
+        out: &mut Vec<Frame>,
+    ) -> bool {
+        if registry.find(pid, lookup).is_none() {
+            // Maybe something was dlopen'ed since we read the maps (rate-limited inside).
+            let _ = registry.refresh(pid);
+        }
+        let registry = &*registry;
+        let Some((m, _)) = registry.find(pid, lookup) else {
+            if let Some(f) = self.jit(registry, pid, addr, lookup) {
+                out.push(f);
+                return true;
+            }
+            out.push(Frame {
+                address: addr,
+                ..Frame::named(UNKNOWN, FrameKind::Unknown)
+            });
+            return false;
+        };
+        match m.kind {
+            MappingKind::File => {
+                let before = out.len();
+                if self.native(m, addr, lookup, out) {
+                    return true;
+                }
+                // Code in a file we cannot read as ELF (a memfd some JITs use) may be in
+                // the perf map.
+                if let Some(f) = self.jit(registry, pid, addr, lookup) {
+                    out.truncate(before);
+                    out.push(f);
+                    return true;
+                }
+                false
+            }
+            MappingKind::Vdso => self.vdso(m, addr, lookup, out),
+            MappingKind::Anon | MappingKind::Special => {
+                if m.kind == MappingKind::Anon
+                    && let Some(f) = self.jit(registry, pid, addr, lookup)
+                {
+                    out.push(f);
+                    return true;
+                }
+                out.push(Frame {
+                    module: Some(m.path.clone()),
+                    address: addr,
+                    ..Frame::named(UNKNOWN, FrameKind::Unknown)
+                });
+                false
+            }
+        }
+    }
+
+    /// Pushes the frames for an address in a file mapping; false when it stayed unnamed (a
+    /// `name+0xOFFSET` frame was pushed then).
+    fn native(&mut self, m: &Mapping, addr: u64, lookup: u64, out: &mut Vec<Frame>) -> bool {
+        let build_id = m.build_id();
+        let resolved = m.binary().and_then(|b| {
+            let mkey = mod_key(build_id, b.key());
+            self.cached(mkey, m.file_offset(lookup), |s| {
+                s.elf_info(b.key(), b.path(), b.dir(), &m.path, build_id)
+            })
+        });
+        let off = m.file_offset(addr);
+        push_native(
+            out,
+            resolved.as_deref(),
+            &m.path,
+            m.basename(),
+            build_id,
+            off,
+        )
+    }
+
+    /// Symbolizes one exact file offset of an ELF file on disk (no return-address
+    /// adjustment): for offline symbolization by path. Frames innermost first.
+    pub fn symbolize_elf(&mut self, path: &Path, file_offset: u64) -> Vec<Frame> {
+        let key = BinaryKey::Path(path.to_path_buf());
+        let seen = path.to_string_lossy();
+        let info = self.elf_info(&key, path, path.parent(), &seen, None);
+        let build_id = info.as_ref().and_then(|i| i.build_id.clone());
+        let mkey = mod_key(build_id.as_deref(), &key);
+        let resolved = self.cached(mkey, file_offset, |_| info);
+        let basename = seen.rsplit('/').next().unwrap_or(&seen);
+        let mut out = Vec::new();
+        let named = push_native(
+            &mut out,
+            resolved.as_deref(),
+            &seen,
+            basename,
+            build_id.as_deref(),
+            file_offset,
+        );
+        self.count(named);
+        out
+    }
+
+    fn elf_info(
+        &mut self,
+        key: &BinaryKey,
+        path: &Path,
+        dir: Option<&Path>,
+        seen: &str,
+        build_id: Option<&str>,
+    ) -> Option<Rc<ElfInfo>> {
+        if let Some(info) = self.elves.get(key) {
+            return info.clone();
+        }
+        let info = ElfInfo::load(path, dir, seen, build_id, &self.debug_dirs).map(Rc::new);
+        self.elves.insert(key.clone(), info.clone());
+        info
+    }
+
+    fn cached(
+        &mut self,
+        mkey: ModKey,
+        lookup_offset: u64,
+        info: impl FnOnce(&mut Self) -> Option<Rc<ElfInfo>>,
+    ) -> Option<Rc<[Resolved]>> {
+        let key = (mkey, lookup_offset);
+        if let Some(r) = self.results.get(&key) {
+            self.stats.cache_hits += 1;
+            return r.clone();
+        }
+        self.stats.cache_misses += 1;
+        let r = info(self).and_then(|i| self.resolve(&i, lookup_offset));
+        self.results.insert(key, r.clone());
+        r
+    }
+
+    fn resolve(&self, info: &ElfInfo, file_offset: u64) -> Option<Rc<[Resolved]>> {
+        let vaddr = info.vaddr(file_offset)?;
+        let mut elf = Elf::new(&info.source);
+        elf.debug_syms = info.debug_syms;
+        let src = Source::from(elf);
+        let syms = self
+            .blaze
+            .symbolize(&src, Input::VirtOffset(&[vaddr]))
+            .ok()?;
+        let sym = syms.into_iter().next()?.into_sym()?;
+        let mut v = Vec::with_capacity(sym.inlined.len() + 1);
+        // blazesym lists inlined callees outermost first; frames go innermost first.
+        for f in sym.inlined.iter().rev() {
+            let (file, line) = location(f.code_info.as_ref());
+            v.push(Resolved {
+                function: f.name.to_string(),
+                file,
+                line,
+                inlined: true,
+            });
+        }
+        let (file, line) = location(sym.code_info.as_deref());
+        v.push(Resolved {
+            function: sym.name.into_owned(),
+            file,
+            line,
+            inlined: false,
+        });
+        Some(v.into())
+    }
+
+    /// A frame from the process's perf map, re-reading the map on a miss (rate-limited).
+    fn jit(
+        &mut self,
+        registry: &ProcessRegistry,
+        pid: u32,
+        addr: u64,
+        lookup: u64,
+    ) -> Option<Frame> {
+        let interval = self.perf_map_interval;
+        let pm = self.perf_maps.entry(pid).or_default();
+        let due = pm.last_read.is_none_or(|t| t.elapsed() >= interval);
+        if pm.last_read.is_none() || (due && pm.lookup(lookup).is_none()) {
+            // Inside a container the JIT names the file by its namespace pid.
+            let ns_pid = registry.get(pid).map_or(pid, |p| p.ns_pid);
+            let tmp = registry.proc_root().join(pid.to_string()).join("root/tmp");
+            let mut candidates = vec![tmp.join(format!("perf-{ns_pid}.map"))];
+            if ns_pid != pid {
+                candidates.push(tmp.join(format!("perf-{pid}.map")));
+            }
+            candidates.push(PathBuf::from(format!("/tmp/perf-{pid}.map")));
+            pm.reload(&candidates);
+        }
+        let e = pm.lookup(lookup)?;
+        Some(Frame {
+            function: e.name.clone(),
+            file: None,
+            line: None,
+            module: Some(format!("/tmp/perf-{pid}.map")),
+            build_id: None,
+            address: addr,
+            kind: FrameKind::Jit,
+            inlined: false,
+        })
+    }
+
+    fn vdso(&mut self, m: &Mapping, addr: u64, lookup: u64, out: &mut Vec<Frame>) -> bool {
+        let vdso = self.vdso.get_or_insert_with(Vdso::read_self).as_ref();
+        let name = vdso.and_then(|v| v.lookup(m.file_offset(lookup)));
+        out.push(Frame {
+            function: name.unwrap_or("[vdso]").to_string(),
+            file: None,
+            line: None,
+            module: Some("[vdso]".to_string()),
+            build_id: vdso.and_then(|v| v.build_id.clone()),
+            address: m.file_offset(addr),
+            kind: if name.is_some() {
+                FrameKind::Native
+            } else {
+                FrameKind::Unknown
+            },
+            inlined: false,
+        });
+        name.is_some()
+    }
+
+    /// Whether kernel symbols are readable (kallsyms present and not hidden by kptr_restrict).
+    pub fn kernel_available(&mut self) -> bool {
+        !self.kallsyms().is_empty()
+    }
+
+    /// Kallsyms listed symbols but every address read as 0 (kptr_restrict, or no
+    /// CAP_SYSLOG): say so rather than leaving kernel frames silently unnamed.
+    pub fn kernel_restricted(&mut self) -> bool {
+        self.kallsyms().restricted
+    }
+
+    fn kallsyms(&mut self) -> &Kallsyms {
+        self.kallsyms
+            .get_or_insert_with(|| Kallsyms::load(&self.kallsyms_path))
+    }
+
+    /// Symbolizes a kernel stack (leaf first, the first the sampled IP, the rest return
+    /// addresses). Frame addresses are the absolute addresses given.
+    pub fn kernel(&mut self, addrs: &[u64]) -> Vec<Frame> {
+        let k = self.kallsyms();
+        let frames: Vec<Frame> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &addr)| {
+                let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
+                let name = k.lookup(lookup);
+                Frame {
+                    function: name.unwrap_or(UNKNOWN).to_string(),
+                    file: None,
+                    line: None,
+                    module: Some(KERNEL_MODULE.to_string()),
+                    build_id: None,
+                    address: addr,
+                    kind: if name.is_some() {
+                        FrameKind::Kernel
+                    } else {
+                        FrameKind::Unknown
+                    },
+                    inlined: false,
+                }
+            })
+            .collect();
+        for f in &frames {
+            self.count(f.kind != FrameKind::Unknown);
+        }
+        frames
+    }
+}
+
+fn mod_key(build_id: Option<&str>, key: &BinaryKey) -> ModKey {
+    match build_id {
+        Some(id) => ModKey::BuildId(id.to_string()),
+        None => ModKey::File(key.clone()),
+    }
+}
+
+fn location(ci: Option<&CodeInfo<'_>>) -> (Option<String>, Option<u32>) {
+    match ci {
+        Some(c) => (Some(c.to_path().display().to_string()), c.line),
+        None => (None, None),
+    }
+}
+
+/// Pushes the resolved functions, or one `basename+0xOFFSET` frame when there are none.
+fn push_native(
+    out: &mut Vec<Frame>,
+    resolved: Option<&[Resolved]>,
+    module: &str,
+    basename: &str,
+    build_id: Option<&str>,
+    file_offset: u64,
+) -> bool {
+    let frame = |function: String, kind| Frame {
+        function,
+        file: None,
+        line: None,
+        module: Some(module.to_string()),
+        build_id: build_id.map(str::to_string),
+        address: file_offset,
+        kind,
+        inlined: false,
+    };
+    match resolved {
+        Some(list) if !list.is_empty() => {
+            out.extend(list.iter().map(|r| Frame {
+                file: r.file.clone(),
+                line: r.line,
+                inlined: r.inlined,
+                ..frame(r.function.clone(), FrameKind::Native)
+            }));
+            true
+        }
+        _ => {
+            out.push(frame(
+                format!("{basename}+0x{file_offset:x}"),
+                FrameKind::Unknown,
+            ));
+            false
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! Symbolizer tests against programs compiled at test time, so expected names, files and
+//! lines are known by construction.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use super::testutil::{TempDir, compile_c, compile_cxx, run};
+use super::*;
+use crate::procs::{ProcessRegistry, read_build_id};
+
+/// (file offset, size) of a symbol in `.symtab` (or `.dynsym` when `dynamic`).
+fn symbol(path: &Path, name: &str, dynamic: bool) -> (u64, u64) {
+    let data = fs::read(path).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    let mut syms = if dynamic {
+        obj.dynamic_symbols()
+    } else {
+        obj.symbols()
+    };
+    let s = syms
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("{name} not in {}", path.display()));
+    let va = s.address();
+    let seg = obj
+        .segments()
+        .find(|g| g.address() <= va && va < g.address() + g.file_range().1)
+        .unwrap();
+    (va - seg.address() + seg.file_range().0, s.size())
+}
+
+/// A fake /proc where `pid` maps the whole of `bin` executable at 0x10_0000_0000.
+fn fake_process(tmp: &TempDir, pid: u32, bin: &Path) -> (ProcessRegistry, u64) {
+    let start = 0x10_0000_0000u64;
+    let len = fs::metadata(bin).unwrap().len().div_ceil(4096) * 4096;
+    let dir = tmp.path().join("proc").join(pid.to_string());
+    fs::create_dir_all(&dir).unwrap();
+    let maps = format!(
+        "{start:x}-{:x} r-xp 00000000 00:00 0 {}\n",
+        start + len,
+        bin.display()
+    );
+    fs::write(dir.join("maps"), maps).unwrap();
+    (
+        ProcessRegistry::with_proc_root(tmp.path().join("proc")),
+        start,
+    )
+}
+
+const PROG: &str = r#"
+static __attribute__((noinline)) int hidden_static(int x) {
+    return x * 7 + 1;
+}
+__attribute__((noinline)) int known_function(int x) {
+    return hidden_static(x) + 3;
+}
+int main(int argc, char **argv) { (void)argv; return known_function(argc); }
+"#;
+
+#[test]
+fn names_a_function_from_its_file_offset() {
+    let tmp = TempDir::new("sym-offset");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g", "-Wl,--build-id"]);
+    let (off, _) = symbol(&prog, "known_function", false);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    let frames = s.symbolize_elf(&prog, off + 4);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    let f = &frames[0];
+    assert_eq!(f.function, "known_function");
+    assert_eq!(f.kind, FrameKind::Native);
+    assert!(!f.inlined);
+    assert!(f.file.as_deref().unwrap().ends_with("prog.c"), "{f:?}");
+    assert_eq!(f.line, Some(5));
+    assert_eq!(f.address, off + 4);
+    assert_eq!(f.build_id, read_build_id(&prog));
+    assert_eq!(f.module.as_deref(), Some(prog.to_str().unwrap()));
+    assert_eq!(s.stats().cache_misses, 1);
+    assert_eq!(s.symbolize_elf(&prog, off + 4), frames);
+    assert_eq!(s.stats().cache_hits, 1);
+    assert_eq!(s.stats().symbolized, 2);
+
+    // The ELF header is in the file but in no function.
+    let unknown = s.symbolize_elf(&prog, 0x10);
+    assert_eq!(unknown[0].function, "prog+0x10");
+    assert_eq!(unknown[0].kind, FrameKind::Unknown);
+    assert_eq!(s.stats().unsymbolized, 1);
+}
+
+#[test]
+fn inlined_function_yields_two_frames_with_lines() {
+    let tmp = TempDir::new("sym-inline");
+    let src = "static inline __attribute__((always_inline)) int inner(int x) { volatile int y = x * 3; return y + 1; }
+__attribute__((noinline)) int outer(int x) {
+    return inner(x) + 2;
+}
+int main(int argc, char **argv) { (void)argv; return outer(argc); }
+";
+    let prog = compile_c(&tmp, "inl", src, &["-O2", "-g"]);
+    let (off, size) = symbol(&prog, "outer", false);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    let expanded = (off..off + size)
+        .map(|o| s.symbolize_elf(&prog, o))
+        .find(|f| f.len() == 2)
+        .expect("some address of outer is inside the inlined inner");
+    assert_eq!(expanded[0].function, "inner");
+    assert!(expanded[0].inlined);
+    assert_eq!(expanded[0].line, Some(1));
+    assert!(expanded[0].file.as_deref().unwrap().ends_with("inl.c"));
+    assert_eq!(expanded[1].function, "outer");
+    assert!(!expanded[1].inlined);
+    assert_eq!(expanded[1].line, Some(3), "call site of inner");
+    assert_eq!(expanded[0].address, expanded[1].address);
+}
+
+/// `prog` built with debug info, its debug-only copy and a stripped copy, and the file offset
+/// of `hidden_static` (not in `.dynsym`, so only the debug file can name it).
+fn stripped_fixture(tmp: &TempDir) -> (PathBuf, PathBuf, u64) {
+    let prog = compile_c(tmp, "prog", PROG, &["-O0", "-g", "-Wl,--build-id"]);
+    let debug = tmp.path().join("prog.debug");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&prog)
+        .arg(&debug));
+    let stripped = tmp.path().join("stripped");
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&prog));
+    let (off, _) = symbol(&prog, "hidden_static", false);
+    (stripped, debug, off)
+}
+
+#[test]
+fn stripped_binary_uses_debug_file_found_by_build_id() {
+    let tmp = TempDir::new("sym-buildid");
+    let (stripped, debug, off) = stripped_fixture(&tmp);
+    let id = read_build_id(&stripped).expect("build-id");
+    let debug_dir = tmp.path().join("debug");
+    let dst = debug_dir.join(".build-id").join(&id[..2]);
+    fs::create_dir_all(&dst).unwrap();
+    fs::copy(&debug, dst.join(format!("{}.debug", &id[2..]))).unwrap();
+
+    let mut without = Symbolizer::new().with_debug_dirs(vec![]);
+    assert_eq!(
+        without.symbolize_elf(&stripped, off)[0].function,
+        format!("stripped+0x{off:x}")
+    );
+    let mut with = Symbolizer::new().with_debug_dirs(vec![debug_dir]);
+    let f = &with.symbolize_elf(&stripped, off)[0];
+    assert_eq!(f.function, "hidden_static");
+    assert_eq!(f.line, Some(2));
+    assert_eq!(f.build_id.as_deref(), Some(id.as_str()));
+}
+
+#[test]
+fn stripped_binary_uses_debuglink_with_matching_crc() {
+    let tmp = TempDir::new("sym-debuglink");
+    let (stripped, debug, off) = stripped_fixture(&tmp);
+    let bin_dir = tmp.path().join("bin");
+    fs::create_dir_all(bin_dir.join(".debug")).unwrap();
+    let linked = bin_dir.join("linked");
+    run(Command::new("objcopy")
+        .arg(format!("--add-gnu-debuglink={}", debug.display()))
+        .arg(&stripped)
+        .arg(&linked));
+    let name = |s: &mut Symbolizer| s.symbolize_elf(&linked, off)[0].function.clone();
+
+    // <bin dir>/.debug/<link>
+    fs::copy(&debug, bin_dir.join(".debug/prog.debug")).unwrap();
+    assert_eq!(
+        name(&mut Symbolizer::new().with_debug_dirs(vec![])),
+        "hidden_static"
+    );
+
+    // <debug dir>/<bin dir>/<link>
+    fs::remove_file(bin_dir.join(".debug/prog.debug")).unwrap();
+    let debug_dir = tmp.path().join("debug");
+    let under = debug_dir.join(bin_dir.strip_prefix("/").unwrap());
+    fs::create_dir_all(&under).unwrap();
+    fs::copy(&debug, under.join("prog.debug")).unwrap();
+    assert_eq!(
+        name(&mut Symbolizer::new().with_debug_dirs(vec![debug_dir.clone()])),
+        "hidden_static"
+    );
+
+    // A debug file whose CRC does not match the link is not used.
+    let mut bytes = fs::read(&debug).unwrap();
+    bytes.push(0);
+    fs::write(under.join("prog.debug"), bytes).unwrap();
+    assert_eq!(
+        name(&mut Symbolizer::new().with_debug_dirs(vec![debug_dir])),
+        format!("linked+0x{off:x}")
+    );
+}
+
+#[test]
+fn return_addresses_are_looked_up_one_byte_back() {
+    let tmp = TempDir::new("sym-ret");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g"]);
+    let (off, size) = symbol(&prog, "known_function", false);
+    let (mut reg, start) = fake_process(&tmp, 31337, &prog);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    let end = start + off + size;
+    // As a leaf, the byte after known_function is not known_function...
+    let leaf = s.user(&mut reg, 31337, &[end]);
+    assert_ne!(leaf[0].function, "known_function");
+    // ...but as a return address (a call ending the function) it is.
+    let frames = s.user(&mut reg, 31337, &[start + off, end, 0x42]);
+    assert_eq!(frames.len(), 3, "{frames:?}");
+    assert_eq!(frames[0].function, "known_function");
+    assert_eq!(frames[1].function, "known_function");
+    assert_eq!(frames[1].address, off + size, "un-adjusted file offset");
+    assert_eq!(frames[1].module.as_deref(), Some(prog.to_str().unwrap()));
+    assert_eq!(frames[2].function, UNKNOWN);
+    assert_eq!(frames[2].kind, FrameKind::Unknown);
+}
+
+#[test]
+fn jit_frames_come_from_the_perf_map_through_the_process_root() {
+    let tmp = TempDir::new("sym-jit");
+    let pid = 4_000_123;
+    let dir = tmp.path().join("proc").join(pid.to_string());
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("maps"),
+        "7f0000000000-7f0000100000 rwxp 00000000 00:00 0 \n",
+    )
+    .unwrap();
+    let rootfs = tmp.path().join("rootfs");
+    fs::create_dir_all(rootfs.join("tmp")).unwrap();
+    std::os::unix::fs::symlink(&rootfs, dir.join("root")).unwrap();
+    let map = rootfs.join(format!("tmp/perf-{pid}.map"));
+    fs::write(
+        &map,
+        "7f0000001000 100 jitted_a\n0x7f0000002000 0x10 jitted b\n",
+    )
+    .unwrap();
+
+    let mut reg = ProcessRegistry::with_proc_root(tmp.path().join("proc"));
+    let mut s = Symbolizer::new().with_perf_map_interval(Duration::from_secs(3600));
+    let f = s.user(&mut reg, pid, &[0x7f0000001010, 0x7f0000002010]);
+    assert_eq!(f[0].function, "jitted_a");
+    assert_eq!(f[0].kind, FrameKind::Jit);
+    assert_eq!(f[0].address, 0x7f0000001010);
+    assert_eq!(f[1].function, "jitted b", "return address at the end of b");
+
+    fs::write(&map, "7f0000001000 100 jitted_a\n7f0000003000 10 later\n").unwrap();
+    let f = s.user(&mut reg, pid, &[0x7f0000003004]);
+    assert_eq!(f[0].function, UNKNOWN, "re-read is rate-limited");
+    assert_eq!(f[0].module.as_deref(), Some("[anon]"));
+    let mut s = s.with_perf_map_interval(Duration::ZERO);
+    assert_eq!(
+        s.user(&mut reg, pid, &[0x7f0000003004])[0].function,
+        "later"
+    );
+}
+
+#[test]
+fn live_process_function_and_shared_libc_cache() {
+    let tmp = TempDir::new("sym-live");
+    let src = r#"#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline)) int live_target(int x) { return x + getpid(); }
+int main(void) { printf("%p\n", (void *)live_target); fflush(stdout); sleep(10); return live_target(1); }
+"#;
+    let prog = compile_c(&tmp, "live", src, &["-O0", "-g"]);
+    let mut child = Command::new(&prog).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = u64::from_str_radix(line.trim().trim_start_matches("0x"), 16).unwrap();
+    let pid = child.id();
+
+    let mut reg = ProcessRegistry::new();
+    let mut s = Symbolizer::new();
+    let f = s.user(&mut reg, pid, &[addr + 1]);
+    assert_eq!(f[0].function, "live_target", "{f:?}");
+    assert_eq!(f[0].module.as_deref(), Some(prog.to_str().unwrap()));
+    assert!(f[0].build_id.is_some());
+
+    // getpid in libc: symbolized once, answered from the cache for the second process.
+    let me = std::process::id();
+    reg.observe(me).unwrap();
+    let libc = |reg: &ProcessRegistry, pid| {
+        reg.get(pid)
+            .unwrap()
+            .mappings()
+            .iter()
+            .find(|m| m.path.contains("libc.so"))
+            .unwrap()
+            .clone()
+    };
+    let lm = libc(&reg, me);
+    let (goff, _) = symbol(lm.binary().unwrap().path(), "getpid", true);
+    let misses = s.stats().cache_misses;
+    for p in [me, pid] {
+        let m = libc(&reg, p);
+        let f = s.user(&mut reg, p, &[m.start + goff - m.offset]);
+        assert!(f[0].function.contains("getpid"), "{f:?}");
+        assert_eq!(f[0].address, goff);
+    }
+    assert_eq!(s.stats().cache_misses, misses + 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The process is gone; what was recorded still symbolizes.
+    let f = s.user(&mut reg, pid, &[addr]);
+    assert_eq!(f[0].function, "live_target");
+}
+
+#[test]
+fn vdso_functions_are_named() {
+    let Some(vdso) = elf::Vdso::read_self() else {
+        println!("skipping: cannot read our own vDSO");
+        return;
+    };
+    let (name, off) = vdso.symbols().next().expect("vDSO exports functions");
+    let me = std::process::id();
+    let mut reg = ProcessRegistry::new();
+    reg.observe(me).unwrap();
+    let m = reg
+        .get(me)
+        .unwrap()
+        .mappings()
+        .iter()
+        .find(|m| m.kind == MappingKind::Vdso)
+        .unwrap()
+        .clone();
+    let mut s = Symbolizer::new();
+    let f = s.user(&mut reg, me, &[m.start + off - m.offset]);
+    assert_eq!(f[0].function, name);
+    assert_eq!(f[0].module.as_deref(), Some("[vdso]"));
+    assert_eq!(f[0].kind, FrameKind::Native);
+}
+
+#[test]
+fn kernel_addresses_from_kallsyms() {
+    let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let addr_of = |name: &str| {
+        text.lines().find_map(|l| {
+            let mut p = l.split_whitespace();
+            let a = p.next()?;
+            let _ = p.next()?;
+            (p.next()? == name).then(|| u64::from_str_radix(a, 16).unwrap())
+        })
+    };
+    let Some(addr) = addr_of("do_sys_openat2").filter(|&a| a != 0) else {
+        println!("skipping: /proc/kallsyms shows no address for do_sys_openat2");
+        return;
+    };
+    let aliases: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{addr:016x} ")))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    let mut s = Symbolizer::new();
+    assert!(s.kernel_available() && !s.kernel_restricted());
+    let f = s.kernel(&[addr + 2, addr + 1]);
+    for frame in &f {
+        assert!(
+            aliases.contains(&frame.function.as_str()),
+            "{frame:?} {aliases:?}"
+        );
+        assert_eq!(frame.kind, FrameKind::Kernel);
+        assert_eq!(frame.module.as_deref(), Some(KERNEL_MODULE));
+    }
+    assert_eq!(f[1].address, addr + 1);
+}
+
+#[test]
+fn kernel_return_addresses_use_the_calling_function() {
+    let tmp = TempDir::new("sym-kall");
+    let path = tmp.path().join("kallsyms");
+    fs::write(
+        &path,
+        "ffffffff81001000 T first\nffffffff81002000 t second\n",
+    )
+    .unwrap();
+    let mut s = Symbolizer::new().with_kallsyms(&path);
+    let f = s.kernel(&[0xffffffff81002000, 0xffffffff81002000, 0x10]);
+    let names: Vec<&str> = f.iter().map(|f| f.function.as_str()).collect();
+    assert_eq!(names, ["second", "first", UNKNOWN]);
+    assert_eq!(f[2].kind, FrameKind::Unknown);
+    assert_eq!((s.stats().symbolized, s.stats().unsymbolized), (2, 1));
+
+    let hidden = tmp.path().join("hidden");
+    fs::write(&hidden, "0000000000000000 T first\n").unwrap();
+    let mut s = Symbolizer::new().with_kallsyms(&hidden);
+    assert!(!s.kernel_available());
+    assert!(s.kernel_restricted());
+}
+
+#[test]
+fn cxx_names_are_demangled() {
+    let tmp = TempDir::new("sym-cxx");
+    let src = "namespace ns { struct Klass { int method(int x); };
+__attribute__((noinline)) int Klass::method(int x) { return x * 2 + 1; } }
+int main(int argc, char **) { ns::Klass k; return k.method(argc); }
+";
+    for (name, args) in [("plain", &["-O0"][..]), ("dwarf", &["-O0", "-g"][..])] {
+        let prog = compile_cxx(&tmp, name, src, args);
+        let (off, _) = symbol(&prog, "_ZN2ns5Klass6methodEi", false);
+        let f = Symbolizer::new().symbolize_elf(&prog, off + 1);
+        assert!(
+            f[0].function.starts_with("ns::Klass::method"),
+            "{name}: {f:?}"
+        );
+        if name == "plain" {
+            assert_eq!(f[0].function, "ns::Klass::method(int)");
+        }
+    }
+}
