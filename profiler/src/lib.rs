@@ -2,6 +2,12 @@
 //! registry and symbolizer, the aggregator, and the local outputs.
 
 pub mod bpf;
+pub mod capture;
+pub mod input;
 pub mod model;
+pub mod output;
 pub mod privileges;
+pub mod procs;
+pub mod signals;
+pub mod symbolize;
 pub mod target;

@@ -48,6 +48,9 @@ pub struct RecordArgs {
     /// Ring buffer size in MiB (a power of two); larger absorbs longer agent stalls.
     #[arg(long, default_value_t = 8, value_parser = parse_ring_mb)]
     ring_buffer_mb: u32,
+    /// Extra directory of separate debug files (build-id layout or debuglink names); repeatable.
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    debug_dirs: Vec<PathBuf>,
     /// Write capture statistics (samples, drops, BPF and agent cost) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
@@ -231,7 +234,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let samples = capture.samples;
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
-    let mut symbolizer = Symbolizer::new();
+    let mut debug_dirs = args.debug_dirs.clone();
+    debug_dirs.extend(pyrometer::symbolize::DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from));
+    let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
     let mut profile = capture.into_profile(&mut registry, &mut symbolizer, period_ns);
     profile.duration_nanos = i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX);
     profile.time_nanos = wall_start

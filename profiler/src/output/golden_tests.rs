@@ -1,0 +1,66 @@
+//! Golden-file tests: the fixture profile written by each writer must match the files in
+//! `profiler/tests/golden/` byte for byte, so any change to an output shows up in review.
+//!
+//! After an intended change, regenerate the files and review the diff:
+//!
+//! ```text
+//! PYROMETER_BLESS=1 cargo test -p pyrometer --lib golden
+//! ```
+//!
+//! With `PYROMETER_FIXTURE_PPROF=/some/file.pb.gz` the pprof test also writes the fixture's
+//! pprof bytes there, for checking with other readers (`go tool pprof -top /some/file.pb.gz`).
+
+use std::path::PathBuf;
+
+use crate::output::{OutputFormat, fixture, write};
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name)
+}
+
+fn check_golden(name: &str, actual: &str) {
+    let path = golden_path(name);
+    if std::env::var_os("PYROMETER_BLESS").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read golden file {}: {e}; run with PYROMETER_BLESS=1 to create it",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "{} differs from the output; if the change is intended, rerun with PYROMETER_BLESS=1 \
+         and review the diff.\n--- expected\n{expected}\n--- actual\n{actual}",
+        path.display()
+    );
+}
+
+fn render(format: OutputFormat, type_index: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    write(&fixture::profile(), format, type_index, "fixture", &mut out).unwrap();
+    out
+}
+
+#[test]
+fn golden_folded() {
+    let samples = String::from_utf8(render(OutputFormat::Folded, 0)).unwrap();
+    check_golden("fixture.samples.folded", &samples);
+    let cpu = String::from_utf8(render(OutputFormat::Folded, 1)).unwrap();
+    check_golden("fixture.cpu.folded", &cpu);
+}
+
+#[test]
+fn golden_pprof() {
+    let bytes = render(OutputFormat::Pprof, 0);
+    if let Some(path) = std::env::var_os("PYROMETER_FIXTURE_PPROF") {
+        std::fs::write(path, &bytes).unwrap();
+    }
+    let decoded = pyrometer_proto::decode(&bytes).unwrap();
+    check_golden("fixture.pprof.txt", &pyrometer_proto::dump_text(&decoded));
+}
