@@ -1,8 +1,8 @@
 //! pyrometer's kernel-side programs, compiled from C by `build.rs`, and the `#[repr(C)]`
 //! mirrors of the structs they share with the agent (`src/bpf/shared.h`).
 
-/// The CPU sampler object: `on_cpu_clock` (perf_event), `on_fork` and `on_exit` (BTF
-/// tracepoints), and the maps `targets`, `kernel_stacks`, `samples`, `scratch`, `counters`.
+/// The CPU sampler object: `on_cpu_clock` (perf_event), `on_fork`, `on_exec` and `on_exit`
+/// (BTF tracepoints), and the maps `targets`, `kernel_stacks`, `samples`, `scratch`, `counters`.
 pub static SAMPLER_OBJECT: &[u8] = aligned_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
 
 /// Embeds a file with 8-byte alignment: the ELF parser reads its headers in place.
@@ -30,6 +30,8 @@ pub const TARGET_FOLLOW_CHILDREN: u32 = 2;
 
 /// `SampleHeader::flags`: the kernel stack is inline after the user frame slots.
 pub const SAMPLE_KERNEL_INLINE: u32 = 1;
+/// `SampleHeader::flags`: not a sample but an exec event (header only).
+pub const SAMPLE_EVENT_EXEC: u32 = 2;
 
 /// Indices into the per-CPU `counters` map.
 pub mod counter {
@@ -107,12 +109,14 @@ impl<'a> RawSample<'a> {
 
     /// Kernel addresses copied into the record (stack-map collisions only), leaf first.
     pub fn inline_kernel_frames(&self) -> impl Iterator<Item = u64> + '_ {
-        let n = if self.header.flags & SAMPLE_KERNEL_INLINE != 0 {
-            self.header.kernel_frames as usize
+        let bytes = if self.header.flags & SAMPLE_KERNEL_INLINE != 0 {
+            let n = self.header.kernel_frames as usize;
+            // Bounds were checked by parse.
+            &self.bytes[KERNEL_FRAMES_OFFSET..KERNEL_FRAMES_OFFSET + n * 8]
         } else {
-            0
+            &[]
         };
-        words(&self.bytes[KERNEL_FRAMES_OFFSET..KERNEL_FRAMES_OFFSET + n * 8])
+        words(bytes)
     }
 
     /// The thread's comm (15 bytes at most, as the kernel truncates it).
@@ -163,5 +167,6 @@ mod tests {
         rec.extend_from_slice(&[1u8; 40]);
         let s = RawSample::parse(&rec).unwrap();
         assert_eq!(s.user_frames().count(), 5);
+        assert_eq!(s.inline_kernel_frames().count(), 0);
     }
 }

@@ -123,6 +123,7 @@ impl Sampler {
 
         for (name, tracepoint) in [
             ("on_fork", "sched_process_fork"),
+            ("on_exec", "sched_process_exec"),
             ("on_exit", "sched_process_exit"),
         ] {
             let prog: &mut BtfTracePoint = ebpf

@@ -50,14 +50,19 @@ impl Capture {
             return;
         };
         let h = sample.header;
+        if h.flags & pyrometer_ebpf::SAMPLE_EVENT_EXEC != 0 {
+            self.pids.insert(h.pid);
+            let _ = registry.exec(h.pid);
+            return;
+        }
         if self.pids.insert(h.pid) {
             // Best effort: a process that is already gone keeps its samples, unsymbolized.
             let _ = registry.observe(h.pid);
         }
         let user: Vec<u64> = sample.user_frames().collect();
-        if let Some(&ip) = user.first()
-            && registry.find(h.pid, ip).is_none()
-        {
+        // Any frame outside the known mappings means the map changed since it was read (the
+        // loader mapped libraries after exec, or a dlopen); refresh is rate-limited.
+        if user.iter().any(|&a| registry.find(h.pid, a).is_none()) {
             let _ = registry.refresh(h.pid);
         }
         let kernel = if h.kernel_stack_id >= 0 {

@@ -274,6 +274,22 @@ impl ProcessRegistry {
         Ok(true)
     }
 
+    /// The process exec'd a new image: forget the old maps and name, read the new ones.
+    /// Samples of the old image not yet symbolized are then symbolized against the new maps;
+    /// exec follows fork closely, so there are at most a few of them.
+    pub fn exec(&mut self, pid: u32) -> Result<&Process, ProcError> {
+        self.processes.remove(&pid);
+        self.observe(pid)?;
+        // At exec only the executable and the dynamic loader are mapped; the libraries come
+        // moments later, so the first miss after an exec may re-read at once.
+        let interval = self.refresh_interval;
+        let process = self.processes.get_mut(&pid).expect("just observed");
+        if let Some(earlier) = process.last_read.checked_sub(interval) {
+            process.last_read = earlier;
+        }
+        Ok(&self.processes[&pid])
+    }
+
     pub fn find(&self, pid: u32, addr: u64) -> Option<(&Mapping, u64)> {
         self.processes.get(&pid)?.find(addr)
     }

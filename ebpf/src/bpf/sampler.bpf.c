@@ -176,6 +176,27 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
+// An exec replaces the process image: tell the agent, so it re-reads the memory map before
+// symbolizing the new image's samples with the old image's mappings.
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *task)
+{
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	if (!is_target(tgid))
+		return 0;
+	struct sample_header ev = {};
+	ev.timestamp_ns = bpf_ktime_get_ns();
+	ev.pid = tgid;
+	ev.tid = BPF_CORE_READ(task, pid);
+	ev.cpu = bpf_get_smp_processor_id();
+	ev.kernel_stack_id = -1;
+	ev.flags = SAMPLE_EVENT_EXEC;
+	bpf_get_current_comm(ev.comm, sizeof(ev.comm));
+	if (bpf_ringbuf_output(&samples, &ev, sizeof(ev), 0) != 0)
+		count(COUNTER_RINGBUF_DROPS);
+	return 0;
+}
+
 // Forget a process when its last thread leader exits, so pid reuse cannot pull an unrelated
 // process into the capture.
 SEC("tp_btf/sched_process_exit")

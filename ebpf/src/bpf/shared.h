@@ -15,6 +15,8 @@
 
 // sample_header.flags
 #define SAMPLE_KERNEL_INLINE 1
+// Not a sample: the process exec'd a new image (header only).
+#define SAMPLE_EVENT_EXEC 2
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
