@@ -86,8 +86,7 @@ impl<'a> RawSample<'a> {
         }
         // SAFETY: SampleHeader is plain old data and the slice holds at least its size;
         // read_unaligned copes with any alignment of the ring-buffer slot.
-        let header =
-            unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<SampleHeader>()) };
+        let header = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<SampleHeader>()) };
         let user = header.user_frames as usize;
         if user > MAX_USER_FRAMES || bytes.len() < hsize + user * 8 {
             return Err(BadRecord("user frame count exceeds record"));
@@ -152,7 +151,10 @@ mod tests {
     fn object_is_bpf_elf() {
         assert_eq!(&SAMPLER_OBJECT[..4], b"\x7fELF");
         // e_machine EM_BPF = 247
-        assert_eq!(u16::from_le_bytes([SAMPLER_OBJECT[18], SAMPLER_OBJECT[19]]), 247);
+        assert_eq!(
+            u16::from_le_bytes([SAMPLER_OBJECT[18], SAMPLER_OBJECT[19]]),
+            247
+        );
     }
 
     #[test]

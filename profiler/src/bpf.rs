@@ -52,9 +52,7 @@ pub enum BpfError {
     NoBtf(PathBuf),
     #[error("cannot parse kernel BTF at {path}: {reason}")]
     BadBtf { path: PathBuf, reason: String },
-    #[error(
-        "this kernel ({0}) has no BPF ring buffers: pyrometer needs Linux 5.8 or newer"
-    )]
+    #[error("this kernel ({0}) has no BPF ring buffers: pyrometer needs Linux 5.8 or newer")]
     NoRingBuffer(String),
     #[error("cannot load the BPF sampler: {0}")]
     Load(String),
@@ -344,7 +342,10 @@ mod tests {
             ..SamplerConfig::default()
         };
         let err = Sampler::load(&cfg).err().expect("load must fail");
-        assert!(err.to_string().contains("kernel BTF not found at /nonexistent/vmlinux"));
+        assert!(
+            err.to_string()
+                .contains("kernel BTF not found at /nonexistent/vmlinux")
+        );
     }
 }
 
@@ -356,8 +357,9 @@ mod kernel_tests {
     use std::time::Instant;
 
     fn privileged() -> bool {
-        let ok = crate::privileges::check(crate::privileges::SAMPLING, crate::privileges::effective())
-            .is_ok();
+        let ok =
+            crate::privileges::check(crate::privileges::SAMPLING, crate::privileges::effective())
+                .is_ok();
         if !ok {
             println!("skipping: needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (run as root)");
         }
@@ -403,7 +405,10 @@ mod kernel_tests {
         other.wait().ok();
         assert!(mine > 20, "only {mine} samples of the target");
         assert_eq!(foreign, 0, "samples of untargeted processes leaked through");
-        assert!(with_user * 2 > mine, "{with_user}/{mine} samples have user frames");
+        assert!(
+            with_user * 2 > mine,
+            "{with_user}/{mine} samples have user frames"
+        );
         assert!(sampler.counters().samples >= mine);
     }
 }

@@ -105,7 +105,12 @@ impl Capture {
         let mut stacks: Vec<(RawStack, u64)> = self.stacks.into_iter().collect();
         // Deterministic output order regardless of hash iteration.
         stacks.sort_by(|a, b| {
-            (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(b.0.pid, b.0.tid, &b.0.user, &b.0.kernel))
+            (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(
+                b.0.pid,
+                b.0.tid,
+                &b.0.user,
+                &b.0.kernel,
+            ))
         });
         for (raw, count) in stacks {
             let mut frames: Vec<Frame> = symbolizer.kernel(&raw.kernel);
@@ -113,7 +118,10 @@ impl Capture {
             if frames.is_empty() {
                 frames.push(Frame::named("[no stack]", FrameKind::Unknown));
             }
-            let ids: Vec<u32> = frames.into_iter().map(|f| profile.intern_frame(f)).collect();
+            let ids: Vec<u32> = frames
+                .into_iter()
+                .map(|f| profile.intern_frame(f))
+                .collect();
             let stack = profile.intern_stack(ids);
             let process = registry
                 .get(raw.pid)

@@ -269,6 +269,15 @@ impl Profile {
             })
     }
 
+    /// The type single-type outputs (folded, SVG) show without `--type`: sample counts when
+    /// the profile has them, as FlameGraph users expect, else the default type.
+    pub fn single_type_default(&self) -> usize {
+        self.sample_types
+            .iter()
+            .position(|t| t.name == "samples" && t.unit == "count")
+            .unwrap_or(self.default_type)
+    }
+
     /// Total of one sample type over all samples.
     pub fn total(&self, type_index: usize) -> i64 {
         self.samples.iter().map(|s| s.values[type_index]).sum()
@@ -276,10 +285,7 @@ impl Profile {
 
     /// The frames of a stack, leaf first.
     pub fn stack_frames(&self, stack: u32) -> impl DoubleEndedIterator<Item = &Frame> + '_ {
-        self.stacks
-            .get(stack)
-            .iter()
-            .map(|&f| self.frames.get(f))
+        self.stacks.get(stack).iter().map(|&f| self.frames.get(f))
     }
 }
 

@@ -89,7 +89,10 @@ mod tests {
         let only_ptrace = 1u64 << CAP_SYS_PTRACE.bit;
         let err = check(SAMPLING, only_ptrace).unwrap_err();
         assert_eq!(err.missing, vec!["CAP_BPF", "CAP_PERFMON"]);
-        assert!(err.to_string().starts_with("missing privileges: CAP_BPF, CAP_PERFMON"));
+        assert!(
+            err.to_string()
+                .starts_with("missing privileges: CAP_BPF, CAP_PERFMON")
+        );
         assert!(check(SAMPLING, u64::MAX).is_ok());
         let admin_ptrace = only_ptrace | (1u64 << CAP_SYS_ADMIN.bit);
         assert!(check(SAMPLING, admin_ptrace).is_ok());

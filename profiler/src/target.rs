@@ -49,7 +49,11 @@ pub fn descendants(proc_root: &Path, roots: &[u32]) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     if let Ok(entries) = std::fs::read_dir(proc_root) {
         for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
                 continue;
             };
             if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
@@ -187,7 +191,10 @@ mod tests {
     #[test]
     fn unknown_pid_is_named() {
         let err = check_pids(Path::new("/proc"), &[u32::MAX - 1]).unwrap_err();
-        assert_eq!(err.to_string(), format!("no such process: {}", u32::MAX - 1));
+        assert_eq!(
+            err.to_string(),
+            format!("no such process: {}", u32::MAX - 1)
+        );
     }
 
     #[test]
@@ -213,8 +220,13 @@ mod tests {
 
     #[test]
     fn missing_command_is_an_error() {
-        let err = HeldChild::spawn(&["/nonexistent/prog".into()]).err().unwrap();
-        assert_eq!(err.to_string(), "cannot start /nonexistent/prog: command not found");
+        let err = HeldChild::spawn(&["/nonexistent/prog".into()])
+            .err()
+            .unwrap();
+        assert_eq!(
+            err.to_string(),
+            "cannot start /nonexistent/prog: command not found"
+        );
     }
 
     #[test]

@@ -50,7 +50,10 @@ pub fn privileged() -> bool {
     if missing.is_empty() {
         true
     } else {
-        println!("skipping: needs {} (run the tests as root)", missing.join(", "));
+        println!(
+            "skipping: needs {} (run the tests as root)",
+            missing.join(", ")
+        );
         false
     }
 }
@@ -93,8 +96,8 @@ pub struct FoldedStack {
 }
 
 pub fn read_folded(path: &Path) -> Vec<FoldedStack> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
@@ -136,7 +139,14 @@ pub fn relative_shares(stacks: &[FoldedStack], functions: &[&str]) -> HashMap<St
         .iter()
         .map(|f| {
             let c = counts.get(*f).copied().unwrap_or(0);
-            (f.to_string(), if total == 0 { 0.0 } else { c as f64 / total as f64 })
+            (
+                f.to_string(),
+                if total == 0 {
+                    0.0
+                } else {
+                    c as f64 / total as f64
+                },
+            )
         })
         .collect()
 }

@@ -15,7 +15,10 @@ fn assert_fails(out: &std::process::Output, code: i32, message: &str) {
 fn unknown_pid() {
     let dir = scratch("unknown-pid");
     let out = pyrometer(&[
-        "record", "--pid", "4000000", "-o",
+        "record",
+        "--pid",
+        "4000000",
+        "-o",
         dir.join("x.svg").to_str().unwrap(),
     ]);
     assert_fails(&out, 2, "no such process: 4000000");
@@ -26,22 +29,41 @@ fn unwritable_output_fails_before_capture() {
     let dir = scratch("unwritable");
     let marker = dir.join("ran");
     let out = pyrometer(&[
-        "record", "-o", "/nonexistent/dir/x.svg", "--", "touch",
+        "record",
+        "-o",
+        "/nonexistent/dir/x.svg",
+        "--",
+        "touch",
         marker.to_str().unwrap(),
     ]);
     assert_fails(&out, 2, "cannot write /nonexistent/dir/x.svg");
-    assert!(!marker.exists(), "the command ran although the output is unwritable");
+    assert!(
+        !marker.exists(),
+        "the command ran although the output is unwritable"
+    );
 }
 
 #[test]
 fn unknown_format_lists_valid_ones() {
     let out = pyrometer(&["record", "--format", "xyz", "-o", "/tmp/x", "--", "true"]);
-    assert_fails(&out, 2, "unknown format 'xyz'; valid formats: folded, svg, pprof");
+    assert_fails(
+        &out,
+        2,
+        "unknown format 'xyz'; valid formats: folded, svg, pprof",
+    );
 }
 
 #[test]
 fn unknown_type_lists_valid_ones() {
-    let out = pyrometer(&["record", "--type", "alloc_space", "-o", "/tmp/x.svg", "--", "true"]);
+    let out = pyrometer(&[
+        "record",
+        "--type",
+        "alloc_space",
+        "-o",
+        "/tmp/x.svg",
+        "--",
+        "true",
+    ]);
     assert_fails(&out, 2, "it has: samples, cpu");
 }
 
@@ -64,8 +86,12 @@ fn missing_privileges_are_named() {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let out = Command::new("setpriv")
         .args([
-            "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
         ])
         .arg(pyrometer_bin())
         .args(["record", "-o"])
@@ -73,7 +99,11 @@ fn missing_privileges_are_named() {
         .args(["--", "true"])
         .output()
         .unwrap();
-    assert_fails(&out, 3, "missing privileges: CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE");
+    assert_fails(
+        &out,
+        3,
+        "missing privileges: CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE",
+    );
 }
 
 #[test]
@@ -83,8 +113,13 @@ fn kernel_without_btf() {
     }
     let dir = scratch("nobtf");
     let out = pyrometer(&[
-        "record", "--btf-path", "/nonexistent/vmlinux", "-o",
-        dir.join("x.svg").to_str().unwrap(), "--", "true",
+        "record",
+        "--btf-path",
+        "/nonexistent/vmlinux",
+        "-o",
+        dir.join("x.svg").to_str().unwrap(),
+        "--",
+        "true",
     ]);
     assert_fails(&out, 3, "kernel BTF not found at /nonexistent/vmlinux");
 }

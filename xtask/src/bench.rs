@@ -39,12 +39,25 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 pub fn bench(root: &Path) -> Result<()> {
-    run(cargo().args(["build", "--release", "-p", "pyrometer", "--bin", "pyrometer"]))?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "pyrometer",
+        "--bin",
+        "pyrometer",
+    ]))?;
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let workload = dir.join("cpu631");
     run(Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-fno-optimize-sibling-calls"])
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-inline",
+            "-fno-optimize-sibling-calls",
+        ])
         .arg(root.join("tests/fixtures/cpu631.c"))
         .arg("-o")
         .arg(&workload))?;
@@ -77,18 +90,26 @@ pub fn bench(root: &Path) -> Result<()> {
                 .arg(&workload)
                 .args(["-r", &rounds_s]),
         )?;
-        let stats: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats_path)?)?;
+        let stats: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats_path)?)?;
         let samples = stats["samples"].as_u64().unwrap_or(0).max(1);
         samples_total += samples;
-        if let (Some(t), Some(c)) = (stats["bpf_run_time_ns"].as_u64(), stats["bpf_run_count"].as_u64())
-            && c > 0
+        if let (Some(t), Some(c)) = (
+            stats["bpf_run_time_ns"].as_u64(),
+            stats["bpf_run_count"].as_u64(),
+        ) && c > 0
         {
             bpf_ns.push(t as f64 / c as f64);
         }
         if let Some(cpu) = stats["agent_cpu_ns"].as_u64() {
             agent_ns.push(cpu as f64 / samples as f64);
         }
-        eprintln!("pair {}/{pairs}: alone {:.3}s, under pyrometer {:.3}s", i + 1, a / 1e9, u / 1e9);
+        eprintln!(
+            "pair {}/{pairs}: alone {:.3}s, under pyrometer {:.3}s",
+            i + 1,
+            a / 1e9,
+            u / 1e9
+        );
         alone.push(a);
         under.push(u);
         ratios.push(u / a);
@@ -96,19 +117,36 @@ pub fn bench(root: &Path) -> Result<()> {
     let _ = std::fs::write(STATS_SYSCTL, previous.trim());
 
     println!();
-    println!("pyrometer record overhead (cpu631, {rounds} rounds, {pairs} alternating pairs, 99 Hz)");
-    println!("  workload alone (median)            {:>10.3} s", median(&mut alone) / 1e9);
-    println!("  under pyrometer record (median)    {:>10.3} s", median(&mut under) / 1e9);
-    println!("  slowdown (median of paired ratios) {:>10.4} x", median(&mut ratios));
+    println!(
+        "pyrometer record overhead (cpu631, {rounds} rounds, {pairs} alternating pairs, 99 Hz)"
+    );
+    println!(
+        "  workload alone (median)            {:>10.3} s",
+        median(&mut alone) / 1e9
+    );
+    println!(
+        "  under pyrometer record (median)    {:>10.3} s",
+        median(&mut under) / 1e9
+    );
+    println!(
+        "  slowdown (median of paired ratios) {:>10.4} x",
+        median(&mut ratios)
+    );
     if bpf_ns.is_empty() {
         println!("  BPF cost per sample                (kernel.bpf_stats_enabled unavailable)");
     } else {
-        println!("  BPF cost per sample (bpf_stats)    {:>10.0} ns", median(&mut bpf_ns));
+        println!(
+            "  BPF cost per sample (bpf_stats)    {:>10.0} ns",
+            median(&mut bpf_ns)
+        );
     }
     println!(
         "  agent CPU per sample (getrusage)   {:>10.0} ns   (whole process incl. load and symbolization)",
         median(&mut agent_ns)
     );
-    println!("  samples per run (mean)             {:>10}", samples_total / pairs as u64);
+    println!(
+        "  samples per run (mean)             {:>10}",
+        samples_total / pairs as u64
+    );
     Ok(())
 }

@@ -95,12 +95,25 @@ fn cargo() -> Command {
 /// Builds the release binary and the bundled workload, records it, writes a flame graph.
 fn demo(root: &Path) -> Result<()> {
     deps()?;
-    run(cargo().args(["build", "--release", "-p", "pyrometer", "--bin", "pyrometer"]))?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "pyrometer",
+        "--bin",
+        "pyrometer",
+    ]))?;
     let out = root.join("target/demo");
     std::fs::create_dir_all(&out)?;
     let workload = out.join("cpu631");
     run(Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-fno-optimize-sibling-calls"])
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-inline",
+            "-fno-optimize-sibling-calls",
+        ])
         .arg(root.join("tests/fixtures/cpu631.c"))
         .arg("-o")
         .arg(&workload))?;
@@ -119,7 +132,14 @@ fn demo(root: &Path) -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     deps()?;
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // The end-to-end tests run the real binary.
     run(cargo().args(["build", "-p", "pyrometer", "--bin", "pyrometer"]))?;
     let has_nextest = cargo()
@@ -132,6 +152,8 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))
     } else {
         eprintln!("cargo-nextest not found: running cargo test instead");
-        run(cargo().args(["test", "--workspace", "--no-fail-fast"]).args(extra))
+        run(cargo()
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .args(extra))
     }
 }

@@ -14,7 +14,11 @@ pub const EXIT_INPUT: u8 = 2;
 pub const EXIT_PRIVILEGES: u8 = 3;
 
 #[derive(Parser)]
-#[command(name = "pyrometer", version, about = "Sampling profiler for Python, native and GPU workloads")]
+#[command(
+    name = "pyrometer",
+    version,
+    about = "Sampling profiler for Python, native and GPU workloads"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -105,7 +109,9 @@ pub fn resolve_format(
     default: pyrometer::output::OutputFormat,
 ) -> anyhow::Result<pyrometer::output::OutputFormat> {
     if let Some(f) = format {
-        return f.parse().map_err(|e: pyrometer::output::OutputError| exit_error(EXIT_INPUT, e.to_string()));
+        return f
+            .parse()
+            .map_err(|e: pyrometer::output::OutputError| exit_error(EXIT_INPUT, e.to_string()));
     }
     Ok(output
         .and_then(|p| pyrometer::output::OutputFormat::from_path(p))

@@ -81,7 +81,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         Targets::All
     } else if !args.command.is_empty() {
         if !args.pids.is_empty() {
-            return Err(exit_error(EXIT_INPUT, "give either --pid or a command after --, not both"));
+            return Err(exit_error(
+                EXIT_INPUT,
+                "give either --pid or a command after --, not both",
+            ));
         }
         Targets::Command(args.command.clone())
     } else if !args.pids.is_empty() {
@@ -94,20 +97,28 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     };
 
     // Everything that can be wrong with the request is checked before the capture starts.
-    let format = resolve_format(args.output.as_ref(), args.format.as_deref(), OutputFormat::Svg)?;
+    let format = resolve_format(
+        args.output.as_ref(),
+        args.format.as_deref(),
+        OutputFormat::Svg,
+    )?;
     let probe = Profile::cpu(1);
     let type_index = match &args.sample_type {
         Some(t) => probe
             .type_index(t)
             .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?,
-        None => probe.default_type,
+        None => probe.single_type_default(),
     };
     let output_path = args
         .output
         .clone()
         .unwrap_or_else(|| default_output_name(&targets, format));
-    let out_file = File::create(&output_path)
-        .map_err(|e| exit_error(EXIT_INPUT, format!("cannot write {}: {e}", output_path.display())))?;
+    let out_file = File::create(&output_path).map_err(|e| {
+        exit_error(
+            EXIT_INPUT,
+            format!("cannot write {}: {e}", output_path.display()),
+        )
+    })?;
     if let Targets::Pids(pids) = &targets {
         target::check_pids(Path::new("/proc"), pids).map_err(|e| {
             let _ = std::fs::remove_file(&output_path);
@@ -131,8 +142,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         ring_buffer_bytes: args.ring_buffer_mb << 20,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
     };
-    let mut sampler =
-        Sampler::load(&config).map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
+    let mut sampler = Sampler::load(&config)
+        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
     signals::install();
 
     let mut root_pids: Vec<u32> = Vec::new();
@@ -152,7 +163,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             root_pids = pids.clone();
         }
         Targets::Command(argv) => {
-            let h = HeldChild::spawn(argv).map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
+            let h = HeldChild::spawn(argv)
+                .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
             sampler.add_target(h.pid(), true)?;
             held = Some(h);
         }
@@ -235,7 +247,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
     let mut debug_dirs = args.debug_dirs.clone();
-    debug_dirs.extend(pyrometer::symbolize::DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from));
+    debug_dirs.extend(
+        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
+            .iter()
+            .map(PathBuf::from),
+    );
     let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
     let mut profile = capture.into_profile(&mut registry, &mut symbolizer, period_ns);
     profile.duration_nanos = i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX);
@@ -335,7 +351,8 @@ fn write_stats(
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage fills the struct it is given.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let cpu_ns = (usage.ru_utime.tv_sec as u64 * 1_000_000 + usage.ru_utime.tv_usec as u64
+    let cpu_ns = (usage.ru_utime.tv_sec as u64 * 1_000_000
+        + usage.ru_utime.tv_usec as u64
         + usage.ru_stime.tv_sec as u64 * 1_000_000
         + usage.ru_stime.tv_usec as u64)
         * 1000;

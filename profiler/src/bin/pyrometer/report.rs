@@ -29,14 +29,18 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<u8> {
-    let format = resolve_format(args.output.as_ref(), args.format.as_deref(), OutputFormat::Svg)?;
+    let format = resolve_format(
+        args.output.as_ref(),
+        args.format.as_deref(),
+        OutputFormat::Svg,
+    )?;
     let profile = pyrometer::input::read_profile(&args.input)
         .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?;
     let type_index = match &args.sample_type {
         Some(t) => profile
             .type_index(t)
             .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?,
-        None => profile.default_type,
+        None => profile.single_type_default(),
     };
     if args.output.is_none() && args.top.is_none() {
         return Err(exit_error(
