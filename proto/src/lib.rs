@@ -7,6 +7,10 @@
 //! [`Profile::string_table`], whose entry 0 must be the empty string. Ids of mappings,
 //! locations and functions are non-zero; 0 means "none".
 
+#[cfg(feature = "grpc")]
+pub mod grpc;
+pub mod ingest;
+
 use std::fmt::Write as _;
 use std::io::{Read, Write as _};
 

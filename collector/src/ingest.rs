@@ -1,0 +1,232 @@
+//! Turns pushed bytes into a [`Batch`], checking every index and limit on the way: whatever
+//! arrives, the answer is a batch or an error, never a panic.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use prost::Message;
+use pyrometer_proto::ingest::PushRequest;
+use pyrometer_proto::{Profile, Sample};
+
+use crate::store::{Batch, LabelSet, Row};
+
+/// Limits on one batch; beyond them it is refused as a whole.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_samples: usize,
+    pub max_depth: usize,
+    pub max_labels: usize,
+    pub max_string: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_samples: 1_000_000,
+            max_depth: 4096,
+            max_labels: 64,
+            max_string: 4096,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IngestError {
+    #[error("not a PushRequest: {0}")]
+    Decode(String),
+    #[error("invalid batch: {0}")]
+    Invalid(String),
+}
+
+fn invalid(what: impl Into<String>) -> IngestError {
+    IngestError::Invalid(what.into())
+}
+
+/// Suffix FlameGraph and inferno use for kernel frames (as `pyrometer record` writes them).
+const KERNEL_SUFFIX: &str = "_[k]";
+
+pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
+    let req = PushRequest::decode(bytes).map_err(|e| IngestError::Decode(e.to_string()))?;
+    if req.agent_id.is_empty() || req.agent_id.len() > 256 {
+        return Err(invalid("agent_id must have 1 to 256 bytes"));
+    }
+    if req.node.is_empty() || req.node.len() > 256 {
+        return Err(invalid("node must have 1 to 256 bytes"));
+    }
+    let profile = req.profile.ok_or_else(|| invalid("no profile"))?;
+    if profile.sample.len() > limits.max_samples {
+        return Err(invalid(format!(
+            "{} samples, more than the limit of {}",
+            profile.sample.len(),
+            limits.max_samples
+        )));
+    }
+    let s = |i: i64| -> Result<&str, IngestError> {
+        let s = usize::try_from(i)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .map(String::as_str)
+            .ok_or_else(|| invalid(format!("string index {i} out of range")))?;
+        if s.len() > limits.max_string {
+            return Err(invalid("string longer than the limit"));
+        }
+        Ok(s)
+    };
+    if profile.string_table.first().is_some_and(|s| !s.is_empty()) {
+        return Err(invalid("string_table[0] must be empty"));
+    }
+    let sample_types = profile
+        .sample_type
+        .iter()
+        .map(|t| Ok((s(t.r#type)?.to_string(), s(t.unit)?.to_string())))
+        .collect::<Result<Vec<_>, IngestError>>()?;
+    if sample_types.is_empty() {
+        return Err(invalid("no sample types"));
+    }
+    let frames = location_names(&profile, &s)?;
+    let time_s = if profile.time_nanos > 0 {
+        profile.time_nanos / 1_000_000_000
+    } else {
+        now_s
+    };
+
+    let mut label_cache: HashMap<Vec<(i64, i64, i64)>, Arc<LabelSet>> = HashMap::new();
+    let mut stack_cache: HashMap<&[u64], Arc<Vec<String>>> = HashMap::new();
+    let mut rows = Vec::new();
+    for sample in &profile.sample {
+        if sample.value.len() != sample_types.len() {
+            return Err(invalid(
+                "a sample's value count differs from the sample types",
+            ));
+        }
+        if sample.location_id.len() > limits.max_depth {
+            return Err(invalid("a stack deeper than the limit"));
+        }
+        if sample.label.len() > limits.max_labels {
+            return Err(invalid("a sample with more labels than the limit"));
+        }
+        let labels = labels(sample, &req.node, &s, &mut label_cache)?;
+        let stack = match stack_cache.get(sample.location_id.as_slice()) {
+            Some(st) => st.clone(),
+            None => {
+                let mut names = Vec::new();
+                // location_id is leaf first; inlined lines within a location innermost first.
+                for id in sample.location_id.iter().rev() {
+                    let lines = frames
+                        .get(id)
+                        .ok_or_else(|| invalid(format!("location id {id} not in the profile")))?;
+                    names.extend(lines.iter().rev().cloned());
+                }
+                let st = Arc::new(names);
+                stack_cache.insert(&sample.location_id, st.clone());
+                st
+            }
+        };
+        for (i, &value) in sample.value.iter().enumerate() {
+            if value != 0 {
+                rows.push(Row {
+                    labels: labels.clone(),
+                    stack: stack.clone(),
+                    sample_type: i,
+                    value,
+                });
+            }
+        }
+    }
+    Ok(Batch {
+        agent_id: req.agent_id,
+        sequence: req.sequence,
+        time_s,
+        sample_types,
+        rows,
+    })
+}
+
+/// Frame names per location id, innermost inlined function first.
+fn location_names<'p>(
+    profile: &'p Profile,
+    s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
+) -> Result<HashMap<u64, Vec<String>>, IngestError> {
+    let functions: HashMap<u64, &str> = profile
+        .function
+        .iter()
+        .map(|f| Ok((f.id, s(f.name)?)))
+        .collect::<Result<_, IngestError>>()?;
+    let kernel_mappings: Vec<u64> = profile
+        .mapping
+        .iter()
+        .filter(|m| s(m.filename).is_ok_and(|f| f.starts_with("[kernel.kallsyms]")))
+        .map(|m| m.id)
+        .collect();
+    let mut out = HashMap::with_capacity(profile.location.len());
+    for loc in &profile.location {
+        let kernel = kernel_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
+        let mut names = Vec::with_capacity(loc.line.len().max(1));
+        for line in &loc.line {
+            let name = functions.get(&line.function_id).ok_or_else(|| {
+                invalid(format!(
+                    "function id {} not in the profile",
+                    line.function_id
+                ))
+            })?;
+            names.push(frame_name(name, kernel));
+        }
+        if names.is_empty() {
+            names.push(format!("0x{:x}", loc.address));
+        }
+        out.insert(loc.id, names);
+    }
+    Ok(out)
+}
+
+/// The name as folded output spells it: `;` separates frames, so it cannot appear in one.
+fn frame_name(name: &str, kernel: bool) -> String {
+    let mut n: String = name
+        .chars()
+        .map(|c| match c {
+            ';' => ':',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect();
+    let trimmed = n.trim();
+    if trimmed.is_empty() {
+        n = "[unknown]".into();
+    } else if trimmed.len() != n.len() {
+        n = trimmed.to_string();
+    }
+    if kernel && !n.ends_with(KERNEL_SUFFIX) {
+        n.push_str(KERNEL_SUFFIX);
+    }
+    n
+}
+
+fn labels<'p>(
+    sample: &Sample,
+    node: &str,
+    s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
+    cache: &mut HashMap<Vec<(i64, i64, i64)>, Arc<LabelSet>>,
+) -> Result<Arc<LabelSet>, IngestError> {
+    let key: Vec<(i64, i64, i64)> = sample.label.iter().map(|l| (l.key, l.str, l.num)).collect();
+    if let Some(set) = cache.get(&key) {
+        return Ok(set.clone());
+    }
+    let mut set = LabelSet::new();
+    for l in &sample.label {
+        let name = s(l.key)?;
+        if name.is_empty() || name == "node" {
+            continue;
+        }
+        let value = if l.str != 0 {
+            s(l.str)?.to_string()
+        } else {
+            l.num.to_string()
+        };
+        set.insert(name.to_string(), value);
+    }
+    // The pushing agent's node wins over any sample label of that name.
+    set.insert("node".into(), node.to_string());
+    let set = Arc::new(set);
+    cache.insert(key, set.clone());
+    Ok(set)
+}

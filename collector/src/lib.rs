@@ -1,0 +1,11 @@
+//! The pyrometer collector: receives profiles pushed by node agents over gRPC, keeps them in
+//! an embedded store, and answers queries (flame graphs, pprof, folded, top, group totals)
+//! over HTTP on the same port, with a web UI and its own `/metrics`.
+
+pub mod ingest;
+pub mod metrics;
+pub mod query;
+pub mod render;
+pub mod server;
+pub mod sqlite;
+pub mod store;

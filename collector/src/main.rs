@@ -1,0 +1,152 @@
+//! `pyrometer-collector`: the server node agents push to. See the README for deployment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use pyrometer_collector::ingest::Limits;
+use pyrometer_collector::metrics::Metrics;
+use pyrometer_collector::server::{self, AppState};
+use pyrometer_collector::sqlite::SqliteStore;
+use pyrometer_collector::store::Store;
+
+#[derive(Parser)]
+#[command(
+    name = "pyrometer-collector",
+    version,
+    about = "Stores profiles pushed by pyrometer agents and serves flame graphs, pprof and a web UI"
+)]
+struct Args {
+    /// Address for both gRPC ingest and HTTP (API, web UI, /metrics).
+    #[arg(long, default_value = "0.0.0.0:4040")]
+    listen: SocketAddr,
+    /// Directory of the SQLite store.
+    #[arg(long, default_value = "/var/lib/pyrometer-collector")]
+    data_dir: PathBuf,
+    /// File holding the bearer token agents must send; without it every push is accepted.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// How long samples are kept (e.g. 7d, 12h).
+    #[arg(long, default_value = "7d", value_parser = parse_age)]
+    retention: Duration,
+    /// Buckets older than this are merged into 5-minute buckets.
+    #[arg(long, default_value = "1d", value_parser = parse_age)]
+    compact_after: Duration,
+    /// Largest batch accepted, in MiB.
+    #[arg(long, default_value_t = 16)]
+    max_batch_mb: usize,
+    /// How often retention and compaction run.
+    #[arg(long, default_value = "10m", value_parser = parse_age, hide = true)]
+    maintenance_interval: Duration,
+}
+
+fn parse_age(s: &str) -> Result<Duration, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}': use e.g. 7d, 12h, 30m, 90s"))?;
+    let mult = match unit {
+        "s" | "" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("invalid duration unit in '{s}': use s, m, h or d")),
+    };
+    if n == 0 {
+        return Err("duration must be positive".into());
+    }
+    Ok(Duration::from_secs(n * mult))
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pyrometer-collector: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let token = match &args.token_file {
+        Some(path) => {
+            let t = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the token file {}", path.display()))?;
+            let t = t.trim().to_string();
+            anyhow::ensure!(!t.is_empty(), "the token file {} is empty", path.display());
+            Some(t)
+        }
+        None => None,
+    };
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&args.data_dir)
+            .with_context(|| format!("opening the store in {}", args.data_dir.display()))?,
+    );
+    let state = Arc::new(AppState {
+        store: store.clone(),
+        token,
+        limits: Limits::default(),
+        max_message_bytes: args.max_batch_mb << 20,
+        metrics: Metrics::default(),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        eprintln!(
+            "pyrometer-collector: listening on {} (store {})",
+            listener.local_addr()?,
+            args.data_dir.display()
+        );
+        tokio::spawn(maintenance(
+            store,
+            args.retention,
+            args.compact_after,
+            args.maintenance_interval,
+        ));
+        axum::serve(listener, server::router(state))
+            .with_graceful_shutdown(shutdown())
+            .await
+            .context("serving")
+    })
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+async fn maintenance(
+    store: Arc<dyn Store>,
+    retention: Duration,
+    compact_after: Duration,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let store = store.clone();
+        let now = server::now_s();
+        let result = tokio::task::spawn_blocking(move || {
+            store.expire(now - retention.as_secs() as i64)?;
+            store.compact(now - compact_after.as_secs() as i64, 300)
+        })
+        .await;
+        if let Ok(Err(e)) = result {
+            eprintln!("pyrometer-collector: maintenance failed: {e}");
+        }
+    }
+}

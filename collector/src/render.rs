@@ -1,0 +1,235 @@
+//! Merged query results as folded stacks, an inferno flame graph, pprof, a top-functions table
+//! and per-group totals.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use pyrometer_proto as pb;
+
+use crate::store::Stacked;
+
+/// `root;...;leaf` with the sample's process (`comm` label) as the root frame, as `pyrometer
+/// record` writes folded files, merged and sorted.
+pub fn folded(stacks: &[Stacked]) -> Vec<(String, i64)> {
+    let mut merged: BTreeMap<String, i64> = BTreeMap::new();
+    for s in stacks {
+        let mut line = String::new();
+        if let Some(comm) = s.labels.get("comm") {
+            line.push_str(&comm.replace(';', ":"));
+        }
+        for f in s.stack.iter() {
+            if !line.is_empty() {
+                line.push(';');
+            }
+            line.push_str(f);
+        }
+        if line.is_empty() {
+            line.push_str("[unknown]");
+        }
+        *merged.entry(line).or_insert(0) += s.value;
+    }
+    merged.into_iter().filter(|&(_, v)| v > 0).collect()
+}
+
+pub fn folded_text(stacks: &[Stacked]) -> String {
+    folded(stacks)
+        .into_iter()
+        .map(|(s, v)| format!("{s} {v}\n"))
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("nothing matched the query in this time range")]
+    Empty,
+    #[error("cannot render the flame graph: {0}")]
+    Svg(String),
+}
+
+/// An interactive SVG (click a frame to zoom, Ctrl-F to search).
+pub fn svg(stacks: &[Stacked], title: &str, count_name: &str) -> Result<Vec<u8>, RenderError> {
+    let lines: Vec<String> = folded(stacks)
+        .into_iter()
+        .map(|(s, v)| format!("{s} {v}"))
+        .collect();
+    if lines.is_empty() {
+        return Err(RenderError::Empty);
+    }
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_string();
+    opts.count_name = count_name.to_string();
+    opts.hash = true;
+    let mut out = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut out)
+        .map_err(|e| RenderError::Svg(e.to_string()))?;
+    Ok(out)
+}
+
+/// A pprof profile of one sample type, one sample per (label set, stack).
+pub fn pprof(stacks: &[Stacked], sample_type: (&str, &str)) -> pb::Profile {
+    let mut strings: HashMap<String, i64> = HashMap::new();
+    let mut table: Vec<String> = Vec::new();
+    let mut id = |s: &str| -> i64 {
+        if let Some(&i) = strings.get(s) {
+            return i;
+        }
+        let i = table.len() as i64;
+        table.push(s.to_string());
+        strings.insert(s.to_string(), i);
+        i
+    };
+    id("");
+    let ty = pb::ValueType {
+        r#type: id(sample_type.0),
+        unit: id(sample_type.1),
+    };
+    let mut functions: HashMap<String, u64> = HashMap::new();
+    let mut function = Vec::new();
+    let mut location = Vec::new();
+    let mut sample = Vec::with_capacity(stacks.len());
+    for s in stacks {
+        let mut location_id = Vec::with_capacity(s.stack.len());
+        for name in s.stack.iter().rev() {
+            let fid = match functions.get(name) {
+                Some(&f) => f,
+                None => {
+                    let f = function.len() as u64 + 1;
+                    function.push(pb::Function {
+                        id: f,
+                        name: id(name),
+                        system_name: id(name),
+                        ..Default::default()
+                    });
+                    // One location per function: the collector keeps names, not addresses.
+                    location.push(pb::Location {
+                        id: f,
+                        line: vec![pb::Line {
+                            function_id: f,
+                            line: 0,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    });
+                    functions.insert(name.clone(), f);
+                    f
+                }
+            };
+            location_id.push(fid);
+        }
+        let label = s
+            .labels
+            .iter()
+            .map(|(k, v)| pb::Label {
+                key: id(k),
+                str: id(v),
+                ..Default::default()
+            })
+            .collect();
+        sample.push(pb::Sample {
+            location_id,
+            value: vec![s.value],
+            label,
+        });
+    }
+    pb::Profile {
+        sample_type: vec![ty],
+        sample,
+        location,
+        function,
+        string_table: table,
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TopRow {
+    pub function: String,
+    /// Value of stacks whose leaf is this function.
+    #[serde(rename = "self")]
+    pub self_value: i64,
+    /// Value of stacks containing the function anywhere (counted once per stack).
+    pub total: i64,
+}
+
+/// Functions by self value, largest first.
+pub fn top(stacks: &[Stacked], limit: usize) -> Vec<TopRow> {
+    let mut rows: HashMap<&str, (i64, i64)> = HashMap::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    for s in stacks {
+        seen.clear();
+        for f in s.stack.iter() {
+            if seen.insert(f) {
+                rows.entry(f).or_default().1 += s.value;
+            }
+        }
+        if let Some(leaf) = s.stack.last() {
+            rows.entry(leaf).or_default().0 += s.value;
+        }
+    }
+    let mut out: Vec<TopRow> = rows
+        .into_iter()
+        .map(|(f, (self_value, total))| TopRow {
+            function: f.to_string(),
+            self_value,
+            total,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (b.self_value, b.total, &a.function).cmp(&(a.self_value, a.total, &b.function))
+    });
+    out.truncate(limit);
+    out
+}
+
+/// Totals per distinct value of the `by` labels (a missing label groups as "").
+pub fn group_totals(stacks: &[Stacked], by: &[String]) -> Vec<(BTreeMap<String, String>, i64)> {
+    let mut groups: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+    for s in stacks {
+        let key: Vec<String> = by
+            .iter()
+            .map(|b| s.labels.get(b).cloned().unwrap_or_default())
+            .collect();
+        *groups.entry(key).or_insert(0) += s.value;
+    }
+    groups
+        .into_iter()
+        .map(|(key, total)| (by.iter().cloned().zip(key).collect(), total))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn st(comm: &str, node: &str, frames: &[&str], value: i64) -> Stacked {
+        Stacked {
+            labels: Arc::new(
+                [("comm", comm), ("node", node)]
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            stack: Arc::new(frames.iter().map(|s| s.to_string()).collect()),
+            value,
+        }
+    }
+
+    #[test]
+    fn folded_merges_and_roots_at_comm() {
+        let s = [
+            st("app", "n1", &["main", "a"], 2),
+            st("app", "n2", &["main", "a"], 3),
+            st("app", "n1", &["main", "b"], 1),
+        ];
+        assert_eq!(folded_text(&s), "app;main;a 5\napp;main;b 1\n");
+        let g = group_totals(&s, &["node".to_string()]);
+        assert_eq!(g.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![3, 3]);
+        let t = top(&s, 10);
+        assert_eq!((t[0].function.as_str(), t[0].self_value), ("a", 5));
+        assert_eq!(t.iter().find(|r| r.function == "main").unwrap().total, 6);
+        let p = pprof(&s, ("samples", "count"));
+        assert_eq!(p.sample.iter().map(|x| x.value[0]).sum::<i64>(), 6);
+        assert!(svg(&s, "t", "samples").unwrap().starts_with(b"<?xml"));
+        assert!(matches!(svg(&[], "t", "samples"), Err(RenderError::Empty)));
+    }
+}

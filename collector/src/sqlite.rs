@@ -1,0 +1,504 @@
+//! The embedded store: one SQLite file in WAL mode. Frame names, stacks, label sets and sample
+//! types are interned once in their own tables (and cached in memory), so a sample row is five
+//! integers keyed by (time bucket, label set, stack, type). A batch is one transaction that
+//! also records its (agent id, sequence): a replayed batch is recognized and adds nothing,
+//! and a crash mid-batch leaves nothing half-stored.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::store::{
+    BUCKET_SECONDS, Batch, Ingested, LabelSet, Selection, Stacked, Store, StoreError,
+};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS batches (
+    agent_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    bucket INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, sequence)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS frames (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS stacks (id INTEGER PRIMARY KEY, frames BLOB NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS labelsets (id INTEGER PRIMARY KEY, labels TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS types (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, unit TEXT NOT NULL, UNIQUE (name, unit)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    bucket INTEGER NOT NULL,
+    labelset INTEGER NOT NULL,
+    stack INTEGER NOT NULL,
+    type INTEGER NOT NULL,
+    value INTEGER NOT NULL,
+    PRIMARY KEY (bucket, labelset, stack, type)
+) WITHOUT ROWID;
+";
+
+pub struct SqliteStore {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+/// The interning tables, mirrored in memory so ingest does not look names up in SQL.
+#[derive(Default)]
+struct Cache {
+    frames: HashMap<String, i64>,
+    stacks: HashMap<Vec<u8>, i64>,
+    stack_by_id: HashMap<i64, Arc<Vec<String>>>,
+    labelsets: HashMap<String, i64>,
+    labelset_by_id: HashMap<i64, Arc<LabelSet>>,
+    types: HashMap<(String, String), i64>,
+}
+
+struct Inner {
+    conn: Connection,
+    cache: Cache,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) `DIR/pyrometer.sqlite`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Create {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join("pyrometer.sqlite");
+        let conn = Connection::open(&path)?;
+        // FULL: a batch is acknowledged only after its commit is on disk, so an agent that
+        // deleted it from its spool cannot lose it to a power cut either.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;",
+        )?;
+        conn.execute_batch(SCHEMA)?;
+        let cache = load_cache(&conn)?;
+        Ok(Self {
+            path,
+            inner: Mutex::new(Inner { conn, cache }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave SQLite inconsistent (transactions roll
+        // back), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn load_cache(conn: &Connection) -> Result<Cache, StoreError> {
+    let mut cache = Cache::default();
+    let mut names: HashMap<i64, String> = HashMap::new();
+    let mut stmt = conn.prepare("SELECT id, name FROM frames")?;
+    for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
+        let (id, name) = row?;
+        cache.frames.insert(name.clone(), id);
+        names.insert(id, name);
+    }
+    let mut stmt = conn.prepare("SELECT id, frames FROM stacks")?;
+    for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))? {
+        let (id, blob) = row?;
+        let frames = decode_stack(&blob)
+            .iter()
+            .map(|f| {
+                names
+                    .get(f)
+                    .cloned()
+                    .ok_or_else(|| StoreError::Corrupt(format!("stack {id} names frame {f}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        cache.stacks.insert(blob, id);
+        cache.stack_by_id.insert(id, Arc::new(frames));
+    }
+    let mut stmt = conn.prepare("SELECT id, labels FROM labelsets")?;
+    for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
+        let (id, json) = row?;
+        let labels: LabelSet = serde_json::from_str(&json)
+            .map_err(|e| StoreError::Corrupt(format!("label set {id}: {e}")))?;
+        cache.labelsets.insert(json, id);
+        cache.labelset_by_id.insert(id, Arc::new(labels));
+    }
+    let mut stmt = conn.prepare("SELECT id, name, unit FROM types")?;
+    for row in stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+        ))
+    })? {
+        let (id, name, unit) = row?;
+        cache.types.insert((name, unit), id);
+    }
+    Ok(cache)
+}
+
+fn encode_stack(ids: &[i64]) -> Vec<u8> {
+    ids.iter()
+        .flat_map(|&id| (id as u32).to_le_bytes())
+        .collect()
+}
+
+fn decode_stack(blob: &[u8]) -> Vec<i64> {
+    blob.chunks_exact(4)
+        .map(|c| i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .collect()
+}
+
+fn bucket_of(time_s: i64) -> i64 {
+    time_s - time_s.rem_euclid(BUCKET_SECONDS)
+}
+
+/// Interns within the open transaction; new entries go to `fresh` and reach the cache only
+/// after the commit, so a failed batch leaves the cache matching the database.
+struct Interner<'a> {
+    tx: &'a rusqlite::Transaction<'a>,
+    cache: &'a Cache,
+    fresh: Cache,
+}
+
+impl Interner<'_> {
+    fn frame(&mut self, name: &str) -> Result<i64, StoreError> {
+        if let Some(&id) = self.cache.frames.get(name).or(self.fresh.frames.get(name)) {
+            return Ok(id);
+        }
+        self.tx
+            .execute("INSERT INTO frames (name) VALUES (?1)", [name])?;
+        let id = self.tx.last_insert_rowid();
+        self.fresh.frames.insert(name.to_string(), id);
+        Ok(id)
+    }
+
+    fn stack(&mut self, frames: &Arc<Vec<String>>) -> Result<i64, StoreError> {
+        let ids = frames
+            .iter()
+            .map(|f| self.frame(f))
+            .collect::<Result<Vec<_>, _>>()?;
+        let blob = encode_stack(&ids);
+        if let Some(&id) = self
+            .cache
+            .stacks
+            .get(&blob)
+            .or(self.fresh.stacks.get(&blob))
+        {
+            return Ok(id);
+        }
+        self.tx
+            .execute("INSERT INTO stacks (frames) VALUES (?1)", [&blob])?;
+        let id = self.tx.last_insert_rowid();
+        self.fresh.stacks.insert(blob, id);
+        self.fresh.stack_by_id.insert(id, frames.clone());
+        Ok(id)
+    }
+
+    fn labelset(&mut self, labels: &Arc<LabelSet>) -> Result<i64, StoreError> {
+        let json = serde_json::to_string(labels.as_ref()).expect("string maps serialize");
+        if let Some(&id) = self
+            .cache
+            .labelsets
+            .get(&json)
+            .or(self.fresh.labelsets.get(&json))
+        {
+            return Ok(id);
+        }
+        self.tx
+            .execute("INSERT INTO labelsets (labels) VALUES (?1)", [&json])?;
+        let id = self.tx.last_insert_rowid();
+        self.fresh.labelsets.insert(json, id);
+        self.fresh.labelset_by_id.insert(id, labels.clone());
+        Ok(id)
+    }
+
+    fn sample_type(&mut self, name: &str, unit: &str) -> Result<i64, StoreError> {
+        let key = (name.to_string(), unit.to_string());
+        if let Some(&id) = self.cache.types.get(&key).or(self.fresh.types.get(&key)) {
+            return Ok(id);
+        }
+        self.tx.execute(
+            "INSERT INTO types (name, unit) VALUES (?1, ?2)",
+            params![name, unit],
+        )?;
+        let id = self.tx.last_insert_rowid();
+        self.fresh.types.insert(key, id);
+        Ok(id)
+    }
+}
+
+impl Store for SqliteStore {
+    fn ingest(&self, batch: &Batch) -> Result<Ingested, StoreError> {
+        let mut inner = self.lock();
+        let Inner { conn, cache } = &mut *inner;
+        let tx = conn.transaction()?;
+        let bucket = bucket_of(batch.time_s);
+        let inserted = tx.execute(
+            "INSERT OR IGNORE INTO batches (agent_id, sequence, bucket) VALUES (?1, ?2, ?3)",
+            params![batch.agent_id, batch.sequence as i64, bucket],
+        )?;
+        if inserted == 0 {
+            return Ok(Ingested {
+                duplicate: true,
+                rows: 0,
+            });
+        }
+        let mut interner = Interner {
+            tx: &tx,
+            cache,
+            fresh: Cache::default(),
+        };
+        let mut types = Vec::with_capacity(batch.sample_types.len());
+        for (name, unit) in &batch.sample_types {
+            types.push(interner.sample_type(name, unit)?);
+        }
+        {
+            let mut upsert = tx.prepare_cached(
+                "INSERT INTO samples (bucket, labelset, stack, type, value) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT DO UPDATE SET value = value + excluded.value",
+            )?;
+            for row in &batch.rows {
+                let labelset = interner.labelset(&row.labels)?;
+                let stack = interner.stack(&row.stack)?;
+                let ty = *types
+                    .get(row.sample_type)
+                    .ok_or_else(|| StoreError::Corrupt("row names a missing sample type".into()))?;
+                upsert.execute(params![bucket, labelset, stack, ty, row.value])?;
+            }
+        }
+        let fresh = interner.fresh;
+        tx.commit()?;
+        cache.frames.extend(fresh.frames);
+        cache.stacks.extend(fresh.stacks);
+        cache.stack_by_id.extend(fresh.stack_by_id);
+        cache.labelsets.extend(fresh.labelsets);
+        cache.labelset_by_id.extend(fresh.labelset_by_id);
+        cache.types.extend(fresh.types);
+        Ok(Ingested {
+            duplicate: false,
+            rows: batch.rows.len() as u64,
+        })
+    }
+
+    fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError> {
+        let inner = self.lock();
+        let types: Vec<i64> = inner
+            .cache
+            .types
+            .iter()
+            .filter(|((name, _), _)| name == selection.sample_type)
+            .map(|(_, &id)| id)
+            .collect();
+        let Some(&ty) = types.first() else {
+            return Ok(Vec::new());
+        };
+        let wanted: HashSet<i64> = inner
+            .cache
+            .labelset_by_id
+            .iter()
+            .filter(|(_, labels)| (selection.labels)(labels))
+            .map(|(&id, _)| id)
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut stmt = inner.conn.prepare_cached(
+            "SELECT labelset, stack, SUM(value) FROM samples
+             WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3 GROUP BY labelset, stack",
+        )?;
+        let mut out = Vec::new();
+        let mut rows = stmt.query(params![ty, selection.from_s, selection.to_s])?;
+        while let Some(r) = rows.next()? {
+            let labelset: i64 = r.get(0)?;
+            if !wanted.contains(&labelset) {
+                continue;
+            }
+            let stack: i64 = r.get(1)?;
+            let value: i64 = r.get(2)?;
+            let labels = inner.cache.labelset_by_id.get(&labelset).cloned();
+            let frames = inner.cache.stack_by_id.get(&stack).cloned();
+            match (labels, frames) {
+                (Some(labels), Some(stack)) => out.push(Stacked {
+                    labels,
+                    stack,
+                    value,
+                }),
+                _ => {
+                    return Err(StoreError::Corrupt(format!(
+                        "sample row {labelset}/{stack}"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+        let sets = self.labelsets_in(from_s, to_s)?;
+        let names: BTreeSet<String> = sets.iter().flat_map(|s| s.keys().cloned()).collect();
+        Ok(names.into_iter().collect())
+    }
+
+    fn label_values(&self, name: &str, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+        let sets = self.labelsets_in(from_s, to_s)?;
+        let values: BTreeSet<String> = sets.iter().filter_map(|s| s.get(name).cloned()).collect();
+        Ok(values.into_iter().collect())
+    }
+
+    fn sample_types(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let inner = self.lock();
+        let mut types: Vec<(String, String)> = inner.cache.types.keys().cloned().collect();
+        types.sort();
+        Ok(types)
+    }
+
+    fn size_bytes(&self) -> Result<u64, StoreError> {
+        let file = |suffix: &str| {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+        };
+        Ok(file("") + file("-wal"))
+    }
+
+    fn expire(&self, before_s: i64) -> Result<u64, StoreError> {
+        let inner = self.lock();
+        let removed = inner
+            .conn
+            .execute("DELETE FROM samples WHERE bucket < ?1", [before_s])?;
+        // Replays older than the retention would be stored again, but their samples would be
+        // expired at once, so the dedup keys can go with them.
+        inner
+            .conn
+            .execute("DELETE FROM batches WHERE bucket < ?1", [before_s])?;
+        Ok(removed as u64)
+    }
+
+    fn compact(&self, before_s: i64, coarse_s: i64) -> Result<u64, StoreError> {
+        // Only whole coarse buckets are merged, so a coarse bucket never overlaps fine ones.
+        let before_s = before_s - before_s.rem_euclid(coarse_s);
+        let mut inner = self.lock();
+        let tx = inner.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO samples (bucket, labelset, stack, type, value)
+             SELECT bucket - (bucket % ?2), labelset, stack, type, SUM(value) FROM samples
+             WHERE bucket < ?1 AND bucket % ?2 != 0 GROUP BY 1, 2, 3, 4
+             ON CONFLICT DO UPDATE SET value = value + excluded.value",
+            params![before_s, coarse_s],
+        )?;
+        let removed = tx.execute(
+            "DELETE FROM samples WHERE bucket < ?1 AND bucket % ?2 != 0",
+            params![before_s, coarse_s],
+        )?;
+        tx.commit()?;
+        Ok(removed as u64)
+    }
+}
+
+impl SqliteStore {
+    fn labelsets_in(&self, from_s: i64, to_s: i64) -> Result<Vec<Arc<LabelSet>>, StoreError> {
+        let inner = self.lock();
+        let mut stmt = inner.conn.prepare_cached(
+            "SELECT DISTINCT labelset FROM samples WHERE bucket >= ?1 AND bucket < ?2",
+        )?;
+        let ids = stmt
+            .query_map(params![from_s, to_s], |r| r.get::<_, i64>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ids
+            .into_iter()
+            .filter_map(|id| inner.cache.labelset_by_id.get(&id).cloned())
+            .collect())
+    }
+
+    /// Whether a batch was stored (for tests and diagnostics).
+    pub fn has_batch(&self, agent_id: &str, sequence: u64) -> Result<bool, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .conn
+            .query_row(
+                "SELECT 1 FROM batches WHERE agent_id = ?1 AND sequence = ?2",
+                params![agent_id, sequence as i64],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Row;
+
+    fn batch(agent: &str, seq: u64, time_s: i64, node: &str, stack: &[&str], v: i64) -> Batch {
+        let labels: LabelSet = [("node".to_string(), node.to_string())].into();
+        Batch {
+            agent_id: agent.into(),
+            sequence: seq,
+            time_s,
+            sample_types: vec![("samples".into(), "count".into())],
+            rows: vec![Row {
+                labels: Arc::new(labels),
+                stack: Arc::new(stack.iter().map(|s| s.to_string()).collect()),
+                sample_type: 0,
+                value: v,
+            }],
+        }
+    }
+
+    fn total(store: &SqliteStore, from: i64, to: i64) -> i64 {
+        let all = |_: &LabelSet| true;
+        store
+            .select(&Selection {
+                from_s: from,
+                to_s: to,
+                sample_type: "samples",
+                labels: &all,
+            })
+            .unwrap()
+            .iter()
+            .map(|s| s.value)
+            .sum()
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("pyrometer-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn replay_counts_once_and_survives_reopen() {
+        let dir = tmp("replay");
+        let store = SqliteStore::open(&dir).unwrap();
+        let b = batch("a", 1, 1000, "n1", &["main", "work"], 7);
+        assert!(!store.ingest(&b).unwrap().duplicate);
+        assert!(store.ingest(&b).unwrap().duplicate);
+        store
+            .ingest(&batch("a", 2, 1003, "n1", &["main", "work"], 5))
+            .unwrap();
+        assert_eq!(total(&store, 0, 2000), 12);
+        drop(store);
+        let store = SqliteStore::open(&dir).unwrap();
+        assert!(store.ingest(&b).unwrap().duplicate);
+        assert_eq!(total(&store, 0, 2000), 12);
+        assert!(store.has_batch("a", 2).unwrap());
+        assert_eq!(store.label_values("node", 0, 2000).unwrap(), vec!["n1"]);
+        // The time range selects buckets: 1000 and 1003 share the bucket starting at 1000.
+        assert_eq!(total(&store, 1010, 2000), 0);
+    }
+
+    #[test]
+    fn compaction_keeps_totals_and_expiry_removes() {
+        let dir = tmp("compact");
+        let store = SqliteStore::open(&dir).unwrap();
+        for i in 0..60 {
+            store
+                .ingest(&batch("a", i, 3000 + i as i64 * 10, "n1", &["x"], 1))
+                .unwrap();
+        }
+        assert!(store.compact(3600, 300).unwrap() > 0);
+        assert_eq!(total(&store, 0, 10_000), 60);
+        // 3000..3300 became one bucket at 3000.
+        assert_eq!(total(&store, 3000, 3001), 30);
+        store.expire(3300).unwrap();
+        assert_eq!(total(&store, 0, 10_000), 30);
+    }
+}

@@ -1,0 +1,92 @@
+//! What the collector keeps, independent of where: the [`Store`] trait the HTTP and gRPC layers
+//! use, so a distributed backend can replace the embedded SQLite one ([`crate::sqlite`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A sample's labels, sorted by name so equal sets compare and serialize equally.
+pub type LabelSet = BTreeMap<String, String>;
+
+/// Seconds covered by one ingest bucket: the agent's default push interval.
+pub const BUCKET_SECONDS: i64 = 10;
+
+/// One stack's value in one batch: the unit of ingest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub labels: Arc<LabelSet>,
+    /// Frame names, root first.
+    pub stack: Arc<Vec<String>>,
+    /// Index into [`Batch::sample_types`].
+    pub sample_type: usize,
+    pub value: i64,
+}
+
+/// A validated push: everything the store needs, nothing wire-specific.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub agent_id: String,
+    pub sequence: u64,
+    /// When the batch's samples were taken, seconds since the Unix epoch.
+    pub time_s: i64,
+    /// `(name, unit)` pairs, e.g. `("cpu", "nanoseconds")`.
+    pub sample_types: Vec<(String, String)>,
+    pub rows: Vec<Row>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ingested {
+    /// The (agent id, sequence) pair had been stored before; nothing was added.
+    pub duplicate: bool,
+    pub rows: u64,
+}
+
+/// What a query selects: a time range, a sample type and a predicate on label sets.
+pub struct Selection<'a> {
+    /// Buckets starting in `[from_s, to_s)` are included.
+    pub from_s: i64,
+    pub to_s: i64,
+    pub sample_type: &'a str,
+    pub labels: &'a (dyn Fn(&LabelSet) -> bool + Sync),
+}
+
+/// One stack's total under one label set, summed over the selected time range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stacked {
+    pub labels: Arc<LabelSet>,
+    pub stack: Arc<Vec<String>>,
+    pub value: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("store: cannot create {path}: {source}")]
+    Create {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("store: corrupt {0}")]
+    Corrupt(String),
+}
+
+pub trait Store: Send + Sync {
+    /// Stores a batch atomically, once: a batch whose (agent id, sequence) was stored before
+    /// changes nothing.
+    fn ingest(&self, batch: &Batch) -> Result<Ingested, StoreError>;
+    /// Stacks with their summed values, one entry per (label set, stack).
+    fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError>;
+    /// Label names used by samples in the range, sorted.
+    fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError>;
+    /// Values of one label in the range, sorted.
+    fn label_values(&self, name: &str, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError>;
+    /// `(name, unit)` of every sample type stored.
+    fn sample_types(&self) -> Result<Vec<(String, String)>, StoreError>;
+    /// Bytes the store occupies on disk.
+    fn size_bytes(&self) -> Result<u64, StoreError>;
+    /// Deletes buckets starting before `before_s`; returns the rows removed.
+    fn expire(&self, before_s: i64) -> Result<u64, StoreError>;
+    /// Merges buckets starting before `before_s` into buckets of `coarse_s` seconds (totals
+    /// unchanged, time resolution lost); returns the rows removed.
+    fn compact(&self, before_s: i64, coarse_s: i64) -> Result<u64, StoreError>;
+}
