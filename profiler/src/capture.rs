@@ -5,6 +5,10 @@
 //! and each distinct stack is symbolized once. What cannot wait is the process's memory map,
 //! which is read the first time a process is seen (and again when an address falls outside
 //! it, e.g. after `dlopen`) so that processes exiting mid-capture are still symbolized.
+//!
+//! Outputs that show time (the Chrome trace) also need each sample's timestamp: with
+//! [`Capture::with_timeline`] the capture keeps a bounded [`Timeline`] of
+//! (timestamp, raw stack) per sample beside the counts.
 
 use std::collections::{HashMap, HashSet};
 
@@ -28,10 +32,79 @@ pub struct RawStack {
     pub kernel: Vec<u64>,
 }
 
+/// A distinct raw stack's dense id (its timeline events refer to it) and sample count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackCount {
+    pub id: u32,
+    pub count: u64,
+}
+
+/// Default bound of a [`Timeline`]: 2^21 events of 16 bytes each, 32 MiB; at `record`'s 99 Hz
+/// that is 5 hours of one busy thread, or 5 minutes of 64 busy CPUs.
+pub const DEFAULT_TIMELINE_EVENTS: usize = 1 << 21;
+
+/// One sample in time: CLOCK_MONOTONIC nanoseconds (the BPF program's `bpf_ktime_get_ns`)
+/// and what it sampled. During the capture `sample` is a raw stack id ([`StackCount::id`]);
+/// after [`Capture::into_profile_and_timeline`] it indexes `Profile::samples`, whose labels
+/// name the process and thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimelineEvent {
+    pub timestamp_ns: u64,
+    pub sample: u32,
+}
+
+/// Per-sample times, bounded: once `capacity` events are held, later samples are counted in
+/// `dropped` but not kept, so a trace covers the start of a long capture rather than growing
+/// without limit (the counts in the profile still cover all of it).
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub events: Vec<TimelineEvent>,
+    pub capacity: usize,
+    pub dropped: u64,
+    /// CLOCK_MONOTONIC time the capture started; trace times are relative to it.
+    pub origin_ns: u64,
+    /// Sampling period: a sample stands for this much time on the CPU.
+    pub period_ns: u64,
+}
+
+impl Timeline {
+    pub fn new(capacity: usize, origin_ns: u64, period_ns: u64) -> Self {
+        Self {
+            // Grown as samples come: most captures are far below the bound.
+            events: Vec::new(),
+            capacity,
+            dropped: 0,
+            origin_ns,
+            period_ns,
+        }
+    }
+
+    fn push(&mut self, event: TimelineEvent) {
+        if self.events.len() < self.capacity {
+            self.events.push(event);
+        } else {
+            self.dropped += 1;
+        }
+    }
+}
+
+/// The current CLOCK_MONOTONIC time in ns, the clock BPF timestamps use.
+pub fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// What the capture loop accumulates.
 #[derive(Default)]
 pub struct Capture {
-    pub stacks: HashMap<RawStack, u64>,
+    pub stacks: HashMap<RawStack, StackCount>,
+    /// Per-sample times, when an output needs them.
+    pub timeline: Option<Timeline>,
     /// Samples read from the ring buffer.
     pub samples: u64,
     /// Records that failed to parse (never expected; counted, not hidden).
@@ -43,6 +116,14 @@ pub struct Capture {
 }
 
 impl Capture {
+    /// A capture that also keeps per-sample times, up to `timeline.capacity` of them.
+    pub fn with_timeline(timeline: Timeline) -> Self {
+        Self {
+            timeline: Some(timeline),
+            ..Self::default()
+        }
+    }
+
     /// Counts one ring-buffer record.
     pub fn ingest(&mut self, bytes: &[u8], sampler: &Sampler, registry: &mut ProcessRegistry) {
         let Ok(sample) = RawSample::parse(bytes) else {
@@ -90,7 +171,24 @@ impl Capture {
             user,
             kernel,
         };
-        *self.stacks.entry(key).or_insert(0) += 1;
+        self.count(key, h.timestamp_ns);
+    }
+
+    /// Counts one sample of `key` taken at `timestamp_ns`.
+    pub fn count(&mut self, key: RawStack, timestamp_ns: u64) {
+        let next_id = u32::try_from(self.stacks.len()).unwrap_or(u32::MAX);
+        let entry = self.stacks.entry(key).or_insert(StackCount {
+            id: next_id,
+            count: 0,
+        });
+        entry.count += 1;
+        let id = entry.id;
+        if let Some(t) = self.timeline.as_mut() {
+            t.push(TimelineEvent {
+                timestamp_ns,
+                sample: id,
+            });
+        }
         self.samples += 1;
     }
 
@@ -101,8 +199,22 @@ impl Capture {
         symbolizer: &mut Symbolizer,
         period_ns: i64,
     ) -> Profile {
+        self.into_profile_and_timeline(registry, symbolizer, period_ns)
+            .0
+    }
+
+    /// Like [`Capture::into_profile`], and also returns the timeline (when kept) with its
+    /// events pointing at the profile's samples.
+    pub fn into_profile_and_timeline(
+        self,
+        registry: &mut ProcessRegistry,
+        symbolizer: &mut Symbolizer,
+        period_ns: i64,
+    ) -> (Profile, Option<Timeline>) {
         let mut profile = Profile::cpu(period_ns);
-        let mut stacks: Vec<(RawStack, u64)> = self.stacks.into_iter().collect();
+        // Raw stack id -> index into profile.samples.
+        let mut sample_of = vec![0u32; self.stacks.len()];
+        let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
         // Deterministic output order regardless of hash iteration.
         stacks.sort_by(|a, b| {
             (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(
@@ -112,7 +224,7 @@ impl Capture {
                 &b.0.kernel,
             ))
         });
-        for (raw, count) in stacks {
+        for (raw, StackCount { id, count }) in stacks {
             let mut frames: Vec<Frame> = symbolizer.kernel(&raw.kernel);
             frames.extend(symbolizer.user(registry, raw.pid, &raw.user));
             if frames.is_empty() {
@@ -133,8 +245,62 @@ impl Capture {
                 .with("comm", LabelValue::Str(process))
                 .with("thread", LabelValue::Str(raw.thread));
             let n = i64::try_from(count).unwrap_or(i64::MAX);
-            profile.add(stack, labels, &[n, n.saturating_mul(period_ns)]);
+            let index = profile.add(stack, labels, &[n, n.saturating_mul(period_ns)]);
+            sample_of[id as usize] = u32::try_from(index).unwrap_or(u32::MAX);
         }
-        profile
+        let timeline = self.timeline.map(|mut t| {
+            for e in &mut t.events {
+                e.sample = sample_of[e.sample as usize];
+            }
+            t
+        });
+        (profile, timeline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(tid: u32, kernel: u64) -> RawStack {
+        RawStack {
+            pid: 4_000_000,
+            tid,
+            thread: format!("t{tid}"),
+            user: Vec::new(),
+            kernel: vec![kernel],
+        }
+    }
+
+    #[test]
+    fn timeline_is_bounded_and_points_at_profile_samples() {
+        let mut c = Capture::with_timeline(Timeline::new(3, 100, 10));
+        c.count(raw(1, 0xffff_ffff_8100_0000), 110);
+        c.count(raw(2, 0xffff_ffff_8100_0000), 120);
+        c.count(raw(1, 0xffff_ffff_8100_0000), 130);
+        c.count(raw(2, 0xffff_ffff_8100_0000), 140);
+        assert_eq!(c.samples, 4);
+        let (p, t) =
+            c.into_profile_and_timeline(&mut ProcessRegistry::new(), &mut Symbolizer::new(), 10);
+        let t = t.unwrap();
+        assert_eq!((t.events.len(), t.dropped), (3, 1));
+        assert_eq!(p.total(0), 4, "the counts cover dropped samples too");
+        let tid_of = |e: &TimelineEvent| p.samples[e.sample as usize].labels.get("tid").cloned();
+        let tids: Vec<_> = t.events.iter().map(tid_of).collect();
+        assert_eq!(
+            tids,
+            [1, 2, 1].map(|n| Some(LabelValue::Num(n))),
+            "events keep their order and thread"
+        );
+        assert_eq!(t.events[2].timestamp_ns, 130);
+    }
+
+    #[test]
+    fn without_timeline_nothing_is_kept() {
+        let mut c = Capture::default();
+        c.count(raw(1, 1), 5);
+        let (_, t) =
+            c.into_profile_and_timeline(&mut ProcessRegistry::new(), &mut Symbolizer::new(), 10);
+        assert!(t.is_none());
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod bpf;
 pub mod capture;
+pub mod diff;
 pub mod input;
 pub mod model;
 pub mod output;

@@ -240,22 +240,25 @@ impl Profile {
         self.stacks.intern(frames_leaf_first)
     }
 
-    /// Adds `values` (one per sample type) to the sample with this stack and labels.
-    pub fn add(&mut self, stack: u32, labels: Labels, values: &[i64]) {
+    /// Adds `values` (one per sample type) to the sample with this stack and labels, and
+    /// returns that sample's index in `samples`.
+    pub fn add(&mut self, stack: u32, labels: Labels, values: &[i64]) -> usize {
         debug_assert_eq!(values.len(), self.sample_types.len());
         let key = (stack, labels);
         if let Some(&i) = self.sample_index.get(&key) {
             for (acc, v) in self.samples[i].values.iter_mut().zip(values) {
                 *acc += v;
             }
-            return;
+            return i;
         }
-        self.sample_index.insert(key.clone(), self.samples.len());
+        let index = self.samples.len();
+        self.sample_index.insert(key.clone(), index);
         self.samples.push(Sample {
             stack: key.0,
             labels: key.1,
             values: values.to_vec(),
         });
+        index
     }
 
     /// Resolves a `--type` name: a sample type's name (`cpu`, `samples`), or `name/unit`.

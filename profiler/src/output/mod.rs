@@ -1,16 +1,21 @@
-//! Local outputs of a [`Profile`]: folded stacks, flame graph SVG, pprof, and the `top` table.
+//! Local outputs of a [`Profile`]: folded stacks, flame graph SVG, pprof, speedscope, the
+//! Chrome trace, and the `top` table.
 //!
-//! Single-type formats (folded, SVG) render one sample type chosen by index; pprof carries
-//! every type and ignores the index.
+//! Single-type formats (folded, SVG, speedscope) render one sample type chosen by index;
+//! pprof carries every type and ignores the index. The Chrome trace is drawn from a
+//! [`Timeline`] of per-sample times, which only a live capture has.
 
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use crate::capture::Timeline;
 use crate::model::Profile;
 
+pub mod chrome;
 pub mod folded;
 pub mod pprof;
+pub mod speedscope;
 pub mod svg;
 pub mod top;
 
@@ -25,15 +30,22 @@ pub enum OutputFormat {
     Folded,
     Svg,
     Pprof,
+    Speedscope,
+    ChromeTrace,
 }
 
-/// Name and file-name suffixes of each format. New formats (speedscope, Chrome trace) add a
-/// row here; suffixes are matched on the whole file name, so multi-dot ones such as
-/// `.speedscope.json` work, and the longest matching suffix wins.
+/// Name and file-name suffixes of each format. Suffixes are matched on the whole file name,
+/// so multi-dot ones such as `.speedscope.json` work, and the longest matching suffix wins.
 const FORMATS: &[(OutputFormat, &str, &[&str])] = &[
     (OutputFormat::Folded, "folded", &[".folded", ".txt"]),
     (OutputFormat::Svg, "svg", &[".svg"]),
     (OutputFormat::Pprof, "pprof", &[".pb.gz", ".pprof"]),
+    (
+        OutputFormat::Speedscope,
+        "speedscope",
+        &[".speedscope.json"],
+    ),
+    (OutputFormat::ChromeTrace, "chrome", &[".trace.json"]),
 ];
 
 impl OutputFormat {
@@ -62,7 +74,12 @@ impl OutputFormat {
 
     /// Whether the format shows only one sample type (and so honours `--type`).
     pub fn is_single_type(self) -> bool {
-        !matches!(self, OutputFormat::Pprof)
+        !matches!(self, OutputFormat::Pprof | OutputFormat::ChromeTrace)
+    }
+
+    /// Whether the format needs per-sample times (a [`Timeline`]), which profile files lack.
+    pub fn needs_timeline(self) -> bool {
+        matches!(self, OutputFormat::ChromeTrace)
     }
 
     /// The format a file name implies (case-insensitive), or `None` for unknown suffixes.
@@ -114,6 +131,11 @@ pub enum OutputError {
     Empty(String),
     #[error("cannot render flame graph: {0}")]
     Flamegraph(#[source] std::io::Error),
+    #[error(
+        "the Chrome trace needs per-sample times, which profile files do not keep: record it \
+         with `pyrometer record -o FILE.trace.json`, or convert to speedscope, svg, folded or pprof"
+    )]
+    NeedsTimeline,
     #[error("write failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -132,9 +154,22 @@ pub(crate) fn check_type(profile: &Profile, type_index: usize) -> Result<(), Out
 }
 
 /// Writes `profile` in `format`. `type_index` picks the sample type for single-type formats;
-/// `title` is used by formats that show one (SVG).
+/// `title` is used by formats that show one (SVG, speedscope). Formats that need per-sample
+/// times fail with [`OutputError::NeedsTimeline`]; see [`write_with_timeline`].
 pub fn write(
     profile: &Profile,
+    format: OutputFormat,
+    type_index: usize,
+    title: &str,
+    out: &mut dyn std::io::Write,
+) -> Result<(), OutputError> {
+    write_with_timeline(profile, None, format, type_index, title, out)
+}
+
+/// [`write`], with the capture's per-sample times for formats that draw them.
+pub fn write_with_timeline(
+    profile: &Profile,
+    timeline: Option<&Timeline>,
     format: OutputFormat,
     type_index: usize,
     title: &str,
@@ -144,6 +179,11 @@ pub fn write(
         OutputFormat::Folded => folded::write_folded(profile, type_index, out),
         OutputFormat::Svg => svg::write_svg(profile, type_index, title, out),
         OutputFormat::Pprof => pprof::write_pprof(profile, out),
+        OutputFormat::Speedscope => speedscope::write_speedscope(profile, type_index, title, out),
+        OutputFormat::ChromeTrace => match timeline {
+            Some(t) => chrome::write_chrome_trace(profile, t, out),
+            None => Err(OutputError::NeedsTimeline),
+        },
     }
 }
 
@@ -159,6 +199,9 @@ mod tests {
         assert_eq!(f("/tmp/flame.svg"), Some(OutputFormat::Svg));
         assert_eq!(f("cpu.pb.gz"), Some(OutputFormat::Pprof));
         assert_eq!(f("cpu.pprof"), Some(OutputFormat::Pprof));
+        assert_eq!(f("a.speedscope.json"), Some(OutputFormat::Speedscope));
+        assert_eq!(f("a.trace.json"), Some(OutputFormat::ChromeTrace));
+        assert_eq!(f("a.json"), None);
         assert_eq!(f("cpu.gz"), None);
         assert_eq!(f("cpu"), None);
         assert_eq!(f(".svg"), None);
@@ -176,7 +219,7 @@ mod tests {
         assert_eq!("SVG".parse::<OutputFormat>().ok(), Some(OutputFormat::Svg));
         assert_eq!(
             "x".parse::<OutputFormat>().unwrap_err().to_string(),
-            "unknown format 'x'; valid formats: folded, svg, pprof"
+            "unknown format 'x'; valid formats: folded, svg, pprof, speedscope, chrome"
         );
     }
 
@@ -196,6 +239,11 @@ mod tests {
         // pprof holds every type, so any index is accepted.
         write(&p, OutputFormat::Pprof, 99, "t", &mut pb).unwrap();
         assert!(pyrometer_proto::is_gzip(&pb));
+        let mut ss = Vec::new();
+        write(&p, OutputFormat::Speedscope, 0, "t", &mut ss).unwrap();
+        assert!(String::from_utf8(ss).unwrap().contains(speedscope::SCHEMA));
+        let err = write(&p, OutputFormat::ChromeTrace, 0, "t", &mut Vec::new()).unwrap_err();
+        assert!(matches!(err, OutputError::NeedsTimeline), "{err}");
         let err = write(&p, OutputFormat::Folded, 2, "t", &mut Vec::new()).unwrap_err();
         assert_eq!(
             err.to_string(),

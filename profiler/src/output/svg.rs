@@ -55,6 +55,39 @@ pub fn write_svg(
         .map_err(OutputError::Flamegraph)
 }
 
+/// Writes a differential flame graph (inferno's, after Brendan Gregg's): the shape of `new`,
+/// each frame coloured by how its count changed from `base` — red grew, blue shrank, the
+/// deeper the hue the larger the change — and the change in its tooltip. Totals are
+/// normalized first, so a longer run of the same code looks unchanged.
+pub fn write_differential_svg(
+    base: &Profile,
+    base_type: usize,
+    new: &Profile,
+    new_type: usize,
+    title: &str,
+    out: &mut dyn Write,
+) -> Result<(), OutputError> {
+    let to_text = |p: &Profile, t: usize| -> Result<String, OutputError> {
+        let stacks = folded::folded_stacks(p, t)?;
+        if stacks.is_empty() {
+            return Err(OutputError::Empty(p.sample_types[t].name.clone()));
+        }
+        Ok(folded::to_folded(p, t)?)
+    };
+    let before = to_text(base, base_type)?;
+    let after = to_text(new, new_type)?;
+    let mut merged = Vec::new();
+    let opt = inferno::differential::Options {
+        normalize: true,
+        strip_hex: false,
+    };
+    inferno::differential::from_readers(opt, before.as_bytes(), after.as_bytes(), &mut merged)
+        .map_err(OutputError::Flamegraph)?;
+    let merged = String::from_utf8_lossy(&merged);
+    let mut opt = options(title, &new.sample_types[new_type]);
+    flamegraph::from_lines(&mut opt, merged.lines(), out).map_err(OutputError::Flamegraph)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +147,26 @@ mod tests {
             count_name(&SampleType::new("inuse_objects", "count")),
             "objects"
         );
+    }
+
+    #[test]
+    fn differential_marks_growth_red_and_shrinkage_blue() {
+        let base =
+            crate::input::read_folded("main;grow 100\nmain;shrink 300\nmain;same 100\n").unwrap();
+        // Twice the samples, grow 20 % -> 50 %, shrink 60 % -> 30 %.
+        let new =
+            crate::input::read_folded("main;grow 500\nmain;shrink 300\nmain;same 200\n").unwrap();
+        let mut out = Vec::new();
+        write_differential_svg(&base, 0, &new, 0, "diff", &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        let (r, g, b) = fill_of(&svg, "grow");
+        assert!(r > g && r > b, "grow not red: {r},{g},{b}");
+        let (r, g, b) = fill_of(&svg, "shrink");
+        assert!(b > r && b > g, "shrink not blue: {r},{g},{b}");
+        let (r, _, b) = fill_of(&svg, "same");
+        assert_eq!(r, b, "unchanged frame is coloured");
+        // inferno puts the change in the tooltip.
+        assert!(svg.contains("<title>grow (500 samples, 50.00%; +30.00%)</title>"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
-//! `report` converts or summarizes a profile file.
+//! `report` converts or summarizes a profile file, `diff` compares two.
 
+mod diff;
 mod record;
 mod report;
 
@@ -30,6 +31,8 @@ enum Command {
     Record(record::RecordArgs),
     /// Convert a pprof or folded profile into another format, or print its top functions.
     Report(report::ReportArgs),
+    /// Compare two profiles: which functions grew or shrank; exit 1 on a regression.
+    Diff(diff::DiffArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Report(args) => report::run(args),
+        Command::Diff(args) => diff::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

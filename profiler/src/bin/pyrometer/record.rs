@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use clap::Args;
 use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
-use pyrometer::capture::Capture;
+use pyrometer::capture::{Capture, DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns};
 use pyrometer::model::Profile;
 use pyrometer::output::{self, OutputFormat};
 use pyrometer::procs::ProcessRegistry;
@@ -36,13 +36,14 @@ pub struct RecordArgs {
     /// Samples per second per CPU.
     #[arg(short = 'F', long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10000))]
     frequency: u64,
-    /// Output file; the format follows the extension (.svg, .folded/.txt, .pb.gz/.pprof).
+    /// Output file; the format follows the extension (.svg, .folded/.txt, .pb.gz/.pprof,
+    /// .speedscope.json, .trace.json).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Output format (overrides the extension): folded, svg, pprof.
+    /// Output format (overrides the extension): folded, svg, pprof, speedscope, chrome.
     #[arg(short, long)]
     format: Option<String>,
-    /// Sample type for single-type outputs (folded, svg): cpu or samples.
+    /// Sample type for single-type outputs (folded, svg, speedscope): cpu or samples.
     #[arg(short = 't', long = "type", value_name = "TYPE")]
     sample_type: Option<String>,
     /// Ring buffer size in MiB (a power of two); larger absorbs longer agent stalls.
@@ -184,7 +185,16 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .expect("static template"),
     );
     let mut registry = ProcessRegistry::new();
-    let mut capture = Capture::default();
+    // Per-sample times only when the output draws them; their number is bounded.
+    let mut capture = if format.needs_timeline() {
+        Capture::with_timeline(Timeline::new(
+            DEFAULT_TIMELINE_EVENTS,
+            monotonic_now_ns(),
+            1_000_000_000 / args.frequency,
+        ))
+    } else {
+        Capture::default()
+    };
     let mut child_status = None;
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut last_alive_check = Instant::now();
@@ -253,7 +263,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .map(PathBuf::from),
     );
     let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
-    let mut profile = capture.into_profile(&mut registry, &mut symbolizer, period_ns);
+    let (mut profile, timeline) =
+        capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
     profile.duration_nanos = i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX);
     profile.time_nanos = wall_start
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -285,9 +296,23 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         Targets::Command(c) => format!("pyrometer: {}", c.join(" ")),
     };
     let mut w = BufWriter::new(out_file);
-    output::write(&profile, format, type_index, &title, &mut w)
-        .and_then(|()| w.flush().map_err(Into::into))
-        .with_context(|| format!("writing {}", output_path.display()))?;
+    output::write_with_timeline(
+        &profile,
+        timeline.as_ref(),
+        format,
+        type_index,
+        &title,
+        &mut w,
+    )
+    .and_then(|()| w.flush().map_err(Into::into))
+    .with_context(|| format!("writing {}", output_path.display()))?;
+    if let Some(t) = timeline.as_ref().filter(|t| t.dropped > 0) {
+        eprintln!(
+            "pyrometer: the trace holds the first {} samples; {} later ones are only in the totals",
+            t.events.len(),
+            t.dropped
+        );
+    }
 
     if let Some(path) = &args.stats {
         write_stats(path, samples, lost, &counters, elapsed, bpf_stats)?;

@@ -14,10 +14,11 @@ use crate::{EXIT_INPUT, exit_error, resolve_format};
 pub struct ReportArgs {
     /// Profile to read: pprof (gzipped or not) or folded stacks.
     input: PathBuf,
-    /// Output file; the format follows the extension (.svg, .folded/.txt, .pb.gz/.pprof).
+    /// Output file; the format follows the extension (.svg, .folded/.txt, .pb.gz/.pprof,
+    /// .speedscope.json).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Output format (overrides the extension): folded, svg, pprof.
+    /// Output format (overrides the extension): folded, svg, pprof, speedscope.
     #[arg(short, long)]
     format: Option<String>,
     /// Sample type for single-type outputs and --top (default: the profile's default type).
@@ -34,6 +35,12 @@ pub fn run(args: ReportArgs) -> anyhow::Result<u8> {
         args.format.as_deref(),
         OutputFormat::Svg,
     )?;
+    if format.needs_timeline() {
+        return Err(exit_error(
+            EXIT_INPUT,
+            output::OutputError::NeedsTimeline.to_string(),
+        ));
+    }
     let profile = pyrometer::input::read_profile(&args.input)
         .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?;
     let type_index = match &args.sample_type {

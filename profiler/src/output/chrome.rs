@@ -1,0 +1,362 @@
+//! Chrome trace event JSON (the format of chrome://tracing, Perfetto and `ray.timeline()`):
+//! one track per sampled thread, on-CPU time as slices.
+//!
+//! Consecutive samples of a thread with the same call chain (by function names, so a loop
+//! sampled at different addresses stays one slice) merge into one complete (`X`) event
+//! named by the leaf function, with the whole stack in `args`. A sample stands for the
+//! `period` before it (cpu-clock fires after the thread ran that long), so a slice starts
+//! one period before its first sample. Samples more than 1.5 periods apart are not
+//! consecutive: the thread was off the CPU, or ran something unsampled, in between, which
+//! is what leaves visible gaps in the track. Off-CPU, GIL-wait and GPU sources, when they
+//! run, add their own slices and counter tracks beside these.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+
+use serde_json::{Value, json};
+
+use crate::capture::Timeline;
+use crate::model::{LabelValue, Profile};
+use crate::output::OutputError;
+use crate::output::folded::frame_name;
+
+/// Microseconds (Chrome trace `ts`/`dur`) from nanoseconds, keeping sub-µs precision.
+fn micros(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+fn num(v: Option<&LabelValue>) -> i64 {
+    match v {
+        Some(LabelValue::Num(n)) => *n,
+        Some(LabelValue::Str(s)) => s.parse().unwrap_or(0),
+        None => 0,
+    }
+}
+
+/// What a profile sample contributes to a track.
+struct SampleInfo {
+    pid: i64,
+    tid: i64,
+    /// Function names, leaf first, interned so equal chains compare as one id.
+    chain: usize,
+}
+
+/// A run of consecutive samples with one call chain.
+struct Slice {
+    first_ns: u64,
+    last_ns: u64,
+    chain: usize,
+    samples: u64,
+}
+
+/// The trace document of `timeline`, whose events index `profile.samples`.
+pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, OutputError> {
+    let mut chains: Vec<Vec<String>> = Vec::new();
+    let mut chain_ids: HashMap<Vec<String>, usize> = HashMap::new();
+    let names: Vec<String> = profile.frames.iter().map(frame_name).collect();
+    // Names by how many samples carry them: a process that exec'd, or renamed a thread,
+    // shows under the name it ran under the longest.
+    let mut processes: BTreeMap<i64, HashMap<String, i64>> = BTreeMap::new();
+    let mut threads: BTreeMap<(i64, i64), HashMap<String, i64>> = BTreeMap::new();
+    let infos: Vec<SampleInfo> = profile
+        .samples
+        .iter()
+        .map(|s| {
+            let pid = num(s.labels.get("pid"));
+            let tid = num(s.labels.get("tid"));
+            let comm = s.labels.get("comm").map(ToString::to_string);
+            let thread = s.labels.get("thread").map(ToString::to_string);
+            let n = s.values.first().copied().unwrap_or(0);
+            if let Some(c) = &comm {
+                *processes
+                    .entry(pid)
+                    .or_default()
+                    .entry(c.clone())
+                    .or_default() += n;
+            }
+            if let Some(t) = thread.or(comm) {
+                *threads.entry((pid, tid)).or_default().entry(t).or_default() += n;
+            }
+            let mut chain: Vec<String> = profile
+                .stacks
+                .get(s.stack)
+                .iter()
+                .map(|&f| names[f as usize].clone())
+                .collect();
+            if chain.is_empty() {
+                chain.push("[unknown]".to_string());
+            }
+            let next = chains.len();
+            let id = *chain_ids.entry(chain.clone()).or_insert(next);
+            if id == next {
+                chains.push(chain);
+            }
+            SampleInfo {
+                pid,
+                tid,
+                chain: id,
+            }
+        })
+        .collect();
+
+    let mut by_thread: BTreeMap<(i64, i64), Vec<(u64, usize)>> = BTreeMap::new();
+    for e in &timeline.events {
+        let Some(info) = infos.get(e.sample as usize) else {
+            continue;
+        };
+        by_thread
+            .entry((info.pid, info.tid))
+            .or_default()
+            .push((e.timestamp_ns, info.chain));
+    }
+    if by_thread.is_empty() {
+        return Err(OutputError::Empty("timeline".to_string()));
+    }
+
+    let period = timeline.period_ns.max(1);
+    let mut events: Vec<Value> = Vec::new();
+    for (pid, names) in &processes {
+        events.push(json!({
+            "ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+            "args": { "name": most_common(names) },
+        }));
+    }
+    for ((pid, tid), names) in &threads {
+        events.push(json!({
+            "ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+            "args": { "name": most_common(names) },
+        }));
+    }
+    for (&(pid, tid), samples) in &mut by_thread {
+        // Records of different CPUs reach the ring buffer slightly out of order.
+        samples.sort_unstable();
+        let mut current: Option<Slice> = None;
+        for &(ts, chain) in samples.iter() {
+            if let Some(s) = current.as_mut()
+                && s.chain == chain
+                && ts.saturating_sub(s.last_ns) <= period + period / 2
+            {
+                s.last_ns = ts;
+                s.samples += 1;
+                continue;
+            }
+            if let Some(s) = current.take() {
+                events.push(slice_event(
+                    &s,
+                    &chains,
+                    pid,
+                    tid,
+                    timeline.origin_ns,
+                    period,
+                ));
+            }
+            current = Some(Slice {
+                first_ns: ts,
+                last_ns: ts,
+                chain,
+                samples: 1,
+            });
+        }
+        if let Some(s) = current {
+            events.push(slice_event(
+                &s,
+                &chains,
+                pid,
+                tid,
+                timeline.origin_ns,
+                period,
+            ));
+        }
+    }
+    Ok(json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "exporter": concat!("pyrometer ", env!("CARGO_PKG_VERSION")),
+            "period_ns": timeline.period_ns,
+            "samples": timeline.events.len(),
+            "timeline_capacity": timeline.capacity,
+            "samples_not_in_timeline": timeline.dropped,
+        },
+    }))
+}
+
+/// The name with the most samples, ties broken by name so output is deterministic.
+fn most_common(names: &HashMap<String, i64>) -> &str {
+    names
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+        .map_or("", |(n, _)| n.as_str())
+}
+
+fn slice_event(
+    s: &Slice,
+    chains: &[Vec<String>],
+    pid: i64,
+    tid: i64,
+    origin: u64,
+    period: u64,
+) -> Value {
+    let start = s.first_ns.saturating_sub(period).max(origin);
+    let chain = &chains[s.chain];
+    json!({
+        "ph": "X",
+        "cat": "cpu",
+        "name": chain[0],
+        "pid": pid,
+        "tid": tid,
+        "ts": micros(start - origin),
+        "dur": micros(s.last_ns.saturating_sub(start)),
+        "args": { "stack": chain, "samples": s.samples },
+    })
+}
+
+pub fn write_chrome_trace(
+    profile: &Profile,
+    timeline: &Timeline,
+    out: &mut dyn Write,
+) -> Result<(), OutputError> {
+    let doc = to_chrome_trace(profile, timeline)?;
+    serde_json::to_writer(&mut *out, &doc).map_err(std::io::Error::from)?;
+    out.write_all(b"\n")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::TimelineEvent;
+    use crate::model::{Frame, FrameKind, Labels};
+
+    const MS: u64 = 1_000_000;
+
+    /// Thread 11 of process 10: `spin` every ms for 10 ms, nothing for 100 ms, `spin`
+    /// again; thread 12 alternates two functions each ms.
+    fn fixture() -> (Profile, Timeline) {
+        let mut p = Profile::cpu(MS as i64);
+        let main = p.intern_frame(Frame::named("main", FrameKind::Native));
+        let spin = p.intern_frame(Frame::named("spin", FrameKind::Native));
+        let spin2 = p.intern_frame(Frame {
+            address: 8,
+            ..Frame::named("spin", FrameKind::Native)
+        });
+        let read = p.intern_frame(Frame::named("vfs_read", FrameKind::Kernel));
+        let labels = |tid, thread: &str| {
+            Labels::new()
+                .with("pid", LabelValue::Num(10))
+                .with("tid", LabelValue::Num(tid))
+                .with("comm", LabelValue::Str("prog".into()))
+                .with("thread", LabelValue::Str(thread.into()))
+        };
+        let s_spin = p.intern_stack(vec![spin, main]);
+        let s_spin2 = p.intern_stack(vec![spin2, main]);
+        let s_read = p.intern_stack(vec![read, main]);
+        let a = p.add(s_spin, labels(11, "worker"), &[1, 1]) as u32;
+        // Named "sh" for one sample before an exec: "worker" wins.
+        p.add(s_read, labels(11, "sh"), &[1, 1]);
+        let a2 = p.add(s_spin2, labels(11, "worker"), &[1, 1]) as u32;
+        let b = p.add(s_read, labels(12, "io"), &[1, 1]) as u32;
+        let c = p.add(s_spin, labels(12, "io"), &[1, 1]) as u32;
+        let origin = 1_000 * MS;
+        let mut t = Timeline::new(100, origin, MS);
+        let mut at = |ms: u64, sample| {
+            t.events.push(TimelineEvent {
+                timestamp_ns: origin + ms * MS,
+                sample,
+            })
+        };
+        for ms in 1..=10 {
+            // Two addresses in one function: still one slice.
+            at(ms, if ms % 2 == 0 { a } else { a2 });
+        }
+        for ms in 111..=120 {
+            at(ms, a);
+        }
+        for ms in 1..=4 {
+            at(ms, if ms % 2 == 0 { b } else { c });
+        }
+        (p, t)
+    }
+
+    fn slices(doc: &Value, tid: i64) -> Vec<(String, f64, f64)> {
+        doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["tid"] == tid)
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["ts"].as_f64().unwrap(),
+                    e["dur"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn consecutive_samples_merge_and_gaps_stay() {
+        let (p, t) = fixture();
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        // 1..10 ms of samples cover 0..10 ms; 111..120 cover 110..120 ms.
+        assert_eq!(
+            slices(&doc, 11),
+            [
+                ("spin".to_string(), 0.0, 10_000.0),
+                ("spin".to_string(), 110_000.0, 10_000.0)
+            ]
+        );
+        let io = slices(&doc, 12);
+        let names: Vec<&str> = io.iter().map(|s| s.0.as_str()).collect();
+        assert_eq!(names, ["spin", "vfs_read_[k]", "spin", "vfs_read_[k]"]);
+        let first = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["ph"] == "X")
+            .unwrap();
+        assert_eq!(first["args"]["stack"], json!(["spin", "main"]));
+        assert_eq!(first["args"]["samples"], 10);
+    }
+
+    #[test]
+    fn metadata_names_processes_and_threads() {
+        let (p, t) = fixture();
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        let meta: Vec<(String, i64, String)> = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "M")
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["tid"].as_i64().unwrap(),
+                    e["args"]["name"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            meta,
+            [
+                ("process_name".to_string(), 0, "prog".to_string()),
+                ("thread_name".to_string(), 11, "worker".to_string()),
+                ("thread_name".to_string(), 12, "io".to_string()),
+            ]
+        );
+        assert_eq!(doc["otherData"]["samples"], 24);
+    }
+
+    #[test]
+    fn out_of_order_events_are_sorted_and_empty_is_an_error() {
+        let (p, mut t) = fixture();
+        t.events.reverse();
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        assert_eq!(slices(&doc, 11).len(), 2);
+        t.events.clear();
+        assert!(matches!(
+            to_chrome_trace(&p, &t),
+            Err(OutputError::Empty(_))
+        ));
+    }
+}
