@@ -16,7 +16,11 @@ macro_rules! aligned_bytes {
     }};
 }
 
-pub const MAX_USER_FRAMES: usize = 127;
+pub const MAX_USER_FRAMES: usize = 256;
+/// Most frames a frame-pointer stack has (perf's callchain limit).
+pub const FP_MAX_FRAMES: usize = 127;
+/// Executable mappings per process in the unwinder's table.
+pub const MAX_MAPPINGS: usize = 128;
 pub const MAX_KERNEL_FRAMES: usize = 127;
 pub const COMM_LEN: usize = 16;
 
@@ -32,6 +36,42 @@ pub const TARGET_FOLLOW_CHILDREN: u32 = 2;
 pub const SAMPLE_KERNEL_INLINE: u32 = 1;
 /// `SampleHeader::flags`: not a sample but an exec event (header only).
 pub const SAMPLE_EVENT_EXEC: u32 = 2;
+/// `SampleHeader::flags`: the user stack was walked with DWARF unwind tables.
+pub const SAMPLE_DWARF: u32 = 4;
+/// `SampleHeader::flags`: the DWARF walk reached the outermost frame.
+pub const SAMPLE_COMPLETE: u32 = 8;
+
+/// Mirror of `struct unwind_row` (the pyrometer-unwind crate builds them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    pub cfa_type: u8,
+    pub rbp_type: u8,
+    pub cfa_offset: i16,
+    pub rbp_offset: i16,
+    pub reserved: u16,
+}
+
+/// Mirror of `struct exec_mapping`. `row_count == 0`: no table, frame pointers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    pub row_first: u32,
+    pub row_count: u32,
+}
+
+/// Mirror of `struct process_unwind`: a process's executable mappings sorted by start.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessUnwind {
+    pub count: u32,
+    pub reserved: u32,
+    pub maps: [ExecMapping; MAX_MAPPINGS],
+}
 
 /// Indices into the per-CPU `counters` map.
 pub mod counter {
@@ -41,7 +81,14 @@ pub mod counter {
     pub const USER_STACK_ERRORS: u32 = 3;
     pub const USER_STACK_TRUNCATED: u32 = 4;
     pub const TARGETS_FULL: u32 = 5;
-    pub const COUNT: u32 = 8;
+    pub const UNWIND_NO_MAPPING: u32 = 6;
+    pub const UNWIND_NO_TABLE: u32 = 7;
+    pub const UNWIND_NO_ROW: u32 = 8;
+    pub const UNWIND_BAD_CFA: u32 = 9;
+    pub const UNWIND_TRUNCATED: u32 = 10;
+    pub const UNWIND_COMPLETE: u32 = 11;
+    pub const UNWIND_SAMPLES: u32 = 12;
+    pub const COUNT: u32 = 16;
 }
 
 /// Mirror of `struct sample_header`.
@@ -144,7 +191,10 @@ mod tests {
     fn header_layout_matches_c() {
         // 8 + 4*8 + 16: the C struct has no padding.
         assert_eq!(size_of::<SampleHeader>(), 56);
-        assert_eq!(FULL_RECORD_SIZE, 56 + 127 * 8 * 2);
+        assert_eq!(FULL_RECORD_SIZE, 56 + (256 + 127) * 8);
+        assert_eq!(size_of::<UnwindRow>(), 12);
+        assert_eq!(size_of::<ExecMapping>(), 32);
+        assert_eq!(size_of::<ProcessUnwind>(), 8 + 32 * MAX_MAPPINGS);
     }
 
     #[test]
@@ -172,3 +222,8 @@ mod tests {
         assert_eq!(s.inline_kernel_frames().count(), 0);
     }
 }
+
+// SAFETY: plain-old-data #[repr(C)] structs without padding holes the kernel would read.
+unsafe impl aya::Pod for UnwindRow {}
+unsafe impl aya::Pod for ExecMapping {}
+unsafe impl aya::Pod for ProcessUnwind {}

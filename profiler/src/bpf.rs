@@ -31,6 +31,8 @@ pub struct SamplerConfig {
     /// Ring buffer size in bytes: a power of two and a multiple of the page size.
     pub ring_buffer_bytes: u32,
     pub btf_path: PathBuf,
+    /// Capacity of the unwind row array shared by all unwind tables (12 bytes a row).
+    pub unwind_rows: u32,
 }
 
 impl Default for SamplerConfig {
@@ -40,6 +42,7 @@ impl Default for SamplerConfig {
             filter: Filter::Targets,
             ring_buffer_bytes: 8 << 20,
             btf_path: PathBuf::from(KERNEL_BTF),
+            unwind_rows: 1 << 20,
         }
     }
 }
@@ -71,6 +74,19 @@ pub struct Counters {
     pub user_stack_errors: u64,
     pub user_stack_truncated: u64,
     pub targets_full: u64,
+    pub unwind: UnwindCounters,
+}
+
+/// Why DWARF walks stopped early, and how many reached the outermost frame.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindCounters {
+    pub samples: u64,
+    pub complete: u64,
+    pub no_mapping: u64,
+    pub no_table: u64,
+    pub no_row: u64,
+    pub bad_cfa: u64,
+    pub truncated: u64,
 }
 
 /// Run time and count of the perf_event program, from `kernel.bpf_stats_enabled`.
@@ -88,6 +104,11 @@ pub struct Sampler {
     kernel_stacks: StackTraceMap<MapData>,
     counters: PerCpuArray<MapData, u64>,
     perf_prog_id: Option<u32>,
+    unwind_maps: Option<(
+        MapData,
+        BpfHashMap<MapData, u32, pyrometer_ebpf::ProcessUnwind>,
+    )>,
+    unwind_rows: u32,
 }
 
 impl Sampler {
@@ -116,6 +137,7 @@ impl Sampler {
             .override_global("filter_mode", &filter_mode, true)
             .override_global("self_tgid", &self_tgid, true)
             .map_max_entries("samples", config.ring_buffer_bytes)
+            .map_max_entries("unwind_rows", config.unwind_rows.max(1))
             .load(shared::SAMPLER_OBJECT)
             .map_err(|e| BpfError::Load(error_chain(&e)))?;
 
@@ -154,6 +176,12 @@ impl Sampler {
             .map_err(|e| BpfError::Map("kernel_stacks", e.to_string()))?;
         let counters = PerCpuArray::try_from(take(&mut ebpf, "counters")?)
             .map_err(|e| BpfError::Map("counters", e.to_string()))?;
+        let rows = match take(&mut ebpf, "unwind_rows")? {
+            aya::maps::Map::Array(data) => data,
+            _ => return Err(BpfError::Map("unwind_rows", "not an array".into())),
+        };
+        let procs = BpfHashMap::try_from(take(&mut ebpf, "unwind_procs")?)
+            .map_err(|e| BpfError::Map("unwind_procs", e.to_string()))?;
         Ok(Self {
             ebpf,
             ring,
@@ -161,7 +189,20 @@ impl Sampler {
             kernel_stacks,
             counters,
             perf_prog_id: None,
+            unwind_maps: Some((rows, procs)),
+            unwind_rows: config.unwind_rows.max(1),
         })
+    }
+
+    /// Hands out the DWARF unwinder's maps (once). Until processes are registered with it,
+    /// every user stack is walked by frame pointers.
+    pub fn unwinder(&mut self) -> Result<crate::unwinder::Unwinder, BpfError> {
+        let (rows, procs) = self
+            .unwind_maps
+            .take()
+            .ok_or_else(|| BpfError::Map("unwind_rows", "already taken".into()))?;
+        crate::unwinder::Unwinder::new(rows, self.unwind_rows, procs)
+            .map_err(|e| BpfError::Map("unwind_rows", e.to_string()))
     }
 
     /// Attaches the sampler to the software cpu-clock event of every online CPU.
@@ -254,6 +295,15 @@ impl Sampler {
             user_stack_errors: sum(shared::counter::USER_STACK_ERRORS),
             user_stack_truncated: sum(shared::counter::USER_STACK_TRUNCATED),
             targets_full: sum(shared::counter::TARGETS_FULL),
+            unwind: UnwindCounters {
+                samples: sum(shared::counter::UNWIND_SAMPLES),
+                complete: sum(shared::counter::UNWIND_COMPLETE),
+                no_mapping: sum(shared::counter::UNWIND_NO_MAPPING),
+                no_table: sum(shared::counter::UNWIND_NO_TABLE),
+                no_row: sum(shared::counter::UNWIND_NO_ROW),
+                bad_cfa: sum(shared::counter::UNWIND_BAD_CFA),
+                truncated: sum(shared::counter::UNWIND_TRUNCATED),
+            },
         }
     }
 

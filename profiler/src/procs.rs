@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 
 /// Default minimum time between two re-reads of one process's maps.
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_millis(500);
+/// How long after exec (or first sight) a process counts as young, and how often it may be
+/// re-read then.
+const YOUNG: Duration = Duration::from_secs(1);
+const YOUNG_REFRESH_INTERVAL: Duration = Duration::from_millis(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProcError {
@@ -145,6 +149,8 @@ pub struct Process {
     mappings: Vec<Mapping>,
     exited: bool,
     last_read: Instant,
+    /// When this image was first read (observe or exec).
+    first_read: Instant,
 }
 
 impl Process {
@@ -235,6 +241,7 @@ impl ProcessRegistry {
                 mappings,
                 exited: false,
                 last_read: Instant::now(),
+                first_read: Instant::now(),
             };
             self.processes.insert(pid, process);
         }
@@ -249,7 +256,14 @@ impl ProcessRegistry {
             self.observe(pid)?;
             return Ok(true);
         };
-        if process.exited || process.last_read.elapsed() < self.refresh_interval {
+        // A young image is still mapping its libraries (the dynamic loader runs after exec),
+        // so it may be re-read more often during its first second.
+        let interval = if process.first_read.elapsed() < YOUNG {
+            self.refresh_interval.min(YOUNG_REFRESH_INTERVAL)
+        } else {
+            self.refresh_interval
+        };
+        if process.exited || process.last_read.elapsed() < interval {
             return Ok(false);
         }
         let fresh = self.read_mappings(pid);

@@ -16,6 +16,9 @@
 
 #include "shared.h"
 
+// perf's callchain limit (kernel.perf_event_max_stack) for frame-pointer stacks.
+#define FP_MAX_FRAMES 127
+
 char LICENSE[] SEC("license") = "GPL";
 
 // Minimal CO-RE view of task_struct: clang records the field accesses and the loader
@@ -78,6 +81,8 @@ static __always_inline void count(__u32 index)
 		*slot += 1;
 }
 
+#include "unwind.h"
+
 static __always_inline int is_target(__u32 tgid)
 {
 	if (tgid == 0 || tgid == self_tgid)
@@ -125,18 +130,27 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 		count(COUNTER_KERNEL_STACK_ERRORS);
 	}
 
-	long bytes = bpf_get_stack(ctx, rec->user, sizeof(rec->user), BPF_F_USER_STACK);
 	__u32 frames = 0;
-	if (bytes > 0) {
-		frames = bytes / sizeof(__u64);
-	} else if (bytes < 0 && bytes != -14) {
-		count(COUNTER_USER_STACK_ERRORS);
+	int walked = dwarf_unwind(ctx, tgid, rec);
+	if (walked >= 0) {
+		frames = walked;
+	} else {
+		// No unwind tables for this process (yet): frame pointers, as perf does.
+		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
+					   BPF_F_USER_STACK);
+		if (bytes > 0) {
+			frames = bytes / sizeof(__u64);
+		} else if (bytes < 0 && bytes != -14) {
+			count(COUNTER_USER_STACK_ERRORS);
+		}
+		if (frames >= FP_MAX_FRAMES) {
+			frames = FP_MAX_FRAMES;
+			count(COUNTER_USER_STACK_TRUNCATED);
+		}
 	}
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
 	rec->hdr.user_frames = frames;
-	if (frames == MAX_USER_FRAMES)
-		count(COUNTER_USER_STACK_TRUNCATED);
 
 	// Records carry only the frames they use: the user frames follow the header, then the
 	// inline kernel frames (if any). Both are copied into place in the scratch record.

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// In-kernel DWARF CFI unwinder for x86-64 user stacks. The agent compiles each executable's
+// .eh_frame into sorted rows (pyrometer-unwind) stored in `unwind_rows`, and each process's
+// executable mappings into `unwind_procs`; this walks frame by frame with bpf_loop, so the
+// verifier checks one step instead of 256 unrolled ones.
+//
+// Per frame: find the mapping (binary search over the process's mappings), find the row
+// (binary search over the mapping's rows, last row with row.pc <= pc), compute the CFA, read
+// the return address at CFA-8 and the saved rbp where the row says. A mapping without a table
+// falls back to the frame pointer for that frame. Every way a walk stops early is counted.
+
+#pragma once
+
+// 1M rows x 16 bytes (the kernel rounds array values up to 8 bytes) = 16 MiB by default; the agent sets the size (--unwind-rows) and
+// maps the array into its address space (BPF_F_MMAPABLE) to write tables without syscalls.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+} unwind_rows SEC(".maps");
+
+// 4096 processes x 4 KiB = 16 MB at most (hash maps allocate on insert).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct process_unwind);
+} unwind_procs SEC(".maps");
+
+struct unwind_state {
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	__u32 pid;
+	__u32 frames;
+	__u32 stop_reason; // a COUNTER_UNWIND_* index, or 0 while walking
+	__u32 complete;
+};
+
+struct found_mapping {
+	__u64 bias;
+	__u32 row_first;
+	__u32 row_count;
+};
+
+// A linear scan with constant indices: a binary search indexes the array with values the
+// verifier must track precisely, and it then explores every path of the search separately.
+// What leaves the loop is copied into `out`, so the states after it are all alike and prune.
+static __always_inline int find_mapping(struct process_unwind *proc, __u64 pc,
+					struct found_mapping *out)
+{
+	__u32 count = proc->count;
+	for (int k = 0; k < MAX_MAPPINGS; k++) {
+		if (k >= count)
+			break;
+		struct exec_mapping *m = &proc->maps[k];
+		if (m->start <= pc && pc < m->end) {
+			out->bias = m->bias;
+			out->row_first = m->row_first;
+			out->row_count = m->row_count;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+// The last row at or before `pc` among rows [first, first + count).
+static __always_inline struct unwind_row *find_row(__u32 first, __u32 count, __u32 pc)
+{
+	__u32 lo = first, hi = first + count;
+	for (int k = 0; k < 24; k++) {
+		if (lo >= hi)
+			break;
+		__u32 mid = lo + (hi - lo) / 2;
+		struct unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &mid);
+		if (!row)
+			return 0;
+		if (row->pc <= pc)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == first)
+		return 0;
+	__u32 idx = lo - 1;
+	return bpf_map_lookup_elem(&unwind_rows, &idx);
+}
+
+static __always_inline int frame_pointer_step(struct unwind_state *st)
+{
+	__u64 next_bp = 0, ra = 0;
+	if (st->bp == 0 || bpf_probe_read_user(&next_bp, 8, (void *)st->bp) ||
+	    bpf_probe_read_user(&ra, 8, (void *)(st->bp + 8)))
+		return -1;
+	st->sp = st->bp + 16;
+	st->bp = next_bp;
+	st->pc = ra;
+	return 0;
+}
+
+// ucontext_t on x86-64: uc_flags, uc_link, uc_stack (24 bytes), then mcontext's gregs,
+// where REG_RBP = 10, REG_RSP = 15, REG_RIP = 16. At __restore_rt the stack pointer points
+// at the ucontext (the return address slot was popped by the ret into the trampoline).
+#define UC_GREGS 40
+static __always_inline int signal_step(struct unwind_state *st)
+{
+	__u64 bp, sp, ip;
+	if (bpf_probe_read_user(&bp, 8, (void *)(st->sp + UC_GREGS + 10 * 8)) ||
+	    bpf_probe_read_user(&sp, 8, (void *)(st->sp + UC_GREGS + 15 * 8)) ||
+	    bpf_probe_read_user(&ip, 8, (void *)(st->sp + UC_GREGS + 16 * 8)))
+		return -1;
+	st->bp = bp;
+	st->sp = sp;
+	st->pc = ip;
+	return 0;
+}
+
+static long unwind_step(__u32 index, struct unwind_state *st)
+{
+	__u32 zero = 0;
+	struct sample_record *rec = bpf_map_lookup_elem(&scratch, &zero);
+	if (!rec)
+		return 1;
+	__u32 n = st->frames;
+	if (n >= MAX_USER_FRAMES) {
+		st->stop_reason = COUNTER_UNWIND_TRUNCATED;
+		return 1;
+	}
+	rec->user[n] = st->pc;
+	st->frames = n + 1;
+
+	struct process_unwind *proc = bpf_map_lookup_elem(&unwind_procs, &st->pid);
+	if (!proc)
+		return 1;
+	// A return address points after the call; look up the call itself.
+	__u64 lookup = n == 0 ? st->pc : st->pc - 1;
+	struct found_mapping fm;
+	if (find_mapping(proc, lookup, &fm) < 0) {
+		st->stop_reason = COUNTER_UNWIND_NO_MAPPING;
+		return 1;
+	}
+	struct found_mapping *m = &fm;
+	if (m->row_count == 0) {
+		st->stop_reason = COUNTER_UNWIND_NO_TABLE;
+		if (frame_pointer_step(st))
+			return 1;
+		st->stop_reason = 0;
+		return st->pc == 0;
+	}
+	__u64 rel = lookup - m->bias;
+	if (rel > 0xffffffffULL) {
+		st->stop_reason = COUNTER_UNWIND_NO_ROW;
+		return 1;
+	}
+	struct unwind_row *row = find_row(m->row_first, m->row_count, (__u32)rel);
+	if (!row || row->cfa_type == CFA_NONE) {
+		st->stop_reason = COUNTER_UNWIND_NO_ROW;
+		return 1;
+	}
+	__u64 cfa;
+	switch (row->cfa_type) {
+	case CFA_END:
+		st->complete = 1;
+		return 1;
+	case CFA_SIGNAL:
+		if (signal_step(st)) {
+			st->stop_reason = COUNTER_UNWIND_BAD_CFA;
+			return 1;
+		}
+		return st->pc == 0;
+	case CFA_RSP:
+		cfa = st->sp + row->cfa_offset;
+		break;
+	case CFA_RBP:
+		cfa = st->bp + row->cfa_offset;
+		break;
+	case CFA_PLT:
+		cfa = st->sp + 8 + (((st->pc & 15) >= 11) ? 8 : 0);
+		break;
+	default:
+		st->stop_reason = COUNTER_UNWIND_BAD_CFA;
+		return 1;
+	}
+	__u64 ra = 0;
+	if (bpf_probe_read_user(&ra, 8, (void *)(cfa - 8))) {
+		st->stop_reason = COUNTER_UNWIND_BAD_CFA;
+		return 1;
+	}
+	if (row->rbp_type == RBP_OFFSET) {
+		__u64 bp = 0;
+		if (bpf_probe_read_user(&bp, 8, (void *)(cfa + row->rbp_offset))) {
+			st->stop_reason = COUNTER_UNWIND_BAD_CFA;
+			return 1;
+		}
+		st->bp = bp;
+	} else if (row->rbp_type != RBP_SAME) {
+		st->stop_reason = COUNTER_UNWIND_BAD_CFA;
+		return 1;
+	}
+	st->sp = cfa;
+	st->pc = ra;
+	if (ra == 0) {
+		// A zero return address ends the chain (thread start routines clear it).
+		st->complete = 1;
+		return 1;
+	}
+	return 0;
+}
+
+// Walks the user stack of the current task into rec->user. Returns the number of frames, or
+// -1 when the process has no unwind information (the caller then uses frame pointers).
+static __always_inline int dwarf_unwind(struct bpf_perf_event_data *ctx, __u32 tgid,
+					 struct sample_record *rec)
+{
+	if (!bpf_map_lookup_elem(&unwind_procs, &tgid))
+		return -1;
+	struct pt_regs regs;
+	if ((ctx->regs.cs & 3) == 3) {
+		regs = ctx->regs;
+	} else {
+		// Interrupted in the kernel: the user registers were saved on kernel entry.
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (bpf_probe_read_kernel(&regs, sizeof(regs), user))
+			return 0;
+	}
+	struct unwind_state st = {
+		.pc = regs.rip,
+		.sp = regs.rsp,
+		.bp = regs.rbp,
+		.pid = tgid,
+	};
+	if (st.pc == 0)
+		return 0;
+	bpf_loop(MAX_USER_FRAMES + 1, unwind_step, &st, 0);
+	count(COUNTER_UNWIND_SAMPLES);
+	if (st.stop_reason)
+		count(st.stop_reason);
+	if (st.complete) {
+		count(COUNTER_UNWIND_COMPLETE);
+		rec->hdr.flags |= SAMPLE_COMPLETE;
+	}
+	rec->hdr.flags |= SAMPLE_DWARF;
+	return st.frames;
+}

@@ -1,0 +1,371 @@
+//! Feeds the in-kernel DWARF unwinder: builds unwind tables for the executables that target
+//! processes map (pyrometer-unwind), places them in the `unwind_rows` BPF array, and writes
+//! each process's executable mappings (address range, load bias, row range) to
+//! `unwind_procs`.
+//!
+//! Tables are shared: one table per executable (keyed by build-id, else device and inode), so
+//! the same libc is processed and stored once per node however many processes map it. The
+//! row array is the memory budget (`--unwind-rows`, 12 bytes a row); when a new table does not
+//! fit, tables that no live process maps any more are evicted, oldest first.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, UnwindRow};
+
+use crate::procs::{BinaryKey, MappingKind, Process};
+
+/// Bytes per element of a BPF array: the kernel rounds each value up to 8 bytes, so a
+/// 12-byte row occupies 16 (1 Mi rows = 16 MiB of kernel memory).
+pub const ROW_SLOT: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UnwinderError {
+    #[error("cannot map the unwind row array: {0}")]
+    Mmap(std::io::Error),
+    #[error("BPF map unwind_procs: {0}")]
+    Map(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum TableKey {
+    BuildId(String),
+    File(BinaryKey),
+}
+
+struct LoadedTable {
+    first: u32,
+    count: u32,
+    /// PT_LOAD segments (file offset, vaddr, file size), to turn a mapping into a load bias.
+    loads: Vec<(u64, u64, u64)>,
+    /// Processes whose mapping table points at these rows.
+    users: u32,
+    last_used: u64,
+}
+
+/// Counters for the record summary, `--stats` and the benchmark.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnwinderStats {
+    pub tables_built: u64,
+    pub tables_failed: u64,
+    pub tables_evicted: u64,
+    pub rows_used: u64,
+    pub rows_capacity: u64,
+    /// Tables that did not fit even after eviction: those mappings unwind by frame pointer.
+    pub tables_too_big: u64,
+    pub processes: u64,
+    /// Executable mappings beyond MAX_MAPPINGS in one process (left out of its table).
+    pub mappings_dropped: u64,
+    pub build_ns: u64,
+}
+
+pub struct Unwinder {
+    /// The mapped array: one ROW_SLOT-byte slot per row.
+    rows: *mut u8,
+    mmap_len: usize,
+    procs: BpfHashMap<MapData, u32, ProcessUnwind>,
+    tables: HashMap<TableKey, Option<LoadedTable>>,
+    /// Free row ranges (first, count), kept sorted by first.
+    free: Vec<(u32, u32)>,
+    process_tables: HashMap<u32, Vec<TableKey>>,
+    clock: u64,
+    stats: UnwinderStats,
+}
+
+impl Unwinder {
+    /// `rows_map` is the BPF_F_MMAPABLE `unwind_rows` array of `capacity` rows.
+    pub fn new(
+        rows_map: MapData,
+        capacity: u32,
+        procs: BpfHashMap<MapData, u32, ProcessUnwind>,
+    ) -> Result<Self, UnwinderError> {
+        let page = 4096usize;
+        let bytes = capacity as usize * ROW_SLOT;
+        let mmap_len = bytes.div_ceil(page) * page;
+        // SAFETY: maps a BPF array created with BPF_F_MMAPABLE, at its size. The mapping
+        // holds its own reference to the map, so the fd may close; it is unmapped on drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mmap_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                rows_map.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(UnwinderError::Mmap(std::io::Error::last_os_error()));
+        }
+        drop(rows_map);
+        Ok(Self {
+            rows: ptr.cast(),
+            mmap_len,
+            procs,
+            tables: HashMap::new(),
+            free: vec![(0, capacity)],
+            process_tables: HashMap::new(),
+            clock: 0,
+            stats: UnwinderStats {
+                rows_capacity: u64::from(capacity),
+                ..UnwinderStats::default()
+            },
+        })
+    }
+
+    pub fn stats(&self) -> UnwinderStats {
+        self.stats
+    }
+
+    /// (Re)writes the unwind information of a process from its current mappings, building
+    /// tables for executables not seen before.
+    pub fn sync_process(&mut self, process: &Process) -> Result<(), UnwinderError> {
+        self.clock += 1;
+        let mut entry = ProcessUnwind {
+            count: 0,
+            reserved: 0,
+            maps: [ExecMapping::default(); MAX_MAPPINGS],
+        };
+        let mut keys = Vec::new();
+        let mut n = 0usize;
+        for m in process.mappings() {
+            if m.kind != MappingKind::File {
+                continue;
+            }
+            let Some(binary) = m.binary() else { continue };
+            if n == MAX_MAPPINGS {
+                self.stats.mappings_dropped += 1;
+                continue;
+            }
+            let key = match binary.build_id() {
+                Some(id) => TableKey::BuildId(id.to_string()),
+                None => TableKey::File(binary.key().clone()),
+            };
+            let path = binary.path().to_path_buf();
+            let clock = self.clock;
+            let (first, count, bias) = match self.table_for(&key, &path) {
+                Some(t) => {
+                    t.last_used = clock;
+                    let bias = load_bias(&t.loads, m.start, m.offset);
+                    (t.first, t.count, bias)
+                }
+                None => (0, 0, None),
+            };
+            let (first, count, bias) = match bias {
+                Some(b) => (first, count, b),
+                // Without a load bias the rows cannot be used: frame pointers for it.
+                None => (0, 0, 0),
+            };
+            if count > 0 && !keys.contains(&key) {
+                keys.push(key);
+            }
+            entry.maps[n] = ExecMapping {
+                start: m.start,
+                end: m.end,
+                bias,
+                row_first: first,
+                row_count: count,
+            };
+            n += 1;
+        }
+        entry.maps[..n].sort_by_key(|m| m.start);
+        entry.count = n as u32;
+        for k in &keys {
+            if let Some(Some(t)) = self.tables.get_mut(k) {
+                t.users += 1;
+            }
+        }
+        if let Some(old) = self.process_tables.insert(process.pid, keys) {
+            self.release(&old);
+        } else {
+            self.stats.processes += 1;
+        }
+        self.procs
+            .insert(process.pid, entry, 0)
+            .map_err(|e| UnwinderError::Map(e.to_string()))
+    }
+
+    /// Builds and loads the table of an executable before any process maps it (the command
+    /// `record` is about to start, the C library), so a new process's first samples already
+    /// unwind. Only objects with a build-id can be matched up later; others are skipped.
+    pub fn prewarm(&mut self, path: &Path) {
+        let Some(id) = crate::procs::read_build_id(path) else {
+            return;
+        };
+        let key = TableKey::BuildId(id);
+        self.clock += 1;
+        let _ = self.table_for(&key, path);
+    }
+
+    /// Forgets a process that exited; its tables become evictable when nobody else maps them.
+    pub fn remove_process(&mut self, pid: u32) {
+        if let Some(keys) = self.process_tables.remove(&pid) {
+            self.release(&keys);
+            self.stats.processes = self.stats.processes.saturating_sub(1);
+        }
+        let _ = self.procs.remove(&pid);
+    }
+
+    /// Pids whose unwind information is loaded.
+    pub fn pids(&self) -> Vec<u32> {
+        self.process_tables.keys().copied().collect()
+    }
+
+    fn release(&mut self, keys: &[TableKey]) {
+        for k in keys {
+            if let Some(Some(t)) = self.tables.get_mut(k) {
+                t.users = t.users.saturating_sub(1);
+            }
+        }
+    }
+
+    fn table_for(&mut self, key: &TableKey, path: &Path) -> Option<&mut LoadedTable> {
+        if !self.tables.contains_key(key) {
+            let loaded = self.build(path);
+            self.tables.insert(key.clone(), loaded);
+        }
+        self.tables.get_mut(key).and_then(Option::as_mut)
+    }
+
+    fn build(&mut self, path: &Path) -> Option<LoadedTable> {
+        let started = std::time::Instant::now();
+        let bytes = std::fs::read(path).ok()?;
+        let loads = load_segments(&bytes);
+        let table = pyrometer_unwind::build_table(&bytes);
+        self.stats.build_ns += started.elapsed().as_nanos() as u64;
+        let table = match table {
+            Ok(t) if !t.rows.is_empty() && !loads.is_empty() => t,
+            _ => {
+                self.stats.tables_failed += 1;
+                return None;
+            }
+        };
+        let count = u32::try_from(table.rows.len()).ok()?;
+        let first = match self.allocate(count) {
+            Some(f) => f,
+            None => {
+                self.stats.tables_too_big += 1;
+                return None;
+            }
+        };
+        for (i, s) in table.rows.iter().enumerate() {
+            let row = UnwindRow {
+                pc: s.pc,
+                cfa_type: s.cfa_type,
+                rbp_type: s.rbp_type,
+                cfa_offset: s.cfa_offset,
+                rbp_offset: s.rbp_offset,
+                reserved: 0,
+            };
+            // SAFETY: slot first + i < first + count lies inside the mapped array (allocate
+            // only hands out ranges within capacity); slots are 8-byte aligned and 16 bytes.
+            unsafe {
+                let slot = self.rows.add((first as usize + i) * ROW_SLOT);
+                std::ptr::write(slot.cast::<UnwindRow>(), row);
+            }
+        }
+        self.stats.tables_built += 1;
+        self.stats.rows_used += u64::from(count);
+        Some(LoadedTable {
+            first,
+            count,
+            loads,
+            users: 0,
+            last_used: self.clock,
+        })
+    }
+
+    /// First fit in the free list; when nothing fits, evicts unused tables oldest first.
+    fn allocate(&mut self, count: u32) -> Option<u32> {
+        loop {
+            if let Some(i) = self.free.iter().position(|&(_, len)| len >= count) {
+                let (first, len) = self.free[i];
+                if len == count {
+                    self.free.remove(i);
+                } else {
+                    self.free[i] = (first + count, len - count);
+                }
+                return Some(first);
+            }
+            let victim = self
+                .tables
+                .iter()
+                .filter_map(|(k, t)| t.as_ref().map(|t| (k, t)))
+                .filter(|(_, t)| t.users == 0)
+                .min_by_key(|(_, t)| t.last_used)
+                .map(|(k, _)| k.clone())?;
+            if let Some(Some(t)) = self.tables.remove(&victim) {
+                self.stats.tables_evicted += 1;
+                self.stats.rows_used -= u64::from(t.count);
+                self.free_range(t.first, t.count);
+            }
+        }
+    }
+
+    fn free_range(&mut self, first: u32, count: u32) {
+        let i = self.free.partition_point(|&(f, _)| f < first);
+        self.free.insert(i, (first, count));
+        // Merge with neighbours so large tables can fit again.
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.free.len());
+        for &(f, l) in &self.free {
+            if let Some(last) = merged.last_mut()
+                && last.0 + last.1 == f
+            {
+                last.1 += l;
+                continue;
+            }
+            merged.push((f, l));
+        }
+        self.free = merged;
+    }
+}
+
+impl Drop for Unwinder {
+    fn drop(&mut self) {
+        // SAFETY: the region mapped in `new`, unmapped once.
+        unsafe { libc::munmap(self.rows.cast(), self.mmap_len) };
+    }
+}
+
+fn load_segments(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
+    use object::{Object, ObjectSegment};
+    let Ok(obj) = object::File::parse(bytes) else {
+        return Vec::new();
+    };
+    obj.segments()
+        .map(|s| {
+            let (off, size) = s.file_range();
+            (off, s.address(), size)
+        })
+        .collect()
+}
+
+/// runtime address - ELF virtual address for a mapping of file offset `offset` at `start`.
+fn load_bias(loads: &[(u64, u64, u64)], start: u64, offset: u64) -> Option<u64> {
+    let &(seg_off, vaddr, _) = loads
+        .iter()
+        .find(|&&(o, _, size)| o <= offset && offset < o + size.max(1))?;
+    let vaddr_at_start = vaddr + (offset - seg_off);
+    Some(start.wrapping_sub(vaddr_at_start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bias_of_pie_text_mapping() {
+        // A PIE's text: file offset 0x1000 at vaddr 0x1000, mapped at 0x5555_5555_5000.
+        let loads = [(0, 0, 0x800), (0x1000, 0x1000, 0x500)];
+        assert_eq!(
+            load_bias(&loads, 0x5555_5555_5000, 0x1000),
+            Some(0x5555_5555_4000)
+        );
+        // A non-PIE executable: vaddr 0x401000 at 0x401000.
+        let loads = [(0x1000, 0x401000, 0x2000)];
+        assert_eq!(load_bias(&loads, 0x401000, 0x1000), Some(0));
+        assert_eq!(load_bias(&loads, 0x401000, 0x9000), None);
+    }
+}

@@ -1,0 +1,172 @@
+//! In-kernel DWARF unwinding of binaries without frame pointers (issue: native stacks without
+//! frame pointers). Real BPF, real perf events, real .eh_frame tables; root only.
+
+use std::path::Path;
+
+use pyrometer_e2e::*;
+
+fn record_folded(test: &str, args: &[&str]) -> (Vec<FoldedStack>, String) {
+    let dir = scratch(test);
+    let out_path = dir.join("out.folded");
+    let mut all = vec!["record", "-F", "499", "-o", out_path.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = pyrometer(&all);
+    assert_ok(&out);
+    (read_folded(&out_path), stderr(&out))
+}
+
+fn fixture_str(name: &str) -> String {
+    fixture(name).to_string_lossy().into_owned()
+}
+
+fn count(stacks: &[FoldedStack], pred: impl Fn(&FoldedStack) -> bool) -> u64 {
+    stacks.iter().filter(|s| pred(s)).map(|s| s.count).sum()
+}
+
+fn index_of(s: &FoldedStack, name: &str) -> Option<usize> {
+    s.frames.iter().position(|f| f == name)
+}
+
+#[test]
+fn omit_frame_pointer_stacks_are_complete() {
+    if !privileged() {
+        return;
+    }
+    let (stacks, err) = record_folded("nofp", &["--", &fixture_str("cpu631-nofp"), "3"]);
+    let total = count(&stacks, |_| true);
+    // Complete: the chain goes from _start through libc's start code to main and work.
+    let complete = count(&stacks, |s| {
+        matches!(
+            (index_of(s, "_start"), index_of(s, "__libc_start_call_main"), index_of(s, "main")),
+            (Some(a), Some(b), Some(c)) if a < b && b < c
+        )
+    });
+    assert!(
+        complete as f64 >= 0.99 * total as f64,
+        "only {complete}/{total} samples have a complete stack; {err}\n{:?}",
+        stacks
+            .iter()
+            .filter(|s| index_of(s, "_start").is_none())
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    let shares = relative_shares(&stacks, &["leaf_a", "leaf_b", "leaf_c"]);
+    assert!((shares["leaf_a"] - 0.6).abs() <= 0.05, "{shares:?}");
+    assert!(
+        stacks
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f.starts_with("leaf_")))
+            .all(|s| index_of(s, "work").is_some()),
+        "a leaf without work above it"
+    );
+    assert!(
+        err.contains("DWARF unwinding"),
+        "summary lacks unwinding counters: {err}"
+    );
+}
+
+#[test]
+fn recursion_100_deep_is_recovered() {
+    if !privileged() {
+        return;
+    }
+    let (stacks, err) = record_folded("recurse", &["--", &fixture_str("recurse"), "2", "100"]);
+    let in_bottom = count(&stacks, |s| index_of(s, "bottom").is_some());
+    let full = count(&stacks, |s| {
+        index_of(s, "bottom").is_some()
+            && s.frames.iter().filter(|f| *f == "rec").count() == 100
+            && index_of(s, "main").is_some()
+    });
+    assert!(
+        in_bottom > 100,
+        "too few samples in bottom: {in_bottom}; {err}"
+    );
+    assert!(
+        full as f64 >= 0.95 * in_bottom as f64,
+        "only {full}/{in_bottom} samples in bottom show all 100 rec frames and main; {err}"
+    );
+}
+
+#[test]
+fn through_libc_qsort_to_the_callback() {
+    if !privileged() {
+        return;
+    }
+    let (stacks, err) = record_folded("qsort", &["--", &fixture_str("sorter"), "2"]);
+    let in_compare = count(&stacks, |s| index_of(s, "compare").is_some());
+    let through = count(&stacks, |s| {
+        let (Some(m), Some(c)) = (index_of(s, "main"), index_of(s, "compare")) else {
+            return false;
+        };
+        s.frames[m + 1..c]
+            .iter()
+            .any(|f| f.contains("qsort") || f.contains("msort"))
+    });
+    assert!(
+        in_compare > 100,
+        "too few samples in compare: {in_compare}; {err}"
+    );
+    assert!(
+        through as f64 >= 0.95 * in_compare as f64,
+        "only {through}/{in_compare} compare samples show main -> qsort -> compare; {err}\n{:?}",
+        stacks.iter().take(3).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn library_dlopened_during_capture_is_unwound() {
+    if !privileged() {
+        return;
+    }
+    let lib = fixture_str("libdlwork.so");
+    let (stacks, err) = record_folded(
+        "dlopen",
+        &["--", &fixture_str("dlopener"), &lib, "0.5", "2.5"],
+    );
+    let in_lib = count(&stacks, |s| index_of(s, "dl_inner").is_some());
+    let unwound = count(&stacks, |s| {
+        matches!(
+            (index_of(s, "main"), index_of(s, "call_library"), index_of(s, "dl_work"), index_of(s, "dl_inner")),
+            (Some(a), Some(b), Some(c), Some(d)) if a < b && b < c && c < d
+        )
+    });
+    assert!(
+        in_lib > 100,
+        "too few samples in the library: {in_lib}; {err}"
+    );
+    // The first samples after dlopen may predate the table: allow a 10 % warm-up.
+    assert!(
+        unwound as f64 >= 0.9 * in_lib as f64,
+        "only {unwound}/{in_lib} library samples unwound to main; {err}"
+    );
+}
+
+#[test]
+fn cpython_311_native_stack_reaches_main() {
+    if !privileged() {
+        return;
+    }
+    let python = "/root/.pyenv/versions/3.11.7/bin/python3.11";
+    if !Path::new(python).exists() {
+        println!("skipping: {python} is not installed");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/busy.py");
+    let (stacks, err) = record_folded("cpython", &["--", python, script.to_str().unwrap(), "2"]);
+    let eval = count(&stacks, |s| {
+        index_of(s, "_PyEval_EvalFrameDefault").is_some()
+    });
+    // python3.11's main() tail-calls Py_BytesMain, so main itself is not on the stack: the
+    // walk must reach Py_BytesMain and go on to the outermost frame, _start.
+    let to_main = count(&stacks, |s| {
+        matches!(
+            (index_of(s, "_start"), index_of(s, "Py_BytesMain"), index_of(s, "_PyEval_EvalFrameDefault")),
+            (Some(a), Some(b), Some(c)) if a < b && b < c
+        )
+    });
+    assert!(eval > 200, "too few interpreter samples: {eval}; {err}");
+    assert!(
+        to_main as f64 >= 0.95 * eval as f64,
+        "only {to_main}/{eval} interpreter samples reach Py_BytesMain and _start; {err}"
+    );
+}
