@@ -170,3 +170,24 @@ fn cpython_311_native_stack_reaches_main() {
         "only {to_main}/{eval} interpreter samples reach Py_BytesMain and _start; {err}"
     );
 }
+
+#[test]
+fn signal_handler_unwinds_through_the_signal_frame() {
+    if !privileged() {
+        return;
+    }
+    let (stacks, err) = record_folded("signal", &["--", &fixture_str("sighandler"), "2"]);
+    let in_handler = count(&stacks, |s| index_of(s, "on_signal").is_some());
+    let through = count(&stacks, |s| {
+        matches!(
+            (index_of(s, "main"), index_of(s, "signal_loop"), index_of(s, "on_signal")),
+            (Some(a), Some(b), Some(c)) if a < b && b < c
+        )
+    });
+    assert!(in_handler > 100, "too few samples in the handler: {in_handler}; {err}");
+    assert!(
+        through as f64 >= 0.9 * in_handler as f64,
+        "only {through}/{in_handler} handler samples unwind through the signal frame to main; {err}\n{:?}",
+        stacks.iter().filter(|s| index_of(s, "on_signal").is_some()).take(3).collect::<Vec<_>>()
+    );
+}
