@@ -33,9 +33,18 @@ fn main() {
         "-fno-optimize-sibling-calls",
         "-fno-inline",
     ];
-    for name in ["cpu631", "syscalls", "fail"] {
+    for name in ["cpu631", "syscalls", "fail", "regress"] {
         gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &fp);
     }
+    // The candidate build of a CI gate: crunch() made 2x slower by a define.
+    let slow = [&fp[..], &["-DCRUNCH_FACTOR=2"]].concat();
+    gcc(
+        &fixtures.join("regress.c"),
+        &out.join("regress-slow"),
+        &slow,
+    );
+    let threaded = [&fp[..], &["-pthread"]].concat();
+    gcc(&fixtures.join("gap.c"), &out.join("gap"), &threaded);
 
     // Stripped cpu631 whose symbols live only in DEBUG_DIR/.build-id/xx/rest.debug.
     let stripped = out.join("cpu631-stripped");

@@ -49,7 +49,7 @@ fn unknown_format_lists_valid_ones() {
     assert_fails(
         &out,
         2,
-        "unknown format 'xyz'; valid formats: folded, svg, pprof",
+        "unknown format 'xyz'; valid formats: folded, svg, pprof, speedscope, chrome",
     );
 }
 

@@ -197,22 +197,40 @@ fn all_finds_the_workload() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let out_path = dir.join("out.folded");
-    let out = pyrometer(&[
-        "record",
-        "--all",
-        "--duration",
-        "1.5",
-        "-o",
-        out_path.to_str().unwrap(),
-    ]);
+    // pprof as well, for the pid labels: other tests may run other pyrometers meanwhile,
+    // which --all rightly samples, so "itself" is told apart by pid, not by name.
+    let pprof_path = dir.join("out.pb.gz");
+    let mut recorders = Vec::new();
+    for path in [&out_path, &pprof_path] {
+        let child = Command::new(pyrometer_bin())
+            .args(["record", "--all", "--duration", "1.5", "-o"])
+            .arg(path)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        recorders.push(child);
+    }
+    let own_pid = i64::from(recorders[1].id());
+    let outs: Vec<_> = recorders
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
     target.kill().ok();
     target.wait().ok();
-    assert_ok(&out);
+    outs.iter().for_each(assert_ok);
     assert!(has_leaf(&out_path, "cpu631"));
+    let profile = read_pprof(&pprof_path);
+    let pid_key = profile
+        .string_table
+        .iter()
+        .position(|s| s == "pid")
+        .unwrap() as i64;
     assert!(
-        !read_folded(&out_path)
+        !profile
+            .sample
             .iter()
-            .any(|s| s.frames[0] == "pyrometer"),
+            .flat_map(|s| &s.label)
+            .any(|l| l.key == pid_key && l.num == own_pid),
         "--all must exclude pyrometer itself"
     );
 }

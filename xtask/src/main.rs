@@ -23,6 +23,10 @@ const DEPS: &[(&str, &str)] = &[
     ("binutils", "/usr/bin/objcopy"),
     ("util-linux", "/usr/bin/setpriv"),
     ("golang-go", "/usr/bin/go"),
+    // The speedscope export is checked in the real viewer (npm package), in headless Chromium.
+    ("chromium", "/usr/bin/chromium"),
+    ("nodejs", "/usr/bin/node"),
+    ("npm", "/usr/bin/npm"),
 ];
 
 fn main() -> Result<()> {
@@ -70,22 +74,49 @@ fn display(cmd: &Command) -> String {
         .join(" ")
 }
 
-/// Installs missing Debian packages (needs root, as the README says).
+/// npm packages the e2e tests use, pinned: the speedscope viewer and its file-format schema,
+/// and ajv to validate against that schema. Installed into target/npm.
+const NPM_DEPS: &[&str] = &["speedscope@1.25.0", "ajv@8.17.1"];
+
+/// Installs missing Debian packages (needs root, as the README says), then the npm packages.
 fn deps() -> Result<()> {
     let missing: Vec<&str> = DEPS
         .iter()
         .filter(|(_, probe)| !Path::new(probe).exists())
         .map(|(pkg, _)| *pkg)
         .collect();
-    if missing.is_empty() {
+    if !missing.is_empty() {
+        eprintln!("installing Debian packages: {}", missing.join(" "));
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    npm_deps()
+}
+
+fn npm_deps() -> Result<()> {
+    let prefix = workspace_root().join("target/npm");
+    let installed = NPM_DEPS.iter().all(|spec| {
+        let (name, version) = spec.rsplit_once('@').expect("name@version");
+        std::fs::read_to_string(prefix.join("node_modules").join(name).join("package.json"))
+            .is_ok_and(|json| json.contains(&format!("\"version\": \"{version}\"")))
+    });
+    if installed {
         return Ok(());
     }
-    eprintln!("installing Debian packages: {}", missing.join(" "));
-    run(Command::new("apt-get").args(["update", "-qq"]))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    std::fs::create_dir_all(&prefix)?;
+    run(Command::new("npm")
+        .args([
+            "install",
+            "--no-save",
+            "--no-audit",
+            "--no-fund",
+            "--prefix",
+        ])
+        .arg(&prefix)
+        .args(NPM_DEPS))
 }
 
 fn cargo() -> Command {

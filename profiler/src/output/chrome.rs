@@ -65,7 +65,11 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             let pid = num(s.labels.get("pid"));
             let tid = num(s.labels.get("tid"));
             let comm = s.labels.get("comm").map(ToString::to_string);
-            let thread = s.labels.get("thread").map(ToString::to_string);
+            let thread = s
+                .labels
+                .get("thread")
+                .or_else(|| s.labels.get("thread_name"))
+                .map(ToString::to_string);
             let n = s.values.first().copied().unwrap_or(0);
             if let Some(c) = &comm {
                 *processes

@@ -156,3 +156,20 @@ pub fn profile() -> Profile {
     add(&mut p, vec![unknown, main_train], ray(201), 2);
     p
 }
+
+/// Per-sample times for the fixture: profile sample `i` gets its samples one period apart
+/// starting at `i * 100` periods, so each is one slice and equal threads leave gaps between.
+pub fn timeline(p: &Profile) -> crate::capture::Timeline {
+    let origin = 5_000_000_000;
+    let period = PERIOD_NS as u64;
+    let mut t = crate::capture::Timeline::new(1000, origin, period);
+    for (i, s) in p.samples.iter().enumerate() {
+        for k in 0..s.values[0] as u64 {
+            t.events.push(crate::capture::TimelineEvent {
+                timestamp_ns: origin + (i as u64 * 100 + k + 1) * period,
+                sample: i as u32,
+            });
+        }
+    }
+    t
+}

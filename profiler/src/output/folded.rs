@@ -52,6 +52,23 @@ pub fn folded_stacks(
     profile: &Profile,
     type_index: usize,
 ) -> Result<Vec<(String, i64)>, OutputError> {
+    fold(profile, type_index, true)
+}
+
+/// [`folded_stacks`] without the process-name root: code only, so two runs of one program
+/// under different binary names (a baseline and a candidate build) line up frame by frame.
+pub fn folded_code_stacks(
+    profile: &Profile,
+    type_index: usize,
+) -> Result<Vec<(String, i64)>, OutputError> {
+    fold(profile, type_index, false)
+}
+
+fn fold(
+    profile: &Profile,
+    type_index: usize,
+    process_roots: bool,
+) -> Result<Vec<(String, i64)>, OutputError> {
     check_type(profile, type_index)?;
     let names: Vec<String> = profile.frames.iter().map(frame_name).collect();
     let mut merged: BTreeMap<String, i64> = BTreeMap::new();
@@ -62,7 +79,7 @@ pub fn folded_stacks(
             continue;
         }
         line.clear();
-        if let Some(root) = process_root(sample.labels.get("comm")) {
+        if let Some(root) = process_root(sample.labels.get("comm")).filter(|_| process_roots) {
             line.push_str(&root);
         }
         for &frame in profile.stacks.get(sample.stack).iter().rev() {

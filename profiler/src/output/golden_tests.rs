@@ -1,4 +1,5 @@
-//! Golden-file tests: the fixture profile written by each writer must match the files in
+//! Golden-file tests: the fixture profile written by each writer (folded, pprof, speedscope,
+//! and the Chrome trace of a fixture timeline) must match the files in
 //! `profiler/tests/golden/` byte for byte, so any change to an output shows up in review.
 //!
 //! After an intended change, regenerate the files and review the diff:
@@ -63,4 +64,23 @@ fn golden_pprof() {
     }
     let decoded = pyrometer_proto::decode(&bytes).unwrap();
     check_golden("fixture.pprof.txt", &pyrometer_proto::dump_text(&decoded));
+}
+
+#[test]
+fn golden_speedscope() {
+    let doc = crate::output::speedscope::to_speedscope(&fixture::profile(), 0, "fixture").unwrap();
+    check_golden(
+        "fixture.speedscope.json",
+        &(serde_json::to_string_pretty(&doc).unwrap() + "\n"),
+    );
+}
+
+#[test]
+fn golden_chrome_trace() {
+    let p = fixture::profile();
+    let doc = crate::output::chrome::to_chrome_trace(&p, &fixture::timeline(&p)).unwrap();
+    check_golden(
+        "fixture.trace.json",
+        &(serde_json::to_string_pretty(&doc).unwrap() + "\n"),
+    );
 }

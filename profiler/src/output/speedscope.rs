@@ -56,10 +56,20 @@ fn thread_title(key: &ThreadKey, comm: Option<&str>, thread: Option<&str>) -> St
     }
 }
 
+/// The name with the most samples, ties broken by name so output is deterministic.
+fn most_common(names: &HashMap<String, i64>) -> Option<&str> {
+    names
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+        .map(|(n, _)| n.as_str())
+}
+
 #[derive(Default)]
 struct ThreadProfile {
-    comm: Option<String>,
-    thread: Option<String>,
+    /// Names by samples carrying them: a thread sampled before and after an exec (or a
+    /// rename) is titled by the name it ran under the longest.
+    comms: HashMap<String, i64>,
+    threads: HashMap<String, i64>,
     /// Stack (frame indices, root first) -> total, merged so equal stacks are one entry.
     stacks: BTreeMap<Vec<usize>, i64>,
 }
@@ -103,12 +113,11 @@ pub fn to_speedscope(
             tid: num(labels.get("tid")),
         };
         let thread = threads.entry(key).or_default();
-        if thread.comm.is_none() {
-            thread.comm = labels.get("comm").map(ToString::to_string);
-            thread.thread = labels
-                .get("thread")
-                .or_else(|| labels.get("thread_name"))
-                .map(ToString::to_string);
+        if let Some(c) = labels.get("comm") {
+            *thread.comms.entry(c.to_string()).or_default() += value;
+        }
+        if let Some(t) = labels.get("thread").or_else(|| labels.get("thread_name")) {
+            *thread.threads.entry(t.to_string()).or_default() += value;
         }
         let mut stack = Vec::new();
         // As in folded output, the process is the root frame, so merged views stay apart.
@@ -142,7 +151,7 @@ pub fn to_speedscope(
             let total: i64 = t.stacks.values().sum();
             json!({
                 "type": "sampled",
-                "name": thread_title(key, t.comm.as_deref(), t.thread.as_deref()),
+                "name": thread_title(key, most_common(&t.comms), most_common(&t.threads)),
                 "unit": unit(sample_type),
                 "startValue": 0,
                 "endValue": total,

@@ -55,7 +55,8 @@ pub fn write_svg(
         .map_err(OutputError::Flamegraph)
 }
 
-/// Writes a differential flame graph (inferno's, after Brendan Gregg's): the shape of `new`,
+/// Writes a differential flame graph (inferno's, after Brendan Gregg's): the shape of `new`
+/// without process-name roots,
 /// each frame coloured by how its count changed from `base` — red grew, blue shrank, the
 /// deeper the hue the larger the change — and the change in its tooltip. Totals are
 /// normalized first, so a longer run of the same code looks unchanged.
@@ -67,12 +68,13 @@ pub fn write_differential_svg(
     title: &str,
     out: &mut dyn Write,
 ) -> Result<(), OutputError> {
+    // Without process roots: the baseline and candidate binaries may be named differently.
     let to_text = |p: &Profile, t: usize| -> Result<String, OutputError> {
-        let stacks = folded::folded_stacks(p, t)?;
+        let stacks = folded::folded_code_stacks(p, t)?;
         if stacks.is_empty() {
             return Err(OutputError::Empty(p.sample_types[t].name.clone()));
         }
-        Ok(folded::to_folded(p, t)?)
+        Ok(stacks.iter().map(|(s, n)| format!("{s} {n}\n")).collect())
     };
     let before = to_text(base, base_type)?;
     let after = to_text(new, new_type)?;
