@@ -46,6 +46,19 @@ fn main() {
     let threaded = [&fp[..], &["-pthread"]].concat();
     gcc(&fixtures.join("gap.c"), &out.join("gap"), &threaded);
 
+    // Without frame pointers, for the DWARF unwinder: -O2 as distributions build.
+    let nofp = ["-O2", "-fomit-frame-pointer"];
+    gcc(&fixtures.join("cpu631.c"), &out.join("cpu631-nofp"), &nofp);
+    for name in ["recurse", "sorter", "sighandler"] {
+        gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &nofp);
+    }
+    gcc(&fixtures.join("dlopener.c"), &out.join("dlopener"), &nofp);
+    gcc(
+        &fixtures.join("dlwork.c"),
+        &out.join("libdlwork.so"),
+        &[&nofp[..], &["-shared", "-fPIC"]].concat(),
+    );
+
     // Stripped cpu631 whose symbols live only in DEBUG_DIR/.build-id/xx/rest.debug.
     let stripped = out.join("cpu631-stripped");
     let debug_dir = out.join("debug");

@@ -112,6 +112,9 @@ pub struct Capture {
     /// Kernel stack ids that were gone from the stack map when read.
     pub missing_kernel_stacks: u64,
     pub pids: HashSet<u32>,
+    /// Pids whose memory map was (re)read since the caller last took this list: the DWARF
+    /// unwinder's tables for them need an update.
+    pub maps_changed: Vec<u32>,
     kernel_stack_cache: HashMap<i32, Vec<u64>>,
 }
 
@@ -133,18 +136,24 @@ impl Capture {
         let h = sample.header;
         if h.flags & pyrometer_ebpf::SAMPLE_EVENT_EXEC != 0 {
             self.pids.insert(h.pid);
-            let _ = registry.exec(h.pid);
+            if registry.exec(h.pid).is_ok() {
+                self.maps_changed.push(h.pid);
+            }
             return;
         }
         if self.pids.insert(h.pid) {
             // Best effort: a process that is already gone keeps its samples, unsymbolized.
-            let _ = registry.observe(h.pid);
+            if registry.observe(h.pid).is_ok() {
+                self.maps_changed.push(h.pid);
+            }
         }
         let user: Vec<u64> = sample.user_frames().collect();
         // Any frame outside the known mappings means the map changed since it was read (the
         // loader mapped libraries after exec, or a dlopen); refresh is rate-limited.
         if user.iter().any(|&a| registry.find(h.pid, a).is_none()) {
-            let _ = registry.refresh(h.pid);
+            if let Ok(true) = registry.refresh(h.pid) {
+                self.maps_changed.push(h.pid);
+            }
         }
         let kernel = if h.kernel_stack_id >= 0 {
             match self.kernel_stack_cache.get(&h.kernel_stack_id) {

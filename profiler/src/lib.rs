@@ -1,6 +1,7 @@
 //! pyrometer's node-side library: loading and attaching the kernel programs, the process
 //! registry and symbolizer, the aggregator, and the local outputs.
 
+pub mod agent_metrics;
 pub mod bpf;
 pub mod capture;
 pub mod diff;
@@ -9,6 +10,9 @@ pub mod model;
 pub mod output;
 pub mod privileges;
 pub mod procs;
+pub mod push;
 pub mod signals;
+pub mod spool;
 pub mod symbolize;
 pub mod target;
+pub mod unwinder;

@@ -1,6 +1,8 @@
 //! Helpers for the end-to-end tests: where the built `pyrometer` and the C fixtures are, a
 //! privilege probe that prints why a test is skipped, and readers for what `record` writes.
 
+pub mod cluster;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

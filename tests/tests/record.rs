@@ -451,3 +451,108 @@ fn process_exiting_mid_capture_keeps_its_samples() {
         "samples of the exited process were lost"
     );
 }
+
+fn spawn_pyrometer(args: &[&str]) -> std::process::Child {
+    Command::new(pyrometer_bin())
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pyrometer")
+}
+
+/// Waits up to 60 s for a child of `ppid` whose comm is `comm`.
+fn wait_for_child(ppid: u32, comm: &str) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let Some(close) = stat.rfind(')') else {
+                continue;
+            };
+            let name = stat.find('(').map(|o| &stat[o + 1..close]).unwrap_or("");
+            let parent = stat[close + 1..].split_whitespace().nth(1);
+            if name == comm && parent == Some(&ppid.to_string()) {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn ctrl_c_ends_the_capture_and_still_writes() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("sigint");
+    let mut target = Command::new(fixture("cpu631"))
+        .arg("30")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out_path = dir.join("out.folded");
+    let pid = target.id().to_string();
+    let mut rec = spawn_pyrometer(&["record", "--pid", &pid, "-o", out_path.to_str().unwrap()]);
+    // Wait for the "sampling ..." line: start-up can take seconds on a loaded machine.
+    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0
+        && !line.contains("sampling")
+    {
+        line.clear();
+    }
+    assert!(
+        line.contains("sampling"),
+        "pyrometer did not start sampling"
+    );
+    let drain =
+        std::thread::spawn(move || std::io::Read::read_to_string(&mut err, &mut String::new()));
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc_kill(rec.id() as i32, 2) };
+    let out = rec.wait_with_output().unwrap();
+    drain.join().ok();
+    target.kill().ok();
+    target.wait().ok();
+    assert_ok(&out);
+    assert!(
+        has_leaf(&out_path, "cpu631"),
+        "no samples written after Ctrl-C"
+    );
+}
+
+#[test]
+fn sigterm_is_forwarded_to_the_command() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("sigterm");
+    let out_path = dir.join("out.folded");
+    let rec = spawn_pyrometer(&[
+        "record",
+        "-o",
+        out_path.to_str().unwrap(),
+        "--",
+        &fixture_str("cpu631"),
+        "30",
+    ]);
+    // Start-up (BPF verification, tables) takes a while on a loaded machine: wait until the
+    // command runs its own image, then let it be sampled for a moment.
+    assert!(
+        wait_for_child(rec.id(), "cpu631"),
+        "the command never started"
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc_kill(rec.id() as i32, 15) };
+    let out = rec.wait_with_output().unwrap();
+    // The command died of the forwarded SIGTERM: 128 + 15, and the profile is written.
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the command failed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(has_leaf(&out_path, "cpu631"));
+}

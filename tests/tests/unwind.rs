@@ -184,10 +184,17 @@ fn signal_handler_unwinds_through_the_signal_frame() {
             (Some(a), Some(b), Some(c)) if a < b && b < c
         )
     });
-    assert!(in_handler > 100, "too few samples in the handler: {in_handler}; {err}");
+    assert!(
+        in_handler > 100,
+        "too few samples in the handler: {in_handler}; {err}"
+    );
     assert!(
         through as f64 >= 0.9 * in_handler as f64,
         "only {through}/{in_handler} handler samples unwind through the signal frame to main; {err}\n{:?}",
-        stacks.iter().filter(|s| index_of(s, "on_signal").is_some()).take(3).collect::<Vec<_>>()
+        stacks
+            .iter()
+            .filter(|s| index_of(s, "on_signal").is_some())
+            .take(3)
+            .collect::<Vec<_>>()
     );
 }

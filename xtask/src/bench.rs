@@ -158,5 +158,106 @@ pub fn bench(root: &Path) -> Result<()> {
         "  samples per run (mean)             {:>10}",
         samples_total / pairs as u64
     );
+    unwind_bench(root, &pyrometer, &dir)
+}
+
+/// DWARF unwinding: BPF cost per sample by stack depth, table build time and size for libc
+/// and libpython, and the table memory a node-wide capture uses.
+fn unwind_bench(root: &Path, pyrometer: &Path, dir: &Path) -> Result<()> {
+    let recurse = dir.join("recurse-nofp");
+    run(Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer"])
+        .arg(root.join("tests/fixtures/recurse.c"))
+        .arg("-o")
+        .arg(&recurse))?;
+    let previous = std::fs::read_to_string(STATS_SYSCTL).unwrap_or_else(|_| "0".into());
+    let _ = std::fs::write(STATS_SYSCTL, "1");
+    let stats_path = dir.join("unwind-stats.json");
+    let record_stats = |args: &[&str]| -> Result<serde_json::Value> {
+        let out = Command::new(pyrometer)
+            .args(["record", "-F", "499", "--stats"])
+            .arg(&stats_path)
+            .arg("-o")
+            .arg(dir.join("unwind.folded"))
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "pyrometer record failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_str(&std::fs::read_to_string(
+            &stats_path,
+        )?)?)
+    };
+    println!();
+    println!("DWARF unwinding (recurse.c -O2 -fomit-frame-pointer, 499 Hz, 2 s each)");
+    // The stack is main + rec * depth + bottom, plus libc's start frames.
+    for depth in [12u32, 60, 124] {
+        let depth_s = depth.to_string();
+        let recurse_s = recurse.to_string_lossy().into_owned();
+        let mut per_sample = Vec::new();
+        let mut complete = 0.0;
+        for _ in 0..3 {
+            let st = record_stats(&["--", &recurse_s, "2", &depth_s])?;
+            let samples = st["kernel_samples"].as_u64().unwrap_or(0).max(1);
+            if let Some(t) = st["bpf_run_time_ns"].as_u64() {
+                per_sample.push(t as f64 / samples as f64);
+            }
+            let walked = st["unwind_samples"].as_u64().unwrap_or(0).max(1);
+            complete = st["unwind_complete"].as_u64().unwrap_or(0) as f64 / walked as f64;
+        }
+        if per_sample.is_empty() {
+            println!(
+                "  {:>3}-frame stacks: (kernel.bpf_stats_enabled unavailable)",
+                depth + 4
+            );
+        } else {
+            println!(
+                "  {:>3}-frame stacks: BPF cost per sample {:>8.0} ns (median of 3), {:.1}% complete",
+                depth + 4,
+                median(&mut per_sample),
+                complete * 100.0
+            );
+        }
+    }
+    let _ = std::fs::write(STATS_SYSCTL, previous.trim());
+
+    println!();
+    println!("Unwind table build (pyrometer-unwind, best of 5)");
+    for path in [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0",
+    ] {
+        let Ok(bytes) = std::fs::read(path) else {
+            println!("  {path}: not present");
+            continue;
+        };
+        let mut best = f64::INFINITY;
+        let mut rows = 0;
+        for _ in 0..5 {
+            let t0 = std::time::Instant::now();
+            let table = pyrometer_unwind::build_table(&bytes)
+                .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+            best = best.min(t0.elapsed().as_secs_f64());
+            rows = table.rows.len();
+        }
+        println!(
+            "  {path}: {:.1} ms, {rows} rows, {} KiB in the kernel (16-byte slots)",
+            best * 1e3,
+            rows * 16 / 1024
+        );
+    }
+
+    let st = record_stats(&["--all", "--duration", "3s"])?;
+    println!();
+    println!(
+        "Node-wide capture (--all, 3 s): {} tables, {} rows, {:.1} MiB of unwind tables; {} samples",
+        st["unwind_tables_built"].as_u64().unwrap_or(0),
+        st["unwind_rows_used"].as_u64().unwrap_or(0),
+        st["unwind_rows_used"].as_u64().unwrap_or(0) as f64 * 16.0 / (1 << 20) as f64,
+        st["samples"].as_u64().unwrap_or(0)
+    );
     Ok(())
 }

@@ -23,6 +23,8 @@ const DEPS: &[(&str, &str)] = &[
     ("binutils", "/usr/bin/objcopy"),
     ("util-linux", "/usr/bin/setpriv"),
     ("golang-go", "/usr/bin/go"),
+    // promtool checks the agent's and collector's /metrics.
+    ("prometheus", "/usr/bin/promtool"),
     // The speedscope export is checked in the real viewer (npm package), in headless Chromium.
     ("chromium", "/usr/bin/chromium"),
     ("nodejs", "/usr/bin/node"),
@@ -172,7 +174,17 @@ fn test(extra: &[String]) -> Result<()> {
         "warnings",
     ]))?;
     // The end-to-end tests run the real binary.
-    run(cargo().args(["build", "-p", "pyrometer", "--bin", "pyrometer"]))?;
+    run(cargo().args([
+        "build",
+        "-p",
+        "pyrometer",
+        "--bin",
+        "pyrometer",
+        "-p",
+        "pyrometer-collector",
+        "--bin",
+        "pyrometer-collector",
+    ]))?;
     let has_nextest = cargo()
         .args(["nextest", "--version"])
         .output()

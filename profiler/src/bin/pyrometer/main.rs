@@ -1,6 +1,7 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
 //! `report` converts or summarizes a profile file, `diff` compares two.
 
+mod agent;
 mod diff;
 mod record;
 mod report;
@@ -31,6 +32,8 @@ enum Command {
     Record(record::RecordArgs),
     /// Convert a pprof or folded profile into another format, or print its top functions.
     Report(report::ReportArgs),
+    /// Run as the node daemon: sample continuously and push profiles to a collector.
+    Agent(agent::AgentArgs),
     /// Compare two profiles: which functions grew or shrank; exit 1 on a regression.
     Diff(diff::DiffArgs),
 }
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Report(args) => report::run(args),
+        Command::Agent(args) => agent::run(args),
         Command::Diff(args) => diff::run(args),
     };
     match result {

@@ -49,6 +49,13 @@ pub struct RecordArgs {
     /// Ring buffer size in MiB (a power of two); larger absorbs longer agent stalls.
     #[arg(long, default_value_t = 8, value_parser = parse_ring_mb)]
     ring_buffer_mb: u32,
+    /// How to walk user stacks: `dwarf` (in-kernel unwinding with .eh_frame tables, frame
+    /// pointers where a binary has no table) or `fp` (frame pointers only).
+    #[arg(long, default_value = "dwarf", value_parser = ["dwarf", "fp"])]
+    unwind: String,
+    /// Capacity of the unwind row array shared by all tables (12 bytes a row).
+    #[arg(long, default_value_t = 1 << 20, value_name = "ROWS")]
+    unwind_rows: u32,
     /// Extra directory of separate debug files (build-id layout or debuglink names); repeatable.
     #[arg(long = "debug-dir", value_name = "DIR")]
     debug_dirs: Vec<PathBuf>,
@@ -78,6 +85,8 @@ enum Targets {
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
+    // First thing: a Ctrl-C during start-up must end the capture, not kill pyrometer.
+    signals::install();
     let targets = if args.all {
         Targets::All
     } else if !args.command.is_empty() {
@@ -141,11 +150,21 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             Filter::Targets
         },
         ring_buffer_bytes: args.ring_buffer_mb << 20,
+        unwind_rows: args.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
     };
     let mut sampler = Sampler::load(&config)
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
-    signals::install();
+    let mut unwinder = if args.unwind == "dwarf" {
+        Some(
+            sampler
+                .unwinder()
+                .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?,
+        )
+    } else {
+        None
+    };
+    let mut registry = ProcessRegistry::new();
 
     let mut root_pids: Vec<u32> = Vec::new();
     let mut child: Option<Child> = None;
@@ -162,8 +181,23 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 }
             }
             root_pids = pids.clone();
+            // Tables before the first sample, so even the first stacks unwind fully.
+            if let Some(u) = unwinder.as_mut() {
+                let mut all = pids.clone();
+                if args.subprocesses {
+                    all.extend(target::descendants(Path::new("/proc"), pids));
+                }
+                for pid in all {
+                    if let Ok(p) = registry.observe(pid) {
+                        let _ = u.sync_process(p);
+                    }
+                }
+            }
         }
         Targets::Command(argv) => {
+            if let Some(u) = unwinder.as_mut() {
+                prewarm_command(u, &argv[0]);
+            }
             let h = HeldChild::spawn(argv)
                 .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
             sampler.add_target(h.pid(), true)?;
@@ -177,14 +211,29 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         child = Some(h.release());
     }
 
+    eprintln!(
+        "pyrometer: sampling {} at {} Hz{}; Ctrl-C to stop",
+        match &targets {
+            Targets::All => "all processes".to_string(),
+            Targets::Pids(p) => format!(
+                "pid {}",
+                p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+            Targets::Command(c) => c[0].clone(),
+        },
+        args.frequency,
+        args.duration
+            .map(|d| format!(" for {:.1}s", d.as_secs_f64()))
+            .unwrap_or_default()
+    );
     let started = Instant::now();
+    let cpu_at_start = self_cpu_ns();
     let wall_start = SystemTime::now();
     let progress = indicatif::ProgressBar::new_spinner();
     progress.set_style(
         indicatif::ProgressStyle::with_template("{spinner} recording {elapsed} {msg}")
             .expect("static template"),
     );
-    let mut registry = ProcessRegistry::new();
     // Per-sample times only when the output draws them; their number is bounded.
     let mut capture = if format.needs_timeline() {
         Capture::with_timeline(Timeline::new(
@@ -198,11 +247,15 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut child_status = None;
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut last_alive_check = Instant::now();
+    let mut last_gc = Instant::now();
     loop {
         sampler.wait(Duration::from_millis(100));
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry);
+        }
+        if let Some(u) = unwinder.as_mut() {
+            sync_unwinder(u, &mut capture, &registry, &mut last_gc);
         }
         let lost = sampler.counters().ringbuf_drops;
         progress.set_message(format!("{} samples, {lost} lost", capture.samples));
@@ -236,6 +289,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         }
     }
     let elapsed = started.elapsed();
+    let capture_cpu_ns = self_cpu_ns().saturating_sub(cpu_at_start);
     // Samples taken just before the stop may still be in flight to the ring buffer.
     std::thread::sleep(Duration::from_millis(20));
     sampler.drain_into(&mut batch);
@@ -315,7 +369,17 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     }
 
     if let Some(path) = &args.stats {
-        write_stats(path, samples, lost, &counters, elapsed, bpf_stats)?;
+        let unwinder_stats = unwinder.as_ref().map(|u| u.stats()).unwrap_or_default();
+        write_stats(
+            path,
+            samples,
+            lost,
+            &counters,
+            elapsed,
+            bpf_stats,
+            &unwinder_stats,
+            capture_cpu_ns,
+        )?;
     }
     eprintln!(
         "pyrometer: {samples} samples ({lost} lost) from {processes} process{} in {:.1}s, {unsymbolized} unsymbolized frames; wrote {}",
@@ -327,6 +391,19 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         eprintln!(
             "pyrometer: stack errors: {} user, {} kernel",
             counters.user_stack_errors, counters.kernel_stack_errors
+        );
+    }
+    let uw = counters.unwind;
+    if uw.samples > 0 {
+        eprintln!(
+            "pyrometer: DWARF unwinding: {:.1}% of {} stacks reached the outermost frame; stopped early: {} no mapping, {} no table, {} no CFI row, {} bad CFA, {} truncated",
+            100.0 * uw.complete as f64 / uw.samples as f64,
+            uw.samples,
+            uw.no_mapping,
+            uw.no_table,
+            uw.no_row,
+            uw.bad_cfa,
+            uw.truncated
         );
     }
     if let Some(status) = child_status
@@ -343,6 +420,60 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         return Ok(code);
     }
     Ok(0)
+}
+
+/// Builds the unwind tables a command will need first: its executable, and the dynamic
+/// loader and C library (the ones pyrometer itself maps, which a dynamically linked command on
+/// this system maps too).
+fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, program: &str) {
+    let exe = if program.contains('/') {
+        Some(PathBuf::from(program))
+    } else {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(program))
+                .find(|p| p.is_file())
+        })
+    };
+    if let Some(exe) = exe {
+        unwinder.prewarm(&exe);
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut seen = std::collections::HashSet::new();
+    for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+        let name = Path::new(path)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        if (name.starts_with("libc.so") || name.starts_with("ld-linux")) && seen.insert(path) {
+            unwinder.prewarm(Path::new(path));
+        }
+    }
+}
+
+/// Loads unwind tables for processes whose maps changed, and drops those of processes gone.
+fn sync_unwinder(
+    unwinder: &mut pyrometer::unwinder::Unwinder,
+    capture: &mut Capture,
+    registry: &ProcessRegistry,
+    last_gc: &mut Instant,
+) {
+    let mut changed = std::mem::take(&mut capture.maps_changed);
+    changed.sort_unstable();
+    changed.dedup();
+    for pid in changed {
+        if let Some(p) = registry.get(pid) {
+            let _ = unwinder.sync_process(p);
+        }
+    }
+    if last_gc.elapsed() >= Duration::from_secs(2) {
+        *last_gc = Instant::now();
+        for pid in unwinder.pids() {
+            if !target::alive(Path::new("/proc"), pid) {
+                unwinder.remove_process(pid);
+            }
+        }
+    }
 }
 
 fn capture_missing(c: pyrometer::bpf::Counters) -> u64 {
@@ -365,6 +496,19 @@ fn default_output_name(targets: &Targets, format: OutputFormat) -> PathBuf {
     PathBuf::from(format!("pyrometer-{what}-{stamp}.{}", format.extension()))
 }
 
+/// CPU time (user + system) this process has used so far.
+fn self_cpu_ns() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(usage.ru_utime) + us(usage.ru_stime)) * 1000
+}
+
+#[allow(clippy::too_many_arguments)]
 fn write_stats(
     path: &Path,
     samples: u64,
@@ -372,15 +516,10 @@ fn write_stats(
     counters: &pyrometer::bpf::Counters,
     elapsed: Duration,
     bpf: Option<pyrometer::bpf::ProgramStats>,
+    unwinder: &pyrometer::unwinder::UnwinderStats,
+    capture_cpu_ns: u64,
 ) -> anyhow::Result<()> {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage fills the struct it is given.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let cpu_ns = (usage.ru_utime.tv_sec as u64 * 1_000_000
-        + usage.ru_utime.tv_usec as u64
-        + usage.ru_stime.tv_sec as u64 * 1_000_000
-        + usage.ru_stime.tv_usec as u64)
-        * 1000;
+    let cpu_ns = self_cpu_ns();
     let json = serde_json::json!({
         "samples": samples,
         "lost": lost,
@@ -391,8 +530,23 @@ fn write_stats(
         "user_stack_truncated": counters.user_stack_truncated,
         "elapsed_ns": elapsed.as_nanos() as u64,
         "agent_cpu_ns": cpu_ns,
+        "agent_capture_cpu_ns": capture_cpu_ns,
         "bpf_run_time_ns": bpf.map(|b| b.run_time_ns),
         "bpf_run_count": bpf.map(|b| b.run_count),
+        "unwind_samples": counters.unwind.samples,
+        "unwind_complete": counters.unwind.complete,
+        "unwind_no_mapping": counters.unwind.no_mapping,
+        "unwind_no_table": counters.unwind.no_table,
+        "unwind_no_row": counters.unwind.no_row,
+        "unwind_bad_cfa": counters.unwind.bad_cfa,
+        "unwind_truncated": counters.unwind.truncated,
+        "unwind_tables_built": unwinder.tables_built,
+        "unwind_tables_failed": unwinder.tables_failed,
+        "unwind_tables_evicted": unwinder.tables_evicted,
+        "unwind_rows_used": unwinder.rows_used,
+        "unwind_rows_capacity": unwinder.rows_capacity,
+        "unwind_table_bytes": unwinder.rows_used * 12,
+        "unwind_build_ns": unwinder.build_ns,
     });
     std::fs::write(path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", path.display()))

@@ -1,0 +1,154 @@
+//! The agent's health counters and the minimal HTTP endpoint that serves them as Prometheus
+//! text. Hand-written on std's TcpListener: the node agent deliberately carries no HTTP
+//! server framework (DESIGN.md), and `/metrics` is one GET.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+#[derive(Default)]
+pub struct AgentMetrics {
+    pub samples: AtomicU64,
+    pub lost_ring_buffer: AtomicU64,
+    pub lost_bad_record: AtomicU64,
+    pub user_stack_errors: AtomicU64,
+    pub kernel_stack_errors: AtomicU64,
+    pub batches_spooled: AtomicU64,
+    pub batches_pushed: AtomicU64,
+    pub samples_pushed: AtomicU64,
+    pub batches_dropped: AtomicU64,
+    pub samples_dropped: AtomicU64,
+    pub push_errors: AtomicU64,
+    pub push_ns: AtomicU64,
+    pub spool_batches: AtomicU64,
+    pub spool_bytes: AtomicU64,
+}
+
+impl AgentMetrics {
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let mut one = |name: &str, kind: &str, help: &str, v: u64| {
+            let _ = write!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            );
+        };
+        one(
+            "pyrometer_agent_samples_total",
+            "counter",
+            "Samples read from the kernel.",
+            self.samples.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_batches_spooled_total",
+            "counter",
+            "Batches written to the spool (every batch is, before its push).",
+            self.batches_spooled.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_batches_pushed_total",
+            "counter",
+            "Batches the collector acknowledged.",
+            self.batches_pushed.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_samples_pushed_total",
+            "counter",
+            "Samples in acknowledged batches.",
+            self.samples_pushed.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_batches_dropped_total",
+            "counter",
+            "Batches deleted unsent: the oldest when the spool was full, or refused as invalid.",
+            self.batches_dropped.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_samples_dropped_total",
+            "counter",
+            "Samples in dropped batches.",
+            self.samples_dropped.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_push_errors_total",
+            "counter",
+            "Push attempts that failed (the batch stays spooled).",
+            self.push_errors.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_spool_batches",
+            "gauge",
+            "Batches waiting in the spool.",
+            self.spool_batches.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_spool_size_bytes",
+            "gauge",
+            "Bytes waiting in the spool.",
+            self.spool_bytes.load(Relaxed),
+        );
+        let _ = write!(
+            o,
+            "# HELP pyrometer_agent_samples_lost_total Samples lost before aggregation, by reason.\n\
+             # TYPE pyrometer_agent_samples_lost_total counter\n\
+             pyrometer_agent_samples_lost_total{{reason=\"ring_buffer\"}} {}\n\
+             pyrometer_agent_samples_lost_total{{reason=\"bad_record\"}} {}\n\
+             # HELP pyrometer_agent_unwind_errors_total Stacks that could not be unwound, by side.\n\
+             # TYPE pyrometer_agent_unwind_errors_total counter\n\
+             pyrometer_agent_unwind_errors_total{{stack=\"user\"}} {}\n\
+             pyrometer_agent_unwind_errors_total{{stack=\"kernel\"}} {}\n\
+             # HELP pyrometer_agent_push_duration_seconds Time of acknowledged pushes.\n\
+             # TYPE pyrometer_agent_push_duration_seconds summary\n\
+             pyrometer_agent_push_duration_seconds_sum {}\n\
+             pyrometer_agent_push_duration_seconds_count {}\n",
+            self.lost_ring_buffer.load(Relaxed),
+            self.lost_bad_record.load(Relaxed),
+            self.user_stack_errors.load(Relaxed),
+            self.kernel_stack_errors.load(Relaxed),
+            self.push_ns.load(Relaxed) as f64 / 1e9,
+            self.batches_pushed.load(Relaxed),
+        );
+        o
+    }
+}
+
+/// Serves `GET /metrics` on `addr` from a background thread; returns the bound address.
+pub fn serve(addr: SocketAddr, metrics: Arc<AgentMetrics>) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&head);
+                let path = line.split_whitespace().nth(1).unwrap_or("");
+                let (status, ctype, body) = if path == "/metrics" || path.starts_with("/metrics?")
+                {
+                    ("200 OK", "text/plain; version=0.0.4", metrics.render())
+                } else {
+                    ("404 Not Found", "text/plain", "only /metrics is served here\n".into())
+                };
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        })?;
+    Ok(local)
+}

@@ -1,0 +1,512 @@
+//! `pyrometer agent`: the always-on node daemon. It samples (19 Hz by default), aggregates each
+//! push interval into one profile, writes it to the spool, and a pusher thread sends spooled
+//! batches to the collector oldest first, deleting each only once it is acknowledged.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use clap::Args;
+use prost::Message;
+use pyrometer::agent_metrics::{self, AgentMetrics};
+use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
+use pyrometer::capture::Capture;
+use pyrometer::model::Labels;
+use pyrometer::procs::ProcessRegistry;
+use pyrometer::push::PushClient;
+use pyrometer::spool::Spool;
+use pyrometer::symbolize::Symbolizer;
+use pyrometer::{privileges, signals};
+use pyrometer_proto::ingest::PushRequest;
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration};
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// TOML file with the same settings as the flags (flags win), e.g. `collector = "http://c:4040"`.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Process to profile (repeatable); default: every process.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Profile processes whose name (comm) matches this regex, including ones started later.
+    #[arg(long, value_name = "REGEX")]
+    comm: Option<String>,
+    /// Collector to push to, e.g. http://collector:4040.
+    #[arg(long, value_name = "URL")]
+    collector: Option<String>,
+    /// The `node` label of everything this agent pushes (default: the hostname).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// How often a profile is aggregated and pushed (default 10s).
+    #[arg(long, value_parser = parse_duration)]
+    push_interval: Option<Duration>,
+    /// Samples per second per CPU (default 19).
+    #[arg(short = 'F', long)]
+    frequency: Option<u64>,
+    /// Where batches wait for the collector (default /var/lib/pyrometer/spool).
+    #[arg(long, value_name = "DIR")]
+    spool_dir: Option<PathBuf>,
+    /// Spool size limit in MiB; when full the oldest batches are dropped (default 256).
+    #[arg(long, value_name = "MIB")]
+    spool_max_mb: Option<u64>,
+    /// File holding the collector's bearer token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Serve the agent's own Prometheus /metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
+    #[arg(long, value_name = "FILE")]
+    stats: Option<PathBuf>,
+    /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
+    #[arg(long, value_name = "FILE", hide = true)]
+    btf_path: Option<PathBuf>,
+}
+
+/// The config file: the flags' long names, in kebab case.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    pid: Option<Vec<u32>>,
+    comm: Option<String>,
+    collector: Option<String>,
+    node_name: Option<String>,
+    push_interval: Option<String>,
+    frequency: Option<u64>,
+    spool_dir: Option<PathBuf>,
+    spool_max_mb: Option<u64>,
+    token_file: Option<PathBuf>,
+    metrics_listen: Option<SocketAddr>,
+}
+
+struct Config {
+    pids: Vec<u32>,
+    comm: Option<Regex>,
+    collector: String,
+    node: String,
+    interval: Duration,
+    frequency: u64,
+    spool_dir: PathBuf,
+    spool_max_bytes: u64,
+    token: Option<String>,
+    metrics_listen: Option<SocketAddr>,
+}
+
+fn input(msg: impl Into<String>) -> anyhow::Error {
+    exit_error(EXIT_INPUT, msg)
+}
+
+fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| input(format!("cannot read {}: {e}", path.display())))?;
+            toml::from_str(&text)
+                .map_err(|e| input(format!("{}: {}", path.display(), e.message())))?
+        }
+        None => FileConfig::default(),
+    };
+    let pids = if args.pids.is_empty() {
+        file.pid.unwrap_or_default()
+    } else {
+        args.pids.clone()
+    };
+    let comm = match args.comm.clone().or(file.comm) {
+        Some(re) => Some(
+            Regex::new(&format!("^(?:{re})$"))
+                .map_err(|e| input(format!("invalid --comm regex '{re}': {e}")))?,
+        ),
+        None => None,
+    };
+    let collector = args.collector.clone().or(file.collector).ok_or_else(|| {
+        input("no collector: give --collector http://HOST:4040 (or `collector` in --config)")
+    })?;
+    let interval = match (args.push_interval, file.push_interval) {
+        (Some(d), _) => d,
+        (None, Some(s)) => parse_duration(&s).map_err(|e| input(format!("push-interval: {e}")))?,
+        (None, None) => Duration::from_secs(10),
+    };
+    let frequency = args.frequency.or(file.frequency).unwrap_or(19);
+    if !(1..=10_000).contains(&frequency) {
+        return Err(input("frequency must be between 1 and 10000 Hz"));
+    }
+    let token = match args.token_file.clone().or(file.token_file) {
+        Some(path) => {
+            let t = std::fs::read_to_string(&path).map_err(|e| {
+                input(format!(
+                    "cannot read the token file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            Some(t.trim().to_string()).filter(|t| !t.is_empty())
+        }
+        None => None,
+    };
+    let node = match args.node_name.clone().or(file.node_name) {
+        Some(n) if !n.is_empty() => n,
+        _ => hostname(),
+    };
+    Ok(Config {
+        pids,
+        comm,
+        collector,
+        node,
+        interval,
+        frequency,
+        spool_dir: args
+            .spool_dir
+            .clone()
+            .or(file.spool_dir)
+            .unwrap_or_else(|| PathBuf::from("/var/lib/pyrometer/spool")),
+        spool_max_bytes: args.spool_max_mb.or(file.spool_max_mb).unwrap_or(256) << 20,
+        token,
+        metrics_listen: args.metrics_listen.or(file.metrics_listen),
+    })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// What the sampling loop and the pusher thread share.
+struct Shared {
+    spool: Mutex<Spool>,
+    wake: Condvar,
+    stop: AtomicBool,
+    metrics: Arc<AgentMetrics>,
+}
+
+impl Shared {
+    fn update_spool_gauges(&self, spool: &Spool) {
+        self.metrics
+            .spool_batches
+            .store(spool.len() as u64, Relaxed);
+        self.metrics.spool_bytes.store(spool.size_bytes(), Relaxed);
+    }
+}
+
+pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
+    let cfg = resolve(&args)?;
+    let client = PushClient::new(&cfg.collector, cfg.token.as_deref(), Duration::from_secs(5))
+        .map_err(|e| input(e.to_string()))?;
+    let spool = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes, &cfg.node)
+        .map_err(|e| input(e.to_string()))?;
+    privileges::check(privileges::SAMPLING, privileges::effective())
+        .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
+    let selective = !cfg.pids.is_empty() || cfg.comm.is_some();
+    let mut sampler = Sampler::load(&SamplerConfig {
+        frequency_hz: cfg.frequency,
+        filter: if selective {
+            Filter::Targets
+        } else {
+            Filter::All
+        },
+        ring_buffer_bytes: 8 << 20,
+        btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
+        ..SamplerConfig::default()
+    })
+    .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
+    signals::install();
+    for &pid in &cfg.pids {
+        sampler
+            .add_target(pid, true)
+            .with_context(|| format!("adding pid {pid}"))?;
+    }
+    let mut known: HashSet<u32> = HashSet::new();
+    if let Some(re) = &cfg.comm {
+        add_matching(&mut sampler, re, &mut known);
+    }
+    sampler
+        .start(cfg.frequency)
+        .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
+
+    let metrics = Arc::new(AgentMetrics::default());
+    if let Some(addr) = cfg.metrics_listen {
+        let bound = agent_metrics::serve(addr, metrics.clone())
+            .map_err(|e| input(format!("cannot serve metrics on {addr}: {e}")))?;
+        eprintln!("pyrometer agent: metrics on http://{bound}/metrics");
+    }
+    let agent_id = spool.agent_id().to_string();
+    let shared = Arc::new(Shared {
+        spool: Mutex::new(spool),
+        wake: Condvar::new(),
+        stop: AtomicBool::new(false),
+        metrics: metrics.clone(),
+    });
+    shared.update_spool_gauges(&shared.spool.lock().expect("not poisoned"));
+    let pusher = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("pusher".into())
+            .spawn(move || pusher(shared, client))?
+    };
+    eprintln!(
+        "pyrometer agent: node {} (agent id {agent_id}), {} Hz, pushing every {:.1}s to {}",
+        cfg.node,
+        cfg.frequency,
+        cfg.interval.as_secs_f64(),
+        cfg.collector
+    );
+
+    let period_ns = 1_000_000_000 / cfg.frequency as i64;
+    let mut registry = ProcessRegistry::new();
+    let mut symbolizer = Symbolizer::new().with_debug_dirs(
+        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
+    );
+    let mut capture = Capture::default();
+    let mut interval_start = Instant::now();
+    let mut interval_wall = SystemTime::now();
+    let mut last_scan = Instant::now();
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut samples_total = 0u64;
+    loop {
+        sampler.wait(Duration::from_millis(100));
+        sampler.drain_into(&mut batch);
+        for rec in batch.drain(..) {
+            capture.ingest(&rec, &sampler, &mut registry);
+        }
+        let stopping = signals::take().is_some();
+        if let Some(re) = &cfg.comm
+            && last_scan.elapsed() >= Duration::from_millis(500)
+        {
+            last_scan = Instant::now();
+            add_matching(&mut sampler, re, &mut known);
+        }
+        let c = sampler.counters();
+        metrics
+            .samples
+            .store(samples_total + capture.samples, Relaxed);
+        metrics.lost_ring_buffer.store(c.ringbuf_drops, Relaxed);
+        metrics
+            .user_stack_errors
+            .store(c.user_stack_errors, Relaxed);
+        metrics
+            .kernel_stack_errors
+            .store(c.kernel_stack_errors, Relaxed);
+        if stopping || interval_start.elapsed() >= cfg.interval {
+            let taken = std::mem::take(&mut capture);
+            let duration = interval_start.elapsed();
+            interval_start = Instant::now();
+            let wall = std::mem::replace(&mut interval_wall, SystemTime::now());
+            samples_total += taken.samples;
+            metrics
+                .lost_bad_record
+                .fetch_add(taken.bad_records, Relaxed);
+            if taken.samples > 0 {
+                let profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
+                if let Err(e) = spool_batch(&shared, &cfg.node, profile, wall, duration) {
+                    eprintln!("pyrometer agent: cannot spool a batch: {e:#}");
+                }
+            }
+        }
+        if stopping {
+            break;
+        }
+    }
+    drop(sampler);
+    shared.stop.store(true, Relaxed);
+    shared.wake.notify_all();
+    let _ = pusher.join();
+
+    let spool = shared.spool.lock().expect("not poisoned");
+    let m = &metrics;
+    let summary = serde_json::json!({
+        "agent_id": agent_id,
+        "node": cfg.node,
+        "samples": m.samples.load(Relaxed),
+        "batches_spooled": m.batches_spooled.load(Relaxed),
+        "batches_pushed": m.batches_pushed.load(Relaxed),
+        "samples_pushed": m.samples_pushed.load(Relaxed),
+        "batches_dropped": m.batches_dropped.load(Relaxed),
+        "samples_dropped": m.samples_dropped.load(Relaxed),
+        "push_errors": m.push_errors.load(Relaxed),
+        "spool_batches": spool.len(),
+        "spool_samples": spool.samples(),
+    });
+    eprintln!(
+        "pyrometer agent: {} samples, {} pushed, {} dropped, {} left in the spool",
+        m.samples.load(Relaxed),
+        m.samples_pushed.load(Relaxed),
+        m.samples_dropped.load(Relaxed),
+        spool.samples()
+    );
+    if let Some(path) = &args.stats {
+        std::fs::write(path, serde_json::to_string_pretty(&summary)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(0)
+}
+
+/// Adds processes whose comm matches and that were not seen before.
+fn add_matching(sampler: &mut Sampler, re: &Regex, known: &mut HashSet<u32>) {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let me = std::process::id();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || known.contains(&pid) {
+            continue;
+        }
+        let Ok(comm) =
+            std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("comm"))
+        else {
+            continue;
+        };
+        if re.is_match(comm.trim_end_matches('\n')) {
+            known.insert(pid);
+            if let Err(e) = sampler.add_target(pid, false) {
+                eprintln!("pyrometer agent: cannot target pid {pid}: {e}");
+            }
+        }
+    }
+}
+
+fn spool_batch(
+    shared: &Shared,
+    node: &str,
+    mut profile: pyrometer::model::Profile,
+    wall: SystemTime,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    // Thread ids would multiply the collector's label sets without helping a cluster view;
+    // the thread name stays.
+    for s in &mut profile.samples {
+        s.labels = s
+            .labels
+            .iter()
+            .filter(|(k, _)| *k != "tid")
+            .fold(Labels::new(), |l, (k, v)| l.with(k, v.clone()));
+    }
+    profile.time_nanos = wall
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    profile.duration_nanos = duration.as_nanos() as i64;
+    let samples: u64 = profile
+        .samples
+        .iter()
+        .map(|s| s.values.first().copied().unwrap_or(0).max(0) as u64)
+        .sum();
+    let mut spool = shared.spool.lock().expect("not poisoned");
+    let seq = spool.next_seq()?;
+    let req = PushRequest {
+        agent_id: spool.agent_id().to_string(),
+        sequence: seq,
+        node: node.to_string(),
+        profile: Some(pyrometer::output::pprof::to_pprof(&profile)),
+    };
+    let dropped = spool.add(seq, samples, &req.encode_to_vec())?;
+    let m = &shared.metrics;
+    m.batches_spooled.fetch_add(1, Relaxed);
+    m.batches_dropped.fetch_add(dropped.batches, Relaxed);
+    m.samples_dropped.fetch_add(dropped.samples, Relaxed);
+    shared.update_spool_gauges(&spool);
+    drop(spool);
+    shared.wake.notify_all();
+    Ok(())
+}
+
+/// How long the pusher keeps trying after the agent was told to stop; what is left stays in
+/// the spool for the next start.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+
+fn pusher(shared: Arc<Shared>, mut client: PushClient) {
+    let m = shared.metrics.clone();
+    let mut backoff = Duration::from_millis(200);
+    let mut stop_at: Option<Instant> = None;
+    let mut last_error = String::new();
+    static LOGGED: AtomicU64 = AtomicU64::new(0);
+    loop {
+        if shared.stop.load(Relaxed) && stop_at.is_none() {
+            stop_at = Some(Instant::now() + DRAIN_DEADLINE);
+        }
+        if stop_at.is_some_and(|t| Instant::now() >= t) {
+            return;
+        }
+        let next = {
+            let mut spool = shared.spool.lock().expect("not poisoned");
+            match spool.take_oldest() {
+                Ok(Some(n)) => Some(n),
+                Ok(None) => {
+                    if stop_at.is_some() {
+                        return;
+                    }
+                    let _ = shared
+                        .wake
+                        .wait_timeout(spool, Duration::from_millis(500))
+                        .expect("not poisoned");
+                    None
+                }
+                Err(e) => {
+                    eprintln!("pyrometer agent: {e}");
+                    None
+                }
+            }
+        };
+        let Some((entry, body)) = next else { continue };
+        let started = Instant::now();
+        let result = client.push(body);
+        let mut spool = shared.spool.lock().expect("not poisoned");
+        match result {
+            Ok(_) => {
+                if let Err(e) = spool.acknowledged(entry.seq) {
+                    eprintln!("pyrometer agent: {e}");
+                }
+                m.push_ns
+                    .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+                m.batches_pushed.fetch_add(1, Relaxed);
+                m.samples_pushed.fetch_add(entry.samples, Relaxed);
+                backoff = Duration::from_millis(200);
+                if !last_error.is_empty() {
+                    eprintln!("pyrometer agent: collector reachable again");
+                    last_error.clear();
+                }
+            }
+            Err(e) if e.is_permanent() => {
+                // Retrying the same bytes cannot succeed; keeping them would block the spool.
+                eprintln!("pyrometer agent: batch {} dropped: {e}", entry.seq);
+                let _ = spool.acknowledged(entry.seq);
+                m.batches_dropped.fetch_add(1, Relaxed);
+                m.samples_dropped.fetch_add(entry.samples, Relaxed);
+            }
+            Err(e) => {
+                spool.release();
+                m.push_errors.fetch_add(1, Relaxed);
+                let msg = e.to_string();
+                if msg != last_error && LOGGED.fetch_add(1, Relaxed) < 100 {
+                    eprintln!("pyrometer agent: push failed, keeping the batch spooled: {msg}");
+                }
+                last_error = msg;
+                shared.update_spool_gauges(&spool);
+                let _ = shared
+                    .wake
+                    .wait_timeout_while(spool, backoff, |_| !shared.stop.load(Relaxed))
+                    .expect("not poisoned");
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        }
+        shared.update_spool_gauges(&spool);
+    }
+}

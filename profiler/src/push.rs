@@ -1,0 +1,147 @@
+//! The agent's gRPC client for `Ingest.Push` (see `pyrometer_proto::ingest`). Blocking: it
+//! owns a single-threaded tokio runtime and runs on the agent's pusher thread, so the
+//! sampling loop stays synchronous.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+use pyrometer_proto::grpc::RawCodec;
+use pyrometer_proto::ingest::{PUSH_PATH, PushReply};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    #[error("invalid collector address '{url}': {reason} (expected e.g. http://collector:4040)")]
+    Url { url: String, reason: String },
+    #[error("collector unreachable: {0}")]
+    Unreachable(String),
+    /// The collector answered with an error status.
+    #[error("collector refused the batch ({code:?}): {message}")]
+    Refused { code: tonic::Code, message: String },
+    #[error("collector sent an unreadable reply: {0}")]
+    Reply(String),
+}
+
+impl PushError {
+    /// The batch itself was rejected: retrying the same bytes cannot succeed.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            PushError::Refused {
+                code: tonic::Code::InvalidArgument | tonic::Code::OutOfRange,
+                ..
+            }
+        )
+    }
+}
+
+pub struct PushClient {
+    rt: tokio::runtime::Runtime,
+    endpoint: Endpoint,
+    channel: Option<Channel>,
+    /// `authorization` header value; kept out of Debug output and logs.
+    auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl PushClient {
+    pub fn new(url: &str, token: Option<&str>, timeout: Duration) -> Result<Self, PushError> {
+        let bad = |reason: String| PushError::Url {
+            url: url.to_string(),
+            reason,
+        };
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(bad("the scheme must be http:// or https://".into()));
+        }
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| bad(e.to_string()))?
+            .connect_timeout(timeout)
+            .timeout(timeout);
+        let auth = match token {
+            Some(t) => {
+                let mut v: tonic::metadata::MetadataValue<_> = format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| bad("the token has characters a header cannot carry".into()))?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| PushError::Unreachable(e.to_string()))?;
+        Ok(Self {
+            rt,
+            endpoint,
+            channel: None,
+            auth,
+        })
+    }
+
+    /// Sends one encoded `PushRequest` and waits for the acknowledgement.
+    pub fn push(&mut self, body: Vec<u8>) -> Result<PushReply, PushError> {
+        let result = self.rt.block_on(Self::send(
+            &self.endpoint,
+            &mut self.channel,
+            self.auth.clone(),
+            body,
+        ));
+        if matches!(result, Err(PushError::Unreachable(_))) {
+            // Reconnect from scratch next time: the collector may have restarted.
+            self.channel = None;
+        }
+        result
+    }
+
+    async fn send(
+        endpoint: &Endpoint,
+        channel: &mut Option<Channel>,
+        auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+        body: Vec<u8>,
+    ) -> Result<PushReply, PushError> {
+        let ch = match channel {
+            Some(c) => c.clone(),
+            None => {
+                let c = endpoint
+                    .connect()
+                    .await
+                    .map_err(|e| PushError::Unreachable(error_chain(&e)))?;
+                *channel = Some(c.clone());
+                c
+            }
+        };
+        let mut grpc = tonic::client::Grpc::new(ch);
+        grpc.ready()
+            .await
+            .map_err(|e| PushError::Unreachable(error_chain(&e)))?;
+        let mut req = tonic::Request::new(Bytes::from(body));
+        if let Some(v) = auth {
+            req.metadata_mut().insert("authorization", v);
+        }
+        let path = http::uri::PathAndQuery::from_static(PUSH_PATH);
+        match grpc.unary(req, path, RawCodec).await {
+            Ok(reply) => {
+                PushReply::decode(reply.into_inner()).map_err(|e| PushError::Reply(e.to_string()))
+            }
+            Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
+                Err(PushError::Unreachable(s.message().to_string()))
+            }
+            Err(s) => Err(PushError::Refused {
+                code: s.code(),
+                message: s.message().to_string(),
+            }),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

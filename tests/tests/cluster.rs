@@ -1,0 +1,251 @@
+//! Agents and the collector together, as real processes: a three-node cluster, collector
+//! outages and SIGKILL, auth, and the Prometheus endpoints checked by promtool.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload};
+use pyrometer_e2e::{privileged, scratch};
+
+fn by_node(c: &Collector) -> BTreeMap<String, i64> {
+    let v = c.get_json("/api/v1/profile?by=node&from=now-1h&type=samples");
+    v["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| {
+            (
+                g["labels"]["node"].as_str().unwrap().to_string(),
+                g["total"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn sent(stats: &serde_json::Value) -> i64 {
+    assert_eq!(stats["spool_samples"], 0, "batches left unsent: {stats}");
+    stats["samples_pushed"].as_i64().unwrap()
+}
+
+#[test]
+fn three_agents_one_cluster_flame_graph() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("cluster3");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let nodes = ["alpha", "beta", "gamma"];
+    let mut loads: Vec<_> = nodes
+        .iter()
+        .map(|n| workload(&dir, &format!("wl-{n}"), 8))
+        .collect();
+    let agents: Vec<Agent> = nodes
+        .iter()
+        .map(|n| {
+            let comm = format!("^wl-{n}$");
+            Agent::start(
+                &dir,
+                &format!("node-{n}"),
+                &collector.url(),
+                &["--comm", &comm],
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(4));
+    let stats: Vec<serde_json::Value> = agents.into_iter().map(Agent::stop).collect();
+    for l in &mut loads {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+
+    let totals = by_node(&collector);
+    for (n, s) in nodes.iter().zip(&stats) {
+        let pushed = sent(s);
+        assert!(pushed > 0, "node-{n} pushed nothing: {s}");
+        assert_eq!(
+            totals.get(&format!("node-{n}")),
+            Some(&pushed),
+            "{totals:?} vs {s}"
+        );
+    }
+    assert_eq!(totals.len(), 3, "{totals:?}");
+    // Each node holds only its own workload, and the cluster graph has all three.
+    for n in nodes {
+        let q = enc(&format!("{{node=\"node-{n}\"}}"));
+        let folded = collector.get(&format!("/api/v1/profile?format=folded&query={q}"));
+        assert!(!folded.is_empty());
+        for line in folded.lines() {
+            assert!(line.starts_with(&format!("wl-{n};")), "node-{n}: {line}");
+        }
+        assert!(folded.contains("leaf_a"), "{folded}");
+    }
+    let svg = collector.get("/api/v1/profile?format=svg");
+    for n in nodes {
+        assert!(
+            svg.contains(&format!("wl-{n}")),
+            "cluster graph lacks wl-{n}"
+        );
+    }
+    let values = collector.get_json("/api/v1/label/node/values");
+    assert_eq!(
+        values["values"],
+        serde_json::json!(["node-alpha", "node-beta", "node-gamma"])
+    );
+}
+
+#[test]
+fn collector_outage_and_sigkill_lose_and_double_nothing() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("outage");
+    let mut collector = Collector::start(&dir.join("store"), free_port(), None);
+    let mut load = workload(&dir, "wl-outage", 14);
+    let agent = Agent::start(
+        &dir,
+        "node-o",
+        &collector.url(),
+        &["--comm", "^wl-outage$", "--push-interval", "300ms"],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    // SIGKILL mid-ingest: batches arrive every 300 ms, so one is often in flight.
+    collector.kill9();
+    std::thread::sleep(Duration::from_secs(3));
+    collector.restart();
+    // The store reopened after SIGKILL and answers queries.
+    assert!(
+        collector
+            .get("/api/v1/profile?format=folded")
+            .contains("wl-outage")
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    for _ in 0..3 {
+        collector.restart();
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let stats = agent.stop();
+    let _ = load.kill();
+    let _ = load.wait();
+    assert!(
+        stats["push_errors"].as_i64().unwrap() > 0,
+        "the outage was not noticed: {stats}"
+    );
+    assert_eq!(stats["samples_dropped"], 0);
+    let pushed = sent(&stats);
+    assert_eq!(by_node(&collector).get("node-o"), Some(&pushed), "{stats}");
+    let metrics = collector.get("/metrics");
+    assert!(metrics.contains("pyrometer_collector_batches_ingested_total"));
+}
+
+#[test]
+fn pushes_need_the_token() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("auth");
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "not-it\n").unwrap();
+    let collector = Collector::start(&dir.join("store"), free_port(), Some(&token));
+    let mut load = workload(&dir, "wl-auth", 8);
+    let url = collector.url();
+    let comm = ["--comm", "^wl-auth$"];
+    let none = Agent::start(&dir, "node-none", &url, &comm);
+    let bad = Agent::start(
+        &dir,
+        "node-bad",
+        &url,
+        &[&comm[..], &["--token-file", wrong.to_str().unwrap()]].concat(),
+    );
+    let good = Agent::start(
+        &dir,
+        "node-good",
+        &url,
+        &[&comm[..], &["--token-file", token.to_str().unwrap()]].concat(),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let (none, bad, good) = (none.stop(), bad.stop(), good.stop());
+    let _ = load.kill();
+    let _ = load.wait();
+    for refused in [&none, &bad] {
+        assert_eq!(refused["samples_pushed"], 0, "{refused}");
+        assert!(refused["spool_samples"].as_i64().unwrap() > 0, "{refused}");
+    }
+    let totals = by_node(&collector);
+    assert_eq!(totals.keys().collect::<Vec<_>>(), vec!["node-good"]);
+    assert_eq!(totals["node-good"], sent(&good));
+    let metrics = collector.get("/metrics");
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("pyrometer_collector_pushes_refused_total{reason=\"unauthenticated\"} ")
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(refused >= 2, "{metrics}");
+    let text = format!("{none}{bad}");
+    assert!(!text.contains("s3cret"));
+}
+
+fn promtool_check(what: &str, text: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool rejects the {what} metrics:\n{}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn metrics_pass_promtool() {
+    if !privileged() {
+        return;
+    }
+    if Command::new("promtool").arg("--version").output().is_err() {
+        println!(
+            "skipping: promtool not installed (cargo xtask deps installs Debian's prometheus)"
+        );
+        return;
+    }
+    let dir = scratch("promtool");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let mut load = workload(&dir, "wl-metrics", 6);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let agent = Agent::start(
+        &dir,
+        "node-m",
+        &collector.url(),
+        &["--comm", "^wl-metrics$", "--metrics-listen", &listen],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let addr = listen.parse().unwrap();
+    let (code, agent_metrics) = http_get(addr, "/metrics").expect("agent serves /metrics");
+    assert_eq!(code, 200);
+    let stats = agent.stop();
+    let _ = load.kill();
+    let _ = load.wait();
+    assert!(agent_metrics.contains("pyrometer_agent_samples_pushed_total"));
+    promtool_check("agent", &agent_metrics);
+    assert!(sent(&stats) > 0);
+    let _ = collector.get("/api/v1/profile?format=folded");
+    promtool_check("collector", &collector.get("/metrics"));
+}
