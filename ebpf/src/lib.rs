@@ -183,6 +183,11 @@ pub fn comm_to_string(comm: &[u8]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
+// SAFETY: plain-old-data #[repr(C)] structs without padding holes the kernel would read.
+unsafe impl aya::Pod for UnwindRow {}
+unsafe impl aya::Pod for ExecMapping {}
+unsafe impl aya::Pod for ProcessUnwind {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,8 +227,3 @@ mod tests {
         assert_eq!(s.inline_kernel_frames().count(), 0);
     }
 }
-
-// SAFETY: plain-old-data #[repr(C)] structs without padding holes the kernel would read.
-unsafe impl aya::Pod for UnwindRow {}
-unsafe impl aya::Pod for ExecMapping {}
-unsafe impl aya::Pod for ProcessUnwind {}

@@ -150,10 +150,10 @@ impl Capture {
         let user: Vec<u64> = sample.user_frames().collect();
         // Any frame outside the known mappings means the map changed since it was read (the
         // loader mapped libraries after exec, or a dlopen); refresh is rate-limited.
-        if user.iter().any(|&a| registry.find(h.pid, a).is_none()) {
-            if let Ok(true) = registry.refresh(h.pid) {
-                self.maps_changed.push(h.pid);
-            }
+        if user.iter().any(|&a| registry.find(h.pid, a).is_none())
+            && let Ok(true) = registry.refresh(h.pid)
+        {
+            self.maps_changed.push(h.pid);
         }
         let kernel = if h.kernel_stack_id >= 0 {
             match self.kernel_stack_cache.get(&h.kernel_stack_id) {
