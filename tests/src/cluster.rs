@@ -175,13 +175,17 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// `pyrometer agent` at a 1 s push interval with its spool and stats under `dir`.
+    /// `pyrometer agent` at a 1 s push interval (unless `extra` sets one) with its spool and stats under `dir`.
     pub fn start(dir: &Path, node: &str, collector: &str, extra: &[&str]) -> Agent {
         let spool = dir.join(format!("spool-{node}"));
         let stats = dir.join(format!("stats-{node}.json"));
-        let child = Command::new(crate::pyrometer_bin())
-            .args(["agent", "--node-name", node, "--collector", collector])
-            .args(["--push-interval", "1s", "--spool-dir"])
+        let mut cmd = Command::new(crate::pyrometer_bin());
+        cmd.args(["agent", "--node-name", node, "--collector", collector]);
+        if !extra.contains(&"--push-interval") {
+            cmd.args(["--push-interval", "1s"]);
+        }
+        let child = cmd
+            .arg("--spool-dir")
             .arg(&spool)
             .arg("--stats")
             .arg(&stats)
@@ -193,13 +197,21 @@ impl Agent {
     }
 
     /// SIGTERM, wait, and return the stats it wrote.
-    pub fn stop(mut self) -> serde_json::Value {
+    pub fn stop(&mut self) -> serde_json::Value {
         // SAFETY: kill(2) of our own child.
         unsafe { libc_kill(self.child.id() as i32, 15) };
         let status = self.child.wait().expect("wait for the agent");
         assert!(status.success(), "agent exited with {status}");
         let text = std::fs::read_to_string(&self.stats).expect("agent wrote --stats");
         serde_json::from_str(&text).expect("stats are JSON")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // A failed assertion must not leave an agent sampling the machine.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -53,7 +53,7 @@ fn three_agents_one_cluster_flame_graph() {
         })
         .collect();
     std::thread::sleep(Duration::from_secs(4));
-    let stats: Vec<serde_json::Value> = agents.into_iter().map(Agent::stop).collect();
+    let stats: Vec<serde_json::Value> = agents.into_iter().map(|mut a| a.stop()).collect();
     for l in &mut loads {
         let _ = l.kill();
         let _ = l.wait();
@@ -102,13 +102,19 @@ fn collector_outage_and_sigkill_lose_and_double_nothing() {
     let dir = scratch("outage");
     let mut collector = Collector::start(&dir.join("store"), free_port(), None);
     let mut load = workload(&dir, "wl-outage", 14);
-    let agent = Agent::start(
+    let mut agent = Agent::start(
         &dir,
         "node-o",
         &collector.url(),
         &["--comm", "^wl-outage$", "--push-interval", "300ms"],
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // The agent needs a few seconds to load its BPF programs; kill only once pushes arrive.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while http_get(collector.addr, "/api/v1/profile?format=folded").is_none_or(|(c, _)| c != 200) {
+        assert!(std::time::Instant::now() < deadline, "no push arrived");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
     // SIGKILL mid-ingest: batches arrive every 300 ms, so one is often in flight.
     collector.kill9();
     std::thread::sleep(Duration::from_secs(3));
@@ -153,14 +159,14 @@ fn pushes_need_the_token() {
     let mut load = workload(&dir, "wl-auth", 8);
     let url = collector.url();
     let comm = ["--comm", "^wl-auth$"];
-    let none = Agent::start(&dir, "node-none", &url, &comm);
-    let bad = Agent::start(
+    let mut none = Agent::start(&dir, "node-none", &url, &comm);
+    let mut bad = Agent::start(
         &dir,
         "node-bad",
         &url,
         &[&comm[..], &["--token-file", wrong.to_str().unwrap()]].concat(),
     );
-    let good = Agent::start(
+    let mut good = Agent::start(
         &dir,
         "node-good",
         &url,
@@ -230,7 +236,7 @@ fn metrics_pass_promtool() {
     let mut load = workload(&dir, "wl-metrics", 6);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let agent = Agent::start(
+    let mut agent = Agent::start(
         &dir,
         "node-m",
         &collector.url(),
