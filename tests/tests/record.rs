@@ -121,8 +121,9 @@ fn pid_of_running_process() {
         return;
     }
     let dir = scratch("pid");
+    // Long enough to outlast pyrometer's start-up on a loaded machine; killed after.
     let mut target = Command::new(fixture("cpu631"))
-        .arg("4")
+        .arg("60")
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -149,7 +150,7 @@ fn subprocesses_only_with_the_flag() {
         return;
     }
     let dir = scratch("subprocesses");
-    let script = format!("sleep 0.5; {} 2", fixture_str("cpu631"));
+    let script = format!("sleep 0.5; {} 60", fixture_str("cpu631"));
     for follow in [true, false] {
         let mut parent = Command::new("sh")
             .args(["-c", &script])
@@ -190,8 +191,9 @@ fn all_finds_the_workload() {
         return;
     }
     let dir = scratch("all");
+    // Long enough to outlast pyrometer's start-up on a loaded machine; killed after.
     let mut target = Command::new(fixture("cpu631"))
-        .arg("4")
+        .arg("60")
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -422,8 +424,9 @@ fn process_exiting_mid_capture_keeps_its_samples() {
         return;
     }
     let dir = scratch("exits");
+    // Outlives start-up (seconds on a loaded machine), then exits well before --duration.
     let mut target = Command::new(fixture("cpu631"))
-        .arg("1")
+        .arg("8")
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -443,7 +446,7 @@ fn process_exiting_mid_capture_keeps_its_samples() {
     reaper.join().unwrap().unwrap();
     assert_ok(&out);
     assert!(
-        started.elapsed() < Duration::from_secs(20),
+        started.elapsed() < Duration::from_secs(25),
         "record did not end with the process"
     );
     assert!(
