@@ -38,7 +38,7 @@ fn three_agents_one_cluster_flame_graph() {
     let nodes = ["alpha", "beta", "gamma"];
     let mut loads: Vec<_> = nodes
         .iter()
-        .map(|n| workload(&dir, &format!("wl-{n}"), 8))
+        .map(|n| workload(&dir, &format!("wl-{n}"), 30))
         .collect();
     let agents: Vec<Agent> = nodes
         .iter()
@@ -52,7 +52,9 @@ fn three_agents_one_cluster_flame_graph() {
             )
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(4));
+    // Three debug-build agents start (BPF verification) on two cores: give them time to
+    // push several intervals before they stop.
+    std::thread::sleep(Duration::from_secs(10));
     let stats: Vec<serde_json::Value> = agents.into_iter().map(|mut a| a.stop()).collect();
     for l in &mut loads {
         let _ = l.kill();
@@ -156,7 +158,7 @@ fn pushes_need_the_token() {
     let wrong = dir.join("wrong");
     std::fs::write(&wrong, "not-it\n").unwrap();
     let collector = Collector::start(&dir.join("store"), free_port(), Some(&token));
-    let mut load = workload(&dir, "wl-auth", 8);
+    let mut load = workload(&dir, "wl-auth", 30);
     let url = collector.url();
     let comm = ["--comm", "^wl-auth$"];
     let mut none = Agent::start(&dir, "node-none", &url, &comm);
@@ -172,7 +174,7 @@ fn pushes_need_the_token() {
         &url,
         &[&comm[..], &["--token-file", token.to_str().unwrap()]].concat(),
     );
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(10));
     let (none, bad, good) = (none.stop(), bad.stop(), good.stop());
     let _ = load.kill();
     let _ = load.wait();
@@ -233,7 +235,7 @@ fn metrics_pass_promtool() {
     }
     let dir = scratch("promtool");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
-    let mut load = workload(&dir, "wl-metrics", 6);
+    let mut load = workload(&dir, "wl-metrics", 60);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut agent = Agent::start(
@@ -242,9 +244,27 @@ fn metrics_pass_promtool() {
         &collector.url(),
         &["--comm", "^wl-metrics$", "--metrics-listen", &listen],
     );
-    std::thread::sleep(Duration::from_secs(3));
+    // Start-up takes seconds on a loaded machine: wait until something was pushed.
     let addr = listen.parse().unwrap();
-    let (code, agent_metrics) = http_get(addr, "/metrics").expect("agent serves /metrics");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (code, agent_metrics) = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let Some((code, text)) = http_get(addr, "/metrics") else {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "agent never served /metrics"
+            );
+            continue;
+        };
+        let pushed = text
+            .lines()
+            .find_map(|l| l.strip_prefix("pyrometer_agent_samples_pushed_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if pushed > 0.0 || std::time::Instant::now() >= deadline {
+            break (code, text);
+        }
+    };
     assert_eq!(code, 200);
     let stats = agent.stop();
     let _ = load.kill();

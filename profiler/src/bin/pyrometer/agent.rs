@@ -198,6 +198,9 @@ impl Shared {
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
+    // First thing: a SIGTERM during start-up (BPF verification takes a while) must stop the
+    // agent cleanly, not kill it.
+    signals::install();
     let cfg = resolve(&args)?;
     let client = PushClient::new(&cfg.collector, cfg.token.as_deref(), Duration::from_secs(5))
         .map_err(|e| input(e.to_string()))?;
@@ -218,7 +221,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         ..SamplerConfig::default()
     })
     .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
-    signals::install();
     for &pid in &cfg.pids {
         sampler
             .add_target(pid, true)
