@@ -41,17 +41,9 @@ pub const SAMPLE_DWARF: u32 = 4;
 /// `SampleHeader::flags`: the DWARF walk reached the outermost frame.
 pub const SAMPLE_COMPLETE: u32 = 8;
 
-/// Mirror of `struct unwind_row` (the pyrometer-unwind crate builds them).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UnwindRow {
-    pub pc: u32,
-    pub cfa_type: u8,
-    pub rbp_type: u8,
-    pub cfa_offset: i16,
-    pub rbp_offset: i16,
-    pub reserved: u16,
-}
+/// `struct unwind_row`: the row type of the pyrometer-unwind crate, which builds them; the
+/// agent writes them into the `unwind_rows` array as they are.
+pub use pyrometer_unwind::UnwindRow;
 
 /// Mirror of `struct exec_mapping`. `row_count == 0`: no table, frame pointers.
 #[repr(C)]
@@ -184,7 +176,6 @@ pub fn comm_to_string(comm: &[u8]) -> String {
 }
 
 // SAFETY: plain-old-data #[repr(C)] structs without padding holes the kernel would read.
-unsafe impl aya::Pod for UnwindRow {}
 unsafe impl aya::Pod for ExecMapping {}
 unsafe impl aya::Pod for ProcessUnwind {}
 

@@ -250,15 +250,7 @@ impl Unwinder {
                 return None;
             }
         };
-        for (i, s) in table.rows.iter().enumerate() {
-            let row = UnwindRow {
-                pc: s.pc,
-                cfa_type: s.cfa_type,
-                rbp_type: s.rbp_type,
-                cfa_offset: s.cfa_offset,
-                rbp_offset: s.rbp_offset,
-                reserved: 0,
-            };
+        for (i, &row) in table.rows.iter().enumerate() {
             // SAFETY: slot first + i < first + count lies inside the mapped array (allocate
             // only hands out ranges within capacity); slots are 8-byte aligned and 16 bytes.
             unsafe {

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, run};
+use crate::run;
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
@@ -39,28 +39,8 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 pub fn bench(root: &Path) -> Result<()> {
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "pyrometer",
-        "--bin",
-        "pyrometer",
-    ]))?;
     let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir)?;
-    let workload = dir.join("cpu631");
-    run(Command::new("gcc")
-        .args([
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-fno-inline",
-            "-fno-optimize-sibling-calls",
-        ])
-        .arg(root.join("tests/fixtures/cpu631.c"))
-        .arg("-o")
-        .arg(&workload))?;
+    let workload = crate::build_release_and_workload(root, &dir)?;
     let pyrometer = root.join("target/release/pyrometer");
     let pairs: usize = std::env::var("BENCH_PAIRS")
         .ok()

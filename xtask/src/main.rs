@@ -125,9 +125,9 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// Builds the release binary and the bundled workload, records it, writes a flame graph.
-fn demo(root: &Path) -> Result<()> {
-    deps()?;
+/// Builds the release `pyrometer` and the bundled 6:3:1 workload (tests/fixtures/cpu631.c)
+/// into `dir`; returns the workload's path.
+pub fn build_release_and_workload(root: &Path, dir: &Path) -> Result<PathBuf> {
     run(cargo().args([
         "build",
         "--release",
@@ -136,9 +136,8 @@ fn demo(root: &Path) -> Result<()> {
         "--bin",
         "pyrometer",
     ]))?;
-    let out = root.join("target/demo");
-    std::fs::create_dir_all(&out)?;
-    let workload = out.join("cpu631");
+    std::fs::create_dir_all(dir)?;
+    let workload = dir.join("cpu631");
     run(Command::new("gcc")
         .args([
             "-O1",
@@ -150,6 +149,14 @@ fn demo(root: &Path) -> Result<()> {
         .arg(root.join("tests/fixtures/cpu631.c"))
         .arg("-o")
         .arg(&workload))?;
+    Ok(workload)
+}
+
+/// Builds the release binary and the bundled workload, records it, writes a flame graph.
+fn demo(root: &Path) -> Result<()> {
+    deps()?;
+    let out = root.join("target/demo");
+    let workload = build_release_and_workload(root, &out)?;
     let svg = out.join("flame.svg");
     run(Command::new(root.join("target/release/pyrometer"))
         .args(["record", "-F", "199", "-o"])
