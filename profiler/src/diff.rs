@@ -12,12 +12,18 @@
 //! draws, which sampling a thread at a fixed rate approximates well. A regression is a
 //! function whose share grew by more than the threshold in percentage points, with a
 //! p-value below `alpha`, and at least `min_samples` samples in the new profile.
+//!
+//! Kernel frames are charged to the user-space frame that entered the kernel unless
+//! `kernel` is set: a function whose syscalls got slower still grows, while the time a shared
+//! runner's scheduler and interrupts add (sampled in `irqentry_exit_to_user_mode` and the
+//! like, in proportion to the load) spreads over every function instead of showing up as a
+//! kernel function that "regressed". Stacks with no user frame keep their kernel frames.
 
 use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
-use crate::model::Profile;
+use crate::model::{FrameKind, Profile};
 use crate::output::folded::frame_name;
 
 /// How a diff decides what is a regression.
@@ -29,6 +35,8 @@ pub struct DiffOptions {
     pub alpha: f64,
     /// Fewest samples a function needs in the new profile to be called a regression.
     pub min_samples: u64,
+    /// Judge kernel functions on their own instead of charging them to their user caller.
+    pub kernel: bool,
 }
 
 impl Default for DiffOptions {
@@ -37,6 +45,7 @@ impl Default for DiffOptions {
             inclusive: false,
             alpha: 0.001,
             min_samples: 20,
+            kernel: false,
         }
     }
 }
@@ -133,8 +142,9 @@ fn sample_count_fn(profile: &Profile, type_index: usize) -> impl Fn(&[i64]) -> u
     }
 }
 
-fn aggregate(profile: &Profile, type_index: usize) -> Aggregate {
+fn aggregate(profile: &Profile, type_index: usize, kernel: bool) -> Aggregate {
     let names: Vec<String> = profile.frames.iter().map(frame_name).collect();
+    let is_kernel = |f: u32| profile.frames.get(f).kind == FrameKind::Kernel;
     let count_of = sample_count_fn(profile, type_index);
     let mut functions: HashMap<String, Side> = HashMap::new();
     let mut totals = Totals::default();
@@ -147,7 +157,10 @@ fn aggregate(profile: &Profile, type_index: usize) -> Aggregate {
         }
         totals.value += value;
         totals.samples += n;
-        let stack = profile.stacks.get(sample.stack);
+        let mut stack: &[u32] = profile.stacks.get(sample.stack);
+        if !kernel && let Some(user) = stack.iter().position(|&f| !is_kernel(f)) {
+            stack = &stack[user..];
+        }
         seen.clear();
         for (depth, &f) in stack.iter().enumerate() {
             let name = names[f as usize].as_str();
@@ -219,8 +232,8 @@ pub fn diff(
     new_type: usize,
     options: DiffOptions,
 ) -> Diff {
-    let a = aggregate(base, base_type);
-    let b = aggregate(new, new_type);
+    let a = aggregate(base, base_type, options.kernel);
+    let b = aggregate(new, new_type, options.kernel);
     let mut names: Vec<&String> = a.functions.keys().chain(b.functions.keys()).collect();
     names.sort();
     names.dedup();
@@ -385,6 +398,7 @@ impl Diff {
             "test": "two-proportion z-test, two-sided",
             "alpha": self.options.alpha,
             "min_samples": self.options.min_samples,
+            "kernel": self.options.kernel,
             "fail_above_pts": threshold_pts,
             "regressions": regressions,
             "functions": functions,
@@ -445,6 +459,37 @@ mod tests {
         let d = diff(&base, 0, &new, 0, incl);
         assert_eq!(find(&d, "main").inclusive_delta(), 0.0);
         assert_eq!(d.regressions(5.0).len(), 1);
+    }
+
+    #[test]
+    fn kernel_time_is_charged_to_the_user_caller_unless_asked() {
+        // Preemption noise: the interrupt-return path grows from 1 % to 10 % of both
+        // functions' samples. Charged to the callers, shares do not move; judged on its own,
+        // the kernel frame is a regression.
+        let base = profile(
+            "main;a 495\nmain;a;irqentry_exit_[k] 5\nmain;b 495\nmain;b;irqentry_exit_[k] 5\n",
+        );
+        let new = profile(
+            "main;a 450\nmain;a;irqentry_exit_[k] 50\nmain;b 450\nmain;b;irqentry_exit_[k] 50\n",
+        );
+        let d = diff(&base, 0, &new, 0, DiffOptions::default());
+        assert!(d.regressions(5.0).is_empty(), "{:?}", d.functions);
+        assert!(d.functions.iter().all(|f| f.name != "irqentry_exit_[k]"));
+        assert_eq!(find(&d, "a").new_self_pct, 50.0);
+        let kernel = DiffOptions {
+            kernel: true,
+            ..DiffOptions::default()
+        };
+        let d = diff(&base, 0, &new, 0, kernel);
+        let names: Vec<&str> = d.regressions(5.0).iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["irqentry_exit_[k]"]);
+        // A slower syscall still shows, as its caller's growth; kernel-only stacks stay.
+        let base = profile("main;w;write_[k] 100\nmain;c 900\nworker_thread_[k];work_[k] 100\n");
+        let new = profile("main;w;write_[k] 400\nmain;c 600\nworker_thread_[k];work_[k] 100\n");
+        let d = diff(&base, 0, &new, 0, DiffOptions::default());
+        let names: Vec<&str> = d.regressions(5.0).iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["w"]);
+        assert!(find(&d, "work_[k]").new_self_pct > 0.0);
     }
 
     #[test]

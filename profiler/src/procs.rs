@@ -608,6 +608,10 @@ mod tests {
         let p = reg.observe(7).unwrap();
         assert_eq!(p.comm, "fake");
         assert_eq!(p.mappings().len(), 1);
+        // Past its young phase, whose short interval a slow machine would otherwise outlast.
+        if let Some(aged) = Instant::now().checked_sub(YOUNG * 2) {
+            reg.processes.get_mut(&7).unwrap().first_read = aged;
+        }
         fs::write(root.join("7/maps"), "3000-4000 r-xp 00000000 00:00 0 \n").unwrap();
         assert!(!reg.refresh(7).unwrap(), "rate limited");
         assert!(reg.find(7, 0x3000).is_none());

@@ -237,12 +237,28 @@ fn diff_errors_exit_2() {
     assert_eq!(stderr(&out).lines().count(), 0, "{}", stderr(&out));
 }
 
-/// The `fill` colour of the flame graph frame whose tooltip starts with `name`.
+/// Where the widest flame graph frame named `name` starts. Stacks that lost their outer frames
+/// (a sample taken mid-prologue) add thin frames of the same name at other places; those carry
+/// a handful of samples and say nothing about the change.
+fn widest_frame(svg: &str, name: &str) -> usize {
+    let needle = format!("<title>{name} (");
+    svg.match_indices(&needle)
+        .map(|(at, _)| {
+            let rest = &svg[at + needle.len()..];
+            let count: u64 = rest[..rest.find(' ').unwrap()]
+                .replace(',', "")
+                .parse()
+                .unwrap();
+            (count, at)
+        })
+        .max()
+        .unwrap_or_else(|| panic!("no frame {name}"))
+        .1
+}
+
+/// The `fill` colour of the widest flame graph frame named `name`.
 fn fill_of(svg: &str, name: &str) -> (u8, u8, u8) {
-    let at = svg
-        .find(&format!("<title>{name} ("))
-        .unwrap_or_else(|| panic!("no frame {name}"));
-    let rest = &svg[at..];
+    let rest = &svg[widest_frame(svg, name)..];
     let start = rest.find("fill=\"rgb(").unwrap() + "fill=\"rgb(".len();
     let end = start + rest[start..].find(')').unwrap();
     let rgb: Vec<u8> = rest[start..end]
@@ -253,7 +269,6 @@ fn fill_of(svg: &str, name: &str) -> (u8, u8, u8) {
 }
 
 fn svg_title(svg: &str, name: &str) -> String {
-    let at = svg.find(&format!("<title>{name} (")).unwrap();
-    let rest = &svg[at + "<title>".len()..];
+    let rest = &svg[widest_frame(svg, name) + "<title>".len()..];
     rest[..rest.find("</title>").unwrap()].to_string()
 }

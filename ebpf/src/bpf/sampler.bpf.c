@@ -198,6 +198,9 @@ int BPF_PROG(on_exec, struct task_struct *task)
 	__u32 tgid = BPF_CORE_READ(task, tgid);
 	if (!is_target(tgid))
 		return 0;
+	// The old image's mappings no longer describe this process: until the agent has read
+	// the new ones, frame pointers are a better guess than a lookup that finds nothing.
+	bpf_map_delete_elem(&unwind_procs, &tgid);
 	struct sample_header ev = {};
 	ev.timestamp_ns = bpf_ktime_get_ns();
 	ev.pid = tgid;

@@ -8,7 +8,8 @@
 // Per frame: find the mapping (binary search over the process's mappings), find the row
 // (binary search over the mapping's rows, last row with row.pc <= pc), compute the CFA, read
 // the return address at CFA-8 and the saved rbp where the row says. A mapping without a table
-// falls back to the frame pointer for that frame. Every way a walk stops early is counted.
+// falls back to the frame pointer for that frame, as does an address in no known mapping.
+// Every way a walk stops early is counted.
 
 #pragma once
 
@@ -140,8 +141,13 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 	__u64 lookup = n == 0 ? st->pc : st->pc - 1;
 	struct found_mapping fm;
 	if (find_mapping(proc, lookup, &fm) < 0) {
+		// Code the agent has not seen mapped yet (a fresh dlopen, JIT code): frame
+		// pointers, which the counter records when they fail too.
 		st->stop_reason = COUNTER_UNWIND_NO_MAPPING;
-		return 1;
+		if (frame_pointer_step(st))
+			return 1;
+		st->stop_reason = 0;
+		return st->pc == 0;
 	}
 	struct found_mapping *m = &fm;
 	if (m->row_count == 0) {

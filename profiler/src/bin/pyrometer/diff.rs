@@ -36,6 +36,10 @@ pub struct DiffArgs {
     /// Judge inclusive shares (the function and its callees) instead of self shares.
     #[arg(long)]
     inclusive: bool,
+    /// Judge kernel functions on their own; by default their time is charged to the user
+    /// function that entered the kernel, so scheduler noise on a busy runner does not gate.
+    #[arg(long)]
+    kernel: bool,
     /// Fewest samples a function needs in NEW to be called a regression; with --fail-above,
     /// also the fewest samples each profile needs for the gate to judge at all.
     #[arg(long, default_value_t = DiffOptions::default().min_samples, value_name = "N")]
@@ -105,6 +109,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
         inclusive: args.inclusive,
         alpha: args.alpha,
         min_samples: args.min_samples,
+        kernel: args.kernel,
     };
     let d = diff::diff(&base, base_type, &new, new_type, options);
     if args.fail_above.is_some() {
