@@ -26,7 +26,14 @@ pub struct AgentMetrics {
     pub push_ns: AtomicU64,
     pub spool_batches: AtomicU64,
     pub spool_bytes: AtomicU64,
+    /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
+    /// (UNWIND_STOP_REASONS order).
+    pub unwind_walks: AtomicU64,
+    pub unwind_stopped: [AtomicU64; 5],
 }
+
+pub const UNWIND_STOP_REASONS: [&str; 5] =
+    ["no_mapping", "no_table", "no_row", "bad_cfa", "truncated"];
 
 impl AgentMetrics {
     pub fn render(&self) -> String {
@@ -91,6 +98,12 @@ impl AgentMetrics {
             "Bytes waiting in the spool.",
             self.spool_bytes.load(Relaxed),
         );
+        one(
+            "pyrometer_agent_unwind_walks_total",
+            "counter",
+            "User stacks walked by the in-kernel DWARF unwinder.",
+            self.unwind_walks.load(Relaxed),
+        );
         let _ = write!(
             o,
             "# HELP pyrometer_agent_samples_lost_total Samples lost before aggregation, by reason.\n\
@@ -112,13 +125,29 @@ impl AgentMetrics {
             self.push_ns.load(Relaxed) as f64 / 1e9,
             self.batches_pushed.load(Relaxed),
         );
+        let _ = writeln!(
+            o,
+            "# HELP pyrometer_agent_unwind_stopped_total DWARF walks that stopped before the outermost frame, by reason.\n\
+             # TYPE pyrometer_agent_unwind_stopped_total counter"
+        );
+        for (reason, v) in UNWIND_STOP_REASONS.iter().zip(&self.unwind_stopped) {
+            let _ = writeln!(
+                o,
+                "pyrometer_agent_unwind_stopped_total{{reason=\"{reason}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
         o
     }
 }
 
 /// Serves `GET /metrics` on `addr` from a background thread; returns the bound address.
 pub fn serve(addr: SocketAddr, metrics: Arc<AgentMetrics>) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
+    serve_on(TcpListener::bind(addr)?, metrics)
+}
+
+/// Serves `GET /metrics` on a bound listener (bound while a privileged port still can be).
+pub fn serve_on(listener: TcpListener, metrics: Arc<AgentMetrics>) -> std::io::Result<SocketAddr> {
     let local = listener.local_addr()?;
     std::thread::Builder::new()
         .name("metrics".into())

@@ -74,6 +74,134 @@ pub fn check(needed: &[Capability], effective: u64) -> Result<(), MissingPrivile
     }
 }
 
+/// What the agent keeps once its programs are attached: BPF map updates for new targets and
+/// unwind tables (CAP_BPF), perf events (CAP_PERFMON), and reading new processes' maps,
+/// binaries and `/proc/PID/root` (CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH).
+pub const AGENT_KEEPS: &[Capability] = &[CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
+
+/// The names of the capabilities in a set, lowest bit first (unnamed ones as `cap_N`).
+pub fn names(set: u64) -> Vec<String> {
+    const KNOWN: &[Capability] = &[
+        CAP_DAC_READ_SEARCH,
+        CAP_SYS_PTRACE,
+        CAP_SYS_ADMIN,
+        CAP_PERFMON,
+        CAP_BPF,
+    ];
+    (0..64)
+        .filter(|b| set & (1u64 << b) != 0)
+        .map(|b| {
+            KNOWN
+                .iter()
+                .find(|c| c.bit == b)
+                .map_or_else(|| format!("cap_{b}"), |c| c.name.to_string())
+        })
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DropError {
+    #[error(
+        "capabilities are per thread and {0} threads are running; drop them before starting any"
+    )]
+    Threads(usize),
+    #[error("{call}: {source}")]
+    Os {
+        call: &'static str,
+        source: std::io::Error,
+    },
+}
+
+/// Drops every capability but `keep` from the effective, permitted, inheritable, ambient and
+/// bounding sets, so a compromised agent (it parses other processes' binaries) holds only
+/// what sampling needs. Capabilities belong to a thread, and threads inherit them, so this
+/// must run while the process has one thread; the ones started later inherit the reduced
+/// sets. On kernels before 5.8 (no CAP_BPF) CAP_SYS_ADMIN stands in for CAP_BPF and
+/// CAP_PERFMON and is kept.
+pub fn drop_all_but(keep: &[Capability]) -> Result<u64, DropError> {
+    let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
+    if threads > 1 {
+        return Err(DropError::Threads(threads));
+    }
+    let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    let mut mask: u64 = keep.iter().map(|c| 1u64 << c.bit).sum();
+    if last_cap < CAP_BPF.bit {
+        mask |= 1u64 << CAP_SYS_ADMIN.bit;
+    }
+    let os = |call: &'static str| DropError::Os {
+        call,
+        source: std::io::Error::last_os_error(),
+    };
+    // The bounding set first: dropping from it needs CAP_SETPCAP, which capset removes.
+    for bit in 0..=last_cap.min(63) {
+        if mask & (1u64 << bit) == 0 {
+            // SAFETY: prctl with integer arguments only.
+            let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, bit as libc::c_ulong, 0, 0, 0) };
+            if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                return Err(os("prctl(PR_CAPBSET_DROP)"));
+            }
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(os("prctl(PR_CAP_AMBIENT_CLEAR_ALL)"));
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut now = [Data::default(); 2];
+    // SAFETY: header and a two-element data array, as _LINUX_CAPABILITY_VERSION_3 wants.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, now.as_mut_ptr()) } != 0 {
+        return Err(os("capget"));
+    }
+    let permitted = (now[0].permitted as u64 | (now[1].permitted as u64) << 32) & mask;
+    let low = permitted as u32;
+    let high = (permitted >> 32) as u32;
+    let new = [
+        Data {
+            effective: low,
+            permitted: low,
+            inheritable: 0,
+        },
+        Data {
+            effective: high,
+            permitted: high,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: as above; the data only shrinks the sets.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, new.as_ptr()) } != 0 {
+        return Err(os("capset"));
+    }
+    Ok(permitted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +224,13 @@ mod tests {
         assert!(check(SAMPLING, u64::MAX).is_ok());
         let admin_ptrace = only_ptrace | (1u64 << CAP_SYS_ADMIN.bit);
         assert!(check(SAMPLING, admin_ptrace).is_ok());
+    }
+
+    #[test]
+    fn dropping_with_threads_running_is_refused() {
+        // The test harness runs tests on their own threads, so this process has several.
+        let err = drop_all_but(AGENT_KEEPS).unwrap_err();
+        assert!(matches!(err, DropError::Threads(n) if n > 1), "{err}");
+        assert!(err.to_string().contains("per thread"), "{err}");
     }
 }

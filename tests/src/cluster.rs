@@ -158,9 +158,14 @@ pub fn enc(s: &str) -> String {
 
 /// Starts the cpu631 fixture under another name (its comm), running for `seconds`.
 pub fn workload(dir: &Path, name: &str, seconds: u32) -> Child {
+    workload_of("cpu631", dir, name, seconds)
+}
+
+/// Starts a 6:3:1 fixture (`cpu631`, `cpu631-nofp`) under another name, for `seconds`.
+pub fn workload_of(fixture: &str, dir: &Path, name: &str, seconds: u32) -> Child {
     let exe = dir.join(name);
     if !exe.exists() {
-        std::fs::copy(crate::fixture("cpu631"), &exe).expect("copy the cpu631 fixture");
+        std::fs::copy(crate::fixture(fixture), &exe).expect("copy the fixture");
     }
     Command::new(&exe)
         .arg(seconds.to_string())

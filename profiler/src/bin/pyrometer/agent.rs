@@ -66,6 +66,14 @@ pub struct AgentArgs {
     /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
+    /// How to walk user stacks: `dwarf` (in-kernel .eh_frame unwinding, frame pointers where a
+    /// binary has no table; the default) or `fp` (frame pointers only).
+    #[arg(long, value_parser = ["dwarf", "fp"])]
+    unwind: Option<String>,
+    /// Capacity of the node's unwind row array, shared by all tables (default 1048576 rows,
+    /// 16 MiB of kernel memory).
+    #[arg(long, value_name = "ROWS")]
+    unwind_rows: Option<u32>,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -85,6 +93,8 @@ struct FileConfig {
     spool_max_mb: Option<u64>,
     token_file: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
+    unwind: Option<String>,
+    unwind_rows: Option<u32>,
 }
 
 struct Config {
@@ -98,6 +108,8 @@ struct Config {
     spool_max_bytes: u64,
     token: Option<String>,
     metrics_listen: Option<SocketAddr>,
+    dwarf: bool,
+    unwind_rows: u32,
 }
 
 fn input(msg: impl Into<String>) -> anyhow::Error {
@@ -169,6 +181,14 @@ fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         spool_max_bytes: args.spool_max_mb.or(file.spool_max_mb).unwrap_or(256) << 20,
         token,
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        dwarf: match args.unwind.clone().or(file.unwind).as_deref() {
+            None | Some("dwarf") => true,
+            Some("fp") => false,
+            Some(other) => {
+                return Err(input(format!("unwind must be dwarf or fp, not '{other}'")));
+            }
+        },
+        unwind_rows: args.unwind_rows.or(file.unwind_rows).unwrap_or(1 << 20),
     })
 }
 
@@ -217,8 +237,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             Filter::All
         },
         ring_buffer_bytes: 8 << 20,
+        unwind_rows: cfg.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
-        ..SamplerConfig::default()
     })
     .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
     for &pid in &cfg.pids {
@@ -226,18 +246,57 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             .add_target(pid, true)
             .with_context(|| format!("adding pid {pid}"))?;
     }
+    let mut unwinder = if cfg.dwarf {
+        Some(
+            sampler
+                .unwinder()
+                .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    let mut registry = ProcessRegistry::new();
     let mut known: HashSet<u32> = HashSet::new();
     if let Some(re) = &cfg.comm {
         add_matching(&mut sampler, re, &mut known);
+    }
+    // Tables for the processes already known, so their first samples unwind fully; others
+    // get theirs when their first sample arrives.
+    if let Some(u) = unwinder.as_mut() {
+        for &pid in cfg.pids.iter().chain(&known) {
+            if let Ok(p) = registry.observe(pid) {
+                let _ = u.sync_process(p);
+            }
+        }
     }
     sampler
         .start(cfg.frequency)
         .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
 
+    let metrics_listener = match cfg.metrics_listen {
+        Some(addr) => Some(
+            std::net::TcpListener::bind(addr)
+                .map_err(|e| input(format!("cannot serve metrics on {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    // Everything privileged is open now. Before the first thread starts, so that every
+    // thread runs with the reduced sets.
+    let kept = privileges::drop_all_but(privileges::AGENT_KEEPS).map_err(|e| {
+        exit_error(
+            EXIT_PRIVILEGES,
+            format!("cannot drop capabilities after attaching: {e}"),
+        )
+    })?;
+    eprintln!(
+        "pyrometer agent: capabilities reduced to {}",
+        privileges::names(kept).join(", ")
+    );
+
     let metrics = Arc::new(AgentMetrics::default());
-    if let Some(addr) = cfg.metrics_listen {
-        let bound = agent_metrics::serve(addr, metrics.clone())
-            .map_err(|e| input(format!("cannot serve metrics on {addr}: {e}")))?;
+    if let Some(listener) = metrics_listener {
+        let bound = agent_metrics::serve_on(listener, metrics.clone())
+            .map_err(|e| input(format!("cannot serve metrics: {e}")))?;
         eprintln!("pyrometer agent: metrics on http://{bound}/metrics");
     }
     let agent_id = spool.agent_id().to_string();
@@ -263,7 +322,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     );
 
     let period_ns = 1_000_000_000 / cfg.frequency as i64;
-    let mut registry = ProcessRegistry::new();
     let mut symbolizer = Symbolizer::new().with_debug_dirs(
         pyrometer::symbolize::DEFAULT_DEBUG_DIRS
             .iter()
@@ -274,6 +332,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
     let mut last_scan = Instant::now();
+    let mut last_gc = Instant::now();
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut samples_total = 0u64;
     loop {
@@ -281,6 +340,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry);
+        }
+        if let Some(u) = unwinder.as_mut() {
+            u.sync_changed(&mut capture.maps_changed, &registry, &mut last_gc);
         }
         let stopping = signals::take().is_some();
         if let Some(re) = &cfg.comm
@@ -300,6 +362,17 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         metrics
             .kernel_stack_errors
             .store(c.kernel_stack_errors, Relaxed);
+        let u = c.unwind;
+        metrics.unwind_walks.store(u.samples, Relaxed);
+        for (slot, v) in metrics.unwind_stopped.iter().zip([
+            u.no_mapping,
+            u.no_table,
+            u.no_row,
+            u.bad_cfa,
+            u.truncated,
+        ]) {
+            slot.store(v, Relaxed);
+        }
         if stopping || interval_start.elapsed() >= cfg.interval {
             let taken = std::mem::take(&mut capture);
             let duration = interval_start.elapsed();

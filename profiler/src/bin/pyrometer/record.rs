@@ -255,7 +255,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             capture.ingest(&rec, &sampler, &mut registry);
         }
         if let Some(u) = unwinder.as_mut() {
-            sync_unwinder(u, &mut capture, &registry, &mut last_gc);
+            u.sync_changed(&mut capture.maps_changed, &registry, &mut last_gc);
         }
         let lost = sampler.counters().ringbuf_drops;
         progress.set_message(format!("{} samples, {lost} lost", capture.samples));
@@ -447,31 +447,6 @@ fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, program: &str) 
             .unwrap_or("");
         if (name.starts_with("libc.so") || name.starts_with("ld-linux")) && seen.insert(path) {
             unwinder.prewarm(Path::new(path));
-        }
-    }
-}
-
-/// Loads unwind tables for processes whose maps changed, and drops those of processes gone.
-fn sync_unwinder(
-    unwinder: &mut pyrometer::unwinder::Unwinder,
-    capture: &mut Capture,
-    registry: &ProcessRegistry,
-    last_gc: &mut Instant,
-) {
-    let mut changed = std::mem::take(&mut capture.maps_changed);
-    changed.sort_unstable();
-    changed.dedup();
-    for pid in changed {
-        if let Some(p) = registry.get(pid) {
-            let _ = unwinder.sync_process(p);
-        }
-    }
-    if last_gc.elapsed() >= Duration::from_secs(2) {
-        *last_gc = Instant::now();
-        for pid in unwinder.pids() {
-            if !target::alive(Path::new("/proc"), pid) {
-                unwinder.remove_process(pid);
-            }
         }
     }
 }

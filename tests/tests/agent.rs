@@ -1,0 +1,191 @@
+//! The agent on its own terms: configured from a TOML file, holding only the capabilities it
+//! needs once attached, and unwinding stacks without frame pointers in the kernel.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pyrometer_e2e::cluster::{Collector, enc, free_port, http_get, workload_of};
+use pyrometer_e2e::{privileged, pyrometer, pyrometer_bin, scratch, stderr};
+
+/// CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE (19), CAP_PERFMON (38), CAP_BPF (39).
+const KEPT: u64 = (1 << 2) | (1 << 19) | (1 << 38) | (1 << 39);
+
+fn caps(status: &str, field: &str) -> u64 {
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} in {status}"));
+    u64::from_str_radix(line.trim(), 16).unwrap()
+}
+
+/// The capability sets of every thread of `pid`.
+fn thread_caps(pid: u32) -> Vec<(String, [u64; 5])> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let name = status.lines().next()?.to_string();
+            Some((
+                name,
+                ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"].map(|f| caps(&status, f)),
+            ))
+        })
+        .collect()
+}
+
+/// Kills the agent if an assertion fails, so it does not go on sampling the machine.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn config_file_capability_drop_and_dwarf_stacks() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("agent-config");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "collector = \"{}\"\nnode-name = \"from-toml\"\ncomm = \"nofp-wl\"\n\
+             push-interval = \"1s\"\nfrequency = 49\nunwind = \"dwarf\"\n\
+             spool-dir = \"{}\"\n",
+            collector.url(),
+            dir.join("spool").display()
+        ),
+    )
+    .unwrap();
+    let stats = dir.join("stats.json");
+    let mut agent = Killed(
+        Command::new(pyrometer_bin())
+            .args(["agent", "--config"])
+            .arg(&config)
+            .arg("--stats")
+            .arg(&stats)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start pyrometer agent"),
+    );
+    let pid = agent.0.id();
+
+    // Attached (BPF verification takes a while on a loaded machine): every thread holds
+    // exactly the kept capabilities, in no inheritable or ambient set either.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let threads = loop {
+        let t = thread_caps(pid);
+        if t.len() >= 2 && t.iter().all(|(_, c)| c[2] == KEPT) {
+            break t;
+        }
+        assert!(
+            agent.0.try_wait().unwrap().is_none(),
+            "agent exited during start-up"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "capabilities never dropped: {t:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for (name, [inh, prm, eff, bnd, amb]) in &threads {
+        assert_eq!(
+            (*inh, *prm, *eff, *bnd, *amb),
+            (0, KEPT, KEPT, KEPT, 0),
+            "{name}"
+        );
+    }
+
+    // A process started after the drop is still found, sampled and unwound from DWARF.
+    let mut load = workload_of("cpu631-nofp", &dir, "nofp-wl", 30);
+    let q = enc("{node=\"from-toml\",comm=\"nofp-wl\"}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let folded = loop {
+        // 404 until the first batch is stored.
+        let f = http_get(
+            collector.addr,
+            &format!("/api/v1/profile?format=folded&query={q}"),
+        )
+        .filter(|(code, _)| *code == 200)
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+        let leaf_samples: i64 = f
+            .lines()
+            .filter(|l| l.contains("leaf_"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+            .sum();
+        if leaf_samples >= 200 {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "too few samples pushed: {f}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = load.kill();
+    let _ = load.wait();
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    assert!(agent.0.wait().unwrap().success());
+
+    let (mut leaf, mut complete) = (0i64, 0i64);
+    for line in folded.lines().filter(|l| l.contains("leaf_")) {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: i64 = n.parse().unwrap();
+        leaf += n;
+        if stack.contains(";main;") && stack.contains(";work;") {
+            complete += n;
+        }
+    }
+    // Without frame pointers (-O2 -fomit-frame-pointer) only the DWARF walk gets past the leaf.
+    assert!(
+        complete as f64 >= 0.95 * leaf as f64,
+        "{complete} of {leaf} leaf samples reach main:\n{folded}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(s["node"], "from-toml", "{s}");
+}
+
+#[test]
+fn config_file_errors_name_the_file_and_key() {
+    let dir = scratch("agent-config-errors");
+    let config = dir.join("bad.toml");
+    std::fs::write(
+        &config,
+        "collector = \"http://127.0.0.1:1\"\npush-intervall = \"1s\"\n",
+    )
+    .unwrap();
+    let out = pyrometer(&["agent", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("bad.toml") && err.contains("push-intervall"),
+        "{err}"
+    );
+    let out = pyrometer(&[
+        "agent",
+        "--config",
+        dir.join("absent.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("cannot read"), "{}", stderr(&out));
+    std::fs::write(
+        &config,
+        "collector = \"http://127.0.0.1:1\"\nunwind = \"lbr\"\n",
+    )
+    .unwrap();
+    let out = pyrometer(&["agent", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("unwind must be dwarf or fp"),
+        "{}",
+        stderr(&out)
+    );
+}
