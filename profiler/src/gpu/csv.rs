@@ -25,7 +25,7 @@ fn column(field: Field) -> &'static str {
         Field::PcieTx => "pcie_tx_kbps",
         Field::PcieRx => "pcie_rx_kbps",
         Field::ThrottleReasons => "throttle_reasons",
-        Field::Processes | Field::ProcessUtilization => "processes",
+        Field::Processes | Field::ProcessUtilization | Field::Device => "processes",
     }
 }
 

@@ -62,6 +62,8 @@ pub enum Field {
     Processes,
     /// The per-process utilization samples query (errors only).
     ProcessUtilization,
+    /// The device as a whole: its handle, or GPU_IS_LOST (errors only).
+    Device,
 }
 
 impl Field {
@@ -98,6 +100,7 @@ impl Field {
             Field::ThrottleReasons => "throttle_reasons",
             Field::Processes => "processes",
             Field::ProcessUtilization => "process_utilization",
+            Field::Device => "device",
         }
     }
 

@@ -17,7 +17,10 @@ use crate::capture::monotonic_now_ns;
 pub enum GpuError {
     /// The NVML library could not be loaded: no NVIDIA driver, or a wrong `--nvml-lib`.
     #[error("{path} not found")]
-    LibraryNotFound { path: String, detail: String },
+    LibraryNotFound { path: String },
+    /// The file is there but is no loadable library (wrong architecture, not ELF, ...).
+    #[error("cannot load {path}: {detail}")]
+    LibraryUnusable { path: String, detail: String },
     /// The library loaded but NVML did not start (driver not running, no permission).
     #[error("NVML did not initialize from {path}: {error}")]
     Init { path: String, error: String },
@@ -64,10 +67,18 @@ impl NvmlSource {
     pub fn open(lib: &OsStr) -> Result<NvmlSource, GpuError> {
         let path = lib.to_string_lossy().into_owned();
         let nvml = Nvml::builder().lib_path(lib).init().map_err(|e| match e {
-            NvmlError::LibloadingError(detail) => GpuError::LibraryNotFound {
-                path: path.clone(),
-                detail: detail.to_string(),
-            },
+            NvmlError::LibloadingError(e) => {
+                let detail = e.to_string();
+                // dlopen's message is the only place that says which of the two it was.
+                if detail.contains("No such file") || detail.contains("cannot open shared object") {
+                    GpuError::LibraryNotFound { path: path.clone() }
+                } else {
+                    GpuError::LibraryUnusable {
+                        path: path.clone(),
+                        detail,
+                    }
+                }
+            }
             other => GpuError::Init {
                 path: path.clone(),
                 error: other.to_string(),
@@ -148,7 +159,7 @@ impl NvmlSource {
             let device = match self.nvml.device_by_index(index) {
                 Ok(d) => d,
                 Err(e) => {
-                    note(Field::Utilization, &e);
+                    note(Field::Device, &e);
                     if lost {
                         self.devices[pos].lost_at_ns = Some(timestamp_ns);
                     }
@@ -159,6 +170,13 @@ impl NvmlSource {
                 Ok(u) => {
                     sample.set(Field::Utilization, Some(u.gpu.into()));
                     sample.set(Field::MemoryUtilization, Some(u.memory.into()));
+                }
+                // The first call of a poll: a GPU that fell off the bus fails here, and
+                // counts once, not once per field.
+                Err(NvmlError::GpuLost) => {
+                    note(Field::Device, &NvmlError::GpuLost);
+                    self.devices[pos].lost_at_ns = Some(timestamp_ns);
+                    continue;
                 }
                 Err(e) => {
                     // One call reads both fields, so both count its failure.
