@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 #[derive(Default)]
@@ -26,6 +26,9 @@ pub struct AgentMetrics {
     pub push_ns: AtomicU64,
     pub spool_batches: AtomicU64,
     pub spool_bytes: AtomicU64,
+    /// The GPU poller's state, when GPUs are polled: rendered as the `pyrometer_gpu_*`
+    /// gauges.
+    pub gpu: OnceLock<Arc<Mutex<crate::gpu::GpuState>>>,
 }
 
 impl AgentMetrics {
@@ -112,6 +115,9 @@ impl AgentMetrics {
             self.push_ns.load(Relaxed) as f64 / 1e9,
             self.batches_pushed.load(Relaxed),
         );
+        if let Some(gpu) = self.gpu.get() {
+            crate::gpu::metrics::render(&gpu.lock().expect("not poisoned"), &mut o);
+        }
         o
     }
 }

@@ -3,6 +3,7 @@
 //! batches to the collector oldest first, deleting each only once it is acknowledged.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,6 +17,7 @@ use prost::Message;
 use pyrometer::agent_metrics::{self, AgentMetrics};
 use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
 use pyrometer::capture::Capture;
+use pyrometer::gpu::{self, Poller};
 use pyrometer::model::Labels;
 use pyrometer::procs::ProcessRegistry;
 use pyrometer::push::PushClient;
@@ -26,6 +28,7 @@ use pyrometer_proto::ingest::PushRequest;
 use regex::Regex;
 use serde::Deserialize;
 
+use crate::gpu::NvmlArgs;
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration};
 
 #[derive(Args, Debug)]
@@ -66,6 +69,13 @@ pub struct AgentArgs {
     /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
+    /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
+    /// "GPU source off" once when it does not): gauges on /metrics, and `gpu` and
+    /// `gpu_memory` labels on the samples of processes that use a GPU.
+    #[arg(long)]
+    no_gpu: bool,
+    #[command(flatten)]
+    nvml: NvmlArgs,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -85,6 +95,9 @@ struct FileConfig {
     spool_max_mb: Option<u64>,
     token_file: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
+    gpu: Option<bool>,
+    gpu_interval: Option<String>,
+    nvml_lib: Option<PathBuf>,
 }
 
 struct Config {
@@ -98,6 +111,8 @@ struct Config {
     spool_max_bytes: u64,
     token: Option<String>,
     metrics_listen: Option<SocketAddr>,
+    /// GPU polling: the interval and the NVML library, or None when off.
+    gpu: Option<(Duration, OsString)>,
 }
 
 fn input(msg: impl Into<String>) -> anyhow::Error {
@@ -154,7 +169,28 @@ fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         Some(n) if !n.is_empty() => n,
         _ => hostname(),
     };
+    let gpu = if args.no_gpu || file.gpu == Some(false) {
+        None
+    } else {
+        let interval = match (args.nvml.gpu_interval, file.gpu_interval) {
+            (Some(d), _) => d,
+            (None, Some(s)) => {
+                crate::gpu::parse_interval(&s).map_err(|e| input(format!("gpu-interval: {e}")))?
+            }
+            (None, None) => crate::gpu::DEFAULT_INTERVAL,
+        };
+        // Flag, then environment, then the file: as for every other setting, the most
+        // local wins.
+        let lib = match (&args.nvml.nvml_lib, file.nvml_lib) {
+            (Some(_), _) | (None, None) => args.nvml.library(),
+            (None, Some(path)) => std::env::var_os("PYROMETER_NVML_LIB")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| path.into_os_string()),
+        };
+        Some((interval, lib))
+    };
     Ok(Config {
+        gpu,
         pids,
         comm,
         collector,
@@ -235,6 +271,25 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
 
     let metrics = Arc::new(AgentMetrics::default());
+    // A missing driver or a lost GPU never stops the agent: it samples CPUs without them.
+    let poller = match &cfg.gpu {
+        Some((interval, lib)) => match crate::gpu::open_or_info(lib, "pyrometer agent") {
+            Some(source) => {
+                let devices = source.devices().len();
+                let p = Poller::start(source, *interval, gpu::DEFAULT_SERIES_CAPACITY)
+                    .context("starting the GPU poller")?;
+                let _ = metrics.gpu.set(p.state());
+                eprintln!(
+                    "pyrometer agent: polling {devices} GPU{} every {:.3}s",
+                    if devices == 1 { "" } else { "s" },
+                    interval.as_secs_f64()
+                );
+                Some(p)
+            }
+            None => None,
+        },
+        None => None,
+    };
     if let Some(addr) = cfg.metrics_listen {
         let bound = agent_metrics::serve(addr, metrics.clone())
             .map_err(|e| input(format!("cannot serve metrics on {addr}: {e}")))?;
@@ -309,8 +364,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             metrics
                 .lost_bad_record
                 .fetch_add(taken.bad_records, Relaxed);
+            // Taken every interval, so usage does not pile up while nothing is sampled.
+            let gpu_usage = poller
+                .as_ref()
+                .map(|p| p.state().lock().expect("not poisoned").take_process_usage());
             if taken.samples > 0 {
-                let profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
+                let mut profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
+                if let Some(usage) = &gpu_usage {
+                    gpu::label_profile(&mut profile, &gpu::gpus_by_pid(usage));
+                }
                 if let Err(e) = spool_batch(&shared, &cfg.node, profile, wall, duration) {
                     eprintln!("pyrometer agent: cannot spool a batch: {e:#}");
                 }
@@ -321,6 +383,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         }
     }
     drop(sampler);
+    drop(poller);
     shared.stop.store(true, Relaxed);
     shared.wake.notify_all();
     let _ = pusher.join();
