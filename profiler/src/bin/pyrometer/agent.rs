@@ -575,3 +575,49 @@ fn pusher(shared: Arc<Shared>, mut client: PushClient) {
         shared.update_spool_gauges(&spool);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    fn resolve_with(config: &str, flags: &[&str]) -> anyhow::Result<Config> {
+        let dir = std::env::temp_dir().join(format!("pyrometer-agent-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}.toml", flags.len() + config.len()));
+        std::fs::write(&path, format!("collector = \"http://c:4040\"\n{config}")).unwrap();
+        let mut argv = vec!["agent", "--config", path.to_str().unwrap()];
+        argv.extend_from_slice(flags);
+        resolve(&Cli::parse_from(argv).agent)
+    }
+
+    #[test]
+    fn gpu_settings_from_file_and_flags() {
+        let on = resolve_with("", &[]).unwrap();
+        assert_eq!(on.gpu.unwrap().0, Duration::from_secs(1), "on by default");
+        assert!(resolve_with("gpu = false", &[]).unwrap().gpu.is_none());
+        assert!(resolve_with("", &["--no-gpu"]).unwrap().gpu.is_none());
+        let (interval, _) = resolve_with("gpu-interval = \"250ms\"", &[])
+            .unwrap()
+            .gpu
+            .unwrap();
+        assert_eq!(interval, Duration::from_millis(250));
+        let (interval, lib) = resolve_with(
+            "gpu-interval = \"250ms\"\nnvml-lib = \"/file/lib.so\"",
+            &["--gpu-interval", "2s", "--nvml-lib", "/flag/lib.so"],
+        )
+        .unwrap()
+        .gpu
+        .unwrap();
+        assert_eq!(interval, Duration::from_secs(2), "flags win");
+        assert_eq!(lib, OsString::from("/flag/lib.so"));
+        let err = resolve_with("gpu-interval = \"1ms\"", &[]).err().unwrap();
+        assert!(err.to_string().contains("gpu-interval"), "{err}");
+    }
+}
