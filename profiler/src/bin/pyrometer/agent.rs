@@ -276,7 +276,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         Some((interval, lib)) => match crate::gpu::open_or_info(lib, "pyrometer agent") {
             Some(source) => {
                 let devices = source.devices().len();
-                let p = Poller::start(source, *interval, gpu::DEFAULT_SERIES_CAPACITY)
+                // /metrics shows the latest poll and labels use the per-interval usage:
+                // the agent keeps no history, however long it runs.
+                let p = Poller::start(source, *interval, devices.max(1))
                     .context("starting the GPU poller")?;
                 let _ = metrics.gpu.set(p.state());
                 eprintln!(

@@ -142,6 +142,13 @@ pub fn run(args: GpuArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("writing {}", output.display()))?;
     let summaries = gpu::summary::summarize(&state, None, None);
     print!("{}", gpu::summary::render(&summaries));
+    if state.dropped > 0 {
+        eprintln!(
+            "pyrometer: the series holds the last {} polls; {} earlier ones were dropped (poll less often, or for less long)",
+            state.series.len(),
+            state.dropped
+        );
+    }
     eprintln!(
         "pyrometer: {} polls of {} GPU{} in {:.1}s; wrote {}",
         state.series.len(),

@@ -445,6 +445,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             args.nvml.interval().as_secs_f64(),
             gpu::summary::render(&summaries)
         );
+        if st.dropped > 0 {
+            eprintln!(
+                "pyrometer: the GPU summary covers the last {} polls; {} earlier ones were dropped",
+                st.series.len(),
+                st.dropped
+            );
+        }
     }
     let uw = counters.unwind;
     if uw.samples > 0 {
