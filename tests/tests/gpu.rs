@@ -358,7 +358,8 @@ fn record_gpu_labels_gpu_processes_and_summarizes_idle_time() {
     let idle0 = number_after(&g0, "idle while on-CPU: ");
     assert!((25.0..=75.0).contains(&idle0), "{g0}");
     let on_cpu = number_after(&g0, " % of ");
-    assert!((3.0..=4.8).contains(&on_cpu), "{g0}");
+    // cpu631 spins for 4 s; a loaded machine may starve it for a while.
+    assert!((2.0..=4.8).contains(&on_cpu), "{g0}");
     assert_eq!(number_after(&g1, "idle while on-CPU: "), 0.0, "{g1}");
     assert!(g1.contains("power: NOT_SUPPORTED ×"), "{g1}");
 
