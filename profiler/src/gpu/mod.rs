@@ -184,10 +184,20 @@ pub struct GpuState {
     pub errors: ErrorCounts,
     /// When the poller started (CLOCK_MONOTONIC ns).
     pub started_ns: u64,
-    /// Per (pid, device index), since the last [`GpuState::take_process_usage`].
+    /// Per (pid, device index), since the last [`GpuState::take_process_usage`]; kept apart
+    /// from the series so that the agent, which keeps no series, still sees every poll.
     interval_usage: BTreeMap<(u32, u32), ProcessUsage>,
-    /// Per (pid, device index), since the start.
-    total_usage: BTreeMap<(u32, u32), ProcessUsage>,
+}
+
+fn add_usage(usage: &mut BTreeMap<(u32, u32), ProcessUsage>, sample: &DeviceSample) {
+    for p in &sample.processes {
+        let u = usage.entry((p.pid, sample.index)).or_default();
+        u.max_memory = u.max_memory.max(p.used_memory.unwrap_or(0));
+        u.polls += 1;
+        if let Some(sm) = p.sm_util {
+            u.max_sm_util = Some(u.max_sm_util.map_or(sm, |m| m.max(sm)));
+        }
+    }
 }
 
 impl GpuState {
@@ -203,16 +213,7 @@ impl GpuState {
 
     /// Adds one device's poll.
     pub fn push(&mut self, sample: DeviceSample) {
-        for p in &sample.processes {
-            for usage in [&mut self.interval_usage, &mut self.total_usage] {
-                let u = usage.entry((p.pid, sample.index)).or_default();
-                u.max_memory = u.max_memory.max(p.used_memory.unwrap_or(0));
-                u.polls += 1;
-                if let Some(sm) = p.sm_util {
-                    u.max_sm_util = Some(u.max_sm_util.map_or(sm, |m| m.max(sm)));
-                }
-            }
-        }
+        add_usage(&mut self.interval_usage, &sample);
         if let Some(pos) = self.devices.iter().position(|d| d.index == sample.index) {
             self.latest[pos] = Some(sample.clone());
         }
@@ -228,9 +229,13 @@ impl GpuState {
         std::mem::take(&mut self.interval_usage)
     }
 
-    /// Per (pid, device index) usage since the poller started.
-    pub fn process_usage(&self) -> &BTreeMap<(u32, u32), ProcessUsage> {
-        &self.total_usage
+    /// Per (pid, device index) usage over the series.
+    pub fn process_usage(&self) -> BTreeMap<(u32, u32), ProcessUsage> {
+        let mut usage = BTreeMap::new();
+        for s in &self.series {
+            add_usage(&mut usage, s);
+        }
+        usage
     }
 
     pub fn device(&self, index: u32) -> Option<&DeviceInfo> {
@@ -478,8 +483,10 @@ mod tests {
         assert_eq!(u[&(7, 1)].max_memory, 400);
         assert_eq!(u[&(7, 1)].max_sm_util, Some(3));
         assert!(st.take_process_usage().is_empty(), "taken once");
-        assert_eq!(st.process_usage()[&(7, 0)].polls, 2, "totals stay");
-        let by_pid = gpus_by_pid(st.process_usage());
+        // Over the series, which dropped the first poll.
+        assert_eq!(st.process_usage()[&(7, 0)].polls, 1);
+        assert_eq!(st.process_usage()[&(7, 1)].polls, 2);
+        let by_pid = gpus_by_pid(&st.process_usage());
         assert_eq!(
             by_pid[&7],
             PidGpus {

@@ -131,7 +131,7 @@ fn gpu_fixture() -> (crate::model::Profile, crate::capture::Timeline) {
             st.push(s);
         }
     }
-    gpu::label_profile(&mut p, &gpu::gpus_by_pid(st.process_usage()));
+    gpu::label_profile(&mut p, &gpu::gpus_by_pid(&st.process_usage()));
     t.counters = st.counter_tracks();
     (p, t)
 }

@@ -322,7 +322,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         }
     }
     let elapsed = started.elapsed();
-    let gpu_state = poller.map(Poller::stop);
+    let mut gpu_state = poller.map(Poller::stop);
     let capture_cpu_ns = self_cpu_ns().saturating_sub(cpu_at_start);
     // Samples taken just before the stop may still be in flight to the ring buffer.
     std::thread::sleep(Duration::from_millis(20));
@@ -355,10 +355,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let activity = capture.activity.take();
     let (mut profile, mut timeline) =
         capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
-    if let Some(st) = &gpu_state {
-        // Labels only add to each sample's, so samples keep their indexes (the timeline's
-        // events point at them).
-        gpu::label_profile(&mut profile, &gpu::gpus_by_pid(st.process_usage()));
+    if let Some(st) = gpu_state.as_mut() {
+        // Never taken before, so this is every poll's, even those the bounded series
+        // dropped. Labels only add to each sample's, so samples keep their indexes (the
+        // timeline's events point at them).
+        gpu::label_profile(&mut profile, &gpu::gpus_by_pid(&st.take_process_usage()));
         if let Some(t) = timeline.as_mut() {
             t.counters = st.counter_tracks();
         }
