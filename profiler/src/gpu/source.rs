@@ -94,7 +94,8 @@ impl NvmlSource {
         let mut devices = Vec::new();
         let mut errors = ErrorCounts::new();
         for index in 0..count {
-            // A device that fails here is kept, marked lost, so indexes stay NVML's.
+            // A device that fails here is kept, so indexes stay NVML's; polls retry it
+            // unless it is lost.
             let (uuid, name, lost) = match nvml.device_by_index(index) {
                 Ok(d) => (
                     d.uuid().unwrap_or_else(|_| format!("GPU-unknown-{index}")),
@@ -103,9 +104,10 @@ impl NvmlSource {
                 ),
                 Err(e) => {
                     *errors
-                        .entry((index, Field::Utilization, error_name(&e)))
+                        .entry((index, Field::Device, error_name(&e)))
                         .or_default() += 1;
-                    (format!("GPU-unknown-{index}"), String::new(), true)
+                    let lost = matches!(e, NvmlError::GpuLost);
+                    (format!("GPU-unknown-{index}"), String::new(), lost)
                 }
             };
             devices.push(DeviceInfo {
