@@ -299,6 +299,7 @@ fn record_gpu_labels_gpu_processes_and_summarizes_idle_time() {
     }
     let dir = scratch("gpu-record");
     let pprof = dir.join("out.pb.gz");
+    let stats = dir.join("stats.json");
     let me = std::process::id().to_string();
     // Device 0 runs the recorded command; device 1 this test process, which is not profiled.
     let pids = format!("child,{me}");
@@ -314,6 +315,8 @@ fn record_gpu_labels_gpu_processes_and_summarizes_idle_time() {
             s(&lib),
             "-o",
             s(&pprof),
+            "--stats",
+            s(&stats),
             "--",
             s(&fixture("cpu631")),
             "4",
@@ -362,6 +365,15 @@ fn record_gpu_labels_gpu_processes_and_summarizes_idle_time() {
     assert!((2.0..=4.8).contains(&on_cpu), "{g0}");
     assert_eq!(number_after(&g1, "idle while on-CPU: "), 0.0, "{g1}");
     assert!(g1.contains("power: NOT_SUPPORTED ×"), "{g1}");
+    // --stats has the same numbers as JSON.
+    let stats: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let gpus = stats["gpus"].as_array().expect("gpus in --stats");
+    assert_eq!(gpus[0]["uuid"], UUID0);
+    let share = gpus[0]["idle_while_on_cpu_share"].as_f64().unwrap();
+    assert!((share * 100.0 - idle0).abs() < 0.06, "{share} vs {idle0}");
+    assert_eq!(gpus[1]["idle_while_on_cpu_share"], 0.0);
+    assert_eq!(gpus[1]["power_mean_w"], Value::Null);
+    assert_eq!(gpus[0]["processes"][0]["max_memory_bytes"], GIB);
 
     // The same recording as a Chrome trace: counter tracks for both devices.
     let trace = dir.join("out.trace.json");

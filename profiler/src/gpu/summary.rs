@@ -218,6 +218,42 @@ pub fn render(summaries: &[DeviceSummary]) -> String {
     o
 }
 
+/// The summaries as JSON (`record --stats`): one object per device, the same numbers as
+/// [`render`], power in watts, memory in bytes, shares in 0..=1; `null` where unknown.
+pub fn to_json(summaries: &[DeviceSummary]) -> serde_json::Value {
+    let devices: Vec<serde_json::Value> = summaries
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "index": s.index,
+                "uuid": s.uuid,
+                "name": s.name,
+                "polls": s.polls,
+                "span_ns": s.span_ns,
+                "utilization_mean_pct": s.utilization_mean,
+                "utilization_max_pct": s.utilization_max,
+                "memory_utilization_mean_pct": s.memory_utilization_mean,
+                "memory_used_max_bytes": s.memory_used_max,
+                "memory_total_bytes": s.memory_total,
+                "power_mean_w": s.power_mean,
+                "power_limit_w": s.power_limit,
+                "temperature_max_c": s.temperature_max,
+                "on_cpu_ns": s.idle.map(|i| i.on_cpu_ns),
+                "idle_on_cpu_ns": s.idle.map(|i| i.idle_on_cpu_ns),
+                "idle_while_on_cpu_share": s.idle.and_then(|i| i.share()),
+                "processes": s.processes.iter().map(|(pid, mem, polls)| serde_json::json!({
+                    "pid": pid, "max_memory_bytes": mem, "polls": polls,
+                })).collect::<Vec<_>>(),
+                "errors": s.errors.iter().map(|(f, e, n)| serde_json::json!({
+                    "field": f.name(), "error": e, "count": n,
+                })).collect::<Vec<_>>(),
+                "lost_after_s": s.lost_after_s,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(devices)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +355,9 @@ mod tests {
         // No utilization readings: nothing to judge.
         assert_eq!(s[1].idle.unwrap().share(), None);
         assert!(render(&s).contains("idle while on-CPU: 33.3 % of 0.3 s on-CPU"));
+        let json = to_json(&s);
+        assert_eq!(json[0]["idle_on_cpu_ns"], 100 * MS);
+        assert_eq!(json[1]["idle_while_on_cpu_share"], serde_json::Value::Null);
         let never = Activity::new(0, 10 * MS, 1000);
         assert_eq!(
             summarize(&state(), Some(&never), None)[0]

@@ -413,6 +413,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         );
     }
 
+    let gpu_summaries = gpu_state.as_ref().map(|st| {
+        let profiled = |pid: u32| sampled_pids.contains(&pid);
+        gpu::summary::summarize(st, activity.as_ref(), Some(&profiled))
+    });
     if let Some(path) = &args.stats {
         let unwinder_stats = unwinder.as_ref().map(|u| u.stats()).unwrap_or_default();
         write_stats(
@@ -424,6 +428,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             bpf_stats,
             &unwinder_stats,
             capture_cpu_ns,
+            gpu_summaries.as_deref(),
         )?;
     }
     eprintln!(
@@ -438,13 +443,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             counters.user_stack_errors, counters.kernel_stack_errors
         );
     }
-    if let Some(st) = &gpu_state {
-        let profiled = |pid: u32| sampled_pids.contains(&pid);
-        let summaries = gpu::summary::summarize(st, activity.as_ref(), Some(&profiled));
+    if let (Some(st), Some(summaries)) = (&gpu_state, &gpu_summaries) {
         eprint!(
             "pyrometer: GPUs, polled every {:.3}s:\n{}",
             args.nvml.interval().as_secs_f64(),
-            gpu::summary::render(&summaries)
+            gpu::summary::render(summaries)
         );
         if st.dropped > 0 {
             eprintln!(
@@ -579,9 +582,10 @@ fn write_stats(
     bpf: Option<pyrometer::bpf::ProgramStats>,
     unwinder: &pyrometer::unwinder::UnwinderStats,
     capture_cpu_ns: u64,
+    gpus: Option<&[gpu::summary::DeviceSummary]>,
 ) -> anyhow::Result<()> {
     let cpu_ns = self_cpu_ns();
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "samples": samples,
         "lost": lost,
         "kernel_samples": counters.samples,
@@ -609,6 +613,9 @@ fn write_stats(
         "unwind_table_bytes": unwinder.rows_used * 12,
         "unwind_build_ns": unwinder.build_ns,
     });
+    if let Some(g) = gpus {
+        json["gpus"] = gpu::summary::to_json(g);
+    }
     std::fs::write(path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", path.display()))
 }
