@@ -113,7 +113,10 @@ fn gpu_command_summarizes_and_writes_the_series() {
     );
     assert!(g0.contains("power: mean 150.0 W, limit 300.0 W"), "{g0}");
     assert!(g0.contains("temperature: max 65 °C"), "{g0}");
-    assert!(g0.contains("pid 4242: max 1.00 GiB GPU memory"), "{g0}");
+    assert!(
+        g0.contains("pid 4242: max 1.00 GiB GPU memory, SM max 40 %"),
+        "{g0}"
+    );
     assert!(!g0.contains("errors"), "{g0}");
     // Half idle, half at 80 %: the mean is near 40 %.
     let mean0 = number_after(&g0, "utilization: mean ");
@@ -124,7 +127,10 @@ fn gpu_command_summarizes_and_writes_the_series() {
     assert!(g1.contains("max 75 %"), "{g1}");
     assert!(g1.contains("memory used: max 2.00 GiB of 8.00 GiB"), "{g1}");
     assert!(g1.contains("power: mean n/a, limit n/a"), "{g1}");
-    assert!(g1.contains("pid 4343: max 0.50 GiB GPU memory"), "{g1}");
+    assert!(
+        g1.contains("pid 4343: max 0.50 GiB GPU memory, SM max 10 %"),
+        "{g1}"
+    );
     let polls1 = number_after(&g1, "): ");
     assert!(polls1 >= 8.0, "3 s at 200 ms: {g1}");
     assert_eq!(number_after(&g1, "power: NOT_SUPPORTED ×"), polls1, "{g1}");

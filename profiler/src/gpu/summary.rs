@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use super::{ErrorCounts, Field, GpuState};
+use super::{ErrorCounts, Field, GpuState, ProcessUsage};
 use crate::capture::Activity;
 
 /// At or below this utilization (percent) a GPU counts as idle. Not 0: drivers report a
@@ -49,8 +49,8 @@ pub struct DeviceSummary {
     pub temperature_max: Option<u64>,
     /// Only when the caller knew when the processes were on the CPU.
     pub idle: Option<IdleShare>,
-    /// (pid, most GPU memory held, polls listing it), for the processes of interest.
-    pub processes: Vec<(u32, u64, u64)>,
+    /// Per process of interest: its pid and what it did on this device.
+    pub processes: Vec<(u32, ProcessUsage)>,
     /// (field, NVML error, count).
     pub errors: Vec<(Field, &'static str, u64)>,
     /// Seconds after the start that the device was lost, if it was.
@@ -98,7 +98,7 @@ pub fn summarize(
                 .process_usage()
                 .iter()
                 .filter(|((pid, index), _)| *index == d.index && pids.is_none_or(|f| f(*pid)))
-                .map(|(&(pid, _), u)| (pid, u.max_memory, u.polls))
+                .map(|(&(pid, _), u)| (pid, *u))
                 .collect();
             DeviceSummary {
                 index: d.index,
@@ -153,7 +153,7 @@ fn or_dash<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
 ///   memory used: max 4.00 GiB of 16.00 GiB
 ///   power: mean 150.0 W, limit 300.0 W; temperature: max 65 °C
 ///   idle while on-CPU: 48.3 % of 2.8 s on-CPU
-///   pid 1234: max 1.00 GiB GPU memory (15 polls)
+///   pid 1234: max 1.00 GiB GPU memory, SM max 40 % (15 polls)
 ///   errors: power: NOT_SUPPORTED ×15
 /// ```
 pub fn render(summaries: &[DeviceSummary]) -> String {
@@ -199,11 +199,15 @@ pub fn render(summaries: &[DeviceSummary]) -> String {
                 idle.on_cpu_ns as f64 / 1e9
             );
         }
-        for (pid, mem, polls) in &s.processes {
+        for (pid, u) in &s.processes {
             let _ = writeln!(
                 o,
-                "  pid {pid}: max {} GPU memory ({polls} polls)",
-                gib(*mem)
+                "  pid {pid}: max {} GPU memory{} ({} polls)",
+                gib(u.max_memory),
+                u.max_sm_util
+                    .map(|sm| format!(", SM max {sm} %"))
+                    .unwrap_or_default(),
+                u.polls
             );
         }
         if !s.errors.is_empty() {
@@ -241,8 +245,9 @@ pub fn to_json(summaries: &[DeviceSummary]) -> serde_json::Value {
                 "on_cpu_ns": s.idle.map(|i| i.on_cpu_ns),
                 "idle_on_cpu_ns": s.idle.map(|i| i.idle_on_cpu_ns),
                 "idle_while_on_cpu_share": s.idle.and_then(|i| i.share()),
-                "processes": s.processes.iter().map(|(pid, mem, polls)| serde_json::json!({
-                    "pid": pid, "max_memory_bytes": mem, "polls": polls,
+                "processes": s.processes.iter().map(|(pid, u)| serde_json::json!({
+                    "pid": pid, "max_memory_bytes": u.max_memory, "polls": u.polls,
+                    "sm_utilization_max_pct": u.max_sm_util,
                 })).collect::<Vec<_>>(),
                 "errors": s.errors.iter().map(|(f, e, n)| serde_json::json!({
                     "field": f.name(), "error": e, "count": n,
@@ -283,7 +288,7 @@ mod tests {
             s.processes.push(ProcessSample {
                 pid: 42,
                 used_memory: Some(1 << 30),
-                sm_util: None,
+                sm_util: Some(10 * k as u32),
                 mem_util: None,
             });
             st.push(s);
@@ -304,7 +309,17 @@ mod tests {
         assert_eq!(s[0].memory_used_max, Some(5 << 30));
         assert_eq!(s[0].power_mean, Some(120.0));
         assert_eq!(s[0].power_limit, Some(300.0));
-        assert_eq!(s[0].processes, [(42, 1 << 30, 5)]);
+        assert_eq!(
+            s[0].processes,
+            [(
+                42,
+                ProcessUsage {
+                    max_memory: 1 << 30,
+                    polls: 5,
+                    max_sm_util: Some(40)
+                }
+            )]
+        );
         assert_eq!(s[0].idle, None);
         assert_eq!(s[1].utilization_mean, None);
         assert_eq!(s[1].errors, [(Field::Power, "NOT_SUPPORTED", 5)]);
@@ -326,7 +341,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("pid 42: max 1.00 GiB GPU memory (5 polls)"),
+            text.contains("pid 42: max 1.00 GiB GPU memory, SM max 40 % (5 polls)"),
             "{text}"
         );
         assert!(text.contains("power: mean n/a, limit n/a"), "{text}");
