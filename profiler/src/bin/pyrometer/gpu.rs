@@ -18,7 +18,7 @@ use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration};
 /// Where NVML comes from and how often it is polled.
 #[derive(Args, Debug, Clone)]
 pub struct NvmlArgs {
-    /// How often the GPUs are polled (e.g. 1s, 200ms).
+    /// How often the GPUs are polled (default 1s; at least 20ms).
     #[arg(long, value_parser = parse_interval, value_name = "D")]
     pub gpu_interval: Option<Duration>,
     /// The NVML library to load (default: $PYROMETER_NVML_LIB, else libnvidia-ml.so.1).
