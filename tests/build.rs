@@ -1,6 +1,7 @@
 //! Builds the C workloads the end-to-end tests profile, with known behaviour by construction.
 //! Each is built with frame pointers (`NAME`), and some also without (`NAME-nofp`), and a
-//! stripped copy of cpu631 gets its debug info moved into a build-id directory.
+//! stripped copy of cpu631 gets its debug info moved into a build-id directory. The NVML test
+//! double (a shared library) stands in for the NVIDIA driver in the GPU tests.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,13 @@ fn main() {
         &out.join("libdlwork.so"),
         &[&nofp[..], &["-shared", "-fPIC"]].concat(),
     );
+
+    // The NVML test double the GPU tests load in place of libnvidia-ml.so.1.
+    run(Command::new("gcc")
+        .args(["-O1", "-g", "-Wall", "-Werror", "-shared", "-fPIC"])
+        .arg(fixtures.join("nvml_testdouble.c"))
+        .arg("-o")
+        .arg(out.join("libnvml-testdouble.so")));
 
     // Stripped cpu631 whose symbols live only in DEBUG_DIR/.build-id/xx/rest.debug.
     let stripped = out.join("cpu631-stripped");

@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 #[derive(Default)]
@@ -30,6 +30,9 @@ pub struct AgentMetrics {
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
     pub unwind_stopped: [AtomicU64; 5],
+    /// The GPU poller's state, when GPUs are polled: rendered as the `pyrometer_gpu_*`
+    /// gauges.
+    pub gpu: OnceLock<Arc<Mutex<crate::gpu::GpuState>>>,
 }
 
 pub const UNWIND_STOP_REASONS: [&str; 5] =
@@ -136,6 +139,9 @@ impl AgentMetrics {
                 "pyrometer_agent_unwind_stopped_total{{reason=\"{reason}\"}} {}",
                 v.load(Relaxed)
             );
+        }
+        if let Some(gpu) = self.gpu.get() {
+            crate::gpu::metrics::render(&gpu.lock().expect("not poisoned"), &mut o);
         }
         o
     }

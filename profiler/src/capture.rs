@@ -65,6 +65,87 @@ pub struct Timeline {
     pub origin_ns: u64,
     /// Sampling period: a sample stands for this much time on the CPU.
     pub period_ns: u64,
+    /// Series recorded beside the samples (GPU telemetry), drawn as counter tracks.
+    pub counters: Vec<CounterTrack>,
+}
+
+/// A counter track of the Chrome trace: values over time, shown under a process of their
+/// own (e.g. one per GPU) rather than under a sampled one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CounterTrack {
+    /// The name of the track's process, e.g. `GPU 0 NVIDIA A100 (GPU-…)`.
+    pub process: String,
+    /// Distinguishes track processes (the GPU index); not a real pid.
+    pub process_index: u32,
+    /// The counter's name, e.g. `GPU utilization`.
+    pub name: String,
+    pub points: Vec<CounterPoint>,
+}
+
+/// One point of a [`CounterTrack`]: CLOCK_MONOTONIC ns and named values (a counter with
+/// several values draws them stacked).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CounterPoint {
+    pub timestamp_ns: u64,
+    pub values: Vec<(String, f64)>,
+}
+
+/// Samples per time bucket, for questions such as "were the targets on the CPU during this
+/// GPU poll interval?" without keeping every sample's time. Bounded: times past the last
+/// bucket are counted in `dropped`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// CLOCK_MONOTONIC ns of bucket 0's start.
+    pub origin_ns: u64,
+    pub bucket_ns: u64,
+    pub counts: Vec<u32>,
+    pub capacity: usize,
+    pub dropped: u64,
+}
+
+/// Default [`Activity`] bucket: fine against the 1 s GPU poll interval, and 20 hours of
+/// buckets fit in the default capacity (4 bytes each, 5.8 MB).
+pub const DEFAULT_ACTIVITY_BUCKET_NS: u64 = 50_000_000;
+pub const DEFAULT_ACTIVITY_BUCKETS: usize = 1_440_000;
+
+impl Activity {
+    pub fn new(origin_ns: u64, bucket_ns: u64, capacity: usize) -> Self {
+        Self {
+            origin_ns,
+            bucket_ns: bucket_ns.max(1),
+            counts: Vec::new(),
+            capacity,
+            dropped: 0,
+        }
+    }
+
+    pub fn add(&mut self, timestamp_ns: u64) {
+        let Some(i) = timestamp_ns
+            .checked_sub(self.origin_ns)
+            .map(|d| (d / self.bucket_ns) as usize)
+        else {
+            // Before the capture started: a record still in flight from before; ignore.
+            return;
+        };
+        if i >= self.capacity {
+            self.dropped += 1;
+            return;
+        }
+        if i >= self.counts.len() {
+            self.counts.resize(i + 1, 0);
+        }
+        self.counts[i] = self.counts[i].saturating_add(1);
+    }
+
+    /// Samples in the buckets that start in `[from_ns, to_ns)`.
+    pub fn samples_between(&self, from_ns: u64, to_ns: u64) -> u64 {
+        let bucket = |t: u64| (t.saturating_sub(self.origin_ns)).div_ceil(self.bucket_ns) as usize;
+        let (a, b) = (bucket(from_ns), bucket(to_ns).min(self.counts.len()));
+        if a >= b {
+            return 0;
+        }
+        self.counts[a..b].iter().map(|&c| u64::from(c)).sum()
+    }
 }
 
 impl Timeline {
@@ -76,6 +157,7 @@ impl Timeline {
             dropped: 0,
             origin_ns,
             period_ns,
+            counters: Vec::new(),
         }
     }
 
@@ -105,6 +187,8 @@ pub struct Capture {
     pub stacks: HashMap<RawStack, StackCount>,
     /// Per-sample times, when an output needs them.
     pub timeline: Option<Timeline>,
+    /// Samples per time bucket, when something asks when the targets were on the CPU.
+    pub activity: Option<Activity>,
     /// Samples read from the ring buffer.
     pub samples: u64,
     /// Records that failed to parse (never expected; counted, not hidden).
@@ -192,6 +276,9 @@ impl Capture {
         });
         entry.count += 1;
         let id = entry.id;
+        if let Some(a) = self.activity.as_mut() {
+            a.add(timestamp_ns);
+        }
         if let Some(t) = self.timeline.as_mut() {
             t.push(TimelineEvent {
                 timestamp_ns,
@@ -302,6 +389,25 @@ mod tests {
             "events keep their order and thread"
         );
         assert_eq!(t.events[2].timestamp_ns, 130);
+    }
+
+    #[test]
+    fn activity_counts_samples_per_bucket() {
+        let mut c = Capture {
+            activity: Some(Activity::new(1_000, 100, 5)),
+            ..Capture::default()
+        };
+        for t in [900, 1_050, 1_150, 1_160, 1_420, 1_600] {
+            c.count(raw(1, 1), t);
+        }
+        let a = c.activity.unwrap();
+        assert_eq!(a.counts, [1, 2, 0, 0, 1]);
+        assert_eq!(a.dropped, 1);
+        assert_eq!(a.samples_between(1_000, 1_200), 3);
+        assert_eq!(a.samples_between(1_200, 1_400), 0);
+        // A bucket counts for the interval its start falls in.
+        assert_eq!(a.samples_between(1_050, 1_500), 3);
+        assert_eq!(a.samples_between(1_300, 9_000), 1);
     }
 
     #[test]

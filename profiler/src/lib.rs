@@ -5,6 +5,7 @@ pub mod agent_metrics;
 pub mod bpf;
 pub mod capture;
 pub mod diff;
+pub mod gpu;
 pub mod input;
 pub mod model;
 pub mod output;

@@ -261,6 +261,16 @@ impl Profile {
         index
     }
 
+    /// Rewrites every sample's labels, merging samples whose labels become equal.
+    pub fn map_labels(&mut self, mut f: impl FnMut(&mut Labels)) {
+        let samples = std::mem::take(&mut self.samples);
+        self.sample_index.clear();
+        for mut s in samples {
+            f(&mut s.labels);
+            self.add(s.stack, s.labels, &s.values);
+        }
+    }
+
     /// Resolves a `--type` name: a sample type's name (`cpu`, `samples`), or `name/unit`.
     pub fn type_index(&self, wanted: &str) -> Result<usize, UnknownType> {
         self.sample_types

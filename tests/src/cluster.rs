@@ -182,6 +182,17 @@ pub struct Agent {
 impl Agent {
     /// `pyrometer agent` at a 1 s push interval (unless `extra` sets one) with its spool and stats under `dir`.
     pub fn start(dir: &Path, node: &str, collector: &str, extra: &[&str]) -> Agent {
+        Agent::start_env(dir, node, collector, extra, &[])
+    }
+
+    /// [`Agent::start`] with extra environment variables (e.g. the NVML test double's script).
+    pub fn start_env(
+        dir: &Path,
+        node: &str,
+        collector: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let spool = dir.join(format!("spool-{node}"));
         let stats = dir.join(format!("stats-{node}.json"));
         let mut cmd = Command::new(crate::pyrometer_bin());
@@ -195,6 +206,7 @@ impl Agent {
             .arg("--stats")
             .arg(&stats)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .spawn()
             .expect("start pyrometer agent");
@@ -223,4 +235,28 @@ impl Drop for Agent {
 unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Panics with promtool's complaints unless `promtool check metrics` accepts `text`.
+pub fn promtool_check(what: &str, text: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool rejects the {what} metrics:\n{}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -12,6 +12,11 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("FIXTURE_DIR")).join(name)
 }
 
+/// The NVML test double (`fixtures/nvml_testdouble.c`): scripted GPUs for machines without one.
+pub fn nvml_testdouble() -> PathBuf {
+    fixture("libnvml-testdouble.so")
+}
+
 /// The build-id debug directory for `cpu631-stripped`.
 pub fn fixture_debug_dir() -> PathBuf {
     PathBuf::from(env!("FIXTURE_DEBUG_DIR"))

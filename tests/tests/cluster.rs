@@ -2,10 +2,12 @@
 //! outages and SIGKILL, auth, and the Prometheus endpoints checked by promtool.
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload};
+use pyrometer_e2e::cluster::{
+    Agent, Collector, enc, free_port, http_get, promtool_check, workload,
+};
 use pyrometer_e2e::{privileged, scratch};
 
 fn by_node(c: &Collector) -> BTreeMap<String, i64> {
@@ -196,30 +198,6 @@ fn pushes_need_the_token() {
     assert!(refused >= 2, "{metrics}");
     let text = format!("{none}{bad}");
     assert!(!text.contains("s3cret"));
-}
-
-fn promtool_check(what: &str, text: &str) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool rejects the {what} metrics:\n{}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]

@@ -8,17 +8,23 @@
 //! one period before its first sample. Samples more than 1.5 periods apart are not
 //! consecutive: the thread was off the CPU, or ran something unsampled, in between, which
 //! is what leaves visible gaps in the track. Off-CPU, GIL-wait and GPU sources, when they
-//! run, add their own slices and counter tracks beside these.
+//! run, add their own slices and counter tracks beside these: each of the timeline's
+//! [`CounterTrack`]s becomes counter (`C`) events under a process of its own (one per GPU),
+//! whose pid is [`COUNTER_PID_BASE`] plus the track's index, above any real pid.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use serde_json::{Value, json};
 
-use crate::capture::Timeline;
+use crate::capture::{CounterTrack, Timeline};
 use crate::model::{LabelValue, Profile};
 use crate::output::OutputError;
 use crate::output::folded::frame_name;
+
+/// Trace pids of counter-track processes start here: above Linux's largest pid (2^22), so
+/// they never collide with a sampled process.
+pub const COUNTER_PID_BASE: i64 = 1 << 30;
 
 /// Microseconds (Chrome trace `ts`/`dur`) from nanoseconds, keeping sub-µs precision.
 fn micros(ns: u64) -> f64 {
@@ -172,6 +178,7 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             ));
         }
     }
+    counter_events(&timeline.counters, timeline.origin_ns, &mut events);
     Ok(json!({
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -183,6 +190,34 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             "samples_not_in_timeline": timeline.dropped,
         },
     }))
+}
+
+fn counter_events(tracks: &[CounterTrack], origin: u64, events: &mut Vec<Value>) {
+    let mut named = std::collections::BTreeSet::new();
+    for t in tracks {
+        let pid = COUNTER_PID_BASE + i64::from(t.process_index);
+        if named.insert(pid) {
+            events.push(json!({
+                "ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                "args": { "name": t.process },
+            }));
+        }
+        for p in &t.points {
+            let args: serde_json::Map<String, Value> = p
+                .values
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            events.push(json!({
+                "ph": "C",
+                "name": t.name,
+                "pid": pid,
+                "tid": 0,
+                "ts": micros(p.timestamp_ns.saturating_sub(origin)),
+                "args": args,
+            }));
+        }
+    }
 }
 
 /// The name with the most samples, ties broken by name so output is deterministic.
@@ -349,6 +384,55 @@ mod tests {
             ]
         );
         assert_eq!(doc["otherData"]["samples"], 24);
+    }
+
+    #[test]
+    fn counter_tracks_become_counter_events() {
+        use crate::capture::CounterPoint;
+        let (p, mut t) = fixture();
+        let point = |ms: u64, v: f64| CounterPoint {
+            timestamp_ns: t.origin_ns + ms * MS,
+            values: vec![("gpu_%".to_string(), v)],
+        };
+        t.counters = vec![
+            CounterTrack {
+                process: "GPU 0".into(),
+                process_index: 0,
+                name: "GPU utilization".into(),
+                points: vec![point(0, 0.0), point(100, 80.0)],
+            },
+            CounterTrack {
+                process: "GPU 1".into(),
+                process_index: 1,
+                name: "GPU utilization".into(),
+                points: vec![point(50, 25.0)],
+            },
+        ];
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        let counters: Vec<(i64, f64, f64)> = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "C")
+            .map(|e| {
+                (
+                    e["pid"].as_i64().unwrap() - COUNTER_PID_BASE,
+                    e["ts"].as_f64().unwrap(),
+                    e["args"]["gpu_%"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            counters,
+            [(0, 0.0, 0.0), (0, 100_000.0, 80.0), (1, 50_000.0, 25.0)]
+        );
+        let gpu_names = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["pid"].as_i64().unwrap() >= COUNTER_PID_BASE)
+            .count();
+        assert_eq!(gpu_names, 2);
     }
 
     #[test]

@@ -84,3 +84,71 @@ fn golden_chrome_trace() {
         &(serde_json::to_string_pretty(&doc).unwrap() + "\n"),
     );
 }
+
+/// The fixture as `record --gpu` leaves it: ray::Train (pid 200) on GPU 0, and two GPUs'
+/// series, the second without power readings.
+fn gpu_fixture() -> (crate::model::Profile, crate::capture::Timeline) {
+    use crate::gpu::{self, DeviceInfo, DeviceSample, Field, GpuState, ProcessSample};
+    let mut p = fixture::profile();
+    let mut t = fixture::timeline(&p);
+    let devices = (0..2)
+        .map(|index| DeviceInfo {
+            index,
+            uuid: format!("GPU-00000000-0000-0000-0000-00000000000{index}"),
+            name: format!("Fixture GPU {index}"),
+            lost_at_ns: None,
+        })
+        .collect();
+    let mut st = GpuState::new(devices, 100, t.origin_ns);
+    for k in 0..3u64 {
+        for index in 0..2u32 {
+            let mut s = DeviceSample {
+                index,
+                timestamp_ns: t.origin_ns + k * 500_000_000,
+                unix_ms: 1_700_000_000_000 + k * 500,
+                values: [None; 12],
+                processes: Vec::new(),
+            };
+            s.set(
+                Field::Utilization,
+                Some(if k == 1 {
+                    0
+                } else {
+                    90 - 40 * u64::from(index)
+                }),
+            );
+            s.set(Field::MemoryUtilization, Some(10 * k));
+            s.set(Field::MemoryUsed, Some((k + 1) << 30));
+            if index == 0 {
+                s.set(Field::Power, Some(100_000 + 25_000 * k));
+                s.processes.push(ProcessSample {
+                    pid: 200,
+                    used_memory: Some(3 << 29),
+                    sm_util: Some(50),
+                    mem_util: Some(10),
+                });
+            }
+            st.push(s);
+        }
+    }
+    gpu::label_profile(&mut p, &gpu::gpus_by_pid(&st.process_usage()));
+    t.counters = st.counter_tracks();
+    (p, t)
+}
+
+#[test]
+fn golden_gpu_pprof_and_chrome_trace() {
+    let (p, t) = gpu_fixture();
+    let mut bytes = Vec::new();
+    write(&p, OutputFormat::Pprof, 0, "fixture", &mut bytes).unwrap();
+    let decoded = pyrometer_proto::decode(&bytes).unwrap();
+    check_golden(
+        "fixture.gpu.pprof.txt",
+        &pyrometer_proto::dump_text(&decoded),
+    );
+    let doc = crate::output::chrome::to_chrome_trace(&p, &t).unwrap();
+    check_golden(
+        "fixture.gpu.trace.json",
+        &(serde_json::to_string_pretty(&doc).unwrap() + "\n"),
+    );
+}

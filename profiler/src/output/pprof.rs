@@ -202,6 +202,15 @@ fn order_mappings(
     }
 }
 
+/// The unit of a numeric label, for pprof's `num_unit` (`go tool pprof -tags` shows
+/// `gpu_memory` in MB, GB rather than raw numbers). Labels not listed have none.
+fn label_unit(key: &str) -> Option<&'static str> {
+    match key {
+        "gpu_memory" => Some("bytes"),
+        _ => None,
+    }
+}
+
 /// Converts a profile to pprof messages, all sample types included.
 pub fn to_pprof(profile: &Profile) -> pb::Profile {
     let mut w = Writer::default();
@@ -227,8 +236,8 @@ pub fn to_pprof(profile: &Profile) -> pb::Profile {
         let label = s
             .labels
             .iter()
-            .map(|(key, value)| {
-                let key = w.strings.id(key);
+            .map(|(k, value)| {
+                let key = w.strings.id(k);
                 match value {
                     LabelValue::Str(v) => pb::Label {
                         key,
@@ -238,6 +247,7 @@ pub fn to_pprof(profile: &Profile) -> pb::Profile {
                     LabelValue::Num(n) => pb::Label {
                         key,
                         num: *n,
+                        num_unit: label_unit(k).map_or(0, |u| w.strings.id(u)),
                         ..Default::default()
                     },
                 }

@@ -3,6 +3,7 @@
 //! batches to the collector oldest first, deleting each only once it is acknowledged.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,6 +17,7 @@ use prost::Message;
 use pyrometer::agent_metrics::{self, AgentMetrics};
 use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
 use pyrometer::capture::Capture;
+use pyrometer::gpu::{self, Poller};
 use pyrometer::model::Labels;
 use pyrometer::procs::ProcessRegistry;
 use pyrometer::push::PushClient;
@@ -26,6 +28,7 @@ use pyrometer_proto::ingest::PushRequest;
 use regex::Regex;
 use serde::Deserialize;
 
+use crate::gpu::NvmlArgs;
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration};
 
 #[derive(Args, Debug)]
@@ -74,6 +77,13 @@ pub struct AgentArgs {
     /// 16 MiB of kernel memory).
     #[arg(long, value_name = "ROWS")]
     unwind_rows: Option<u32>,
+    /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
+    /// "GPU source off" once when it does not): gauges on /metrics, and `gpu` and
+    /// `gpu_memory` labels on the samples of processes that use a GPU.
+    #[arg(long)]
+    no_gpu: bool,
+    #[command(flatten)]
+    nvml: NvmlArgs,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -95,6 +105,9 @@ struct FileConfig {
     metrics_listen: Option<SocketAddr>,
     unwind: Option<String>,
     unwind_rows: Option<u32>,
+    gpu: Option<bool>,
+    gpu_interval: Option<String>,
+    nvml_lib: Option<PathBuf>,
 }
 
 struct Config {
@@ -110,6 +123,8 @@ struct Config {
     metrics_listen: Option<SocketAddr>,
     dwarf: bool,
     unwind_rows: u32,
+    /// GPU polling: the interval and the NVML library, or None when off.
+    gpu: Option<(Duration, OsString)>,
 }
 
 fn input(msg: impl Into<String>) -> anyhow::Error {
@@ -166,7 +181,28 @@ fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         Some(n) if !n.is_empty() => n,
         _ => hostname(),
     };
+    let gpu = if args.no_gpu || file.gpu == Some(false) {
+        None
+    } else {
+        let interval = match (args.nvml.gpu_interval, file.gpu_interval) {
+            (Some(d), _) => d,
+            (None, Some(s)) => {
+                crate::gpu::parse_interval(&s).map_err(|e| input(format!("gpu-interval: {e}")))?
+            }
+            (None, None) => crate::gpu::DEFAULT_INTERVAL,
+        };
+        // Flag, then environment, then the file: as for every other setting, the most
+        // local wins.
+        let lib = match (&args.nvml.nvml_lib, file.nvml_lib) {
+            (Some(_), _) | (None, None) => args.nvml.library(),
+            (None, Some(path)) => std::env::var_os("PYROMETER_NVML_LIB")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| path.into_os_string()),
+        };
+        Some((interval, lib))
+    };
     Ok(Config {
+        gpu,
         pids,
         comm,
         collector,
@@ -294,6 +330,27 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     );
 
     let metrics = Arc::new(AgentMetrics::default());
+    // A missing driver or a lost GPU never stops the agent: it samples CPUs without them.
+    let poller = match &cfg.gpu {
+        Some((interval, lib)) => match crate::gpu::open_or_info(lib, "pyrometer agent") {
+            Some(source) => {
+                let devices = source.devices().len();
+                // /metrics shows the latest poll and labels use the per-interval usage:
+                // the agent keeps no history, however long it runs.
+                let p = Poller::start(source, *interval, devices.max(1))
+                    .context("starting the GPU poller")?;
+                let _ = metrics.gpu.set(p.state());
+                eprintln!(
+                    "pyrometer agent: polling {devices} GPU{} every {:.3}s",
+                    if devices == 1 { "" } else { "s" },
+                    interval.as_secs_f64()
+                );
+                Some(p)
+            }
+            None => None,
+        },
+        None => None,
+    };
     if let Some(listener) = metrics_listener {
         let bound = agent_metrics::serve_on(listener, metrics.clone())
             .map_err(|e| input(format!("cannot serve metrics: {e}")))?;
@@ -382,8 +439,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             metrics
                 .lost_bad_record
                 .fetch_add(taken.bad_records, Relaxed);
+            // Taken every interval, so usage does not pile up while nothing is sampled.
+            let gpu_usage = poller
+                .as_ref()
+                .map(|p| p.state().lock().expect("not poisoned").take_process_usage());
             if taken.samples > 0 {
-                let profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
+                let mut profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
+                if let Some(usage) = &gpu_usage {
+                    gpu::label_profile(&mut profile, &gpu::gpus_by_pid(usage));
+                }
                 if let Err(e) = spool_batch(&shared, &cfg.node, profile, wall, duration) {
                     eprintln!("pyrometer agent: cannot spool a batch: {e:#}");
                 }
@@ -394,6 +458,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         }
     }
     drop(sampler);
+    drop(poller);
     shared.stop.store(true, Relaxed);
     shared.wake.notify_all();
     let _ = pusher.join();
@@ -583,5 +648,51 @@ fn pusher(shared: Arc<Shared>, mut client: PushClient) {
             }
         }
         shared.update_spool_gauges(&spool);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    fn resolve_with(config: &str, flags: &[&str]) -> anyhow::Result<Config> {
+        let dir = std::env::temp_dir().join(format!("pyrometer-agent-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}.toml", flags.len() + config.len()));
+        std::fs::write(&path, format!("collector = \"http://c:4040\"\n{config}")).unwrap();
+        let mut argv = vec!["agent", "--config", path.to_str().unwrap()];
+        argv.extend_from_slice(flags);
+        resolve(&Cli::parse_from(argv).agent)
+    }
+
+    #[test]
+    fn gpu_settings_from_file_and_flags() {
+        let on = resolve_with("", &[]).unwrap();
+        assert_eq!(on.gpu.unwrap().0, Duration::from_secs(1), "on by default");
+        assert!(resolve_with("gpu = false", &[]).unwrap().gpu.is_none());
+        assert!(resolve_with("", &["--no-gpu"]).unwrap().gpu.is_none());
+        let (interval, _) = resolve_with("gpu-interval = \"250ms\"", &[])
+            .unwrap()
+            .gpu
+            .unwrap();
+        assert_eq!(interval, Duration::from_millis(250));
+        let (interval, lib) = resolve_with(
+            "gpu-interval = \"250ms\"\nnvml-lib = \"/file/lib.so\"",
+            &["--gpu-interval", "2s", "--nvml-lib", "/flag/lib.so"],
+        )
+        .unwrap()
+        .gpu
+        .unwrap();
+        assert_eq!(interval, Duration::from_secs(2), "flags win");
+        assert_eq!(lib, OsString::from("/flag/lib.so"));
+        let err = resolve_with("gpu-interval = \"1ms\"", &[]).err().unwrap();
+        assert!(err.to_string().contains("gpu-interval"), "{err}");
     }
 }

@@ -1,8 +1,10 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
-//! `report` converts or summarizes a profile file, `diff` compares two.
+//! `report` converts or summarizes a profile file, `diff` compares two, `gpu` polls the GPUs
+//! alone, `agent` is the node daemon.
 
 mod agent;
 mod diff;
+mod gpu;
 mod record;
 mod report;
 
@@ -36,6 +38,8 @@ enum Command {
     Agent(agent::AgentArgs),
     /// Compare two profiles: which functions grew or shrank; exit 1 on a regression.
     Diff(diff::DiffArgs),
+    /// Poll the GPUs through NVML (no BPF, no root): print a summary, write a CSV series.
+    Gpu(gpu::GpuArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -67,6 +71,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::run(args),
         Command::Agent(args) => agent::run(args),
         Command::Diff(args) => diff::run(args),
+        Command::Gpu(args) => gpu::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

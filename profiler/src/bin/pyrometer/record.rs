@@ -9,7 +9,11 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use clap::Args;
 use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
-use pyrometer::capture::{Capture, DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns};
+use pyrometer::capture::{
+    Activity, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
+    DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns,
+};
+use pyrometer::gpu::{self, Poller};
 use pyrometer::model::Profile;
 use pyrometer::output::{self, OutputFormat};
 use pyrometer::procs::ProcessRegistry;
@@ -17,6 +21,7 @@ use pyrometer::symbolize::Symbolizer;
 use pyrometer::target::{self, HeldChild};
 use pyrometer::{privileges, signals};
 
+use crate::gpu::NvmlArgs;
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration, resolve_format};
 
 #[derive(Args, Debug)]
@@ -62,6 +67,13 @@ pub struct RecordArgs {
     /// Write capture statistics (samples, drops, BPF and agent cost) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
+    /// Also poll the GPUs through NVML: a per-device summary at the end (with the share of
+    /// on-CPU time the GPU sat idle), `gpu` and `gpu_memory` labels on the samples of
+    /// processes that use a GPU, and GPU counter tracks in a Chrome trace.
+    #[arg(long)]
+    gpu: bool,
+    #[command(flatten)]
+    nvml: NvmlArgs,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -107,6 +119,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     };
 
     // Everything that can be wrong with the request is checked before the capture starts.
+    if !args.gpu && (args.nvml.gpu_interval.is_some() || args.nvml.nvml_lib.is_some()) {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "--gpu-interval and --nvml-lib go with --gpu: add --gpu to poll the GPUs",
+        ));
+    }
     let format = resolve_format(
         args.output.as_ref(),
         args.format.as_deref(),
@@ -244,6 +262,21 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     } else {
         Capture::default()
     };
+    // A missing driver turns the GPU source off, not the recording.
+    let mut poller = None;
+    if args.gpu
+        && let Some(source) = crate::gpu::open_or_info(&args.nvml.library(), "pyrometer")
+    {
+        capture.activity = Some(Activity::new(
+            monotonic_now_ns(),
+            DEFAULT_ACTIVITY_BUCKET_NS,
+            DEFAULT_ACTIVITY_BUCKETS,
+        ));
+        poller = Some(
+            Poller::start(source, args.nvml.interval(), gpu::DEFAULT_SERIES_CAPACITY)
+                .context("starting the GPU poller")?,
+        );
+    }
     let mut child_status = None;
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut last_alive_check = Instant::now();
@@ -289,6 +322,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         }
     }
     let elapsed = started.elapsed();
+    let mut gpu_state = poller.map(Poller::stop);
     let capture_cpu_ns = self_cpu_ns().saturating_sub(cpu_at_start);
     // Samples taken just before the stop may still be in flight to the ring buffer.
     std::thread::sleep(Duration::from_millis(20));
@@ -317,8 +351,19 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .map(PathBuf::from),
     );
     let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
-    let (mut profile, timeline) =
+    let sampled_pids = capture.pids.clone();
+    let activity = capture.activity.take();
+    let (mut profile, mut timeline) =
         capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
+    if let Some(st) = gpu_state.as_mut() {
+        // Never taken before, so this is every poll's, even those the bounded series
+        // dropped. Labels only add to each sample's, so samples keep their indexes (the
+        // timeline's events point at them).
+        gpu::label_profile(&mut profile, &gpu::gpus_by_pid(&st.take_process_usage()));
+        if let Some(t) = timeline.as_mut() {
+            t.counters = st.counter_tracks();
+        }
+    }
     profile.duration_nanos = i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX);
     profile.time_nanos = wall_start
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -368,6 +413,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         );
     }
 
+    let gpu_summaries = gpu_state.as_ref().map(|st| {
+        let profiled = |pid: u32| sampled_pids.contains(&pid);
+        gpu::summary::summarize(st, activity.as_ref(), Some(&profiled))
+    });
     if let Some(path) = &args.stats {
         let unwinder_stats = unwinder.as_ref().map(|u| u.stats()).unwrap_or_default();
         write_stats(
@@ -379,6 +428,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             bpf_stats,
             &unwinder_stats,
             capture_cpu_ns,
+            gpu_summaries.as_deref(),
         )?;
     }
     eprintln!(
@@ -392,6 +442,20 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             "pyrometer: stack errors: {} user, {} kernel",
             counters.user_stack_errors, counters.kernel_stack_errors
         );
+    }
+    if let (Some(st), Some(summaries)) = (&gpu_state, &gpu_summaries) {
+        eprint!(
+            "pyrometer: GPUs, polled every {:.3}s:\n{}",
+            args.nvml.interval().as_secs_f64(),
+            gpu::summary::render(summaries)
+        );
+        if st.dropped > 0 {
+            eprintln!(
+                "pyrometer: the GPU summary covers the last {} polls; {} earlier ones were dropped",
+                st.series.len(),
+                st.dropped
+            );
+        }
     }
     let uw = counters.unwind;
     if uw.samples > 0 {
@@ -493,9 +557,10 @@ fn write_stats(
     bpf: Option<pyrometer::bpf::ProgramStats>,
     unwinder: &pyrometer::unwinder::UnwinderStats,
     capture_cpu_ns: u64,
+    gpus: Option<&[gpu::summary::DeviceSummary]>,
 ) -> anyhow::Result<()> {
     let cpu_ns = self_cpu_ns();
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "samples": samples,
         "lost": lost,
         "kernel_samples": counters.samples,
@@ -523,6 +588,9 @@ fn write_stats(
         "unwind_table_bytes": unwinder.rows_used * 12,
         "unwind_build_ns": unwinder.build_ns,
     });
+    if let Some(g) = gpus {
+        json["gpus"] = gpu::summary::to_json(g);
+    }
     std::fs::write(path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", path.display()))
 }
