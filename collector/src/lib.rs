@@ -9,3 +9,4 @@ pub mod render;
 pub mod server;
 pub mod sqlite;
 pub mod store;
+pub mod tls;

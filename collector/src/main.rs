@@ -12,6 +12,8 @@ use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::server::{self, AppState};
 use pyrometer_collector::sqlite::SqliteStore;
 use pyrometer_collector::store::Store;
+use pyrometer_collector::tls::TlsListener;
+use std::sync::atomic::Ordering::Relaxed;
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +31,12 @@ struct Args {
     /// File holding the bearer token agents must send; without it every push is accepted.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// PEM certificate chain to serve TLS with (gRPC and HTTP both); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// How long samples are kept (e.g. 7d, 12h).
     #[arg(long, default_value = "7d", value_parser = parse_age)]
     retention: Duration,
@@ -84,6 +92,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(pyrometer_collector::tls::server_config(cert, key)?),
+        _ => None,
+    };
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(&args.data_dir)
             .with_context(|| format!("opening the store in {}", args.data_dir.display()))?,
@@ -103,8 +115,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         eprintln!(
-            "pyrometer-collector: listening on {} (store {})",
+            "pyrometer-collector: listening on {} with {} (store {})",
             listener.local_addr()?,
+            if tls.is_some() { "TLS" } else { "plain text" },
             args.data_dir.display()
         );
         tokio::spawn(maintenance(
@@ -113,10 +126,27 @@ fn run(args: Args) -> anyhow::Result<()> {
             args.compact_after,
             args.maintenance_interval,
         ));
-        axum::serve(listener, server::router(state))
-            .with_graceful_shutdown(shutdown())
-            .await
-            .context("serving")
+        let app = server::router(state.clone());
+        match tls {
+            Some(config) => {
+                let failures = state.clone();
+                let listener = TlsListener::new(listener, config, move |_| {
+                    failures
+                        .metrics
+                        .tls_handshake_failures
+                        .fetch_add(1, Relaxed);
+                })?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await
+            }
+        }
+        .context("serving")
     })
 }
 

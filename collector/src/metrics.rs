@@ -15,6 +15,7 @@ pub struct Metrics {
     pub refused_unauthenticated: AtomicU64,
     pub refused_invalid: AtomicU64,
     pub store_errors: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
     ingest_ns: AtomicU64,
     ingest_count: AtomicU64,
     query_ns: AtomicU64,
@@ -92,6 +93,12 @@ impl Metrics {
             "Time to answer one profile query.",
             self.query_ns.load(Relaxed),
             self.query_count.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "pyrometer_collector_tls_handshake_failures_total",
+            "Connections dropped in the TLS handshake (plain-text clients, unknown CAs, timeouts).",
+            self.tls_handshake_failures.load(Relaxed),
         );
         counter(
             &mut out,

@@ -14,6 +14,8 @@ use tonic::transport::{Channel, Endpoint};
 pub enum PushError {
     #[error("invalid collector address '{url}': {reason} (expected e.g. http://collector:4040)")]
     Url { url: String, reason: String },
+    #[error("{0}")]
+    Tls(String),
     #[error("collector unreachable: {0}")]
     Unreachable(String),
     /// The collector answered with an error status.
@@ -45,7 +47,14 @@ pub struct PushClient {
 }
 
 impl PushClient {
-    pub fn new(url: &str, token: Option<&str>, timeout: Duration) -> Result<Self, PushError> {
+    /// `ca` is a PEM file of the CA(s) that signed the collector's certificate; an
+    /// `https://` collector without one is checked against the system's roots.
+    pub fn new(
+        url: &str,
+        token: Option<&str>,
+        ca: Option<&std::path::Path>,
+        timeout: Duration,
+    ) -> Result<Self, PushError> {
         let bad = |reason: String| PushError::Url {
             url: url.to_string(),
             reason,
@@ -53,10 +62,40 @@ impl PushClient {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(bad("the scheme must be http:// or https://".into()));
         }
-        let endpoint = Endpoint::from_shared(url.to_string())
+        let mut endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| bad(e.to_string()))?
             .connect_timeout(timeout)
             .timeout(timeout);
+        let https = url.starts_with("https://");
+        if let Some(ca) = ca
+            && !https
+        {
+            return Err(PushError::Tls(format!(
+                "--ca {} is given but the collector URL {url} is not https://",
+                ca.display()
+            )));
+        }
+        if https {
+            let mut tls = tonic::transport::ClientTlsConfig::new();
+            tls = match ca {
+                Some(path) => {
+                    let pem = std::fs::read(path).map_err(|e| {
+                        PushError::Tls(format!("cannot read the CA file {}: {e}", path.display()))
+                    })?;
+                    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                        return Err(PushError::Tls(format!(
+                            "the CA file {} holds no PEM certificate",
+                            path.display()
+                        )));
+                    }
+                    tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
+                }
+                None => tls.with_native_roots(),
+            };
+            endpoint = endpoint.tls_config(tls).map_err(|e| {
+                PushError::Tls(format!("TLS set-up for {url}: {}", error_chain(&e)))
+            })?;
+        }
         let auth = match token {
             Some(t) => {
                 let mut v: tonic::metadata::MetadataValue<_> = format!("Bearer {t}")
@@ -139,8 +178,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
+        // Many errors repeat their source in their own message.
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         cur = c.source();
     }
     s

@@ -63,6 +63,10 @@ pub struct AgentArgs {
     /// File holding the collector's bearer token.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// PEM file of the CA that signed an https:// collector's certificate (default: the
+    /// system's roots).
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
     /// Serve the agent's own Prometheus /metrics on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
@@ -102,6 +106,7 @@ struct FileConfig {
     spool_dir: Option<PathBuf>,
     spool_max_mb: Option<u64>,
     token_file: Option<PathBuf>,
+    ca: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     unwind: Option<String>,
     unwind_rows: Option<u32>,
@@ -120,6 +125,7 @@ struct Config {
     spool_dir: PathBuf,
     spool_max_bytes: u64,
     token: Option<String>,
+    ca: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     dwarf: bool,
     unwind_rows: u32,
@@ -216,6 +222,7 @@ fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             .unwrap_or_else(|| PathBuf::from("/var/lib/pyrometer/spool")),
         spool_max_bytes: args.spool_max_mb.or(file.spool_max_mb).unwrap_or(256) << 20,
         token,
+        ca: args.ca.clone().or(file.ca),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
         dwarf: match args.unwind.clone().or(file.unwind).as_deref() {
             None | Some("dwarf") => true,
@@ -258,8 +265,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // agent cleanly, not kill it.
     signals::install();
     let cfg = resolve(&args)?;
-    let client = PushClient::new(&cfg.collector, cfg.token.as_deref(), Duration::from_secs(5))
-        .map_err(|e| input(e.to_string()))?;
+    let client = PushClient::new(
+        &cfg.collector,
+        cfg.token.as_deref(),
+        cfg.ca.as_deref(),
+        Duration::from_secs(5),
+    )
+    .map_err(|e| input(e.to_string()))?;
     let spool = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes, &cfg.node)
         .map_err(|e| input(e.to_string()))?;
     privileges::check(privileges::SAMPLING, privileges::effective())
