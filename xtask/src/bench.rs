@@ -1,4 +1,5 @@
-//! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side.
+//! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side,
+//! then DWARF unwinding costs and the collector's ingest and query figures.
 //!
 //! The workload (tests/fixtures/cpu631.c) times its own work loop, so pyrometer's start-up
 //! and symbolization are excluded. Runs alternate alone / under pyrometer, and the figures
@@ -138,7 +139,22 @@ pub fn bench(root: &Path) -> Result<()> {
         "  samples per run (mean)             {:>10}",
         samples_total / pairs as u64
     );
-    unwind_bench(root, &pyrometer, &dir)
+    unwind_bench(root, &pyrometer, &dir)?;
+    collector_bench(root)
+}
+
+/// Ingest rate, bytes per sample and query latency of the collector's store
+/// (collector/benches/store.rs, sized by BENCH_NODES, BENCH_BUCKETS, BENCH_ROWS).
+fn collector_bench(root: &Path) -> Result<()> {
+    println!();
+    run(Command::new("cargo").current_dir(root).args([
+        "bench",
+        "-q",
+        "-p",
+        "pyrometer-collector",
+        "--bench",
+        "store",
+    ]))
 }
 
 /// DWARF unwinding: BPF cost per sample by stack depth, table build time and size for libc
