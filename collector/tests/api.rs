@@ -19,6 +19,12 @@ use pyrometer_proto::ingest::{PUSH_PATH, PushReply, PushRequest};
 const TOKEN: &str = "t0ken-for-tests";
 
 fn profile(comm: &str, stack: &[&str], samples: i64, time_s: i64) -> pb::Profile {
+    profile_of(comm, &[(stack, samples)], time_s)
+}
+
+/// One process's samples: `samples` counts and 10 ns of CPU per sample for each stack (given
+/// root first).
+fn profile_of(comm: &str, stacks: &[(&[&str], i64)], time_s: i64) -> pb::Profile {
     let mut strings = vec![String::new()];
     let mut id = |s: &str| {
         if let Some(i) = strings.iter().position(|x| x == s) {
@@ -37,39 +43,52 @@ fn profile(comm: &str, stack: &[&str], samples: i64, time_s: i64) -> pb::Profile
             unit: id("nanoseconds"),
         },
     ];
-    let mut function = Vec::new();
+    let comm_key = id("comm");
+    let comm_value = id(comm);
+    let mut function: Vec<pb::Function> = Vec::new();
     let mut location = Vec::new();
-    for (i, name) in stack.iter().enumerate() {
-        let fid = i as u64 + 1;
-        function.push(pb::Function {
-            id: fid,
-            name: id(name),
-            ..Default::default()
-        });
-        location.push(pb::Location {
-            id: fid,
-            line: vec![pb::Line {
-                function_id: fid,
-                line: 0,
+    let mut sample = Vec::new();
+    for (stack, samples) in stacks {
+        let mut location_id = Vec::new();
+        // Leaf first, as pprof wants.
+        for name in stack.iter().rev() {
+            let name = id(name);
+            let fid = match function.iter().find(|f| f.name == name) {
+                Some(f) => f.id,
+                None => {
+                    let fid = function.len() as u64 + 1;
+                    function.push(pb::Function {
+                        id: fid,
+                        name,
+                        ..Default::default()
+                    });
+                    location.push(pb::Location {
+                        id: fid,
+                        line: vec![pb::Line {
+                            function_id: fid,
+                            line: 0,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    });
+                    fid
+                }
+            };
+            location_id.push(fid);
+        }
+        sample.push(pb::Sample {
+            location_id,
+            value: vec![*samples, samples * 10],
+            label: vec![pb::Label {
+                key: comm_key,
+                str: comm_value,
                 ..Default::default()
             }],
-            ..Default::default()
         });
     }
-    // Leaf first, as pprof wants.
-    let location_id: Vec<u64> = (1..=stack.len() as u64).rev().collect();
-    let label = vec![pb::Label {
-        key: id("comm"),
-        str: id(comm),
-        ..Default::default()
-    }];
     pb::Profile {
         sample_type,
-        sample: vec![pb::Sample {
-            location_id,
-            value: vec![samples, samples * 10],
-            label,
-        }],
+        sample,
         location,
         function,
         string_table: strings,
@@ -294,6 +313,169 @@ async fn auth_dedup_queries_and_errors() {
             .refused_invalid
             .load(std::sync::atomic::Ordering::Relaxed),
         0
+    );
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The share of one function in a diff's `functions` list.
+fn row<'a>(d: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
+    d["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == function)
+        .unwrap_or_else(|| panic!("no {function} in {d}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_of_two_ranges_and_of_two_label_sets() {
+    let (addr, _state) = start("diff").await;
+    let now = pyrometer_collector::server::now_s();
+    let (old, new) = (now - 600, now - 60);
+    // slow: 50 % of the samples, then 66.7 % (z ~ 13); a kernel frame under it is charged
+    // to it unless kernel=true.
+    let base = profile_of(
+        "app",
+        &[
+            (&["main", "slow"], 1400),
+            (&["main", "slow", "write_[k]"], 100),
+            (&["main", "other"], 1500),
+        ],
+        old,
+    );
+    let cand = profile_of(
+        "app",
+        &[(&["main", "slow"], 2000), (&["main", "other"], 1000)],
+        new,
+    );
+    for (seq, node, p) in [(1, "n1", base), (2, "n2", cand)] {
+        let body = request("agent", seq, node, p);
+        push(addr, Some(TOKEN), body).await.unwrap();
+    }
+
+    // One query, two time ranges: new_query defaults to base_query.
+    let ranges = format!(
+        "base_from={}&base_to={}&new_from={}&new_to={}",
+        old - 30,
+        old + 30,
+        new - 30,
+        new + 30
+    );
+    let q = enc(r#"{comm="app"}"#);
+    let (code, body) = get(
+        addr,
+        &format!("/api/v1/diff?base_query={q}&{ranges}&fail_above=5"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let d = json(&body);
+    assert_eq!(d["regressions"], serde_json::json!(["slow"]));
+    assert_eq!(d["functions"][0]["function"], "slow");
+    assert_eq!(d["base"]["samples"], 3000);
+    assert_eq!(d["new"]["samples"], 3000);
+    assert_eq!(d["new"]["query"], r#"{comm="app"}"#);
+    assert_eq!(d["type"], "samples");
+    let slow = row(&d, "slow");
+    assert!(
+        (slow["self_delta_pts"].as_f64().unwrap() - 16.67).abs() < 0.01,
+        "{slow}"
+    );
+    assert!(slow["z"].as_f64().unwrap() > 12.0 && slow["regression"] == true);
+    assert!(row(&d, "other")["self_delta_pts"].as_f64().unwrap() < -16.0);
+    assert!(
+        d["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["function"] != "write_[k]")
+    );
+    // Without fail_above there are verdicts to compute from, but no gate.
+    let (_, body) = get(addr, &format!("/api/v1/diff?{ranges}")).await;
+    assert_eq!(json(&body)["regressions"], serde_json::json!([]));
+    // kernel=true judges the kernel frame on its own.
+    let (_, body) = get(addr, &format!("/api/v1/diff?{ranges}&kernel=true")).await;
+    let k = json(&body);
+    assert!((row(&k, "write_[k]")["base_self_pct"].as_f64().unwrap() - 3.33).abs() < 0.01);
+    // CPU time is compared, but the z-test still counts samples (not nanoseconds).
+    let (_, body) = get(
+        addr,
+        &format!("/api/v1/diff?{ranges}&type=cpu&fail_above=5"),
+    )
+    .await;
+    let cpu = json(&body);
+    assert_eq!(cpu["base"]["total"], 30_000);
+    assert_eq!(cpu["base"]["samples"], 3000);
+    assert_eq!(cpu["regressions"], serde_json::json!(["slow"]));
+
+    // Two label sets over one range: new_from/new_to default to the base ones.
+    let wide = format!("base_from={}&base_to={}", old - 30, new + 30);
+    let (code, body) = get(
+        addr,
+        &format!(
+            "/api/v1/diff?{wide}&base_query={}&new_query={}&fail_above=5&inclusive=true",
+            enc(r#"{node="n1"}"#),
+            enc(r#"{node="n2"}"#)
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let d = json(&body);
+    assert_eq!(d["judged"], "inclusive");
+    assert_eq!(d["regressions"], serde_json::json!(["slow"]));
+    assert_eq!(row(&d, "main")["inclusive_delta_pts"], 0.0);
+
+    // The differential flame graph: the candidate's shape, each frame's change of its own
+    // stack's share in the tooltip (slow's base share excludes its write_[k] child there).
+    let (code, svg) = get(addr, &format!("/api/v1/diff?{ranges}&format=svg")).await;
+    assert_eq!(code, 200, "{svg}");
+    assert!(svg.starts_with("<?xml") && svg.contains("<svg"), "{svg}");
+    assert!(
+        svg.contains("<title>slow (2,000 samples, 66.67%; +20.00%)</title>"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("pyrometer diff: {} ["),
+        "title names the sides"
+    );
+
+    let empty = enc(r#"{node="nosuch"}"#);
+    for (bad, want) in [
+        (format!("base_query={}", enc(r#"{node="n1""#)), 400),
+        (format!("{ranges}&new_query={}", enc(r#"{node=~"("}"#)), 400),
+        ("base_from=yesterday".to_string(), 400),
+        (
+            "base_from=now-1h&new_from=now&new_to=now-1h".to_string(),
+            400,
+        ),
+        (format!("{ranges}&new_from=now"), 400),
+        (format!("{ranges}&format=png"), 400),
+        (format!("{ranges}&type=nosuch"), 400),
+        (format!("{ranges}&fail_above=lots"), 400),
+        (format!("{ranges}&alpha=2"), 400),
+        (format!("{ranges}&inclusive=maybe"), 400),
+        (format!("{ranges}&min_samples=-1"), 400),
+        // Too few samples to gate on, as `pyrometer diff --fail-above` refuses.
+        (format!("{ranges}&fail_above=5&min_samples=5000"), 400),
+        // A side that matched nothing: no shares to compare.
+        (format!("{ranges}&new_query={empty}"), 404),
+        (
+            format!("base_from={}&base_to={}", now - 5000, now - 4000),
+            404,
+        ),
+    ] {
+        let (code, body) = get(addr, &format!("/api/v1/diff?{bad}")).await;
+        assert_eq!(code, want, "{bad}: {body}");
+        let v = json(&body);
+        assert_eq!(v["code"], want);
+        assert!(v["error"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    }
+    let (_, body) = get(addr, &format!("/api/v1/diff?{ranges}&new_query={empty}")).await;
+    assert!(
+        json(&body)["error"].as_str().unwrap().contains("new side"),
+        "{body}"
     );
 }
 
