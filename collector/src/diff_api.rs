@@ -221,7 +221,7 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
 
     if format == "svg" {
         let title = format!(
-            "pyrometer diff: {} → {}",
+            "pyrometer diff: {} → {} UTC",
             label(&base_side),
             label(&new_side)
         );
@@ -270,13 +270,51 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
     Ok(axum::Json(body).into_response())
 }
 
+/// How the SVG title names a side: its query and range, to the minute in UTC, the end's
+/// date only when it differs from the start's (the title has one line of room).
 fn label(side: &Side) -> String {
     let q = if side.query.is_empty() {
         "{}"
     } else {
         &side.query
     };
-    format!("{q} [{}, {}]", side.from_s, side.to_s - 1)
+    let (from, to) = (utc(side.from_s), utc(side.to_s - 1));
+    let to = match to.split_once(' ') {
+        Some((day, time)) if from.starts_with(day) => time.to_string(),
+        _ => to,
+    };
+    format!("{q} {from}–{to}")
+}
+
+/// `YYYY-MM-DD HH:MM` of Unix seconds (the proleptic Gregorian calendar, by Howard Hinnant's
+/// days-to-civil algorithm; no date crate for one title).
+fn utc(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00");
+        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00");
+        assert_eq!(super::utc(1_796_274_525), "2026-12-03 05:08");
+        assert_eq!(super::utc(-1), "1969-12-31 23:59");
+    }
 }
 
 fn select(

@@ -266,8 +266,8 @@ async fn diff_of_two_ranges_and_of_two_label_sets() {
         "{svg}"
     );
     assert!(
-        svg.contains("pyrometer diff: {} ["),
-        "title names the sides"
+        svg.contains("pyrometer diff: {} 20") && svg.contains(" UTC</text>"),
+        "the title names the sides and their UTC ranges"
     );
 
     let empty = enc(r#"{node="nosuch"}"#);

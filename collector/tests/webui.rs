@@ -289,4 +289,32 @@ fn web_ui_lists_nodes_draws_zooms_and_compares() {
     let shot = dir.join("compare.png");
     page.screenshot(&shot);
     println!("screenshot: {}", shot.display());
+
+    // "vs. previous" fills the compare form from the flame graph view: the selected hour
+    // against the hour before it, for the view's query.
+    let filled = page.eval(
+        r##"(() => {
+            document.getElementById("base-from").value = "now-9h";
+            document.getElementById("cmp-summary").textContent = "";
+            document.getElementById("tab-profile").click();
+            document.getElementById("vs-earlier").click();
+            return ["base-query", "base-from", "base-to", "new-from", "new-to"]
+                .map(id => document.getElementById(id).value);
+        })()"##,
+    );
+    assert_eq!(
+        filled,
+        serde_json::json!([r#"{node="n1"}"#, "now-2h", "now-1h", "now-1h", "now"])
+    );
+    let summary = page.wait_for(
+        "the compare summary after vs. previous",
+        r##"document.getElementById("cmp-summary").textContent"##,
+    );
+    assert!(
+        summary
+            .as_str()
+            .unwrap()
+            .starts_with("baseline 800 samples, candidate 800"),
+        "{summary}"
+    );
 }
