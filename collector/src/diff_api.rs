@@ -306,17 +306,6 @@ fn utc(secs: i64) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_dates() {
-        assert_eq!(super::utc(0), "1970-01-01 00:00");
-        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00");
-        assert_eq!(super::utc(1_796_274_525), "2026-12-03 05:08");
-        assert_eq!(super::utc(-1), "1969-12-31 23:59");
-    }
-}
-
 fn select(
     store: &dyn Store,
     side: &Side,
@@ -372,4 +361,15 @@ fn aggregate(sel: &Selected, kernel: bool) -> Aggregate {
         out.add(&frames, s.value, n);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00");
+        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00");
+        assert_eq!(super::utc(1_796_274_525), "2026-12-03 05:08");
+        assert_eq!(super::utc(-1), "1969-12-31 23:59");
+    }
 }
