@@ -1,7 +1,8 @@
 //! The pyrometer collector: receives profiles pushed by node agents over gRPC, keeps them in
 //! an embedded store, and answers queries (flame graphs, pprof, folded, top, group totals)
-//! over HTTP on the same port, with a web UI and its own `/metrics`.
+//! and diffs over HTTP on the same port, with a web UI and its own `/metrics`.
 
+pub mod diff_api;
 pub mod ingest;
 pub mod metrics;
 pub mod query;

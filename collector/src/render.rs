@@ -10,10 +10,23 @@ use crate::store::Stacked;
 /// `root;...;leaf` with the sample's process (`comm` label) as the root frame, as `pyrometer
 /// record` writes folded files, merged and sorted.
 pub fn folded(stacks: &[Stacked]) -> Vec<(String, i64)> {
+    fold(stacks, true)
+}
+
+/// [`folded`] without the process root: code only, as `pyrometer diff` compares, so a
+/// baseline and a candidate under different process names line up frame by frame.
+pub fn folded_code_text(stacks: &[Stacked]) -> String {
+    fold(stacks, false)
+        .into_iter()
+        .map(|(s, v)| format!("{s} {v}\n"))
+        .collect()
+}
+
+fn fold(stacks: &[Stacked], comm_root: bool) -> Vec<(String, i64)> {
     let mut merged: BTreeMap<String, i64> = BTreeMap::new();
     for s in stacks {
         let mut line = String::new();
-        if let Some(comm) = s.labels.get("comm") {
+        if comm_root && let Some(comm) = s.labels.get("comm") {
             line.push_str(&comm.replace(';', ":"));
         }
         for f in s.stack.iter() {

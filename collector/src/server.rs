@@ -42,6 +42,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/", get(index))
         .route("/metrics", get(metrics))
         .route("/api/v1/profile", get(profile))
+        .route("/api/v1/diff", get(crate::diff_api::diff))
         .route("/api/v1/labels", get(label_names))
         .route("/api/v1/label/{name}/values", get(label_values))
         .route("/api/v1/types", get(types))
@@ -63,18 +64,26 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(code: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: StatusCode, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),
         }
     }
 
-    fn bad_request(message: impl ToString) -> Self {
+    pub(crate) fn bad_request(message: impl ToString) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message.to_string())
     }
 
-    fn internal(message: impl ToString) -> Self {
+    /// The same error, its message naming the parameter group it came from.
+    pub(crate) fn prefixed(self, what: &str) -> Self {
+        Self {
+            code: self.code,
+            message: format!("{what}: {}", self.message),
+        }
+    }
+
+    pub(crate) fn internal(message: impl ToString) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message.to_string())
     }
 }
@@ -107,13 +116,13 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 
 #[derive(Deserialize, Default)]
 pub struct RangeParams {
-    from: Option<String>,
-    to: Option<String>,
+    pub(crate) from: Option<String>,
+    pub(crate) to: Option<String>,
 }
 
 impl RangeParams {
     /// `[from, to)` in seconds; defaults to the last hour.
-    fn range(&self) -> Result<(i64, i64), ApiError> {
+    pub(crate) fn range(&self) -> Result<(i64, i64), ApiError> {
         let now = now_s();
         let to = match &self.to {
             Some(t) if !t.is_empty() => parse_time(t, now).map_err(ApiError::bad_request)?,

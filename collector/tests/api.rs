@@ -1,94 +1,20 @@
 //! The collector in-process on a random port, driven over real gRPC and HTTP: auth, dedup,
 //! queries, errors, and malformed pushes that must never take it down.
 
-use std::io::{Read, Write};
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use common::{enc, get, profile, profile_of, push, request};
 use proptest::prelude::*;
-use prost::Message;
 use pyrometer_collector::ingest::{self, Limits};
 use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::server::{AppState, router};
 use pyrometer_collector::sqlite::SqliteStore;
-use pyrometer_proto as pb;
-use pyrometer_proto::grpc::RawCodec;
-use pyrometer_proto::ingest::{PUSH_PATH, PushReply, PushRequest};
 
 const TOKEN: &str = "t0ken-for-tests";
-
-fn profile(comm: &str, stack: &[&str], samples: i64, time_s: i64) -> pb::Profile {
-    let mut strings = vec![String::new()];
-    let mut id = |s: &str| {
-        if let Some(i) = strings.iter().position(|x| x == s) {
-            return i as i64;
-        }
-        strings.push(s.to_string());
-        strings.len() as i64 - 1
-    };
-    let sample_type = vec![
-        pb::ValueType {
-            r#type: id("samples"),
-            unit: id("count"),
-        },
-        pb::ValueType {
-            r#type: id("cpu"),
-            unit: id("nanoseconds"),
-        },
-    ];
-    let mut function = Vec::new();
-    let mut location = Vec::new();
-    for (i, name) in stack.iter().enumerate() {
-        let fid = i as u64 + 1;
-        function.push(pb::Function {
-            id: fid,
-            name: id(name),
-            ..Default::default()
-        });
-        location.push(pb::Location {
-            id: fid,
-            line: vec![pb::Line {
-                function_id: fid,
-                line: 0,
-                ..Default::default()
-            }],
-            ..Default::default()
-        });
-    }
-    // Leaf first, as pprof wants.
-    let location_id: Vec<u64> = (1..=stack.len() as u64).rev().collect();
-    let label = vec![pb::Label {
-        key: id("comm"),
-        str: id(comm),
-        ..Default::default()
-    }];
-    pb::Profile {
-        sample_type,
-        sample: vec![pb::Sample {
-            location_id,
-            value: vec![samples, samples * 10],
-            label,
-        }],
-        location,
-        function,
-        string_table: strings,
-        time_nanos: time_s * 1_000_000_000,
-        ..Default::default()
-    }
-}
-
-fn request(agent: &str, seq: u64, node: &str, p: pb::Profile) -> Bytes {
-    Bytes::from(
-        PushRequest {
-            agent_id: agent.into(),
-            sequence: seq,
-            node: node.into(),
-            profile: Some(p),
-        }
-        .encode_to_vec(),
-    )
-}
 
 async fn start(name: &str) -> (SocketAddr, Arc<AppState>) {
     let dir =
@@ -106,84 +32,6 @@ async fn start(name: &str) -> (SocketAddr, Arc<AppState>) {
     let app = router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (addr, state)
-}
-
-async fn push(
-    addr: SocketAddr,
-    token: Option<&str>,
-    body: Bytes,
-) -> Result<PushReply, tonic::Status> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let mut req = tonic::Request::new(body);
-    if let Some(t) = token {
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {t}").parse().unwrap());
-    }
-    let path = http::uri::PathAndQuery::from_static(PUSH_PATH);
-    let reply = grpc.unary(req, path, RawCodec).await?;
-    Ok(PushReply::decode(reply.into_inner()).expect("reply decodes"))
-}
-
-/// A plain HTTP/1.1 GET: status and body.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let path = path.to_string();
-    tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).unwrap();
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let status = text[9..12].parse().unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        (status, body)
-    })
-    .await
-    .unwrap()
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = &rest[n + 2..];
-    }
-    out
-}
-
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,6 +142,169 @@ async fn auth_dedup_queries_and_errors() {
             .refused_invalid
             .load(std::sync::atomic::Ordering::Relaxed),
         0
+    );
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The share of one function in a diff's `functions` list.
+fn row<'a>(d: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
+    d["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == function)
+        .unwrap_or_else(|| panic!("no {function} in {d}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_of_two_ranges_and_of_two_label_sets() {
+    let (addr, _state) = start("diff").await;
+    let now = pyrometer_collector::server::now_s();
+    let (old, new) = (now - 600, now - 60);
+    // slow: 50 % of the samples, then 66.7 % (z ~ 13); a kernel frame under it is charged
+    // to it unless kernel=true.
+    let base = profile_of(
+        "app",
+        &[
+            (&["main", "slow"], 1400),
+            (&["main", "slow", "write_[k]"], 100),
+            (&["main", "other"], 1500),
+        ],
+        old,
+    );
+    let cand = profile_of(
+        "app",
+        &[(&["main", "slow"], 2000), (&["main", "other"], 1000)],
+        new,
+    );
+    for (seq, node, p) in [(1, "n1", base), (2, "n2", cand)] {
+        let body = request("agent", seq, node, p);
+        push(addr, Some(TOKEN), body).await.unwrap();
+    }
+
+    // One query, two time ranges: new_query defaults to base_query.
+    let ranges = format!(
+        "base_from={}&base_to={}&new_from={}&new_to={}",
+        old - 30,
+        old + 30,
+        new - 30,
+        new + 30
+    );
+    let q = enc(r#"{comm="app"}"#);
+    let (code, body) = get(
+        addr,
+        &format!("/api/v1/diff?base_query={q}&{ranges}&fail_above=5"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let d = json(&body);
+    assert_eq!(d["regressions"], serde_json::json!(["slow"]));
+    assert_eq!(d["functions"][0]["function"], "slow");
+    assert_eq!(d["base"]["samples"], 3000);
+    assert_eq!(d["new"]["samples"], 3000);
+    assert_eq!(d["new"]["query"], r#"{comm="app"}"#);
+    assert_eq!(d["type"], "samples");
+    let slow = row(&d, "slow");
+    assert!(
+        (slow["self_delta_pts"].as_f64().unwrap() - 16.67).abs() < 0.01,
+        "{slow}"
+    );
+    assert!(slow["z"].as_f64().unwrap() > 12.0 && slow["regression"] == true);
+    assert!(row(&d, "other")["self_delta_pts"].as_f64().unwrap() < -16.0);
+    assert!(
+        d["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["function"] != "write_[k]")
+    );
+    // Without fail_above there are verdicts to compute from, but no gate.
+    let (_, body) = get(addr, &format!("/api/v1/diff?{ranges}")).await;
+    assert_eq!(json(&body)["regressions"], serde_json::json!([]));
+    // kernel=true judges the kernel frame on its own.
+    let (_, body) = get(addr, &format!("/api/v1/diff?{ranges}&kernel=true")).await;
+    let k = json(&body);
+    assert!((row(&k, "write_[k]")["base_self_pct"].as_f64().unwrap() - 3.33).abs() < 0.01);
+    // CPU time is compared, but the z-test still counts samples (not nanoseconds).
+    let (_, body) = get(
+        addr,
+        &format!("/api/v1/diff?{ranges}&type=cpu&fail_above=5"),
+    )
+    .await;
+    let cpu = json(&body);
+    assert_eq!(cpu["base"]["total"], 30_000);
+    assert_eq!(cpu["base"]["samples"], 3000);
+    assert_eq!(cpu["regressions"], serde_json::json!(["slow"]));
+
+    // Two label sets over one range: new_from/new_to default to the base ones.
+    let wide = format!("base_from={}&base_to={}", old - 30, new + 30);
+    let (code, body) = get(
+        addr,
+        &format!(
+            "/api/v1/diff?{wide}&base_query={}&new_query={}&fail_above=5&inclusive=true",
+            enc(r#"{node="n1"}"#),
+            enc(r#"{node="n2"}"#)
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let d = json(&body);
+    assert_eq!(d["judged"], "inclusive");
+    assert_eq!(d["regressions"], serde_json::json!(["slow"]));
+    assert_eq!(row(&d, "main")["inclusive_delta_pts"], 0.0);
+
+    // The differential flame graph: the candidate's shape, each frame's change of its own
+    // stack's share in the tooltip (slow's base share excludes its write_[k] child there).
+    let (code, svg) = get(addr, &format!("/api/v1/diff?{ranges}&format=svg")).await;
+    assert_eq!(code, 200, "{svg}");
+    assert!(svg.starts_with("<?xml") && svg.contains("<svg"), "{svg}");
+    assert!(
+        svg.contains("<title>slow (2,000 samples, 66.67%; +20.00%)</title>"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("pyrometer diff: {} 20") && svg.contains(" UTC</text>"),
+        "the title names the sides and their UTC ranges"
+    );
+
+    let empty = enc(r#"{node="nosuch"}"#);
+    for (bad, want) in [
+        (format!("base_query={}", enc(r#"{node="n1""#)), 400),
+        (format!("{ranges}&new_query={}", enc(r#"{node=~"("}"#)), 400),
+        ("base_from=yesterday".to_string(), 400),
+        (
+            "base_from=now-1h&new_from=now&new_to=now-1h".to_string(),
+            400,
+        ),
+        (format!("{ranges}&new_from=now"), 400),
+        (format!("{ranges}&format=png"), 400),
+        (format!("{ranges}&type=nosuch"), 400),
+        (format!("{ranges}&fail_above=lots"), 400),
+        (format!("{ranges}&alpha=2"), 400),
+        (format!("{ranges}&inclusive=maybe"), 400),
+        (format!("{ranges}&min_samples=-1"), 400),
+        // Too few samples to gate on, as `pyrometer diff --fail-above` refuses.
+        (format!("{ranges}&fail_above=5&min_samples=5000"), 400),
+        // A side that matched nothing: no shares to compare.
+        (format!("{ranges}&new_query={empty}"), 404),
+        (
+            format!("base_from={}&base_to={}", now - 5000, now - 4000),
+            404,
+        ),
+    ] {
+        let (code, body) = get(addr, &format!("/api/v1/diff?{bad}")).await;
+        assert_eq!(code, want, "{bad}: {body}");
+        let v = json(&body);
+        assert_eq!(v["code"], want);
+        assert!(v["error"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    }
+    let (_, body) = get(addr, &format!("/api/v1/diff?{ranges}&new_query={empty}")).await;
+    assert!(
+        json(&body)["error"].as_str().unwrap().contains("new side"),
+        "{body}"
     );
 }
 

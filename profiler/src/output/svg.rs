@@ -55,11 +55,8 @@ pub fn write_svg(
         .map_err(OutputError::Flamegraph)
 }
 
-/// Writes a differential flame graph (inferno's, after Brendan Gregg's): the shape of `new`
-/// without process-name roots,
-/// each frame coloured by how its count changed from `base` — red grew, blue shrank, the
-/// deeper the hue the larger the change — and the change in its tooltip. Totals are
-/// normalized first, so a longer run of the same code looks unchanged.
+/// Writes the differential flame graph of [`pyrometer_diff::write_differential_svg`]: the
+/// shape of `new` without process-name roots, coloured by the change from `base`.
 pub fn write_differential_svg(
     base: &Profile,
     base_type: usize,
@@ -78,16 +75,9 @@ pub fn write_differential_svg(
     };
     let before = to_text(base, base_type)?;
     let after = to_text(new, new_type)?;
-    let mut merged = Vec::new();
-    let opt = inferno::differential::Options {
-        normalize: true,
-        strip_hex: false,
-    };
-    inferno::differential::from_readers(opt, before.as_bytes(), after.as_bytes(), &mut merged)
-        .map_err(OutputError::Flamegraph)?;
-    let merged = String::from_utf8_lossy(&merged);
     let mut opt = options(title, &new.sample_types[new_type]);
-    flamegraph::from_lines(&mut opt, merged.lines(), out).map_err(OutputError::Flamegraph)
+    pyrometer_diff::write_differential_svg(&before, &after, &mut opt, out)
+        .map_err(OutputError::Flamegraph)
 }
 
 #[cfg(test)]

@@ -1,0 +1,182 @@
+//! Helpers shared by the collector's socket-level tests: synthetic pprof batches, a real gRPC
+//! push, and plain HTTP/1.1 GETs.
+// Each test binary compiles this module and uses only part of it.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use prost::Message;
+use pyrometer_proto as pb;
+use pyrometer_proto::grpc::RawCodec;
+use pyrometer_proto::ingest::{PUSH_PATH, PushReply, PushRequest};
+
+pub fn profile(comm: &str, stack: &[&str], samples: i64, time_s: i64) -> pb::Profile {
+    profile_of(comm, &[(stack, samples)], time_s)
+}
+
+/// One process's samples: `samples` counts and 10 ns of CPU per sample for each stack (given
+/// root first).
+pub fn profile_of(comm: &str, stacks: &[(&[&str], i64)], time_s: i64) -> pb::Profile {
+    let mut strings = vec![String::new()];
+    let mut id = |s: &str| {
+        if let Some(i) = strings.iter().position(|x| x == s) {
+            return i as i64;
+        }
+        strings.push(s.to_string());
+        strings.len() as i64 - 1
+    };
+    let sample_type = vec![
+        pb::ValueType {
+            r#type: id("samples"),
+            unit: id("count"),
+        },
+        pb::ValueType {
+            r#type: id("cpu"),
+            unit: id("nanoseconds"),
+        },
+    ];
+    let comm_key = id("comm");
+    let comm_value = id(comm);
+    let mut function: Vec<pb::Function> = Vec::new();
+    let mut location = Vec::new();
+    let mut sample = Vec::new();
+    for (stack, samples) in stacks {
+        let mut location_id = Vec::new();
+        // Leaf first, as pprof wants.
+        for name in stack.iter().rev() {
+            let name = id(name);
+            let fid = match function.iter().find(|f| f.name == name) {
+                Some(f) => f.id,
+                None => {
+                    let fid = function.len() as u64 + 1;
+                    function.push(pb::Function {
+                        id: fid,
+                        name,
+                        ..Default::default()
+                    });
+                    location.push(pb::Location {
+                        id: fid,
+                        line: vec![pb::Line {
+                            function_id: fid,
+                            line: 0,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    });
+                    fid
+                }
+            };
+            location_id.push(fid);
+        }
+        sample.push(pb::Sample {
+            location_id,
+            value: vec![*samples, samples * 10],
+            label: vec![pb::Label {
+                key: comm_key,
+                str: comm_value,
+                ..Default::default()
+            }],
+        });
+    }
+    pb::Profile {
+        sample_type,
+        sample,
+        location,
+        function,
+        string_table: strings,
+        time_nanos: time_s * 1_000_000_000,
+        ..Default::default()
+    }
+}
+
+pub fn request(agent: &str, seq: u64, node: &str, p: pb::Profile) -> Bytes {
+    Bytes::from(
+        PushRequest {
+            agent_id: agent.into(),
+            sequence: seq,
+            node: node.into(),
+            profile: Some(p),
+        }
+        .encode_to_vec(),
+    )
+}
+
+pub async fn push(
+    addr: SocketAddr,
+    token: Option<&str>,
+    body: Bytes,
+) -> Result<PushReply, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut req = tonic::Request::new(body);
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let path = http::uri::PathAndQuery::from_static(PUSH_PATH);
+    let reply = grpc.unary(req, path, RawCodec).await?;
+    Ok(PushReply::decode(reply.into_inner()).expect("reply decodes"))
+}
+
+/// A plain HTTP/1.1 GET: status and body.
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let status = text[9..12].parse().unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        (status, body)
+    })
+    .await
+    .unwrap()
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = &rest[n + 2..];
+    }
+    out
+}
+
+pub fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
