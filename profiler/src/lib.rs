@@ -11,6 +11,7 @@ pub mod model;
 pub mod output;
 pub mod privileges;
 pub mod procs;
+pub mod python;
 pub mod push;
 pub mod signals;
 pub mod spool;

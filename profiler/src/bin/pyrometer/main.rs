@@ -1,9 +1,10 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
 //! `report` converts or summarizes a profile file, `diff` compares two, `gpu` polls the GPUs
-//! alone, `agent` is the node daemon.
+//! alone, `dump` prints a Python process's thread stacks, `agent` is the node daemon.
 
 mod agent;
 mod diff;
+mod dump;
 mod gpu;
 mod record;
 mod report;
@@ -40,6 +41,8 @@ enum Command {
     Diff(diff::DiffArgs),
     /// Poll the GPUs through NVML (no BPF, no root): print a summary, write a CSV series.
     Gpu(gpu::GpuArgs),
+    /// Print the current Python stack of every thread of a process (no BPF, never stops it).
+    Dump(dump::DumpArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent::run(args),
         Command::Diff(args) => diff::run(args),
         Command::Gpu(args) => gpu::run(args),
+        Command::Dump(args) => dump::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,0 +1,88 @@
+//! `pyrometer dump --pid PID`: the current Python stack of every thread, like `py-spy dump`,
+//! read from the process's memory without stopping it.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use pyrometer::python::{self, ProcessDump, PythonError};
+
+use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error};
+
+#[derive(Args)]
+pub struct DumpArgs {
+    /// The Python process to dump.
+    #[arg(long)]
+    pid: u32,
+    /// `text` (default) or `json`.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    format: String,
+    /// Where `/proc` is (tests, or a host's proc mounted elsewhere).
+    #[arg(long, default_value = "/proc", hide = true)]
+    proc_root: PathBuf,
+}
+
+pub fn run(args: DumpArgs) -> Result<u8> {
+    let dump = python::dump(&args.proc_root, args.pid).map_err(|e| {
+        let code = match e {
+            PythonError::Permission(_) => EXIT_PRIVILEGES,
+            _ => EXIT_INPUT,
+        };
+        exit_error(code, e.to_string())
+    })?;
+    if args.format == "json" {
+        println!("{}", serde_json::to_string_pretty(&dump)?);
+    } else {
+        print!("{}", render_text(&dump));
+    }
+    Ok(0)
+}
+
+fn render_text(dump: &ProcessDump) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Process {}: {}",
+        dump.pid,
+        dump.command.as_deref().unwrap_or("?")
+    );
+    let _ = writeln!(out, "Python v{} ({})", dump.version, dump.binary);
+    for t in &dump.threads {
+        let _ = writeln!(out);
+        let id = t
+            .tid
+            .map_or_else(|| format!("{:#x}", t.thread_id), |tid| tid.to_string());
+        let mut state = t.state.as_str().to_string();
+        if t.holds_gil {
+            state.push_str(", holds GIL");
+        }
+        if let Some(reason) = &t.reason {
+            state.push_str(": ");
+            state.push_str(reason);
+        }
+        let _ = writeln!(
+            out,
+            "Thread {id} ({state}): \"{}\"",
+            t.name.as_deref().unwrap_or("?")
+        );
+        if t.frames.is_empty() {
+            let _ = writeln!(out, "    (no Python frames)");
+        }
+        for f in &t.frames {
+            match (&f.function, &f.file) {
+                (Some(func), Some(file)) => {
+                    let line = f.line.map_or_else(|| "?".to_string(), |l| l.to_string());
+                    let _ = writeln!(out, "    {func} ({file}:{line})");
+                }
+                _ => {
+                    let _ = writeln!(out, "    <unreadable frame: changed while read>");
+                }
+            }
+        }
+        if t.truncated {
+            let _ = writeln!(out, "    ... (stack cut: too deep, looping or unreadable)");
+        }
+    }
+    out
+}

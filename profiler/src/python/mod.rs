@@ -1,0 +1,126 @@
+//! CPython support: version detection, per-version structure offsets, line tables and a
+//! memory walker that reads a live interpreter's threads and frames without stopping it.
+//! `pyrometer dump` is built on [`dump`]; the BPF frame walker will reuse [`offsets`].
+
+pub mod linetable;
+pub mod memory;
+pub mod offsets;
+pub mod threads;
+pub mod version;
+pub mod walk;
+
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::path::Path;
+
+use crate::procs::{ProcError, ProcessRegistry};
+use memory::ProcessMemory;
+use threads::ThreadState;
+use walk::PyFrame;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    #[error("no such process: {0}")]
+    NoSuchProcess(u32),
+    #[error("pid {pid} ({comm}) is not a Python process: no libpython or python executable mapped")]
+    NotPython { pid: u32, comm: String },
+    #[error("Python {version} is not supported by dump ({}{}{reason})", offsets::supported_range(), if reason.is_empty() { " are" } else { " are; " })]
+    Unsupported { version: String, reason: String },
+    #[error(
+        "cannot read the memory of pid {0}: permission denied (run as its user or as root, or grant CAP_SYS_PTRACE)"
+    )]
+    Permission(u32),
+    #[error("unreadable address {0:#x}")]
+    BadAddress(u64),
+    #[error("cannot read memory at {addr:#x}: {source}")]
+    Read {
+        addr: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot parse {path}: {reason}")]
+    Elf { path: String, reason: String },
+    #[error("{path} has no symbol {symbol}")]
+    MissingSymbol { symbol: String, path: String },
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ThreadDump {
+    /// Kernel thread id, when it could be told.
+    pub tid: Option<u32>,
+    /// `pthread_self()` of the thread.
+    pub thread_id: u64,
+    /// The OS thread name (`/proc/PID/task/TID/comm`), not `threading`'s name.
+    pub name: Option<String>,
+    pub state: ThreadState,
+    pub holds_gil: bool,
+    /// Why a blocked thread sleeps (its system call), when that could be read.
+    pub reason: Option<String>,
+    /// Innermost first.
+    pub frames: Vec<PyFrame>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProcessDump {
+    pub pid: u32,
+    pub command: Option<String>,
+    pub version: String,
+    /// The binary holding the interpreter (`libpython3.X.so…` or the executable).
+    pub binary: String,
+    pub threads: Vec<ThreadDump>,
+}
+
+/// The current Python stack of every thread of `pid`. Reads are `process_vm_readv` calls, so
+/// the process is never stopped; a thread whose frames changed mid-read may show frames
+/// marked unreadable.
+pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
+    let mut registry = ProcessRegistry::with_proc_root(proc_root);
+    let process = registry.observe(pid)?;
+    let runtime = version::detect(process)?;
+    let offsets = offsets::for_version(runtime.version.major, runtime.version.minor).ok_or_else(
+        || PythonError::Unsupported {
+            version: runtime.version.to_string(),
+            reason: String::new(),
+        },
+    )?;
+    let mem = ProcessMemory::new(pid);
+    let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
+    let tasks: Vec<u32> = std::fs::read_dir(proc_root.join(pid.to_string()).join("task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let threads = snapshot
+        .threads
+        .into_iter()
+        .map(|t| {
+            // A tid read through glibc's struct pthread (3.8–3.10) is trusted only when it
+            // names a task of this process.
+            let tid = t.tid.filter(|tid| tasks.contains(tid));
+            let os = tid.map(|tid| threads::os_thread(proc_root, pid, tid, snapshot.gil));
+            ThreadDump {
+                tid,
+                thread_id: t.thread_id,
+                name: os.as_ref().and_then(|o| o.name.clone()),
+                state: os.as_ref().map_or(ThreadState::Unknown, |o| o.state),
+                holds_gil: t.holds_gil,
+                reason: os.and_then(|o| o.reason),
+                frames: t.frames,
+                truncated: t.truncated,
+            }
+        })
+        .collect();
+    Ok(ProcessDump {
+        pid,
+        command: version::command_line(proc_root, pid),
+        version: runtime.version.to_string(),
+        binary: runtime.path,
+        threads,
+    })
+}

@@ -1,0 +1,258 @@
+//! Per-version CPython structure offsets, as one flat `#[repr(C)]` struct of integers so the
+//! BPF side can later take the same table through a map unchanged.
+//!
+//! Every number below was read from the DWARF of the pyenv builds on the development machine
+//! (`~/.pyenv/versions/3.X.Y/lib/libpython3.X.so.1.0`, built `--enable-shared` with `-g`) by
+//! `scripts/python_offsets.py` run under gdb:
+//!
+//! ```sh
+//! gdb -batch -nx -ex 'python exec(open("scripts/python_offsets.py").read())' \
+//!     ~/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0
+//! ```
+//!
+//! The unit test `offsets_match_dwarf` re-runs that script against every installed build and
+//! compares. The layouts are CPython's private ones: they only hold within a minor version
+//! (3.8.0–3.8.x share one), which is why the table is keyed by minor version alone. Builds with
+//! a different object header (free-threaded `3.13t`, `--with-pydebug` / `Py_TRACE_REFS`) are
+//! refused by version detection, not read with these numbers.
+
+/// `u32::MAX`: the field does not exist in this version.
+pub const ABSENT: u32 = u32::MAX;
+
+/// How a frame's instruction position is stored.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// ≤3.10: `PyFrameObject`, `f_lasti` an int (bytes in 3.8–3.9, code units in 3.10).
+    FrameObject = 0,
+    /// 3.11+: `_PyInterpreterFrame`, an instruction pointer into `co_code_adaptive`.
+    Interpreter = 1,
+}
+
+/// How `co_linetable` / `co_lnotab` is encoded.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineTableKind {
+    /// 3.8–3.9 `co_lnotab`: (bytecode delta, signed line delta) pairs.
+    Lnotab = 0,
+    /// 3.10 `co_linetable`: (range length, signed line delta, -128 = none) pairs.
+    Linetable310 = 1,
+    /// 3.11+ location table (PEP 626/657 varint entries in code units).
+    Locations311 = 2,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PyOffsets {
+    pub major: u32,
+    pub minor: u32,
+    pub frame_kind: FrameKind,
+    pub line_table_kind: LineTableKind,
+    /// Bytes per unit of the stored instruction position (`f_lasti`, or code units for 3.11+).
+    pub lasti_unit: u32,
+
+    // _PyRuntimeState
+    pub runtime_interpreters_head: u32,
+    /// 3.8–3.11: the GIL is embedded in `_PyRuntime.ceval.gil`.
+    pub runtime_gil: u32,
+
+    // PyInterpreterState
+    pub interp_next: u32,
+    pub interp_threads_head: u32,
+    /// 3.12+: `interp->ceval.gil`, a pointer to the GIL state.
+    pub interp_gil_ptr: u32,
+
+    // struct _gil_runtime_state
+    pub gil_last_holder: u32,
+    pub gil_locked: u32,
+    pub gil_size: u32,
+
+    // PyThreadState
+    pub tstate_next: u32,
+    pub tstate_interp: u32,
+    /// ≤3.10 `frame`; 3.13 `current_frame`; 3.11–3.12 `cframe` (then `cframe_current_frame`).
+    pub tstate_frame: u32,
+    pub cframe_current_frame: u32,
+    pub tstate_thread_id: u32,
+    pub tstate_native_thread_id: u32,
+
+    // Frames
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub frame_instr: u32,
+    /// 3.11 `is_entry`, unused later.
+    pub frame_is_entry: u32,
+    /// 3.11+ `owner` (a char).
+    pub frame_owner: u32,
+    /// The `owner` value of shim frames pushed by the C stack (3.12+), else `ABSENT`.
+    pub frame_owned_by_cstack: u32,
+
+    // PyCodeObject
+    pub code_filename: u32,
+    pub code_name: u32,
+    pub code_qualname: u32,
+    pub code_firstlineno: u32,
+    pub code_linetable: u32,
+    /// 3.11+: where the instructions start inside the code object.
+    pub code_adaptive: u32,
+
+    // Objects
+    pub object_type: u32,
+    pub bytes_size: u32,
+    pub bytes_data: u32,
+    pub unicode_length: u32,
+    pub unicode_state: u32,
+    /// Data of a compact ASCII string follows `PyASCIIObject`.
+    pub unicode_ascii_data: u32,
+    /// Data of a compact non-ASCII string follows `PyCompactUnicodeObject`.
+    pub unicode_compact_data: u32,
+}
+
+const BASE: PyOffsets = PyOffsets {
+    major: 3,
+    minor: 0,
+    frame_kind: FrameKind::FrameObject,
+    line_table_kind: LineTableKind::Lnotab,
+    lasti_unit: 1,
+    runtime_interpreters_head: 32,
+    runtime_gil: ABSENT,
+    interp_next: 0,
+    interp_threads_head: 8,
+    interp_gil_ptr: ABSENT,
+    gil_last_holder: 8,
+    gil_locked: 16,
+    gil_size: 208,
+    tstate_next: 8,
+    tstate_interp: 16,
+    tstate_frame: 24,
+    cframe_current_frame: ABSENT,
+    tstate_thread_id: 176,
+    tstate_native_thread_id: ABSENT,
+    frame_code: 32,
+    frame_previous: 24,
+    frame_instr: 104,
+    frame_is_entry: ABSENT,
+    frame_owner: ABSENT,
+    frame_owned_by_cstack: ABSENT,
+    code_filename: 104,
+    code_name: 112,
+    code_qualname: ABSENT,
+    code_firstlineno: 40,
+    code_linetable: 120,
+    code_adaptive: ABSENT,
+    object_type: 8,
+    bytes_size: 16,
+    bytes_data: 32,
+    unicode_length: 16,
+    unicode_state: 32,
+    unicode_ascii_data: 48,
+    unicode_compact_data: 72,
+};
+
+/// 3.8.18 DWARF. `_PyRuntime.ceval.gil` at 1152 (3.8 still has the pending-calls arrays there).
+const PY38: PyOffsets = PyOffsets {
+    minor: 8,
+    runtime_gil: 1152,
+    ..BASE
+};
+
+/// 3.9.18 DWARF.
+const PY39: PyOffsets = PyOffsets {
+    minor: 9,
+    runtime_gil: 352,
+    ..BASE
+};
+
+/// 3.10.13 DWARF: `f_lasti` moved to 96 and counts code units; `co_lnotab` became
+/// `co_linetable` in the same slot.
+const PY310: PyOffsets = PyOffsets {
+    minor: 10,
+    line_table_kind: LineTableKind::Linetable310,
+    lasti_unit: 2,
+    runtime_gil: 352,
+    frame_instr: 96,
+    ..BASE
+};
+
+/// 3.11.7 DWARF: `_PyInterpreterFrame`, `tstate->cframe->current_frame`, `native_thread_id`.
+const PY311: PyOffsets = PyOffsets {
+    minor: 11,
+    frame_kind: FrameKind::Interpreter,
+    line_table_kind: LineTableKind::Locations311,
+    lasti_unit: 2,
+    runtime_interpreters_head: 40,
+    runtime_gil: 360,
+    interp_threads_head: 16,
+    tstate_frame: 56,
+    cframe_current_frame: 8,
+    tstate_thread_id: 152,
+    tstate_native_thread_id: 160,
+    frame_code: 32,
+    frame_previous: 48,
+    frame_instr: 56,
+    frame_is_entry: 68,
+    frame_owner: 69,
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: 128,
+    code_firstlineno: 72,
+    code_linetable: 136,
+    code_adaptive: 184,
+    ..BASE
+};
+
+/// 3.12.1 DWARF: per-interpreter GIL pointer, shim frames owned by the C stack (owner 3),
+/// smaller unicode headers (no `wstr`).
+const PY312: PyOffsets = PyOffsets {
+    minor: 12,
+    runtime_gil: ABSENT,
+    interp_threads_head: 72,
+    interp_gil_ptr: 384,
+    cframe_current_frame: 0,
+    tstate_thread_id: 136,
+    tstate_native_thread_id: 144,
+    frame_code: 0,
+    frame_previous: 8,
+    frame_is_entry: ABSENT,
+    frame_owner: 70,
+    frame_owned_by_cstack: 3,
+    code_firstlineno: 68,
+    code_adaptive: 192,
+    unicode_ascii_data: 40,
+    unicode_compact_data: 56,
+    ..PY311
+};
+
+/// 3.13.0 DWARF: `tstate->current_frame` directly, `f_executable`, `instr_ptr` (CPython's
+/// `_PyInterpreterFrame_LASTI` treats it like 3.12's `prev_instr`), the main interpreter
+/// embedded far into `_PyRuntime`.
+const PY313: PyOffsets = PyOffsets {
+    minor: 13,
+    runtime_interpreters_head: 632,
+    interp_next: 7264,
+    interp_threads_head: 7344,
+    interp_gil_ptr: 16,
+    tstate_frame: 72,
+    cframe_current_frame: ABSENT,
+    tstate_thread_id: 152,
+    tstate_native_thread_id: 160,
+    code_adaptive: 200,
+    ..PY312
+};
+
+/// The supported minor versions, oldest first.
+pub const SUPPORTED: &[PyOffsets] = &[PY38, PY39, PY310, PY311, PY312, PY313];
+
+/// Offsets for CPython `major.minor`, or `None` when that version is not supported.
+pub fn for_version(major: u32, minor: u32) -> Option<&'static PyOffsets> {
+    SUPPORTED
+        .iter()
+        .find(|o| o.major == major && o.minor == minor)
+}
+
+/// The supported range as text, for messages: `3.8–3.13`.
+pub fn supported_range() -> String {
+    let first = SUPPORTED.first().map_or(0, |o| o.minor);
+    let last = SUPPORTED.last().map_or(0, |o| o.minor);
+    format!("3.{first}–3.{last}")
+}

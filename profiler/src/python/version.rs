@@ -1,0 +1,297 @@
+//! Which CPython a process runs and where its runtime lives: the `libpython3.X.so` mapping of a
+//! `--enable-shared` build, else the executable itself (static builds such as Debian's
+//! `/usr/bin/python3.11`). Binaries are opened through the process registry, so a
+//! containerized process's files are read through `/proc/PID/root`.
+
+use std::fmt;
+use std::fs;
+use std::path::Path;
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+
+use super::PythonError;
+use crate::procs::{Mapping, Process};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PythonVersion {
+    pub major: u32,
+    pub minor: u32,
+    /// Unknown when neither `Py_Version` nor a `PY_VERSION` string was found.
+    pub micro: Option<u32>,
+}
+
+impl fmt::Display for PythonVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)?;
+        if let Some(micro) = self.micro {
+            write!(f, ".{micro}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The binary holding a process's interpreter, with the addresses the walker needs.
+#[derive(Debug, Clone)]
+pub struct PythonRuntime {
+    pub version: PythonVersion,
+    /// The path as the process maps it.
+    pub path: String,
+    /// Run-time addresses (load bias applied).
+    pub runtime: u64,
+    pub code_type: u64,
+    pub unicode_type: u64,
+    pub bytes_type: u64,
+}
+
+/// `libpython3.11.so.1.0` → (3, 11, ""), `libpython3.7m.so` → (3, 7, "m").
+pub fn parse_libpython_name(name: &str) -> Option<(u32, u32, &str)> {
+    let rest = name.strip_prefix("libpython")?;
+    let so = rest.find(".so")?;
+    let (major, rest) = rest[..so].split_once('.')?;
+    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    Some((
+        major.parse().ok()?,
+        rest[..digits].parse().ok()?,
+        &rest[digits..],
+    ))
+}
+
+/// `python3.11` → (3, 11); also `python3.13t` etc. with the suffix.
+pub fn parse_executable_name(name: &str) -> Option<(u32, u32, &str)> {
+    let rest = name.strip_prefix("python")?;
+    let (major, rest) = rest.split_once('.')?;
+    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    Some((
+        major.parse().ok()?,
+        rest[..digits].parse().ok()?,
+        &rest[digits..],
+    ))
+}
+
+/// `Py_Version`/`PY_HEXVERSION`: 0x030b07f0 → 3.11.7.
+pub fn from_hexversion(hex: u64) -> PythonVersion {
+    PythonVersion {
+        major: ((hex >> 24) & 0xff) as u32,
+        minor: ((hex >> 16) & 0xff) as u32,
+        micro: Some(((hex >> 8) & 0xff) as u32),
+    }
+}
+
+/// Finds `\0 3.MINOR.MICRO \0` (the `PY_VERSION` literal `Py_GetVersion` formats from) in
+/// read-only data; versions before 3.11 export no `Py_Version`.
+pub fn find_version_string(rodata: &[u8], major: u32, minor: u32) -> Option<u32> {
+    let prefix = format!("{major}.{minor}.");
+    let prefix = prefix.as_bytes();
+    let mut i = 0;
+    while let Some(pos) = find(&rodata[i..], prefix) {
+        let start = i + pos;
+        i = start + 1;
+        if start > 0 && rodata[start - 1] != 0 {
+            continue;
+        }
+        let tail = &rodata[start + prefix.len()..];
+        let digits = tail.iter().take_while(|b| b.is_ascii_digit()).count();
+        // A release candidate or alpha still names its micro version ("3.13.0rc1").
+        let end = tail[digits..].iter().position(|&b| b == 0);
+        if digits > 0 && end.is_some_and(|e| e <= 8) {
+            return std::str::from_utf8(&tail[..digits]).ok()?.parse().ok();
+        }
+    }
+    None
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Locates the interpreter of `process` and reads its version and symbols.
+pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
+    let not_python = || PythonError::NotPython {
+        pid: process.pid,
+        comm: process.comm.clone(),
+    };
+    let mappings = process.mappings();
+    let libpython = mappings
+        .iter()
+        .find(|m| parse_libpython_name(m.basename()).is_some());
+    let (mapping, name_version) = match libpython {
+        Some(m) => (m, parse_libpython_name(m.basename())),
+        None => {
+            let exe = process.exe.as_deref().ok_or_else(not_python)?;
+            let exe = exe.to_string_lossy();
+            let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
+            let m = mappings
+                .iter()
+                .find(|m| m.path.strip_suffix(" (deleted)").unwrap_or(&m.path) == exe)
+                .ok_or_else(not_python)?;
+            (m, parse_executable_name(m.basename()))
+        }
+    };
+    let binary = mapping.binary().ok_or_else(not_python)?;
+    let data = fs::read(binary.path()).map_err(|e| PythonError::Elf {
+        path: mapping.path.clone(),
+        reason: e.to_string(),
+    })?;
+    let elf = object::File::parse(&*data).map_err(|e| PythonError::Elf {
+        path: mapping.path.clone(),
+        reason: e.to_string(),
+    })?;
+    let symbol = |name: &str| -> Option<u64> {
+        elf.dynamic_symbols()
+            .chain(elf.symbols())
+            .find(|s| s.name() == Ok(name))
+            .map(|s| s.address())
+    };
+    let runtime_sym = symbol("_PyRuntime");
+    if libpython.is_none() && runtime_sym.is_none() && name_version.is_none() {
+        return Err(not_python());
+    }
+
+    let mut version = symbol("Py_Version")
+        .and_then(|addr| read_at_vaddr(&elf, addr, 8))
+        .map(|b| from_hexversion(u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))))
+        .filter(|v| v.major == 3);
+    if version.is_none() {
+        let (major, minor) = match name_version {
+            Some((major, minor, _)) => (major, minor),
+            None => {
+                return Err(PythonError::Unsupported {
+                    version: "unknown".into(),
+                    reason: format!("cannot tell the Python version of {}", mapping.path),
+                });
+            }
+        };
+        let micro = elf
+            .section_by_name(".rodata")
+            .and_then(|s| s.data().ok())
+            .and_then(|d| find_version_string(d, major, minor));
+        version = Some(PythonVersion {
+            major,
+            minor,
+            micro,
+        });
+    }
+    let version = version.unwrap_or(PythonVersion {
+        major: 0,
+        minor: 0,
+        micro: None,
+    });
+    if let Some((_, _, flags)) = name_version {
+        // 'm' (pymalloc) is only a name tag; 'd' (debug) and 't' (free-threaded) change the
+        // object header, so the offsets would be wrong.
+        if flags.contains('d') || flags.contains('t') {
+            let kind = if flags.contains('t') {
+                "free-threaded"
+            } else {
+                "debug"
+            };
+            return Err(PythonError::Unsupported {
+                version: format!("{version}{flags}"),
+                reason: format!("{kind} builds have a different object layout"),
+            });
+        }
+    }
+    if super::offsets::for_version(version.major, version.minor).is_none() {
+        return Err(PythonError::Unsupported {
+            version: version.to_string(),
+            reason: String::new(),
+        });
+    }
+
+    let bias = load_bias(&elf, mapping).ok_or_else(|| PythonError::Elf {
+        path: mapping.path.clone(),
+        reason: "no loadable segment covers the mapping".into(),
+    })?;
+    let required = |name: &str| {
+        symbol(name)
+            .map(|a| a.wrapping_add(bias))
+            .ok_or_else(|| PythonError::MissingSymbol {
+                symbol: name.to_string(),
+                path: mapping.path.clone(),
+            })
+    };
+    Ok(PythonRuntime {
+        version,
+        path: mapping.path.clone(),
+        runtime: required("_PyRuntime")?,
+        code_type: required("PyCode_Type")?,
+        unicode_type: required("PyUnicode_Type")?,
+        bytes_type: required("PyBytes_Type")?,
+    })
+}
+
+/// Run-time address minus link-time address for the object `mapping` maps: the segment
+/// holding the mapping's file offset, aligned to pages as the loader maps it.
+fn load_bias(elf: &object::File<'_>, mapping: &Mapping) -> Option<u64> {
+    const PAGE: u64 = 0xfff;
+    elf.segments().find_map(|seg| {
+        let (off, size) = seg.file_range();
+        let page_off = off & !PAGE;
+        if page_off <= mapping.offset && mapping.offset < off + size.max(1) {
+            let vaddr = (seg.address() & !PAGE) + (mapping.offset - page_off);
+            Some(mapping.start.wrapping_sub(vaddr))
+        } else {
+            None
+        }
+    })
+}
+
+fn read_at_vaddr(elf: &object::File<'_>, addr: u64, len: u64) -> Option<Vec<u8>> {
+    elf.sections().find_map(|s| {
+        let start = s.address();
+        if start <= addr && addr + len <= start + s.size() {
+            let data = s.data().ok()?;
+            let from = usize::try_from(addr - start).ok()?;
+            data.get(from..from + len as usize).map(<[u8]>::to_vec)
+        } else {
+            None
+        }
+    })
+}
+
+/// The process's command line, NUL-separated arguments joined by spaces, bounded.
+pub fn command_line(proc_root: &Path, pid: u32) -> Option<String> {
+    let raw = fs::read(proc_root.join(pid.to_string()).join("cmdline")).ok()?;
+    let raw = &raw[..raw.len().min(4096)];
+    let args: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    (!args.is_empty()).then(|| args.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_names() {
+        assert_eq!(
+            parse_libpython_name("libpython3.11.so.1.0"),
+            Some((3, 11, ""))
+        );
+        assert_eq!(parse_libpython_name("libpython3.7m.so.1.0"), Some((3, 7, "m")));
+        assert_eq!(parse_libpython_name("libpython3.13t.so"), Some((3, 13, "t")));
+        assert_eq!(parse_libpython_name("libpython3.so"), None);
+        assert_eq!(parse_libpython_name("libc.so.6"), None);
+        assert_eq!(parse_executable_name("python3.11"), Some((3, 11, "")));
+        assert_eq!(parse_executable_name("python3"), None);
+        assert_eq!(parse_executable_name("bash"), None);
+    }
+
+    #[test]
+    fn hexversion() {
+        assert_eq!(from_hexversion(0x030b07f0).to_string(), "3.11.7");
+        assert_eq!(from_hexversion(0x030d00f0).to_string(), "3.13.0");
+    }
+
+    #[test]
+    fn version_strings() {
+        let data = b"xx3.8.18\0\x003.8.18\0more";
+        assert_eq!(find_version_string(data, 3, 8), Some(18));
+        assert_eq!(find_version_string(b"\x003.13.0rc1\0", 3, 13), Some(0));
+        assert_eq!(find_version_string(b"3.8.\0", 3, 8), None);
+        assert_eq!(find_version_string(b"", 3, 8), None);
+    }
+}

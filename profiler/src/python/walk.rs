@@ -1,0 +1,289 @@
+//! Walking a live interpreter: interpreters → thread states → frames → code objects. Every
+//! pointer comes from a process that keeps running, so lists are bounded and cycle-checked,
+//! objects are type-checked against the runtime's type objects, and a frame that does not
+//! validate is reported as unreadable rather than decoded into garbage.
+
+use std::collections::HashSet;
+
+use super::PythonError;
+use super::linetable;
+use super::memory::Memory;
+use super::offsets::{ABSENT, FrameKind, PyOffsets};
+use super::version::PythonRuntime;
+
+pub const MAX_INTERPRETERS: usize = 64;
+pub const MAX_THREADS: usize = 1024;
+pub const MAX_FRAMES: usize = 256;
+/// Longer names are cut (with `…`): a name is for reading, and a torn length must not make us
+/// allocate much.
+pub const MAX_STRING: usize = 1024;
+const MAX_LINE_TABLE: usize = 64 * 1024;
+
+/// glibc x86_64: `pthread_self()` is the address of `struct pthread`, whose `tid` is at 0x2d0
+/// (glibc 2.36, Debian 12; `offsetof(struct pthread, tid)`, stable since glibc 2.26). Only used
+/// for 3.8–3.10, which store no native thread id; callers check the result is one of the
+/// process's tasks.
+pub const GLIBC_PTHREAD_TID: u64 = 0x2d0;
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PyFrame {
+    /// `co_qualname` (3.11+) or `co_name`; `None` when the frame did not validate.
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PyThread {
+    /// The `PyThreadState` address.
+    pub tstate: u64,
+    /// `pthread_self()` of the thread.
+    pub thread_id: u64,
+    /// Kernel thread id: `native_thread_id` (3.11+), else read from glibc's `struct pthread`.
+    pub tid: Option<u32>,
+    pub holds_gil: bool,
+    /// Innermost first.
+    pub frames: Vec<PyFrame>,
+    /// The chain went on past `MAX_FRAMES`, looped, or could not be read to its end.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub threads: Vec<PyThread>,
+    /// Address and size of the main interpreter's GIL state, for telling GIL waits apart.
+    pub gil: Option<(u64, u64)>,
+}
+
+pub struct Walker<'a, M: Memory> {
+    mem: &'a M,
+    off: &'a PyOffsets,
+    rt: &'a PythonRuntime,
+}
+
+impl<'a, M: Memory> Walker<'a, M> {
+    pub fn new(mem: &'a M, off: &'a PyOffsets, rt: &'a PythonRuntime) -> Self {
+        Self { mem, off, rt }
+    }
+
+    fn field(&self, base: u64, offset: u32) -> Result<u64, PythonError> {
+        self.mem.read_u64(base.wrapping_add(u64::from(offset)))
+    }
+
+    /// Reads every thread of every interpreter. Errors only when the runtime itself cannot be
+    /// read (process gone, no permission); a bad thread or frame is marked, not fatal.
+    pub fn snapshot(&self) -> Result<Snapshot, PythonError> {
+        let o = self.off;
+        let mut threads = Vec::new();
+        let mut gil = None;
+        let mut seen_interps = HashSet::new();
+        let mut interp = self.field(self.rt.runtime, o.runtime_interpreters_head)?;
+        if o.runtime_gil != ABSENT {
+            gil = Some(self.rt.runtime + u64::from(o.runtime_gil));
+        }
+        while interp != 0 && seen_interps.len() < MAX_INTERPRETERS && seen_interps.insert(interp) {
+            if gil.is_none() && o.interp_gil_ptr != ABSENT {
+                gil = self
+                    .field(interp, o.interp_gil_ptr)
+                    .ok()
+                    .filter(|&g| g != 0);
+            }
+            let gil_state = gil.and_then(|g| self.gil_holder(g));
+            let mut seen = HashSet::new();
+            let mut tstate = self.field(interp, o.interp_threads_head).unwrap_or(0);
+            while tstate != 0 && threads.len() < MAX_THREADS && seen.insert(tstate) {
+                threads.push(self.thread(tstate, gil_state));
+                tstate = self.field(tstate, o.tstate_next).unwrap_or(0);
+            }
+            interp = self.field(interp, o.interp_next).unwrap_or(0);
+        }
+        Ok(Snapshot {
+            threads,
+            gil: gil.map(|g| (g, u64::from(o.gil_size))),
+        })
+    }
+
+    /// The thread state holding the GIL, if it is held.
+    fn gil_holder(&self, gil: u64) -> Option<u64> {
+        let locked = self.mem.read_u32(gil + u64::from(self.off.gil_locked)).ok()?;
+        let holder = self.field(gil, self.off.gil_last_holder).ok()?;
+        (locked != 0 && holder != 0).then_some(holder)
+    }
+
+    fn thread(&self, tstate: u64, gil_holder: Option<u64>) -> PyThread {
+        let o = self.off;
+        let thread_id = self.field(tstate, o.tstate_thread_id).unwrap_or(0);
+        let tid = if o.tstate_native_thread_id != ABSENT {
+            self.field(tstate, o.tstate_native_thread_id).ok()
+        } else if thread_id != 0 {
+            self.mem
+                .read_u32(thread_id.wrapping_add(GLIBC_PTHREAD_TID))
+                .ok()
+                .map(u64::from)
+        } else {
+            None
+        }
+        .and_then(|t| u32::try_from(t).ok())
+        .filter(|&t| t != 0);
+        let (frames, truncated) = self.frames(tstate);
+        PyThread {
+            tstate,
+            thread_id,
+            tid,
+            holds_gil: gil_holder == Some(tstate),
+            frames,
+            truncated,
+        }
+    }
+
+    fn current_frame(&self, tstate: u64) -> Result<u64, PythonError> {
+        let o = self.off;
+        let frame = self.field(tstate, o.tstate_frame)?;
+        if o.cframe_current_frame != ABSENT && frame != 0 {
+            // 3.11–3.12: the thread state points at a _PyCFrame.
+            return self.field(frame, o.cframe_current_frame);
+        }
+        Ok(frame)
+    }
+
+    fn frames(&self, tstate: u64) -> (Vec<PyFrame>, bool) {
+        let o = self.off;
+        let mut frames = Vec::new();
+        let mut seen = HashSet::new();
+        let Ok(mut frame) = self.current_frame(tstate) else {
+            return (frames, true);
+        };
+        while frame != 0 {
+            if frames.len() >= MAX_FRAMES || !seen.insert(frame) {
+                return (frames, true);
+            }
+            if o.frame_owner != ABSENT && o.frame_owned_by_cstack != ABSENT {
+                match self.mem.read_u8(frame + u64::from(o.frame_owner)) {
+                    // A shim the C stack pushed to enter the eval loop: no Python code.
+                    Ok(owner) if u32::from(owner) == o.frame_owned_by_cstack => {
+                        frame = self.field(frame, o.frame_previous).unwrap_or(0);
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(_) => return (frames, true),
+                }
+            }
+            frames.push(self.frame(frame).unwrap_or(PyFrame {
+                function: None,
+                file: None,
+                line: None,
+            }));
+            match self.field(frame, o.frame_previous) {
+                Ok(prev) => frame = prev,
+                Err(_) => return (frames, true),
+            }
+        }
+        (frames, false)
+    }
+
+    fn frame(&self, frame: u64) -> Result<PyFrame, PythonError> {
+        let o = self.off;
+        let code = self.field(frame, o.frame_code)?;
+        if code == 0 || self.field(code, o.object_type)? != self.rt.code_type {
+            return Err(PythonError::BadAddress(code));
+        }
+        let name_field = if o.code_qualname != ABSENT {
+            o.code_qualname
+        } else {
+            o.code_name
+        };
+        let function = self.string(self.field(code, name_field)?)?;
+        let file = self.string(self.field(code, o.code_filename)?)?;
+        let line = self.line(frame, code).ok().flatten();
+        Ok(PyFrame {
+            function: Some(function),
+            file: Some(file),
+            line,
+        })
+    }
+
+    fn line(&self, frame: u64, code: u64) -> Result<Option<u32>, PythonError> {
+        let o = self.off;
+        let first = self.mem.read_u32(code + u64::from(o.code_firstlineno))?;
+        let addr = match o.frame_kind {
+            FrameKind::FrameObject => {
+                // -1 before the first instruction ran.
+                let lasti = self.mem.read_u32(frame + u64::from(o.frame_instr))? as i32;
+                (lasti.max(0) as u32).saturating_mul(o.lasti_unit)
+            }
+            FrameKind::Interpreter => {
+                let instr = self.field(frame, o.frame_instr)?;
+                let start = code + u64::from(o.code_adaptive);
+                match instr.checked_sub(start) {
+                    Some(d) if d < MAX_LINE_TABLE as u64 * 64 => d as u32,
+                    _ => return Ok(None),
+                }
+            }
+        };
+        let table = self.bytes(self.field(code, o.code_linetable)?)?;
+        Ok(linetable::line_for(o.line_table_kind, &table, first, addr))
+    }
+
+    fn bytes(&self, obj: u64) -> Result<Vec<u8>, PythonError> {
+        let o = self.off;
+        if self.field(obj, o.object_type)? != self.rt.bytes_type {
+            return Err(PythonError::BadAddress(obj));
+        }
+        let len = self.field(obj, o.bytes_size)? as i64;
+        if !(0..=MAX_LINE_TABLE as i64).contains(&len) {
+            return Err(PythonError::BadAddress(obj));
+        }
+        let mut buf = vec![0u8; len as usize];
+        self.mem.read(obj + u64::from(o.bytes_data), &mut buf)?;
+        Ok(buf)
+    }
+
+    /// A `str` object as Rust text: compact strings only (every code object's names are).
+    pub fn string(&self, obj: u64) -> Result<String, PythonError> {
+        let o = self.off;
+        if obj == 0 || self.field(obj, o.object_type)? != self.rt.unicode_type {
+            return Err(PythonError::BadAddress(obj));
+        }
+        let len = self.field(obj, o.unicode_length)? as i64;
+        if len < 0 {
+            return Err(PythonError::BadAddress(obj));
+        }
+        let state = self.mem.read_u32(obj + u64::from(o.unicode_state))?;
+        let kind = (state >> 2) & 7;
+        let compact = (state >> 5) & 1 == 1;
+        let ascii = (state >> 6) & 1 == 1;
+        if !compact || !matches!(kind, 1 | 2 | 4) {
+            return Err(PythonError::BadAddress(obj));
+        }
+        let data = obj
+            + u64::from(if ascii {
+                o.unicode_ascii_data
+            } else {
+                o.unicode_compact_data
+            });
+        let chars = (len as usize).min(MAX_STRING);
+        let mut buf = vec![0u8; chars * kind as usize];
+        self.mem.read(data, &mut buf)?;
+        let mut text: String = match kind {
+            1 => buf.iter().map(|&b| char::from(b)).collect(),
+            2 => buf
+                .chunks_exact(2)
+                .map(|c| {
+                    char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]])))
+                        .unwrap_or('\u{fffd}')
+                })
+                .collect(),
+            _ => buf
+                .chunks_exact(4)
+                .map(|c| {
+                    char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .unwrap_or('\u{fffd}')
+                })
+                .collect(),
+        };
+        if chars < len as usize {
+            text.push('…');
+        }
+        Ok(text)
+    }
+}
