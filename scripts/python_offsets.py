@@ -15,7 +15,7 @@ FIELDS = [
     ("gil_locked", [("struct _gil_runtime_state", "locked")]),
     ("tstate_next", [("PyThreadState", "next")]),
     ("tstate_interp", [("PyThreadState", "interp")]),
-    ("tstate_frame", [("PyThreadState", "current_frame"), ("PyThreadState", "cframe"), ("PyThreadState", "frame")]),
+    ("tstate_frame", [("PyThreadState", "current_frame"), ("PyThreadState", "frame"), ("PyThreadState", "cframe")]),
     ("cframe_current_frame", [("_PyCFrame", "current_frame")]),
     ("tstate_thread_id", [("PyThreadState", "thread_id")]),
     ("tstate_native_thread_id", [("PyThreadState", "native_thread_id")]),

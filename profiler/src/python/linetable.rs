@@ -13,7 +13,7 @@ pub fn line_for(kind: LineTableKind, table: &[u8], first_line: u32, addr: u32) -
         LineTableKind::Linetable310 => linetable310(table, first_line as i64, addr as i64),
         LineTableKind::Locations311 => locations311(table, first_line as i64, addr as i64),
     }?;
-    u32::try_from(line).ok().filter(|&l| l > 0)
+    u32::try_from(line).ok()
 }
 
 /// 3.8–3.9 `co_lnotab`: pairs of (address increment, signed line increment).

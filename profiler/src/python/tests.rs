@@ -1,0 +1,220 @@
+//! Checks against the real interpreters on the machine: the offset table against each build's
+//! DWARF (through gdb and scripts/python_offsets.py), the line-table decoders against what each
+//! Python reports for its own code objects. A missing build or gdb prints `skipping: …`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::offsets::{self, ABSENT, PyOffsets};
+use super::{linetable, version};
+
+/// (version directory, minor) of the pyenv builds the table was made from.
+const PYENV: &[(&str, u32)] = &[
+    ("3.8.18", 8),
+    ("3.9.18", 9),
+    ("3.10.13", 10),
+    ("3.11.7", 11),
+    ("3.12.1", 12),
+    ("3.13.0", 13),
+];
+
+fn pyenv_root() -> PathBuf {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    Path::new(&home).join(".pyenv/versions")
+}
+
+fn named_fields(o: &PyOffsets) -> Vec<(&'static str, u32)> {
+    vec![
+        ("runtime_interpreters_head", o.runtime_interpreters_head),
+        ("runtime_gil", o.runtime_gil),
+        ("interp_next", o.interp_next),
+        ("interp_threads_head", o.interp_threads_head),
+        ("interp_gil_ptr", o.interp_gil_ptr),
+        ("gil_last_holder", o.gil_last_holder),
+        ("gil_locked", o.gil_locked),
+        ("gil_size", o.gil_size),
+        ("tstate_next", o.tstate_next),
+        ("tstate_interp", o.tstate_interp),
+        ("tstate_frame", o.tstate_frame),
+        ("cframe_current_frame", o.cframe_current_frame),
+        ("tstate_thread_id", o.tstate_thread_id),
+        ("tstate_native_thread_id", o.tstate_native_thread_id),
+        ("frame_code", o.frame_code),
+        ("frame_previous", o.frame_previous),
+        ("frame_instr", o.frame_instr),
+        ("frame_is_entry", o.frame_is_entry),
+        ("frame_owner", o.frame_owner),
+        ("code_filename", o.code_filename),
+        ("code_name", o.code_name),
+        ("code_qualname", o.code_qualname),
+        ("code_firstlineno", o.code_firstlineno),
+        ("code_linetable", o.code_linetable),
+        ("code_adaptive", o.code_adaptive),
+        ("object_type", o.object_type),
+        ("bytes_size", o.bytes_size),
+        ("bytes_data", o.bytes_data),
+        ("unicode_length", o.unicode_length),
+        ("unicode_state", o.unicode_state),
+        ("unicode_ascii_data", o.unicode_ascii_data),
+        ("unicode_compact_data", o.unicode_compact_data),
+    ]
+}
+
+fn libpython(dir: &str, minor: u32) -> PathBuf {
+    pyenv_root().join(format!("{dir}/lib/libpython3.{minor}.so.1.0"))
+}
+
+#[test]
+fn offsets_match_dwarf() {
+    if Command::new("gdb").arg("--version").output().is_err() {
+        println!("skipping: gdb is not installed");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_offsets.py");
+    for &(dir, minor) in PYENV {
+        let lib = libpython(dir, minor);
+        if !lib.exists() {
+            println!("skipping 3.{minor}: {} is missing", lib.display());
+            continue;
+        }
+        let out = Command::new("gdb")
+            .args(["-batch", "-nx", "-ex"])
+            .arg(format!("python exec(open({:?}).read())", script.display().to_string()))
+            .arg(&lib)
+            .output()
+            .expect("gdb runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let table = offsets::for_version(3, minor).expect("supported");
+        let mut checked = 0;
+        for (name, value) in named_fields(table) {
+            let dwarf = text
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("3.{minor}: gdb printed no {name}:\n{text}"));
+            let dwarf = if dwarf == "absent" {
+                ABSENT
+            } else {
+                dwarf.parse().expect("a number")
+            };
+            // The 3.11 PyFrameObject still has f_back etc.; the table uses the interpreter
+            // frame, which the script prefers, so every field must agree.
+            assert_eq!(value, dwarf, "3.{minor} {name}: table {value}, DWARF {dwarf}");
+            checked += 1;
+        }
+        println!("3.{minor}: {checked} offsets agree with {}", lib.display());
+    }
+}
+
+/// Prints, for every code object of a sample module: firstlineno, the table in hex, then
+/// `offset:line` for each instruction (line `-` for none) as the interpreter itself computes.
+const LINES_SNIPPET: &str = r#"
+import dis, sys
+src = '''
+def f(a, b):
+    x = a + b
+    for i in range(3):
+        if i:
+            x += i
+        else:
+            x -= 1
+    try:
+        y = 1 / 0
+    except ZeroDivisionError:
+        y = 0
+    return (x +
+            y)
+
+class C:
+    def m(self):
+        return [i * 2
+                for i in range(10)
+                if i]
+''' + '\n' * 300 + '''
+def far():
+    return 1
+'''
+def walk(co):
+    yield co
+    for c in co.co_consts:
+        if hasattr(c, 'co_code'):
+            yield from walk(c)
+for co in walk(compile(src, 'sample.py', 'exec')):
+    if sys.version_info >= (3, 10):
+        table = co.co_linetable
+        pairs = []
+        for start, end, line in co.co_lines():
+            for off in range(start, end, 2):
+                pairs.append('%d:%s' % (off, '-' if line is None else line))
+    else:
+        table = co.co_lnotab
+        starts = list(dis.findlinestarts(co))
+        pairs = []
+        for off in range(0, len(co.co_code), 2):
+            line = [l for (o, l) in starts if o <= off][-1]
+            pairs.append('%d:%d' % (off, line))
+    print(co.co_firstlineno, table.hex() or '-', ' '.join(pairs))
+"#;
+
+fn interpreters() -> Vec<(String, PathBuf, u32)> {
+    let mut out: Vec<(String, PathBuf, u32)> = PYENV
+        .iter()
+        .map(|&(dir, minor)| {
+            let bin = pyenv_root().join(format!("{dir}/bin/python3.{minor}"));
+            (dir.to_string(), bin, minor)
+        })
+        .collect();
+    out.push(("Debian 3.11".into(), PathBuf::from("/usr/bin/python3.11"), 11));
+    out
+}
+
+#[test]
+fn line_tables_match_python() {
+    for (label, bin, minor) in interpreters() {
+        if !bin.exists() {
+            println!("skipping {label}: {} is missing", bin.display());
+            continue;
+        }
+        let out = Command::new(&bin)
+            .args(["-c", LINES_SNIPPET])
+            .output()
+            .expect("python runs");
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        let kind = offsets::for_version(3, minor).unwrap().line_table_kind;
+        let mut checked = 0;
+        for row in String::from_utf8_lossy(&out.stdout).lines() {
+            let mut parts = row.splitn(3, ' ');
+            let first: u32 = parts.next().unwrap().parse().unwrap();
+            let hex = parts.next().unwrap();
+            let table: Vec<u8> = if hex == "-" {
+                Vec::new()
+            } else {
+                (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                    .collect()
+            };
+            for pair in parts.next().unwrap_or("").split_whitespace() {
+                let (off, line) = pair.split_once(':').unwrap();
+                let expected = (line != "-").then(|| line.parse::<u32>().unwrap());
+                let got = linetable::line_for(kind, &table, first, off.parse().unwrap());
+                assert_eq!(got, expected, "{label}: offset {off} of {row}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 50, "{label}: only {checked} instructions checked");
+        println!("{label}: {checked} instruction lines agree");
+    }
+}
+
+#[test]
+fn unsupported_versions_are_named() {
+    assert!(offsets::for_version(3, 7).is_none());
+    assert!(offsets::for_version(3, 14).is_none());
+    assert_eq!(offsets::supported_range(), "3.8–3.13");
+    let e = super::PythonError::Unsupported {
+        version: "3.6.15".into(),
+        reason: String::new(),
+    };
+    assert_eq!(e.to_string(), "Python 3.6.15 is not supported by dump (3.8–3.13 are)");
+    let _ = version::from_hexversion(0);
+}

@@ -77,27 +77,36 @@ pub fn from_hexversion(hex: u64) -> PythonVersion {
     }
 }
 
-/// Finds `\0 3.MINOR.MICRO \0` (the `PY_VERSION` literal `Py_GetVersion` formats from) in
-/// read-only data; versions before 3.11 export no `Py_Version`.
+/// Finds the `PY_VERSION` literal ("3.8.18", which `Py_GetVersion` formats from) in read-only
+/// data; versions before 3.11 export no `Py_Version`. The linker merges string tails, so the
+/// literal may be the end of a longer string (pyenv's "/root/.pyenv/versions/3.8.18"): a
+/// NUL-delimited match wins, else one preceded by anything but a digit or a dot.
 pub fn find_version_string(rodata: &[u8], major: u32, minor: u32) -> Option<u32> {
     let prefix = format!("{major}.{minor}.");
     let prefix = prefix.as_bytes();
+    let mut tail_merged = None;
     let mut i = 0;
     while let Some(pos) = find(&rodata[i..], prefix) {
         let start = i + pos;
         i = start + 1;
-        if start > 0 && rodata[start - 1] != 0 {
+        let before = if start > 0 { rodata[start - 1] } else { 0 };
+        if before.is_ascii_digit() || before == b'.' {
             continue;
         }
         let tail = &rodata[start + prefix.len()..];
         let digits = tail.iter().take_while(|b| b.is_ascii_digit()).count();
         // A release candidate or alpha still names its micro version ("3.13.0rc1").
         let end = tail[digits..].iter().position(|&b| b == 0);
-        if digits > 0 && end.is_some_and(|e| e <= 8) {
-            return std::str::from_utf8(&tail[..digits]).ok()?.parse().ok();
+        if digits == 0 || !end.is_some_and(|e| e <= 8) {
+            continue;
         }
+        let micro = std::str::from_utf8(&tail[..digits]).ok()?.parse().ok();
+        if before == 0 {
+            return micro;
+        }
+        tail_merged = tail_merged.or(micro);
     }
-    None
+    tail_merged
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -288,7 +297,9 @@ mod tests {
 
     #[test]
     fn version_strings() {
-        let data = b"xx3.8.18\0\x003.8.18\0more";
+        let data = b"xx3.8.17\0\x003.8.18\0more";
+        assert_eq!(find_version_string(data, 3, 8), Some(18));
+        let data = b"\x00/root/.pyenv/versions/3.8.18\0 13.8.1\0";
         assert_eq!(find_version_string(data, 3, 8), Some(18));
         assert_eq!(find_version_string(b"\x003.13.0rc1\0", 3, 13), Some(0));
         assert_eq!(find_version_string(b"3.8.\0", 3, 8), None);
