@@ -122,7 +122,10 @@ mod tests {
         assert_eq!(line_for(LineTableKind::Lnotab, &table, 1, 4), Some(3));
         assert_eq!(line_for(LineTableKind::Lnotab, &table, 1, 400), Some(3));
         // A signed decrement (a loop's back edge).
-        assert_eq!(line_for(LineTableKind::Lnotab, &[6, 3, 2, 0xff], 10, 8), Some(12));
+        assert_eq!(
+            line_for(LineTableKind::Lnotab, &[6, 3, 2, 0xff], 10, 8),
+            Some(12)
+        );
     }
 
     #[test]
@@ -168,7 +171,12 @@ mod tests {
             LineTableKind::Linetable310,
             LineTableKind::Locations311,
         ] {
-            for table in [&[][..], &[0xff], &[0x7f, 0x7f, 0x7f], &[0xf0, 0xff, 0xff, 0xff]] {
+            for table in [
+                &[][..],
+                &[0xff],
+                &[0x7f, 0x7f, 0x7f],
+                &[0xf0, 0xff, 0xff, 0xff],
+            ] {
                 let _ = line_for(kind, table, 1, 1000);
                 let _ = line_for(kind, table, u32::MAX, 0);
             }

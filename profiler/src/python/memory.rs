@@ -58,7 +58,8 @@ impl Memory for ProcessMemory {
         };
         // SAFETY: `local` covers exactly `buf`, which outlives the call; the remote iovec is
         // only interpreted by the kernel in the target's address space.
-        let n = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let n =
+            unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
         if n < 0 {
             let err = io::Error::last_os_error();
             return Err(match err.raw_os_error() {

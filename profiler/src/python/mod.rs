@@ -82,12 +82,13 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
     let mut registry = ProcessRegistry::with_proc_root(proc_root);
     let process = registry.observe(pid)?;
     let runtime = version::detect(process)?;
-    let offsets = offsets::for_version(runtime.version.major, runtime.version.minor).ok_or_else(
-        || PythonError::Unsupported {
-            version: runtime.version.to_string(),
-            reason: String::new(),
-        },
-    )?;
+    let offsets =
+        offsets::for_version(runtime.version.major, runtime.version.minor).ok_or_else(|| {
+            PythonError::Unsupported {
+                version: runtime.version.to_string(),
+                reason: String::new(),
+            }
+        })?;
     let mem = ProcessMemory::new(pid);
     let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
     let tasks: Vec<u32> = std::fs::read_dir(proc_root.join(pid.to_string()).join("task"))

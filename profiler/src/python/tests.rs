@@ -79,7 +79,10 @@ fn offsets_match_dwarf() {
         }
         let out = Command::new("gdb")
             .args(["-batch", "-nx", "-ex"])
-            .arg(format!("python exec(open({:?}).read())", script.display().to_string()))
+            .arg(format!(
+                "python exec(open({:?}).read())",
+                script.display().to_string()
+            ))
             .arg(&lib)
             .output()
             .expect("gdb runs");
@@ -98,7 +101,10 @@ fn offsets_match_dwarf() {
             };
             // The 3.11 PyFrameObject still has f_back etc.; the table uses the interpreter
             // frame, which the script prefers, so every field must agree.
-            assert_eq!(value, dwarf, "3.{minor} {name}: table {value}, DWARF {dwarf}");
+            assert_eq!(
+                value, dwarf,
+                "3.{minor} {name}: table {value}, DWARF {dwarf}"
+            );
             checked += 1;
         }
         println!("3.{minor}: {checked} offsets agree with {}", lib.display());
@@ -163,7 +169,11 @@ fn interpreters() -> Vec<(String, PathBuf, u32)> {
             (dir.to_string(), bin, minor)
         })
         .collect();
-    out.push(("Debian 3.11".into(), PathBuf::from("/usr/bin/python3.11"), 11));
+    out.push((
+        "Debian 3.11".into(),
+        PathBuf::from("/usr/bin/python3.11"),
+        11,
+    ));
     out
 }
 
@@ -178,7 +188,11 @@ fn line_tables_match_python() {
             .args(["-c", LINES_SNIPPET])
             .output()
             .expect("python runs");
-        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{label}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let kind = offsets::for_version(3, minor).unwrap().line_table_kind;
         let mut checked = 0;
         for row in String::from_utf8_lossy(&out.stdout).lines() {
@@ -215,6 +229,9 @@ fn unsupported_versions_are_named() {
         version: "3.6.15".into(),
         reason: String::new(),
     };
-    assert_eq!(e.to_string(), "Python 3.6.15 is not supported by dump (3.8–3.13 are)");
+    assert_eq!(
+        e.to_string(),
+        "Python 3.6.15 is not supported by dump (3.8–3.13 are)"
+    );
     let _ = version::from_hexversion(0);
 }

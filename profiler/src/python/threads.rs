@@ -102,7 +102,10 @@ pub fn parse_stat_state(stat: &str) -> Option<char> {
 }
 
 /// `/proc/.../syscall` is `NR ARG1 ... SP PC` for a sleeping thread, `running` otherwise.
-pub fn classify_sleep(syscall: Option<&str>, gil: Option<(u64, u64)>) -> (ThreadState, Option<String>) {
+pub fn classify_sleep(
+    syscall: Option<&str>,
+    gil: Option<(u64, u64)>,
+) -> (ThreadState, Option<String>) {
     let Some(line) = syscall else {
         return (ThreadState::Blocked, None);
     };
@@ -149,7 +152,10 @@ mod tests {
         assert_eq!(s, ThreadState::Blocked);
         assert!(r.unwrap().contains("futex wait at 0x5000"));
         let (s, r) = classify_sleep(Some("230 0x1 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f"), gil);
-        assert_eq!((s, r.as_deref()), (ThreadState::Blocked, Some("clock_nanosleep")));
+        assert_eq!(
+            (s, r.as_deref()),
+            (ThreadState::Blocked, Some("clock_nanosleep"))
+        );
         assert_eq!(classify_sleep(Some("running"), gil).0, ThreadState::Blocked);
         assert_eq!(classify_sleep(None, None).0, ThreadState::Blocked);
     }

@@ -48,7 +48,9 @@ pub fn parse_libpython_name(name: &str) -> Option<(u32, u32, &str)> {
     let rest = name.strip_prefix("libpython")?;
     let so = rest.find(".so")?;
     let (major, rest) = rest[..so].split_once('.')?;
-    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
     Some((
         major.parse().ok()?,
         rest[..digits].parse().ok()?,
@@ -60,7 +62,9 @@ pub fn parse_libpython_name(name: &str) -> Option<(u32, u32, &str)> {
 pub fn parse_executable_name(name: &str) -> Option<(u32, u32, &str)> {
     let rest = name.strip_prefix("python")?;
     let (major, rest) = rest.split_once('.')?;
-    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
     Some((
         major.parse().ok()?,
         rest[..digits].parse().ok()?,
@@ -280,8 +284,14 @@ mod tests {
             parse_libpython_name("libpython3.11.so.1.0"),
             Some((3, 11, ""))
         );
-        assert_eq!(parse_libpython_name("libpython3.7m.so.1.0"), Some((3, 7, "m")));
-        assert_eq!(parse_libpython_name("libpython3.13t.so"), Some((3, 13, "t")));
+        assert_eq!(
+            parse_libpython_name("libpython3.7m.so.1.0"),
+            Some((3, 7, "m"))
+        );
+        assert_eq!(
+            parse_libpython_name("libpython3.13t.so"),
+            Some((3, 13, "t"))
+        );
         assert_eq!(parse_libpython_name("libpython3.so"), None);
         assert_eq!(parse_libpython_name("libc.so.6"), None);
         assert_eq!(parse_executable_name("python3.11"), Some((3, 11, "")));

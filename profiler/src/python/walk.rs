@@ -105,7 +105,10 @@ impl<'a, M: Memory> Walker<'a, M> {
 
     /// The thread state holding the GIL, if it is held.
     fn gil_holder(&self, gil: u64) -> Option<u64> {
-        let locked = self.mem.read_u32(gil + u64::from(self.off.gil_locked)).ok()?;
+        let locked = self
+            .mem
+            .read_u32(gil + u64::from(self.off.gil_locked))
+            .ok()?;
         let holder = self.field(gil, self.off.gil_last_holder).ok()?;
         (locked != 0 && holder != 0).then_some(holder)
     }

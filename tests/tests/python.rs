@@ -1,0 +1,291 @@
+//! `pyrometer dump` against every CPython on the machine: the pyenv builds 3.8–3.13
+//! (`--enable-shared`, libpython3.X.so) and Debian's static python3.11. Each runs
+//! fixtures/dump_threads.py, whose main thread spins in `spin()` holding the GIL while a thread
+//! named "blocker" waits forever in `wait_forever()` on `lock.acquire()`. A missing interpreter
+//! prints `skipping: …`. No root needed: the target is our own child.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use pyrometer_e2e::*;
+use serde_json::Value;
+
+/// The spinners would compete for the machine's two cores; one at a time keeps states stable.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dump_threads.py")
+}
+
+/// 1-based line of the first line of the script containing `needle`.
+fn line_of(needle: &str) -> u64 {
+    let text = std::fs::read_to_string(script()).unwrap();
+    text.lines().position(|l| l.contains(needle)).unwrap() as u64 + 1
+}
+
+fn pyenv(version: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let minor = version.rsplit_once('.').unwrap().0;
+    Path::new(&home).join(format!(".pyenv/versions/{version}/bin/python{minor}"))
+}
+
+/// A child process whose stdout lines arrive on a channel; killed on drop.
+struct Target {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Target {
+    fn start(python: &Path, args: &[&str]) -> Target {
+        let mut child = Command::new(python)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start python");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Target { child, lines }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn wait_for(&self, prefix: &str) -> String {
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no '{prefix}' line from the target: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn thread_named<'a>(dump: &'a Value, pred: impl Fn(&Value) -> bool) -> Option<&'a Value> {
+    dump["threads"].as_array()?.iter().find(|t| pred(t))
+}
+
+/// Dumps until both threads show their steady states (the spinner briefly gives up the GIL
+/// around its tick's write), at most a few times; returns the text and the JSON dump.
+fn dump_until_settled(pid: u32) -> (String, Value) {
+    let mut last = None;
+    for _ in 0..10 {
+        let text = pyrometer(&["dump", "--pid", &pid.to_string()]);
+        assert_ok(&text);
+        let json = pyrometer(&["dump", "--pid", &pid.to_string(), "--format", "json"]);
+        assert_ok(&json);
+        let value: Value = serde_json::from_slice(&json.stdout).expect("dump JSON");
+        let text = String::from_utf8(text.stdout).unwrap();
+        let main_ok = thread_named(&value, |t| t["tid"] == pid).is_some_and(|t| {
+            t["state"] == "running"
+                && t["holds_gil"] == true
+                && t["frames"][0]["function"] == "spin"
+        });
+        let text_ok = text.contains("(running, holds GIL)");
+        if main_ok && text_ok {
+            return (text, value);
+        }
+        last = Some((text, value));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    last.unwrap()
+}
+
+fn check_version(label: &str, python: &Path, minor: u32) {
+    if !python.exists() {
+        println!("skipping {label}: {} is missing", python.display());
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let target = Target::start(python, &[script().to_str().unwrap()]);
+    target.wait_for("ready");
+    let pid = target.pid();
+    let (text, dump) = dump_until_settled(pid);
+    println!("{label}:\n{text}");
+
+    assert!(
+        text.contains(&format!("Process {pid}: ")) && text.contains(&format!("Python v3.{minor}")),
+        "{label}: header:\n{text}"
+    );
+    assert_eq!(dump["pid"], pid);
+    assert!(
+        dump["version"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("3.{minor}"))
+    );
+
+    let file_ok = |f: &Value| {
+        f["file"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("dump_threads.py"))
+    };
+
+    // The spinner: the main thread (tid == pid), holding the GIL in spin(), <module> below.
+    let main = thread_named(&dump, |t| t["tid"] == pid)
+        .unwrap_or_else(|| panic!("{label}: no main thread:\n{text}"));
+    let frames = main["frames"].as_array().unwrap();
+    assert_eq!(frames[0]["function"], "spin", "{label}:\n{text}");
+    assert!(file_ok(&frames[0]), "{label}:\n{text}");
+    let line = frames[0]["line"].as_u64().unwrap();
+    let (first, last) = (
+        line_of("def spin():") + 1,
+        line_of("next_tick = time.monotonic() + 0.2"),
+    );
+    assert!(
+        (first..=last).contains(&line),
+        "{label}: spin line {line} not in {first}..={last}"
+    );
+    let bottom = frames.last().unwrap();
+    assert_eq!(bottom["function"], "<module>", "{label}:\n{text}");
+    assert_eq!(
+        bottom["line"].as_u64(),
+        Some(line_of("# MODULE_LINE")),
+        "{label}:\n{text}"
+    );
+    assert_eq!(main["state"], "running", "{label}:\n{text}");
+    assert_eq!(main["holds_gil"], true, "{label}:\n{text}");
+
+    // The blocker: its OS name, in wait_forever() on the exact acquire line, sleeping in a
+    // futex that is not the GIL's.
+    let blocker = thread_named(&dump, |t| t["name"] == "blocker")
+        .unwrap_or_else(|| panic!("{label}: no blocker:\n{text}"));
+    let top = &blocker["frames"][0];
+    assert_eq!(top["function"], "wait_forever", "{label}:\n{text}");
+    assert!(file_ok(top), "{label}:\n{text}");
+    assert_eq!(
+        top["line"].as_u64(),
+        Some(line_of("# WAIT_LINE")),
+        "{label}:\n{text}"
+    );
+    assert_eq!(blocker["state"], "blocked", "{label}:\n{text}");
+    assert_eq!(blocker["holds_gil"], false, "{label}:\n{text}");
+    assert!(
+        blocker["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("futex")),
+        "{label}:\n{text}"
+    );
+    assert!(
+        text.contains("Thread ") && text.contains("(blocked: futex wait"),
+        "{label}:\n{text}"
+    );
+    assert!(
+        text.contains("    wait_forever (") && text.contains("    <module> ("),
+        "{label}:\n{text}"
+    );
+
+    // Never stopped: it is not in a stopped state and keeps ticking after the dumps.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let state = stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap();
+    assert!(
+        state != 'T' && state != 't',
+        "{label}: target is stopped ({state})"
+    );
+    let before = target.wait_for("tick");
+    let after = target.wait_for("tick");
+    assert_ne!(before, after);
+}
+
+#[test]
+fn dump_python_3_8() {
+    check_version("3.8", &pyenv("3.8.18"), 8);
+}
+
+#[test]
+fn dump_python_3_9() {
+    check_version("3.9", &pyenv("3.9.18"), 9);
+}
+
+#[test]
+fn dump_python_3_10() {
+    check_version("3.10", &pyenv("3.10.13"), 10);
+}
+
+#[test]
+fn dump_python_3_11() {
+    check_version("3.11", &pyenv("3.11.7"), 11);
+}
+
+#[test]
+fn dump_python_3_12() {
+    check_version("3.12", &pyenv("3.12.1"), 12);
+}
+
+#[test]
+fn dump_python_3_13() {
+    check_version("3.13", &pyenv("3.13.0"), 13);
+}
+
+/// Static, stripped: the runtime is found through the executable's exported symbols.
+#[test]
+fn dump_debian_python_3_11() {
+    check_version("Debian 3.11", Path::new("/usr/bin/python3.11"), 11);
+}
+
+fn assert_fails(out: &std::process::Output, code: i32, message: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "stderr: {err}");
+    assert!(err.contains(message), "expected '{message}' in: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn old_versions_are_refused() {
+    for (version, minor) in [("3.6.15", 6), ("3.7.16", 7)] {
+        let python = pyenv(version);
+        if !python.exists() {
+            println!("skipping 3.{minor}: {} is missing", python.display());
+            continue;
+        }
+        let target = Target::start(
+            &python,
+            &[
+                "-c",
+                "print('ready', flush=True)\nimport time\ntime.sleep(60)",
+            ],
+        );
+        target.wait_for("ready");
+        let out = pyrometer(&["dump", "--pid", &target.pid().to_string()]);
+        assert_fails(&out, 2, &format!("Python 3.{minor}"));
+        assert_fails(&out, 2, "is not supported by dump (3.8–3.13 are)");
+    }
+}
+
+#[test]
+fn non_python_and_missing_processes() {
+    let out = pyrometer(&["dump", "--pid", "4000000"]);
+    assert_fails(&out, 2, "no such process: 4000000");
+    let mut sleep = Command::new("sleep").arg("60").spawn().expect("sleep");
+    // The exec must have happened before the maps are read.
+    std::thread::sleep(Duration::from_millis(200));
+    let out = pyrometer(&["dump", "--pid", &sleep.id().to_string()]);
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    assert_fails(
+        &out,
+        2,
+        "(sleep) is not a Python process: no libpython or python executable mapped",
+    );
+}
