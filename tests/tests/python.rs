@@ -82,7 +82,7 @@ impl Drop for Target {
     }
 }
 
-fn thread_named<'a>(dump: &'a Value, pred: impl Fn(&Value) -> bool) -> Option<&'a Value> {
+fn thread_named(dump: &Value, pred: impl Fn(&Value) -> bool) -> Option<&Value> {
     dump["threads"].as_array()?.iter().find(|t| pred(t))
 }
 
@@ -242,6 +242,51 @@ fn dump_python_3_13() {
 #[test]
 fn dump_debian_python_3_11() {
     check_version("Debian 3.11", Path::new("/usr/bin/python3.11"), 11);
+}
+
+/// Two spinners: whenever one holds the GIL the other sleeps on the GIL's condition variable,
+/// which dump must tell apart from the blocker's lock. Both GIL homes are covered: inside
+/// `_PyRuntime` (3.8–3.11) and behind the interpreter's pointer (3.12+).
+#[test]
+fn gil_waiter_is_told_apart() {
+    for (version, minor) in [
+        ("3.8.18", 8),
+        ("3.11.7", 11),
+        ("3.12.1", 12),
+        ("3.13.0", 13),
+    ] {
+        let python = pyenv(version);
+        if !python.exists() {
+            println!("skipping 3.{minor}: {} is missing", python.display());
+            continue;
+        }
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let target = Target::start(&python, &[script().to_str().unwrap(), "contend"]);
+        target.wait_for("ready");
+        let pid = target.pid().to_string();
+        let mut seen = None;
+        for _ in 0..20 {
+            let out = pyrometer(&["dump", "--pid", &pid, "--format", "json"]);
+            assert_ok(&out);
+            let dump: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let threads = dump["threads"].as_array().unwrap();
+            let waiting = threads.iter().find(|t| t["state"] == "waiting_for_gil");
+            let holder = threads.iter().find(|t| t["holds_gil"] == true);
+            assert!(threads.iter().filter(|t| t["holds_gil"] == true).count() <= 1);
+            if let (Some(w), Some(h)) = (waiting, holder) {
+                assert_ne!(w["tid"], h["tid"]);
+                assert_eq!(w["holds_gil"], false);
+                let blocker = threads.iter().find(|t| t["name"] == "blocker").unwrap();
+                assert_eq!(blocker["state"], "blocked");
+                seen = Some(w["name"].as_str().unwrap_or("?").to_string());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let waiter =
+            seen.unwrap_or_else(|| panic!("3.{minor}: no thread seen waiting for the GIL"));
+        println!("3.{minor}: {waiter} waits for the GIL");
+    }
 }
 
 fn assert_fails(out: &std::process::Output, code: i32, message: &str) {

@@ -110,7 +110,12 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
                 thread_id: t.thread_id,
                 name: os.as_ref().and_then(|o| o.name.clone()),
                 state: os.as_ref().map_or(ThreadState::Unknown, |o| o.state),
-                holds_gil: t.holds_gil,
+                // The kernel state is read after the GIL word: when they disagree across a
+                // hand-off, the later read wins.
+                holds_gil: t.holds_gil
+                    && os
+                        .as_ref()
+                        .is_none_or(|o| o.state != ThreadState::WaitingForGil),
                 reason: os.and_then(|o| o.reason),
                 frames: t.frames,
                 truncated: t.truncated,

@@ -117,10 +117,11 @@ pub fn classify_sleep(
         .next()
         .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
     if nr == SYS_FUTEX {
-        if let (Some(addr), Some((gil, size))) = (arg0, gil) {
-            if gil <= addr && addr < gil + size {
-                return (ThreadState::WaitingForGil, Some("futex on the GIL".into()));
-            }
+        if let (Some(addr), Some((gil, size))) = (arg0, gil)
+            && gil <= addr
+            && addr < gil + size
+        {
+            return (ThreadState::WaitingForGil, Some("futex on the GIL".into()));
         }
         let reason = match arg0 {
             Some(addr) => format!("futex wait at {addr:#x} (a lock, condition or join)"),

@@ -101,7 +101,7 @@ pub fn find_version_string(rodata: &[u8], major: u32, minor: u32) -> Option<u32>
         let digits = tail.iter().take_while(|b| b.is_ascii_digit()).count();
         // A release candidate or alpha still names its micro version ("3.13.0rc1").
         let end = tail[digits..].iter().position(|&b| b == 0);
-        if digits == 0 || !end.is_some_and(|e| e <= 8) {
+        if digits == 0 || end.is_none_or(|e| e > 8) {
             continue;
         }
         let micro = std::str::from_utf8(&tail[..digits]).ok()?.parse().ok();
