@@ -334,3 +334,39 @@ fn non_python_and_missing_processes() {
         "(sleep) is not a Python process: no libpython or python executable mapped",
     );
 }
+
+/// Another user's process: one line naming the missing privilege, exit 3 (README "Exit codes").
+#[test]
+fn missing_privileges() {
+    let python = pyenv("3.11.7");
+    let setpriv = Command::new("setpriv").arg("--version").output();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || setpriv.is_err() || !python.exists() {
+        println!("skipping: needs root, setpriv and Python 3.11 to dump a process as another user");
+        return;
+    }
+    let target = Target::start(
+        &python,
+        &[
+            "-c",
+            "print('ready', flush=True)\nimport time\ntime.sleep(60)",
+        ],
+    );
+    target.wait_for("ready");
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(pyrometer_bin())
+        .args(["dump", "--pid", &target.pid().to_string()])
+        .output()
+        .expect("run setpriv");
+    assert_fails(
+        &out,
+        3,
+        "permission denied (run as its user or as root, or grant CAP_SYS_PTRACE)",
+    );
+}

@@ -80,7 +80,13 @@ pub struct ProcessDump {
 /// marked unreadable.
 pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
     let mut registry = ProcessRegistry::with_proc_root(proc_root);
-    let process = registry.observe(pid)?;
+    let process = registry.observe(pid).map_err(|e| match e {
+        // Another user's maps are unreadable without ptrace access, like its memory.
+        ProcError::Io { ref source, .. } if source.kind() == io::ErrorKind::PermissionDenied => {
+            PythonError::Permission(pid)
+        }
+        e => PythonError::Proc(e),
+    })?;
     let runtime = version::detect(process)?;
     let offsets =
         offsets::for_version(runtime.version.major, runtime.version.minor).ok_or_else(|| {
