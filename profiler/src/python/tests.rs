@@ -235,3 +235,105 @@ fn unsupported_versions_are_named() {
     );
     let _ = version::from_hexversion(0);
 }
+
+/// A sparse fake address space for the walker: regions of bytes, anything else unreadable.
+#[derive(Default)]
+struct FakeMemory {
+    regions: std::collections::BTreeMap<u64, Vec<u8>>,
+}
+
+impl FakeMemory {
+    fn put_u64(&mut self, addr: u64, value: u64) {
+        self.put(addr, &value.to_le_bytes());
+    }
+
+    fn put(&mut self, addr: u64, bytes: &[u8]) {
+        // Every object here lives in its own 4 KiB page.
+        let page = addr & !0xfff;
+        let region = self.regions.entry(page).or_insert_with(|| vec![0; 0x1000]);
+        let at = (addr - page) as usize;
+        region[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+impl super::memory::Memory for FakeMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), super::PythonError> {
+        let page = addr & !0xfff;
+        let region = self
+            .regions
+            .get(&page)
+            .ok_or(super::PythonError::BadAddress(addr))?;
+        let at = (addr - page) as usize;
+        let src = region
+            .get(at..at + buf.len())
+            .ok_or(super::PythonError::BadAddress(addr))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+#[test]
+fn walker_marks_bad_frames_and_stops_on_cycles() {
+    let o = offsets::for_version(3, 11).unwrap();
+    let rt = version::PythonRuntime {
+        version: version::from_hexversion(0x030b07f0),
+        path: "libpython3.11.so".into(),
+        runtime: 0x1000,
+        code_type: 0xc0de_0000,
+        unicode_type: 0x57a0_0000,
+        bytes_type: 0xb7e5_0000,
+    };
+    let at = |base: u64, off: u32| base + u64::from(off);
+    let mut m = FakeMemory::default();
+    m.put_u64(at(0x1000, o.runtime_interpreters_head), 0x2000);
+    m.put_u64(at(0x1000, o.runtime_gil + o.gil_last_holder), 0x3000);
+    m.put(
+        at(0x1000, o.runtime_gil + o.gil_locked),
+        &1u32.to_le_bytes(),
+    );
+    m.put_u64(at(0x2000, o.interp_threads_head), 0x3000);
+    m.put_u64(at(0x3000, o.tstate_native_thread_id), 77);
+    m.put_u64(at(0x3000, o.tstate_frame), 0x3800);
+    m.put_u64(at(0x3800, o.cframe_current_frame), 0x4000);
+    // Frame 1: a valid code object at its second code unit.
+    m.put_u64(at(0x4000, o.frame_code), 0x5000);
+    m.put_u64(at(0x4000, o.frame_instr), at(0x5000, o.code_adaptive) + 2);
+    m.put_u64(at(0x4000, o.frame_previous), 0x9000);
+    m.put_u64(at(0x5000, o.object_type), rt.code_type);
+    m.put_u64(at(0x5000, o.code_qualname), 0x7000);
+    m.put_u64(at(0x5000, o.code_filename), 0x8000);
+    m.put(at(0x5000, o.code_firstlineno), &10u32.to_le_bytes());
+    m.put_u64(at(0x5000, o.code_linetable), 0xa000);
+    for (addr, text) in [(0x7000u64, "f"), (0x8000, "a.py")] {
+        m.put_u64(at(addr, o.object_type), rt.unicode_type);
+        m.put_u64(at(addr, o.unicode_length), text.len() as u64);
+        // kind 1, compact, ascii
+        m.put(
+            at(addr, o.unicode_state),
+            &((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes(),
+        );
+        m.put(at(addr, o.unicode_ascii_data), text.as_bytes());
+    }
+    m.put_u64(at(0xa000, o.object_type), rt.bytes_type);
+    m.put_u64(at(0xa000, o.bytes_size), 2);
+    m.put(at(0xa000, o.bytes_data), &[0x80 | (13 << 3) | 1, 2]);
+    // Frame 2: its "code object" has the wrong type (a torn read); it links back to frame 1.
+    m.put_u64(at(0x9000, o.frame_code), 0x7000);
+    m.put_u64(at(0x9000, o.frame_previous), 0x4000);
+
+    let snap = super::walk::Walker::new(&m, o, &rt).snapshot().unwrap();
+    assert_eq!(snap.threads.len(), 1);
+    let t = &snap.threads[0];
+    assert_eq!(t.tid, Some(77));
+    assert!(t.holds_gil);
+    assert_eq!(t.frames.len(), 2);
+    assert_eq!(t.frames[0].function.as_deref(), Some("f"));
+    assert_eq!(t.frames[0].file.as_deref(), Some("a.py"));
+    assert_eq!(t.frames[0].line, Some(11));
+    assert_eq!(
+        t.frames[1].function, None,
+        "a frame that does not validate is not decoded"
+    );
+    assert!(t.truncated, "the cycle back to frame 1 cuts the stack");
+    assert_eq!(snap.gil, Some((0x1000 + u64::from(o.runtime_gil), 208)));
+}
