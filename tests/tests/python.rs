@@ -370,3 +370,43 @@ fn missing_privileges() {
         "permission denied (run as its user or as root, or grant CAP_SYS_PTRACE)",
     );
 }
+
+/// A process in its own pid namespace (a container's view): the interpreter's thread ids are
+/// the namespace's (the main thread is 1), dump reports the host's.
+#[test]
+fn pid_namespace() {
+    let python = pyenv("3.12.1");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !python.exists() || Command::new("unshare").arg("--version").output().is_err() {
+        println!("skipping: needs root, unshare and Python 3.12 for a pid namespace");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let unshare = Path::new("/usr/bin/unshare");
+    let script = script();
+    let target = Target::start(
+        unshare,
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            python.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+    );
+    target.wait_for("ready");
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", target.pid())).unwrap();
+    let pid: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains(&format!("NSpid:\t{pid}\t1")), "{status}");
+    let (text, dump) = dump_until_settled(pid);
+    let main = thread_named(&dump, |t| t["tid"] == pid).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(main["frames"][0]["function"], "spin", "{text}");
+    let blocker =
+        thread_named(&dump, |t| t["name"] == "blocker").unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(blocker["state"], "blocked", "{text}");
+    assert!(std::path::Path::new(&format!("/proc/{pid}/task/{}", blocker["tid"])).exists());
+}

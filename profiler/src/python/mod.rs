@@ -97,19 +97,20 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
         })?;
     let mem = ProcessMemory::new(pid);
     let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
-    let tasks: Vec<u32> = std::fs::read_dir(proc_root.join(pid.to_string()).join("task"))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
+    let tasks = task_ids(proc_root, pid);
     let threads = snapshot
         .threads
         .into_iter()
         .map(|t| {
-            // A tid read through glibc's struct pthread (3.8–3.10) is trusted only when it
-            // names a task of this process.
-            let tid = t.tid.filter(|tid| tasks.contains(tid));
+            // The interpreter knows its threads by their ids in its own pid namespace; a tid
+            // read through glibc's struct pthread (3.8–3.10) is trusted only when it names a
+            // task of this process.
+            let tid = t.tid.and_then(|ns_tid| {
+                tasks
+                    .iter()
+                    .find(|&&(_, inner)| inner == ns_tid)
+                    .map(|&(host, _)| host)
+            });
             let os = tid.map(|tid| threads::os_thread(proc_root, pid, tid, snapshot.gil));
             ThreadDump {
                 tid,
@@ -135,4 +136,32 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
         binary: runtime.path,
         threads,
     })
+}
+
+/// The process's tasks as (tid here, tid in the process's own pid namespace): the last
+/// `NSpid:` entry of each task's status, or the tid itself on kernels without the line.
+fn task_ids(proc_root: &Path, pid: u32) -> Vec<(u32, u32)> {
+    let dir = proc_root.join(pid.to_string()).join("task");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .take(walk::MAX_THREADS * 4)
+        .map(|tid| {
+            let status = std::fs::read_to_string(dir.join(tid.to_string()).join("status"));
+            let inner = status
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("NSpid:"))?
+                        .split_whitespace()
+                        .last()?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(tid);
+            (tid, inner)
+        })
+        .collect()
 }
