@@ -29,6 +29,11 @@ const DEPS: &[(&str, &str)] = &[
     ("chromium", "/usr/bin/chromium"),
     ("nodejs", "/usr/bin/node"),
     ("npm", "/usr/bin/npm"),
+    // The CPython offset table is checked against each build's DWARF through gdb.
+    ("gdb", "/usr/bin/gdb"),
+    // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
+    ("openssl", "/usr/bin/openssl"),
+    ("curl", "/usr/bin/curl"),
 ];
 
 fn main() -> Result<()> {
