@@ -148,6 +148,11 @@ fn config_file_capability_drop_and_dwarf_stacks() {
         complete as f64 >= 0.95 * leaf as f64,
         "{complete} of {leaf} leaf samples reach main:\n{folded}"
     );
+    // Kernel symbols were loaded while the agent could still read their addresses.
+    assert!(
+        !folded.contains(";0xffffffff"),
+        "kernel frames left as addresses:\n{folded}"
+    );
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert_eq!(s["node"], "from-toml", "{s}");

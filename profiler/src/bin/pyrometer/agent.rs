@@ -306,12 +306,18 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut registry = ProcessRegistry::new();
     let mut known: HashSet<u32> = HashSet::new();
     if let Some(re) = &cfg.comm {
-        add_matching(&mut sampler, re, &mut known);
+        add_matching(
+            &mut sampler,
+            unwinder.as_mut(),
+            &mut registry,
+            re,
+            &mut known,
+        );
     }
-    // Tables for the processes already known, so their first samples unwind fully; others
-    // get theirs when their first sample arrives.
+    // Tables for the processes already known, so their first samples unwind fully; with
+    // neither --pid nor --comm, new processes get theirs when their first sample arrives.
     if let Some(u) = unwinder.as_mut() {
-        for &pid in cfg.pids.iter().chain(&known) {
+        for &pid in &cfg.pids {
             if let Ok(p) = registry.observe(pid) {
                 let _ = u.sync_process(p);
             }
@@ -328,6 +334,18 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
+    let mut symbolizer = Symbolizer::new().with_debug_dirs(
+        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
+    );
+    // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
+    if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
+        eprintln!(
+            "pyrometer agent: kernel symbols unreadable (/proc/kallsyms): kernel frames stay addresses"
+        );
+    }
     // Everything privileged is open now. Before the first thread starts, so that every
     // thread runs with the reduced sets.
     let kept = privileges::drop_all_but(privileges::AGENT_KEEPS).map_err(|e| {
@@ -391,12 +409,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     );
 
     let period_ns = 1_000_000_000 / cfg.frequency as i64;
-    let mut symbolizer = Symbolizer::new().with_debug_dirs(
-        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
-            .iter()
-            .map(PathBuf::from)
-            .collect(),
-    );
     let mut capture = Capture::default();
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
@@ -418,7 +430,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             && last_scan.elapsed() >= Duration::from_millis(500)
         {
             last_scan = Instant::now();
-            add_matching(&mut sampler, re, &mut known);
+            add_matching(
+                &mut sampler,
+                unwinder.as_mut(),
+                &mut registry,
+                re,
+                &mut known,
+            );
         }
         let c = sampler.counters();
         metrics
@@ -504,8 +522,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// Adds processes whose comm matches and that were not seen before.
-fn add_matching(sampler: &mut Sampler, re: &Regex, known: &mut HashSet<u32>) {
+/// Adds processes whose comm matches and that were not seen before, each after its unwind
+/// tables are loaded, so that none of its samples is walked without them.
+fn add_matching(
+    sampler: &mut Sampler,
+    mut unwinder: Option<&mut pyrometer::unwinder::Unwinder>,
+    registry: &mut ProcessRegistry,
+    re: &Regex,
+    known: &mut HashSet<u32>,
+) {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return;
     };
@@ -528,6 +553,11 @@ fn add_matching(sampler: &mut Sampler, re: &Regex, known: &mut HashSet<u32>) {
         };
         if re.is_match(comm.trim_end_matches('\n')) {
             known.insert(pid);
+            if let Some(u) = unwinder.as_deref_mut()
+                && let Ok(p) = registry.observe(pid)
+            {
+                let _ = u.sync_process(p);
+            }
             if let Err(e) = sampler.add_target(pid, false) {
                 eprintln!("pyrometer agent: cannot target pid {pid}: {e}");
             }
