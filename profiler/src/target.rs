@@ -235,8 +235,19 @@ mod tests {
             .args(["-c", "sleep 5 & wait"])
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let d = descendants(Path::new("/proc"), &[child.id()]);
+        // The shell forks when the scheduler gets to it: wait for that, however loaded.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let d = loop {
+            let d = descendants(Path::new("/proc"), &[child.id()]);
+            if !d.is_empty() || std::time::Instant::now() > deadline {
+                break d;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        for &pid in &d {
+            // SAFETY: kill(2) of the test's own grandchild.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
         child.kill().ok();
         child.wait().ok();
         assert_eq!(d.len(), 1, "{d:?}");
