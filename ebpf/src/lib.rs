@@ -2,7 +2,8 @@
 //! mirrors of the structs they share with the agent (`src/bpf/shared.h`).
 
 /// The CPU sampler object: `on_cpu_clock` (perf_event), `on_fork`, `on_exec` and `on_exit`
-/// (BTF tracepoints), and the maps `targets`, `kernel_stacks`, `samples`, `scratch`, `counters`.
+/// (BTF tracepoints), the optional `on_sched_switch` (off-CPU time), and the maps `targets`,
+/// `kernel_stacks`, `samples`, `scratch`, `counters`, `offcpu_pending`, `offcpu_scratch`.
 pub static SAMPLER_OBJECT: &[u8] = aligned_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
 
 /// Embeds a file with 8-byte alignment: the ELF parser reads its headers in place.
@@ -40,6 +41,11 @@ pub const SAMPLE_EVENT_EXEC: u32 = 2;
 pub const SAMPLE_DWARF: u32 = 4;
 /// `SampleHeader::flags`: the DWARF walk reached the outermost frame.
 pub const SAMPLE_COMPLETE: u32 = 8;
+/// `SampleHeader::flags`: an off-CPU interval; `value_ns` is how long the thread was blocked,
+/// starting at `timestamp_ns`, in the stack the record carries.
+pub const SAMPLE_OFFCPU: u32 = 16;
+/// Capacity of the kernel's `offcpu_pending` map (threads blocked at once that are tracked).
+pub const OFFCPU_PENDING_ENTRIES: u32 = 16384;
 
 /// `struct unwind_row`: the row type of the pyrometer-unwind crate, which builds them; the
 /// agent writes them into the `unwind_rows` array as they are.
@@ -80,6 +86,8 @@ pub mod counter {
     pub const UNWIND_TRUNCATED: u32 = 10;
     pub const UNWIND_COMPLETE: u32 = 11;
     pub const UNWIND_SAMPLES: u32 = 12;
+    pub const OFFCPU_EVENTS: u32 = 13;
+    pub const OFFCPU_MAP_FULL: u32 = 14;
     pub const COUNT: u32 = 16;
 }
 
@@ -97,6 +105,38 @@ pub struct SampleHeader {
     pub flags: u32,
     pub reserved: u32,
     pub comm: [u8; COMM_LEN],
+    /// `SAMPLE_OFFCPU`: blocked nanoseconds; 0 for on-CPU samples.
+    pub value_ns: u64,
+}
+
+/// Mirror of `struct offcpu_record`: a blocked thread's pending interval in `offcpu_pending`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuRecord {
+    pub header: SampleHeader,
+    pub user: [u64; MAX_USER_FRAMES],
+}
+
+impl OffCpuRecord {
+    /// The ring-buffer record this entry becomes when its thread runs again `blocked_ns` after
+    /// it blocked: the header and the frames it uses.
+    pub fn to_record(&self, blocked_ns: u64) -> Vec<u8> {
+        let mut header = self.header;
+        header.value_ns = blocked_ns;
+        header.user_frames = header.user_frames.min(MAX_USER_FRAMES as u32);
+        let mut out = Vec::with_capacity(size_of::<SampleHeader>() + 8 * MAX_USER_FRAMES);
+        // SAFETY: SampleHeader is plain old data without padding; the slice covers exactly it.
+        out.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(
+                (&header as *const SampleHeader).cast::<u8>(),
+                size_of::<SampleHeader>(),
+            )
+        });
+        for frame in &self.user[..header.user_frames as usize] {
+            out.extend_from_slice(&frame.to_ne_bytes());
+        }
+        out
+    }
 }
 
 /// Byte offset of the inline kernel frames in a full record.
@@ -178,6 +218,7 @@ pub fn comm_to_string(comm: &[u8]) -> String {
 // SAFETY: plain-old-data #[repr(C)] structs without padding holes the kernel would read.
 unsafe impl aya::Pod for ExecMapping {}
 unsafe impl aya::Pod for ProcessUnwind {}
+unsafe impl aya::Pod for OffCpuRecord {}
 
 #[cfg(test)]
 mod tests {
@@ -185,12 +226,35 @@ mod tests {
 
     #[test]
     fn header_layout_matches_c() {
-        // 8 + 4*8 + 16: the C struct has no padding.
-        assert_eq!(size_of::<SampleHeader>(), 56);
-        assert_eq!(FULL_RECORD_SIZE, 56 + (256 + 127) * 8);
+        // 8 + 4*8 + 16 + 8: the C struct has no padding.
+        assert_eq!(size_of::<SampleHeader>(), 64);
+        assert_eq!(FULL_RECORD_SIZE, 64 + (256 + 127) * 8);
         assert_eq!(size_of::<UnwindRow>(), 12);
         assert_eq!(size_of::<ExecMapping>(), 32);
         assert_eq!(size_of::<ProcessUnwind>(), 8 + 32 * MAX_MAPPINGS);
+        assert_eq!(size_of::<OffCpuRecord>(), 64 + 256 * 8);
+    }
+
+    #[test]
+    fn pending_off_cpu_entry_becomes_a_record() {
+        let mut rec = OffCpuRecord {
+            header: SampleHeader {
+                flags: SAMPLE_OFFCPU,
+                user_frames: 2,
+                ..SampleHeader::default()
+            },
+            user: [0; MAX_USER_FRAMES],
+        };
+        rec.user[..2].copy_from_slice(&[0x1000, 0x2000]);
+        let bytes = rec.to_record(42);
+        let s = RawSample::parse(&bytes).unwrap();
+        assert_eq!(s.header.value_ns, 42);
+        assert_eq!(s.user_frames().collect::<Vec<_>>(), [0x1000, 0x2000]);
+        rec.header.user_frames = 10_000;
+        assert!(
+            RawSample::parse(&rec.to_record(1)).is_ok(),
+            "a bad count is clamped"
+        );
     }
 
     #[test]
@@ -206,7 +270,7 @@ mod tests {
     #[test]
     fn short_records_are_errors() {
         assert!(RawSample::parse(&[0u8; 10]).is_err());
-        let mut rec = vec![0u8; 56];
+        let mut rec = vec![0u8; 64];
         rec[24..28].copy_from_slice(&5u32.to_ne_bytes());
         assert_eq!(
             RawSample::parse(&rec).unwrap_err(),

@@ -2,7 +2,8 @@
 //
 // pyrometer's CPU sampler: one perf_event program per online CPU on the software cpu-clock
 // event (hardware PMU events are often missing in VMs), plus BTF tracepoints that keep the
-// in-kernel target set current as targeted processes fork and exit.
+// in-kernel target set current as targeted processes fork and exit, and (optional, with
+// `record --off-cpu`) the sched_switch program of offcpu.h that measures blocked time.
 //
 // Every sample becomes one variable-length record in a BPF ring buffer (header + user frames),
 // so a shallow stack costs the ring buffer only what it uses. The layout is mirrored by
@@ -80,6 +81,15 @@ static __always_inline void count(__u32 index)
 	if (slot)
 		*slot += 1;
 }
+
+// sched_switch's scratch record (see offcpu.h); declared here because the unwinder writes
+// into it.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct offcpu_record);
+} offcpu_scratch SEC(".maps");
 
 #include "unwind.h"
 
@@ -228,3 +238,5 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	bpf_map_delete_elem(&targets, &tgid);
 	return 0;
 }
+
+#include "offcpu.h"

@@ -23,6 +23,9 @@
 #define SAMPLE_DWARF 4
 // The DWARF walk reached the outermost frame (an undefined return address, e.g. _start).
 #define SAMPLE_COMPLETE 8
+// An off-CPU interval (sched_switch): the stack is the one saved when the thread blocked,
+// timestamp_ns is when it blocked and value_ns how long it stayed off the CPU.
+#define SAMPLE_OFFCPU 16
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -38,6 +41,8 @@
 #define COUNTER_UNWIND_TRUNCATED 10  // more than MAX_USER_FRAMES frames
 #define COUNTER_UNWIND_COMPLETE 11   // walks that reached the outermost frame
 #define COUNTER_UNWIND_SAMPLES 12    // samples the DWARF unwinder walked
+#define COUNTER_OFFCPU_EVENTS 13     // off-CPU intervals sent (at least offcpu_min_ns long)
+#define COUNTER_OFFCPU_MAP_FULL 14   // a blocking thread not tracked: offcpu_pending was full
 #define COUNTER_COUNT 16
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.
@@ -90,10 +95,19 @@ struct sample_header {
 	__u32 flags;
 	__u32 reserved;
 	char comm[COMM_LEN];
+	__u64 value_ns; // SAMPLE_OFFCPU: blocked time; 0 for on-CPU samples
 };
 
 struct sample_record {
 	struct sample_header hdr;
 	__u64 user[MAX_USER_FRAMES];     // leaf first
 	__u64 kernel[MAX_KERNEL_FRAMES]; // leaf first, only with SAMPLE_KERNEL_INLINE
+};
+
+// What sched_switch keeps for a blocked thread until it runs again: the header and user
+// frames of the record it will send (no inline kernel frames: a stack-map collision is
+// counted as a kernel stack error instead, which keeps each pending entry at 2 KiB).
+struct offcpu_record {
+	struct sample_header hdr;
+	__u64 user[MAX_USER_FRAMES];
 };

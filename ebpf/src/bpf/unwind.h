@@ -40,6 +40,10 @@ struct unwind_state {
 	__u32 frames;
 	__u32 stop_reason; // a COUNTER_UNWIND_* index, or 0 while walking
 	__u32 complete;
+	// Which per-CPU scratch record the frames go to: the sampler's, or sched_switch's
+	// (a cpu-clock sample may interrupt the tracepoint, so they cannot share one).
+	__u32 offcpu;
+	__u32 reserved;
 };
 
 struct found_mapping {
@@ -123,15 +127,24 @@ static __always_inline int signal_step(struct unwind_state *st)
 static long unwind_step(__u32 index, struct unwind_state *st)
 {
 	__u32 zero = 0;
-	struct sample_record *rec = bpf_map_lookup_elem(&scratch, &zero);
-	if (!rec)
-		return 1;
+	__u64 *user;
+	if (st->offcpu) {
+		struct offcpu_record *rec = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+		if (!rec)
+			return 1;
+		user = rec->user;
+	} else {
+		struct sample_record *rec = bpf_map_lookup_elem(&scratch, &zero);
+		if (!rec)
+			return 1;
+		user = rec->user;
+	}
 	__u32 n = st->frames;
 	if (n >= MAX_USER_FRAMES) {
 		st->stop_reason = COUNTER_UNWIND_TRUNCATED;
 		return 1;
 	}
-	rec->user[n] = st->pc;
+	user[n] = st->pc;
 	st->frames = n + 1;
 
 	struct process_unwind *proc = bpf_map_lookup_elem(&unwind_procs, &st->pid);
@@ -217,21 +230,23 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 	return 0;
 }
 
-// Walks the user stack of the current task into rec->user. Returns the number of frames, or
-// -1 when the process has no unwind information (the caller then uses frame pointers).
-static __always_inline int dwarf_unwind(struct bpf_perf_event_data *ctx, __u32 tgid,
-					 struct sample_record *rec)
+// Walks the user stack of the current task into the scratch record `offcpu` names, setting
+// SAMPLE_* flags in `hdr`. `regs` are the user registers when the program interrupted user
+// mode, or NULL: then the ones saved on kernel entry are used (a sample in a system call,
+// or a thread switched out by the scheduler). Returns the number of frames, or -1 when the
+// process has no unwind information (the caller then uses frame pointers).
+static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __u32 tgid,
+					      struct sample_header *hdr, __u32 offcpu)
 {
 	if (!bpf_map_lookup_elem(&unwind_procs, &tgid))
 		return -1;
 	struct pt_regs regs;
-	if ((ctx->regs.cs & 3) == 3) {
-		regs = ctx->regs;
+	if (user_regs) {
+		regs = *user_regs;
 	} else {
-		// Interrupted in the kernel: the user registers were saved on kernel entry.
 		struct task_struct *task = bpf_get_current_task_btf();
-		struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(task);
-		if (bpf_probe_read_kernel(&regs, sizeof(regs), user))
+		struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (bpf_probe_read_kernel(&regs, sizeof(regs), saved))
 			return 0;
 	}
 	struct unwind_state st = {
@@ -239,6 +254,7 @@ static __always_inline int dwarf_unwind(struct bpf_perf_event_data *ctx, __u32 t
 		.sp = regs.rsp,
 		.bp = regs.rbp,
 		.pid = tgid,
+		.offcpu = offcpu,
 	};
 	if (st.pc == 0)
 		return 0;
@@ -248,8 +264,15 @@ static __always_inline int dwarf_unwind(struct bpf_perf_event_data *ctx, __u32 t
 		count(st.stop_reason);
 	if (st.complete) {
 		count(COUNTER_UNWIND_COMPLETE);
-		rec->hdr.flags |= SAMPLE_COMPLETE;
+		hdr->flags |= SAMPLE_COMPLETE;
 	}
-	rec->hdr.flags |= SAMPLE_DWARF;
+	hdr->flags |= SAMPLE_DWARF;
 	return st.frames;
+}
+
+static __always_inline int dwarf_unwind(struct bpf_perf_event_data *ctx, __u32 tgid,
+					 struct sample_record *rec)
+{
+	const struct pt_regs *user = (ctx->regs.cs & 3) == 3 ? &ctx->regs : 0;
+	return dwarf_unwind_regs(user, tgid, &rec->hdr, 0);
 }

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// Off-CPU time: how long target threads stay blocked, by the stack they blocked in.
+// Included by sampler.bpf.c, so it shares the target filter, the kernel stack map, the
+// unwinder and the ring buffer; the agent loads and attaches `on_sched_switch` only when asked
+// (`record --off-cpu`), and otherwise shrinks `offcpu_pending` to one entry.
+//
+// A thread that blocks (switched out in a sleeping state, not preempted) has its stacks taken
+// right then, while it is still `current`: the kernel stack from the tracepoint's registers,
+// the user stack from the registers saved on kernel entry. They are parked in
+// `offcpu_pending` under its tid; when the thread is switched back in, the interval is sent as
+// one record if it lasted at least `offcpu_min_ns`. The minimum bounds the ring-buffer cost
+// (a thread that blocks for microseconds thousands of times a second sends nothing) at the
+// price of not counting those short waits.
+//
+// Preempted threads are runnable, not blocked: their wait is CPU contention (run-queue
+// latency), not something the thread's code chose, so it is not off-CPU time here.
+//
+// GIL hook: time a Python thread spends blocked inside take_gil is GIL wait, not off-CPU
+// time. When the take_gil/drop_gil uprobes land they mark the waiting tid (a per-tid map set on
+// take_gil entry, cleared on return); this program will skip switch-outs of marked threads
+// (see `gil_waiting` below), so the wait is counted once, as gil_wait/nanoseconds.
+
+#pragma once
+
+// Minimum blocked time that is reported (set by the agent, --off-cpu-min).
+const volatile __u64 offcpu_min_ns = 1000000;
+
+// The sched_switch prev_state of a running task (TASK_RUNNING) and of an exiting one
+// (TASK_DEAD), from include/linux/sched.h.
+#define TASK_RUNNING_STATE 0
+#define TASK_DEAD_STATE 0x80
+#define OFFCPU_SKIP_KERNEL_FRAMES 2
+
+// Blocked target threads, tid -> the record sent when they run again. Bounded: 16384 threads
+// blocked at once is more than one node runs in practice; a thread that blocks while it is full
+// is counted (COUNTER_OFFCPU_MAP_FULL) and not tracked. Not preallocated, so memory follows the
+// number of threads actually blocked (2 KiB each, 34 MiB at most). Entries leave on switch-in;
+// a thread that exits while blocked is switched in to exit, and a dying thread's last switch
+// (TASK_DEAD) is not tracked, so nothing stays behind.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct offcpu_record);
+} offcpu_pending SEC(".maps");
+
+// GIL wait will be excluded here (see the header comment); no thread is marked yet.
+static __always_inline int gil_waiting(__u32 tid)
+{
+	return 0;
+}
+
+static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *prev)
+{
+	__u32 tgid = BPF_CORE_READ(prev, tgid);
+	__u32 tid = BPF_CORE_READ(prev, pid);
+	if (tid == 0 || !is_target(tgid) || gil_waiting(tid))
+		return;
+
+	__u32 zero = 0;
+	struct offcpu_record *rec = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+	if (!rec)
+		return;
+	rec->hdr.timestamp_ns = bpf_ktime_get_ns();
+	rec->hdr.pid = tgid;
+	rec->hdr.tid = tid;
+	rec->hdr.cpu = bpf_get_smp_processor_id();
+	rec->hdr.flags = SAMPLE_OFFCPU;
+	rec->hdr.kernel_frames = 0;
+	rec->hdr.reserved = 0;
+	rec->hdr.value_ns = 0;
+	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
+
+	// `prev` is still current here, so these are its stacks. The kernel stack is taken from
+	// inside this program: its two innermost frames are the BPF program and the tracepoint's
+	// bpf_trace_run trampoline, skipped so the stack ends in the scheduler.
+	long kid = bpf_get_stackid(ctx, &kernel_stacks, OFFCPU_SKIP_KERNEL_FRAMES);
+	rec->hdr.kernel_stack_id = (__s32)kid;
+	if (kid < 0)
+		count(COUNTER_KERNEL_STACK_ERRORS);
+
+	__u32 frames = 0;
+	int walked = dwarf_unwind_regs(0, tgid, &rec->hdr, 1);
+	if (walked >= 0) {
+		frames = walked;
+	} else {
+		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
+					   BPF_F_USER_STACK);
+		if (bytes > 0)
+			frames = bytes / sizeof(__u64);
+		else if (bytes < 0 && bytes != -14)
+			count(COUNTER_USER_STACK_ERRORS);
+	}
+	if (frames > MAX_USER_FRAMES)
+		frames = MAX_USER_FRAMES;
+	rec->hdr.user_frames = frames;
+
+	if (bpf_map_update_elem(&offcpu_pending, &tid, rec, BPF_ANY) != 0)
+		count(COUNTER_OFFCPU_MAP_FULL);
+}
+
+static __always_inline void offcpu_switch_in(struct task_struct *next)
+{
+	__u32 tid = BPF_CORE_READ(next, pid);
+	struct offcpu_record *rec = bpf_map_lookup_elem(&offcpu_pending, &tid);
+	if (!rec)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 blocked = now - rec->hdr.timestamp_ns;
+	if (blocked >= offcpu_min_ns) {
+		rec->hdr.value_ns = blocked;
+		__u64 size = sizeof(rec->hdr) + (__u64)rec->hdr.user_frames * sizeof(__u64);
+		if (size > sizeof(*rec))
+			size = sizeof(*rec);
+		if (bpf_ringbuf_output(&samples, rec, size, 0) != 0)
+			count(COUNTER_RINGBUF_DROPS);
+		else
+			count(COUNTER_OFFCPU_EVENTS);
+	}
+	bpf_map_delete_elem(&offcpu_pending, &tid);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_sched_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	// Switch-in first: when a thread switches to itself nothing is pending for it anyway.
+	offcpu_switch_in(next);
+	if (!preempt && prev_state != TASK_RUNNING_STATE && !(prev_state & TASK_DEAD_STATE))
+		offcpu_switch_out(ctx, prev);
+	return 0;
+}
