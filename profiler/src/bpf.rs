@@ -33,6 +33,8 @@ pub struct SamplerConfig {
     pub btf_path: PathBuf,
     /// Capacity of the unwind row array shared by all unwind tables (12 bytes a row).
     pub unwind_rows: u32,
+    /// Off-CPU time (the sched_switch program): `Some(minimum blocked ns reported)`.
+    pub off_cpu_min_ns: Option<u64>,
 }
 
 impl Default for SamplerConfig {
@@ -43,6 +45,7 @@ impl Default for SamplerConfig {
             ring_buffer_bytes: 8 << 20,
             btf_path: PathBuf::from(KERNEL_BTF),
             unwind_rows: 1 << 20,
+            off_cpu_min_ns: None,
         }
     }
 }
@@ -75,6 +78,10 @@ pub struct Counters {
     pub user_stack_truncated: u64,
     pub targets_full: u64,
     pub unwind: UnwindCounters,
+    /// Off-CPU intervals sent to the ring buffer.
+    pub offcpu_events: u64,
+    /// Threads that blocked while `offcpu_pending` was full (their interval is lost).
+    pub offcpu_map_full: u64,
 }
 
 /// Why DWARF walks stopped early, and how many reached the outermost frame.
@@ -109,6 +116,8 @@ pub struct Sampler {
         BpfHashMap<MapData, u32, pyrometer_ebpf::ProcessUnwind>,
     )>,
     unwind_rows: u32,
+    /// With off-CPU time: blocked threads' pending intervals, and the minimum reported.
+    offcpu: Option<(BpfHashMap<MapData, u32, shared::OffCpuRecord>, u64)>,
 }
 
 impl Sampler {
@@ -132,20 +141,33 @@ impl Sampler {
             Filter::Targets => shared::FILTER_TARGETS,
         };
         let self_tgid = std::process::id();
+        let offcpu_min_ns = config.off_cpu_min_ns.unwrap_or(u64::MAX);
+        // Without --off-cpu the program is never loaded; the map still exists in the object.
+        let offcpu_entries = if config.off_cpu_min_ns.is_some() {
+            shared::OFFCPU_PENDING_ENTRIES
+        } else {
+            1
+        };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("filter_mode", &filter_mode, true)
             .override_global("self_tgid", &self_tgid, true)
+            .override_global("offcpu_min_ns", &offcpu_min_ns, true)
             .map_max_entries("samples", config.ring_buffer_bytes)
             .map_max_entries("unwind_rows", config.unwind_rows.max(1))
+            .map_max_entries("offcpu_pending", offcpu_entries)
             .load(shared::SAMPLER_OBJECT)
             .map_err(|e| BpfError::Load(error_chain(&e)))?;
 
-        for (name, tracepoint) in [
+        let mut tracepoints = vec![
             ("on_fork", "sched_process_fork"),
             ("on_exec", "sched_process_exec"),
             ("on_exit", "sched_process_exit"),
-        ] {
+        ];
+        if config.off_cpu_min_ns.is_some() {
+            tracepoints.push(("on_sched_switch", "sched_switch"));
+        }
+        for (name, tracepoint) in tracepoints {
             let prog: &mut BtfTracePoint = ebpf
                 .program_mut(name)
                 .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
@@ -182,6 +204,14 @@ impl Sampler {
         };
         let procs = BpfHashMap::try_from(take(&mut ebpf, "unwind_procs")?)
             .map_err(|e| BpfError::Map("unwind_procs", e.to_string()))?;
+        let offcpu = match config.off_cpu_min_ns {
+            Some(min) => Some((
+                BpfHashMap::try_from(take(&mut ebpf, "offcpu_pending")?)
+                    .map_err(|e| BpfError::Map("offcpu_pending", e.to_string()))?,
+                min,
+            )),
+            None => None,
+        };
         Ok(Self {
             ebpf,
             ring,
@@ -191,6 +221,7 @@ impl Sampler {
             perf_prog_id: None,
             unwind_maps: Some((rows, procs)),
             unwind_rows: config.unwind_rows.max(1),
+            offcpu,
         })
     }
 
@@ -269,6 +300,23 @@ impl Sampler {
         self.drain(|b| out.push(b.to_vec()))
     }
 
+    /// The off-CPU records of threads still blocked at `now_ns` (CLOCK_MONOTONIC), as if they
+    /// ran again now. Without them a thread that blocks for the whole capture (an idle worker
+    /// waiting for tasks) would never be seen, since its interval is sent only when it wakes.
+    pub fn pending_off_cpu(&self, now_ns: u64) -> Vec<Vec<u8>> {
+        let Some((pending, min_ns)) = &self.offcpu else {
+            return Vec::new();
+        };
+        pending
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(_, rec)| {
+                let blocked = now_ns.saturating_sub(rec.header.timestamp_ns);
+                (blocked >= *min_ns).then(|| rec.to_record(blocked))
+            })
+            .collect()
+    }
+
     /// Waits until the ring buffer has data or `timeout` passes.
     pub fn wait(&self, timeout: Duration) {
         let mut pfd = libc::pollfd {
@@ -304,6 +352,8 @@ impl Sampler {
                 bad_cfa: sum(shared::counter::UNWIND_BAD_CFA),
                 truncated: sum(shared::counter::UNWIND_TRUNCATED),
             },
+            offcpu_events: sum(shared::counter::OFFCPU_EVENTS),
+            offcpu_map_full: sum(shared::counter::OFFCPU_MAP_FULL),
         }
     }
 

@@ -32,11 +32,13 @@ pub struct RawStack {
     pub kernel: Vec<u64>,
 }
 
-/// A distinct raw stack's dense id (its timeline events refer to it) and sample count.
+/// A distinct raw stack's dense id (its timeline events refer to it), on-CPU sample count
+/// and off-CPU (blocked) nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StackCount {
     pub id: u32,
     pub count: u64,
+    pub off_cpu_ns: u64,
 }
 
 /// Default bound of a [`Timeline`]: 2^21 events of 16 bytes each, 32 MiB; at `record`'s 99 Hz
@@ -189,8 +191,13 @@ pub struct Capture {
     pub timeline: Option<Timeline>,
     /// Samples per time bucket, when something asks when the targets were on the CPU.
     pub activity: Option<Activity>,
-    /// Samples read from the ring buffer.
+    /// On-CPU samples read from the ring buffer.
     pub samples: u64,
+    /// The profile gets the `off_cpu/nanoseconds` type (`record --off-cpu`).
+    pub off_cpu: bool,
+    /// Off-CPU intervals read from the ring buffer, and their total blocked time.
+    pub off_cpu_events: u64,
+    pub off_cpu_ns: u64,
     /// Records that failed to parse (never expected; counted, not hidden).
     pub bad_records: u64,
     /// Kernel stack ids that were gone from the stack map when read.
@@ -264,16 +271,34 @@ impl Capture {
             user,
             kernel,
         };
-        self.count(key, h.timestamp_ns);
+        if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
+            self.count_off_cpu(key, h.value_ns);
+        } else {
+            self.count(key, h.timestamp_ns);
+        }
+    }
+
+    fn entry(&mut self, key: RawStack) -> &mut StackCount {
+        let next_id = u32::try_from(self.stacks.len()).unwrap_or(u32::MAX);
+        self.stacks.entry(key).or_insert(StackCount {
+            id: next_id,
+            count: 0,
+            off_cpu_ns: 0,
+        })
+    }
+
+    /// Adds one off-CPU interval of `key` that lasted `blocked_ns`. Intervals stay out of the
+    /// timeline and the activity buckets: those describe time on the CPU.
+    pub fn count_off_cpu(&mut self, key: RawStack, blocked_ns: u64) {
+        let entry = self.entry(key);
+        entry.off_cpu_ns = entry.off_cpu_ns.saturating_add(blocked_ns);
+        self.off_cpu_events += 1;
+        self.off_cpu_ns = self.off_cpu_ns.saturating_add(blocked_ns);
     }
 
     /// Counts one sample of `key` taken at `timestamp_ns`.
     pub fn count(&mut self, key: RawStack, timestamp_ns: u64) {
-        let next_id = u32::try_from(self.stacks.len()).unwrap_or(u32::MAX);
-        let entry = self.stacks.entry(key).or_insert(StackCount {
-            id: next_id,
-            count: 0,
-        });
+        let entry = self.entry(key);
         entry.count += 1;
         let id = entry.id;
         if let Some(a) = self.activity.as_mut() {
@@ -307,7 +332,11 @@ impl Capture {
         symbolizer: &mut Symbolizer,
         period_ns: i64,
     ) -> (Profile, Option<Timeline>) {
-        let mut profile = Profile::cpu(period_ns);
+        let mut profile = if self.off_cpu {
+            Profile::cpu_and_off_cpu(period_ns)
+        } else {
+            Profile::cpu(period_ns)
+        };
         // Raw stack id -> index into profile.samples.
         let mut sample_of = vec![0u32; self.stacks.len()];
         let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
@@ -320,8 +349,19 @@ impl Capture {
                 &b.0.kernel,
             ))
         });
-        for (raw, StackCount { id, count }) in stacks {
+        for (
+            raw,
+            StackCount {
+                id,
+                count,
+                off_cpu_ns,
+            },
+        ) in stacks
+        {
             let mut frames: Vec<Frame> = symbolizer.kernel(&raw.kernel);
+            if off_cpu_ns > 0 {
+                trim_tracepoint_frames(&mut frames);
+            }
             frames.extend(symbolizer.user(registry, raw.pid, &raw.user));
             if frames.is_empty() {
                 frames.push(Frame::named("[no stack]", FrameKind::Unknown));
@@ -341,7 +381,13 @@ impl Capture {
                 .with("comm", LabelValue::Str(process))
                 .with("thread", LabelValue::Str(raw.thread));
             let n = i64::try_from(count).unwrap_or(i64::MAX);
-            let index = profile.add(stack, labels, &[n, n.saturating_mul(period_ns)]);
+            let cpu = [n, n.saturating_mul(period_ns)];
+            let index = if self.off_cpu {
+                let off = i64::try_from(off_cpu_ns).unwrap_or(i64::MAX);
+                profile.add(stack, labels, &[cpu[0], cpu[1], off])
+            } else {
+                profile.add(stack, labels, &cpu)
+            };
             sample_of[id as usize] = u32::try_from(index).unwrap_or(u32::MAX);
         }
         let timeline = self.timeline.map(|mut t| {
@@ -351,6 +397,21 @@ impl Capture {
             t
         });
         (profile, timeline)
+    }
+}
+
+/// Drops the tracepoint machinery from the leaf of an off-CPU kernel stack, which was taken
+/// from inside the sched_switch program: the BPF program skips its own two frames, but whether
+/// `__traceiter_sched_switch` shows up as a third depends on the call path, so the rest is
+/// cut here by name, leaving the stack to end in the scheduler.
+fn trim_tracepoint_frames(frames: &mut Vec<Frame>) {
+    let machinery = |f: &Frame| {
+        f.function.starts_with("__traceiter_")
+            || f.function.starts_with("bpf_trace_run")
+            || f.function.starts_with("bpf_prog_")
+    };
+    if let Some(last) = frames.iter().take(4).rposition(machinery) {
+        frames.drain(..=last);
     }
 }
 
@@ -408,6 +469,57 @@ mod tests {
         // A bucket counts for the interval its start falls in.
         assert_eq!(a.samples_between(1_050, 1_500), 3);
         assert_eq!(a.samples_between(1_300, 9_000), 1);
+    }
+
+    #[test]
+    fn off_cpu_intervals_are_their_own_type() {
+        let mut c = Capture {
+            off_cpu: true,
+            ..Capture::with_timeline(Timeline::new(10, 0, 10))
+        };
+        c.count(raw(1, 1), 5);
+        c.count_off_cpu(raw(1, 1), 3_000_000);
+        c.count_off_cpu(raw(2, 2), 7_000_000);
+        assert_eq!(
+            (c.samples, c.off_cpu_events, c.off_cpu_ns),
+            (1, 2, 10_000_000)
+        );
+        let (p, t) =
+            c.into_profile_and_timeline(&mut ProcessRegistry::new(), &mut Symbolizer::new(), 10);
+        let off = p.type_index("off_cpu").unwrap();
+        assert_eq!(p.sample_types[off].unit, "nanoseconds");
+        assert_eq!(p.total(off), 10_000_000);
+        assert_eq!(p.total(0), 1, "intervals are not samples");
+        assert_eq!(p.total(1), 10, "intervals are not CPU time");
+        assert_eq!(
+            t.unwrap().events.len(),
+            1,
+            "the timeline holds on-CPU samples"
+        );
+    }
+
+    #[test]
+    fn tracepoint_frames_are_trimmed() {
+        let f = |n: &str| Frame::named(n, FrameKind::Kernel);
+        let mut frames = vec![
+            f("__traceiter_sched_switch"),
+            f("__schedule"),
+            f("schedule"),
+        ];
+        trim_tracepoint_frames(&mut frames);
+        assert_eq!(frames, [f("__schedule"), f("schedule")]);
+        let mut untouched = vec![f("__schedule"), f("schedule")];
+        trim_tracepoint_frames(&mut untouched);
+        assert_eq!(untouched.len(), 2);
+    }
+
+    #[test]
+    fn without_off_cpu_the_types_are_unchanged() {
+        let mut c = Capture::default();
+        c.count(raw(1, 1), 5);
+        let p = c.into_profile(&mut ProcessRegistry::new(), &mut Symbolizer::new(), 10);
+        assert!(p.type_index("off_cpu").is_err());
+        assert_eq!(p.sample_types.len(), 2);
     }
 
     #[test]

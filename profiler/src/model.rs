@@ -232,6 +232,17 @@ impl Profile {
         p
     }
 
+    /// `record --off-cpu`'s profile: the CPU types, then `off_cpu/nanoseconds` (time blocked,
+    /// by the stack the thread blocked in). On-CPU samples carry 0 off-CPU time and off-CPU
+    /// intervals 0 samples and CPU time, so each type's totals mean what they say; CPU stays
+    /// the default type.
+    pub fn cpu_and_off_cpu(period_ns: i64) -> Self {
+        let mut p = Self::cpu(period_ns);
+        p.sample_types
+            .push(SampleType::new("off_cpu", "nanoseconds"));
+        p
+    }
+
     pub fn intern_frame(&mut self, frame: Frame) -> u32 {
         self.frames.intern(frame)
     }

@@ -287,6 +287,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         ring_buffer_bytes: 8 << 20,
         unwind_rows: cfg.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
+        off_cpu_min_ns: None,
     })
     .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
     for &pid in &cfg.pids {

@@ -48,7 +48,8 @@ pub struct RecordArgs {
     /// Output format (overrides the extension): folded, svg, pprof, speedscope, chrome.
     #[arg(short, long)]
     format: Option<String>,
-    /// Sample type for single-type outputs (folded, svg, speedscope): cpu or samples.
+    /// Sample type for single-type outputs (folded, svg, speedscope): cpu, samples, or
+    /// off_cpu (with --off-cpu).
     #[arg(short = 't', long = "type", value_name = "TYPE")]
     sample_type: Option<String>,
     /// Ring buffer size in MiB (a power of two); larger absorbs longer agent stalls.
@@ -74,6 +75,15 @@ pub struct RecordArgs {
     gpu: bool,
     #[command(flatten)]
     nvml: NvmlArgs,
+    /// Also measure off-CPU time: how long target threads stay blocked (sleeping, waiting on
+    /// I/O, locks, pipes), by the stack they blocked in, as the `off_cpu/nanoseconds` type.
+    /// Preempted (runnable) time is not counted.
+    #[arg(long)]
+    off_cpu: bool,
+    /// Shortest blocked interval counted with --off-cpu (e.g. 1ms, 0.5ms, 20ms): shorter ones cost
+    /// nothing past the switch and are left out.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "off_cpu")]
+    off_cpu_min: Option<Duration>,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -81,6 +91,10 @@ pub struct RecordArgs {
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
 }
+
+/// `--off-cpu-min` default: long enough that a thread blocking for microseconds at a high rate
+/// (spin-then-futex locks, busy polling) sends nothing, short enough to catch a 1 ms I/O wait.
+const DEFAULT_OFF_CPU_MIN: Duration = Duration::from_millis(1);
 
 fn parse_ring_mb(s: &str) -> Result<u32, String> {
     let v: u32 = s.parse().map_err(|_| format!("invalid number '{s}'"))?;
@@ -130,7 +144,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         args.format.as_deref(),
         OutputFormat::Svg,
     )?;
-    let probe = Profile::cpu(1);
+    let probe = if args.off_cpu {
+        Profile::cpu_and_off_cpu(1)
+    } else {
+        Profile::cpu(1)
+    };
     let type_index = match &args.sample_type {
         Some(t) => probe
             .type_index(t)
@@ -170,6 +188,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         ring_buffer_bytes: args.ring_buffer_mb << 20,
         unwind_rows: args.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
+        off_cpu_min_ns: args.off_cpu.then(|| {
+            let min = args.off_cpu_min.unwrap_or(DEFAULT_OFF_CPU_MIN);
+            u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)
+        }),
     };
     let mut sampler = Sampler::load(&config)
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
@@ -262,6 +284,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     } else {
         Capture::default()
     };
+    capture.off_cpu = args.off_cpu;
     // A missing driver turns the GPU source off, not the recording.
     let mut poller = None;
     if args.gpu
@@ -330,6 +353,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     for rec in batch.drain(..) {
         capture.ingest(&rec, &sampler, &mut registry);
     }
+    for rec in sampler.pending_off_cpu(monotonic_now_ns()) {
+        capture.ingest(&rec, &sampler, &mut registry);
+    }
     progress.finish_and_clear();
     let counters = sampler.counters();
     let bpf_stats = sampler.program_stats();
@@ -342,6 +368,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
 
     let processes = capture.pids.len();
     let samples = capture.samples;
+    let (off_cpu_events, off_cpu_ns) = (capture.off_cpu_events, capture.off_cpu_ns);
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
     let mut debug_dirs = args.debug_dirs.clone();
@@ -376,7 +403,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     ));
     let unsymbolized = symbolizer.stats().unsymbolized;
 
-    if samples == 0 {
+    // An idle target still has a profile with --off-cpu: where its threads blocked.
+    if samples == 0 && off_cpu_events == 0 {
         let _ = std::fs::remove_file(&output_path);
         return Err(exit_error(
             EXIT_INPUT,
@@ -437,6 +465,18 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         elapsed.as_secs_f64(),
         output_path.display()
     );
+    if args.off_cpu {
+        eprintln!(
+            "pyrometer: off-CPU: {off_cpu_events} blocked intervals of at least {:.3}ms, {:.3}s blocked in all; dropped: {} (tracking map full), {} (ring buffer full, all records)",
+            args.off_cpu_min
+                .unwrap_or(DEFAULT_OFF_CPU_MIN)
+                .as_secs_f64()
+                * 1e3,
+            off_cpu_ns as f64 / 1e9,
+            counters.offcpu_map_full,
+            counters.ringbuf_drops
+        );
+    }
     if counters.user_stack_errors + counters.kernel_stack_errors + capture_missing(counters) > 0 {
         eprintln!(
             "pyrometer: stack errors: {} user, {} kernel",
@@ -587,6 +627,8 @@ fn write_stats(
         "unwind_rows_capacity": unwinder.rows_capacity,
         "unwind_table_bytes": unwinder.rows_used * 12,
         "unwind_build_ns": unwinder.build_ns,
+        "offcpu_kernel_events": counters.offcpu_events,
+        "offcpu_map_full": counters.offcpu_map_full,
     });
     if let Some(g) = gpus {
         json["gpus"] = gpu::summary::to_json(g);
