@@ -46,6 +46,7 @@ fn main() {
     );
     let threaded = [&fp[..], &["-pthread"]].concat();
     gcc(&fixtures.join("gap.c"), &out.join("gap"), &threaded);
+    gcc(&fixtures.join("offcpu.c"), &out.join("offcpu"), &threaded);
 
     // Without frame pointers, for the DWARF unwinder: -O2 as distributions build.
     let nofp = ["-O2", "-fomit-frame-pointer"];
