@@ -55,6 +55,15 @@ pub struct TimelineEvent {
     pub sample: u32,
 }
 
+/// One off-CPU interval in time: the thread blocked at `timestamp_ns` for `duration_ns`, in
+/// the stack `sample` names (a raw stack id, then a profile sample, as in [`TimelineEvent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpuInterval {
+    pub timestamp_ns: u64,
+    pub duration_ns: u64,
+    pub sample: u32,
+}
+
 /// Per-sample times, bounded: once `capacity` events are held, later samples are counted in
 /// `dropped` but not kept, so a trace covers the start of a long capture rather than growing
 /// without limit (the counts in the profile still cover all of it).
@@ -69,6 +78,8 @@ pub struct Timeline {
     pub period_ns: u64,
     /// Series recorded beside the samples (GPU telemetry), drawn as counter tracks.
     pub counters: Vec<CounterTrack>,
+    /// Off-CPU intervals (`record --off-cpu`), bounded by `capacity` with `events`.
+    pub off_cpu: Vec<OffCpuInterval>,
 }
 
 /// A counter track of the Chrome trace: values over time, shown under a process of their
@@ -160,14 +171,27 @@ impl Timeline {
             origin_ns,
             period_ns,
             counters: Vec::new(),
+            off_cpu: Vec::new(),
         }
     }
 
+    fn full(&self) -> bool {
+        self.events.len() + self.off_cpu.len() >= self.capacity
+    }
+
     fn push(&mut self, event: TimelineEvent) {
-        if self.events.len() < self.capacity {
-            self.events.push(event);
-        } else {
+        if self.full() {
             self.dropped += 1;
+        } else {
+            self.events.push(event);
+        }
+    }
+
+    fn push_off_cpu(&mut self, interval: OffCpuInterval) {
+        if self.full() {
+            self.dropped += 1;
+        } else {
+            self.off_cpu.push(interval);
         }
     }
 }
@@ -272,7 +296,7 @@ impl Capture {
             kernel,
         };
         if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
-            self.count_off_cpu(key, h.value_ns);
+            self.count_off_cpu(key, h.timestamp_ns, h.value_ns);
         } else {
             self.count(key, h.timestamp_ns);
         }
@@ -287,11 +311,19 @@ impl Capture {
         })
     }
 
-    /// Adds one off-CPU interval of `key` that lasted `blocked_ns`. Intervals stay out of the
-    /// timeline and the activity buckets: those describe time on the CPU.
-    pub fn count_off_cpu(&mut self, key: RawStack, blocked_ns: u64) {
+    /// Adds one off-CPU interval of `key` that started at `timestamp_ns` and lasted
+    /// `blocked_ns`. Intervals stay out of the activity buckets, which describe time on the CPU.
+    pub fn count_off_cpu(&mut self, key: RawStack, timestamp_ns: u64, blocked_ns: u64) {
         let entry = self.entry(key);
         entry.off_cpu_ns = entry.off_cpu_ns.saturating_add(blocked_ns);
+        let sample = entry.id;
+        if let Some(t) = self.timeline.as_mut() {
+            t.push_off_cpu(OffCpuInterval {
+                timestamp_ns,
+                duration_ns: blocked_ns,
+                sample,
+            });
+        }
         self.off_cpu_events += 1;
         self.off_cpu_ns = self.off_cpu_ns.saturating_add(blocked_ns);
     }
@@ -394,6 +426,9 @@ impl Capture {
             for e in &mut t.events {
                 e.sample = sample_of[e.sample as usize];
             }
+            for e in &mut t.off_cpu {
+                e.sample = sample_of[e.sample as usize];
+            }
             t
         });
         (profile, timeline)
@@ -478,8 +513,8 @@ mod tests {
             ..Capture::with_timeline(Timeline::new(10, 0, 10))
         };
         c.count(raw(1, 1), 5);
-        c.count_off_cpu(raw(1, 1), 3_000_000);
-        c.count_off_cpu(raw(2, 2), 7_000_000);
+        c.count_off_cpu(raw(1, 1), 20, 3_000_000);
+        c.count_off_cpu(raw(2, 2), 30, 7_000_000);
         assert_eq!(
             (c.samples, c.off_cpu_events, c.off_cpu_ns),
             (1, 2, 10_000_000)

@@ -162,3 +162,37 @@ fn off_cpu_type_needs_the_flag() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("off_cpu"), "{}", stderr(&out));
 }
+
+/// The Chrome trace draws blocked intervals as slices of their own on the thread's track.
+#[test]
+fn chrome_trace_has_off_cpu_slices() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("offcpu-chrome");
+    let out_path = dir.join("out.trace.json");
+    run_fixture(&out_path, &["--off-cpu"], "1");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let in_stack = |e: &&serde_json::Value, f: &str| {
+        e["args"]["stack"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x == f))
+    };
+    let pipe = events
+        .iter()
+        .find(|e| {
+            e["cat"] == "off_cpu"
+                && e["name"].as_str().unwrap_or("").starts_with("off-CPU: ")
+                && in_stack(e, "wait_pipe")
+        })
+        .unwrap_or_else(|| panic!("no off-CPU slice in wait_pipe: {doc}"));
+    assert!(pipe["dur"].as_f64().unwrap() > 500_000.0, "{pipe}");
+    // The worker's on-CPU slices are still there.
+    assert!(
+        events
+            .iter()
+            .any(|e| e["cat"] == "cpu" && in_stack(&e, "busy"))
+    );
+}

@@ -7,8 +7,9 @@
 //! `period` before it (cpu-clock fires after the thread ran that long), so a slice starts
 //! one period before its first sample. Samples more than 1.5 periods apart are not
 //! consecutive: the thread was off the CPU, or ran something unsampled, in between, which
-//! is what leaves visible gaps in the track. Off-CPU, GIL-wait and GPU sources, when they
-//! run, add their own slices and counter tracks beside these: each of the timeline's
+//! is what leaves visible gaps in the track. Off-CPU intervals (`record --off-cpu`) are slices
+//! of their own, `off-CPU: <innermost user frame>` in category `off_cpu`, filling those gaps
+//! where the thread blocked. GIL-wait and GPU sources, when they run, add their own slices and counter tracks beside these: each of the timeline's
 //! [`CounterTrack`]s becomes counter (`C`) events under a process of its own (one per GPU),
 //! whose pid is [`COUNTER_PID_BASE`] plus the track's index, above any real pid.
 
@@ -17,7 +18,7 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
-use crate::capture::{CounterTrack, Timeline};
+use crate::capture::{CounterTrack, OffCpuInterval, Timeline};
 use crate::model::{LabelValue, Profile};
 use crate::output::OutputError;
 use crate::output::folded::frame_name;
@@ -119,7 +120,7 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             .or_default()
             .push((e.timestamp_ns, info.chain));
     }
-    if by_thread.is_empty() {
+    if by_thread.is_empty() && timeline.off_cpu.is_empty() {
         return Err(OutputError::Empty("timeline".to_string()));
     }
 
@@ -177,6 +178,17 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
                 period,
             ));
         }
+    }
+    for e in &timeline.off_cpu {
+        let Some(info) = infos.get(e.sample as usize) else {
+            continue;
+        };
+        events.push(off_cpu_event(
+            e,
+            &chains[info.chain],
+            info,
+            timeline.origin_ns,
+        ));
     }
     counter_events(&timeline.counters, timeline.origin_ns, &mut events);
     Ok(json!({
@@ -247,6 +259,25 @@ fn slice_event(
         "ts": micros(start - origin),
         "dur": micros(s.last_ns.saturating_sub(start)),
         "args": { "stack": chain, "samples": s.samples },
+    })
+}
+
+/// An off-CPU interval as its own slice, named by the innermost user-space frame (where the
+/// code chose to block: the kernel leaf is always the scheduler), on the thread's track.
+fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin: u64) -> Value {
+    let leaf = chain
+        .iter()
+        .find(|f| !f.ends_with("_[k]"))
+        .unwrap_or(&chain[0]);
+    json!({
+        "ph": "X",
+        "cat": "off_cpu",
+        "name": format!("off-CPU: {leaf}"),
+        "pid": info.pid,
+        "tid": info.tid,
+        "ts": micros(e.timestamp_ns.saturating_sub(origin)),
+        "dur": micros(e.duration_ns),
+        "args": { "stack": chain, "blocked_ns": e.duration_ns },
     })
 }
 
@@ -356,6 +387,26 @@ mod tests {
             .unwrap();
         assert_eq!(first["args"]["stack"], json!(["spin", "main"]));
         assert_eq!(first["args"]["samples"], 10);
+    }
+
+    #[test]
+    fn off_cpu_intervals_are_slices_named_by_the_user_leaf() {
+        let (p, mut t) = fixture();
+        // Thread 11 blocked in vfs_read (under main) for the 100 ms gap; sample 1 is that stack.
+        t.off_cpu.push(OffCpuInterval {
+            timestamp_ns: t.origin_ns + 10 * MS,
+            duration_ns: 100 * MS,
+            sample: 1,
+        });
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        let blocked: Vec<_> = slices(&doc, 11)
+            .into_iter()
+            .filter(|s| s.0.starts_with("off-CPU"))
+            .collect();
+        assert_eq!(
+            blocked,
+            [("off-CPU: main".to_string(), 10_000.0, 100_000.0)]
+        );
     }
 
     #[test]
