@@ -222,6 +222,13 @@ pub struct Capture {
     /// Off-CPU intervals read from the ring buffer, and their total blocked time.
     pub off_cpu_events: u64,
     pub off_cpu_ns: u64,
+    /// Threads still blocked whose interval was partly reported by
+    /// [`Capture::ingest_pending`]: tid -> (when it blocked, reported up to). A daemon hands
+    /// this to the next interval's capture, so a long block is counted once, across pushes.
+    /// The flag marks an entry whose thread was not blocked at the last flush: its wake-up
+    /// record may still be in the ring buffer, so it is kept for one more flush.
+    pub off_cpu_reported: HashMap<u32, (u64, u64, bool)>,
+    flushing_pending: bool,
     /// Records that failed to parse (never expected; counted, not hidden).
     pub bad_records: u64,
     /// Kernel stack ids that were gone from the stack map when read.
@@ -296,10 +303,47 @@ impl Capture {
             kernel,
         };
         if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
-            self.count_off_cpu(key, h.timestamp_ns, h.value_ns);
+            let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value_ns));
+            let from = match self.off_cpu_reported.get(&h.tid) {
+                Some(&(blocked_at, until, _)) if blocked_at == start => until.max(start),
+                _ => start,
+            };
+            if self.flushing_pending {
+                self.off_cpu_reported.insert(h.tid, (start, end, false));
+            } else {
+                self.off_cpu_reported.remove(&h.tid);
+            }
+            if end > from {
+                self.count_off_cpu(key, from, end - from);
+            }
         } else {
             self.count(key, h.timestamp_ns);
         }
+    }
+
+    /// Counts the intervals of threads still blocked ([`Sampler::pending_off_cpu`]) up to
+    /// now, minus what an earlier call reported of the same interval; when the thread wakes,
+    /// its record then counts only the rest. Threads no longer blocked are forgotten, which
+    /// bounds the map by the kernel's pending map.
+    pub fn ingest_pending(
+        &mut self,
+        records: Vec<Vec<u8>>,
+        sampler: &Sampler,
+        registry: &mut ProcessRegistry,
+    ) {
+        let blocked: HashSet<u32> = records
+            .iter()
+            .filter_map(|r| RawSample::parse(r).ok())
+            .map(|r| r.header.tid)
+            .collect();
+        // Entries of threads that are not blocked now survive one flush, then go.
+        self.off_cpu_reported
+            .retain(|tid, (_, _, stale)| blocked.contains(tid) || !std::mem::replace(stale, true));
+        self.flushing_pending = true;
+        for rec in records {
+            self.ingest(&rec, sampler, registry);
+        }
+        self.flushing_pending = false;
     }
 
     fn entry(&mut self, key: RawStack) -> &mut StackCount {

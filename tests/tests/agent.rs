@@ -194,3 +194,84 @@ fn config_file_errors_name_the_file_and_key() {
         stderr(&out)
     );
 }
+
+#[test]
+fn off_cpu_across_pushes_is_counted_once() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("agent-offcpu");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    // The workload waits on a FIFO until the agent is attached, so that its waiter thread
+    // blocks while targeted; exec keeps the pid the agent follows.
+    let fifo = dir.join("go");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let exe = dir.join("ocpu-wl");
+    std::fs::copy(pyrometer_e2e::fixture("offcpu"), &exe).unwrap();
+    let load = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "read x < '{}'; exec '{}' 4",
+            fifo.display(),
+            exe.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the workload shell");
+    let stats = dir.join("stats.json");
+    let mut agent = Killed(
+        Command::new(pyrometer_bin())
+            .args(["agent", "--node-name", "offcpu-node", "--collector"])
+            .arg(collector.url())
+            .args(["--push-interval", "1s", "--off-cpu", "--pid"])
+            .arg(load.id().to_string())
+            .arg("--spool-dir")
+            .arg(dir.join("spool"))
+            .arg("--stats")
+            .arg(&stats)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start pyrometer agent"),
+    );
+    let pid = agent.0.id();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !thread_caps(pid).iter().any(|(_, c)| c[2] == KEPT) {
+        assert!(agent.0.try_wait().unwrap().is_none(), "agent exited");
+        assert!(Instant::now() < deadline, "agent never attached");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::write(&fifo, "go\n").unwrap();
+    let out = load.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let waited: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("waited "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("fixture printed no wait time: {stdout}"));
+    // Its last interval reaches the collector with the next push.
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    assert!(agent.0.wait().unwrap().success());
+
+    let q = enc("{node=\"offcpu-node\"}");
+    let folded = collector.get(&format!(
+        "/api/v1/profile?format=folded&type=off_cpu&query={q}"
+    ));
+    let in_wait: f64 = folded
+        .lines()
+        .filter(|l| l.contains(";wait_pipe"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        / 1e9;
+    // Blocked for ~4 s across four or more 1 s pushes: counted once, not once a push.
+    assert!(
+        (in_wait - waited).abs() <= 0.2 * waited,
+        "wait_pipe blocked {in_wait:.3}s, the fixture waited {waited:.3}s:\n{folded}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(s["batches_pushed"].as_u64().unwrap() >= 4, "{s}");
+}

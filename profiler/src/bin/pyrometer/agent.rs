@@ -77,6 +77,14 @@ pub struct AgentArgs {
     /// binary has no table; the default) or `fp` (frame pointers only).
     #[arg(long, value_parser = ["dwarf", "fp"])]
     unwind: Option<String>,
+    /// Also measure off-CPU time of the targets (as `record --off-cpu`): blocked time by the
+    /// stack that blocked, the `off_cpu/nanoseconds` type; a long block is reported in every
+    /// push it spans, counted once.
+    #[arg(long)]
+    off_cpu: bool,
+    /// Shortest blocked interval counted with --off-cpu (default 1ms).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    off_cpu_min: Option<Duration>,
     /// Capacity of the node's unwind row array, shared by all tables (default 1048576 rows,
     /// 16 MiB of kernel memory).
     #[arg(long, value_name = "ROWS")]
@@ -110,6 +118,8 @@ struct FileConfig {
     metrics_listen: Option<SocketAddr>,
     unwind: Option<String>,
     unwind_rows: Option<u32>,
+    off_cpu: Option<bool>,
+    off_cpu_min: Option<String>,
     gpu: Option<bool>,
     gpu_interval: Option<String>,
     nvml_lib: Option<PathBuf>,
@@ -129,6 +139,8 @@ struct Config {
     metrics_listen: Option<SocketAddr>,
     dwarf: bool,
     unwind_rows: u32,
+    /// The shortest blocked interval counted, when off-CPU time is measured.
+    off_cpu_min_ns: Option<u64>,
     /// GPU polling: the interval and the NVML library, or None when off.
     gpu: Option<(Duration, OsString)>,
 }
@@ -232,6 +244,18 @@ fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             }
         },
         unwind_rows: args.unwind_rows.or(file.unwind_rows).unwrap_or(1 << 20),
+        off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
+            let min = match (args.off_cpu_min, file.off_cpu_min) {
+                (Some(d), _) => d,
+                (None, Some(s)) => {
+                    parse_duration(&s).map_err(|e| input(format!("off-cpu-min: {e}")))?
+                }
+                (None, None) => Duration::from_millis(1),
+            };
+            Some(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX))
+        } else {
+            None
+        },
     })
 }
 
@@ -287,7 +311,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         ring_buffer_bytes: 8 << 20,
         unwind_rows: cfg.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
-        off_cpu_min_ns: None,
+        off_cpu_min_ns: cfg.off_cpu_min_ns,
     })
     .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
     for &pid in &cfg.pids {
@@ -410,7 +434,14 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     );
 
     let period_ns = 1_000_000_000 / cfg.frequency as i64;
-    let mut capture = Capture::default();
+    let off_cpu = cfg.off_cpu_min_ns.is_some();
+    let new_capture = |reported| {
+        let mut c = Capture::default();
+        c.off_cpu = off_cpu;
+        c.off_cpu_reported = reported;
+        c
+    };
+    let mut capture = new_capture(Default::default());
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
     let mut last_scan = Instant::now();
@@ -462,7 +493,14 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             slot.store(v, Relaxed);
         }
         if stopping || interval_start.elapsed() >= cfg.interval {
-            let taken = std::mem::take(&mut capture);
+            if off_cpu {
+                // Threads blocked across the push still count in it (an idle worker would
+                // otherwise be missing until it wakes).
+                let pending = sampler.pending_off_cpu(pyrometer::capture::monotonic_now_ns());
+                capture.ingest_pending(pending, &sampler, &mut registry);
+            }
+            let reported = std::mem::take(&mut capture.off_cpu_reported);
+            let taken = std::mem::replace(&mut capture, new_capture(reported));
             let duration = interval_start.elapsed();
             interval_start = Instant::now();
             let wall = std::mem::replace(&mut interval_wall, SystemTime::now());
@@ -474,7 +512,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             let gpu_usage = poller
                 .as_ref()
                 .map(|p| p.state().lock().expect("not poisoned").take_process_usage());
-            if taken.samples > 0 {
+            if taken.samples > 0 || taken.off_cpu_events > 0 {
                 let mut profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
                 if let Some(usage) = &gpu_usage {
                     gpu::label_profile(&mut profile, &gpu::gpus_by_pid(usage));

@@ -353,9 +353,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     for rec in batch.drain(..) {
         capture.ingest(&rec, &sampler, &mut registry);
     }
-    for rec in sampler.pending_off_cpu(monotonic_now_ns()) {
-        capture.ingest(&rec, &sampler, &mut registry);
-    }
+    let pending = sampler.pending_off_cpu(monotonic_now_ns());
+    capture.ingest_pending(pending, &sampler, &mut registry);
     progress.finish_and_clear();
     let counters = sampler.counters();
     let bpf_stats = sampler.program_stats();
