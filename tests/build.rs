@@ -34,7 +34,7 @@ fn main() {
         "-fno-optimize-sibling-calls",
         "-fno-inline",
     ];
-    for name in ["cpu631", "syscalls", "fail", "regress"] {
+    for name in ["cpu631", "syscalls", "fail", "regress", "raytitle"] {
         gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &fp);
     }
     // The candidate build of a CI gate: crunch() made 2x slower by a define.

@@ -30,6 +30,8 @@ pub struct RawStack {
     pub user: Vec<u64>,
     /// Kernel addresses, leaf first.
     pub kernel: Vec<u64>,
+    /// The Ray task the process ran when sampled (its title), for Ray workers.
+    pub ray: Option<std::sync::Arc<crate::ray::RayLabels>>,
 }
 
 /// A distinct raw stack's dense id (its timeline events refer to it), on-CPU sample count
@@ -238,6 +240,7 @@ pub struct Capture {
     /// unwinder's tables for them need an update.
     pub maps_changed: Vec<u32>,
     kernel_stack_cache: HashMap<i32, Vec<u64>>,
+    titles: crate::ray::TitleCache,
 }
 
 impl Capture {
@@ -301,6 +304,7 @@ impl Capture {
             thread: sample.comm(),
             user,
             kernel,
+            ray: self.titles.labels(h.pid),
         };
         if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
             let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value_ns));
@@ -418,11 +422,12 @@ impl Capture {
         let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
         // Deterministic output order regardless of hash iteration.
         stacks.sort_by(|a, b| {
-            (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(
+            (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel, &a.0.ray).cmp(&(
                 b.0.pid,
                 b.0.tid,
                 &b.0.user,
                 &b.0.kernel,
+                &b.0.ray,
             ))
         });
         for (
@@ -456,6 +461,19 @@ impl Capture {
                 .with("tid", LabelValue::Num(i64::from(raw.tid)))
                 .with("comm", LabelValue::Str(process))
                 .with("thread", LabelValue::Str(raw.thread));
+            let labels = match raw.ray.as_deref() {
+                Some(ray) => {
+                    let mut l = labels.with("ray_task", LabelValue::Str(ray.task.clone()));
+                    if let Some(actor) = &ray.actor {
+                        l.set("ray_actor", LabelValue::Str(actor.clone()));
+                    }
+                    if let Some(job) = &ray.job {
+                        l.set("ray_job", LabelValue::Str(job.clone()));
+                    }
+                    l
+                }
+                None => labels,
+            };
             let n = i64::try_from(count).unwrap_or(i64::MAX);
             let cpu = [n, n.saturating_mul(period_ns)];
             let index = if self.off_cpu {
@@ -505,6 +523,7 @@ mod tests {
             thread: format!("t{tid}"),
             user: Vec::new(),
             kernel: vec![kernel],
+            ray: None,
         }
     }
 

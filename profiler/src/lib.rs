@@ -13,6 +13,7 @@ pub mod privileges;
 pub mod procs;
 pub mod push;
 pub mod python;
+pub mod ray;
 pub mod signals;
 pub mod spool;
 pub mod symbolize;

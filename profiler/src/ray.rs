@@ -1,0 +1,172 @@
+//! Ray labels from process titles. Ray workers retitle themselves per task through
+//! setproctitle (`ray::train_step`, `ray::Trainer.step`, `ray::IDLE`), longer than the 15-byte
+//! comm and changing as a reused worker runs task after task, so the title is read from
+//! `/proc/PID/cmdline` while its samples arrive, not once per process. The job comes from the
+//! worker's environment (`RAY_JOB_ID`), which does not change.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How stale a Ray worker's title may be: a task switch is seen within this (plus the ring
+/// buffer's delivery delay), which bounds how many samples land under the previous task.
+const RAY_REFRESH: Duration = Duration::from_millis(20);
+/// Other processes are re-read rarely: one may still become a Ray worker (its title is set
+/// after start-up), but most never do.
+const OTHER_REFRESH: Duration = Duration::from_secs(2);
+/// Processes remembered at once; beyond it the cache starts over (re-reading is cheap).
+const MAX_PROCESSES: usize = 16384;
+
+/// What a Ray worker's title and environment say.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RayLabels {
+    /// The title after `ray::`: a task (`train_step`), an actor method (`Trainer.step`) or
+    /// `IDLE`.
+    pub task: String,
+    /// For an actor method, the actor class (`Trainer`).
+    pub actor: Option<String>,
+    pub job: Option<String>,
+}
+
+/// Parses a `/proc/PID/cmdline` (NUL-separated; setproctitle may pad with NULs or spaces).
+pub fn parse_title(cmdline: &[u8], job: Option<String>) -> Option<RayLabels> {
+    let first = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+    let title = String::from_utf8_lossy(first);
+    let rest = title.trim().strip_prefix("ray::")?;
+    // Ray may append the arguments after a space; the task name is the first word.
+    let task = rest.split_whitespace().next()?.to_string();
+    if task.is_empty() {
+        return None;
+    }
+    let actor = task
+        .split_once('.')
+        .map(|(class, _)| class.to_string())
+        .filter(|c| !c.is_empty() && !c.starts_with('<'));
+    Some(RayLabels { task, actor, job })
+}
+
+/// `RAY_JOB_ID` from a `/proc/PID/environ`.
+pub fn parse_job(environ: &[u8]) -> Option<String> {
+    environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"RAY_JOB_ID="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .filter(|v| !v.is_empty())
+}
+
+struct Entry {
+    read_at: Instant,
+    labels: Option<Arc<RayLabels>>,
+    job: Option<Option<String>>,
+}
+
+/// Per-process Ray labels, re-read as often as a worker's tasks may change.
+pub struct TitleCache {
+    proc_root: PathBuf,
+    entries: HashMap<u32, Entry>,
+}
+
+impl Default for TitleCache {
+    fn default() -> Self {
+        Self::new(Path::new("/proc"))
+    }
+}
+
+impl TitleCache {
+    pub fn new(proc_root: &Path) -> Self {
+        Self {
+            proc_root: proc_root.to_path_buf(),
+            entries: HashMap::new(),
+        }
+    }
+
+    /// The Ray labels of `pid` now, or None when it is not a Ray worker.
+    pub fn labels(&mut self, pid: u32) -> Option<Arc<RayLabels>> {
+        if let Some(e) = self.entries.get(&pid) {
+            let max_age = if e.labels.is_some() {
+                RAY_REFRESH
+            } else {
+                OTHER_REFRESH
+            };
+            if e.read_at.elapsed() < max_age {
+                return e.labels.clone();
+            }
+        }
+        if self.entries.len() >= MAX_PROCESSES && !self.entries.contains_key(&pid) {
+            self.entries.clear();
+        }
+        let dir = self.proc_root.join(pid.to_string());
+        let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+        let is_ray = cmdline.starts_with(b"ray::");
+        let entry = self.entries.entry(pid).or_insert(Entry {
+            read_at: Instant::now(),
+            labels: None,
+            job: None,
+        });
+        entry.read_at = Instant::now();
+        if !is_ray {
+            entry.labels = None;
+            return None;
+        }
+        let job = entry
+            .job
+            .get_or_insert_with(|| {
+                std::fs::read(dir.join("environ"))
+                    .ok()
+                    .and_then(|e| parse_job(&e))
+            })
+            .clone();
+        let fresh = parse_title(&cmdline, job);
+        // Keep the same Arc while the title holds, so equal labels compare cheaply.
+        if entry.labels.as_deref() != fresh.as_ref() {
+            entry.labels = fresh.map(Arc::new);
+        }
+        entry.labels.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_of_tasks_actors_and_idle_workers() {
+        let t = parse_title(b"ray::train_step\0\0\0", Some("02000000".into())).unwrap();
+        assert_eq!(t.task, "train_step");
+        assert_eq!(t.actor, None);
+        assert_eq!(t.job.as_deref(), Some("02000000"));
+        let t = parse_title(b"ray::Trainer.step          ", None).unwrap();
+        assert_eq!(
+            (t.task.as_str(), t.actor.as_deref()),
+            ("Trainer.step", Some("Trainer"))
+        );
+        assert_eq!(parse_title(b"ray::IDLE", None).unwrap().task, "IDLE");
+        assert_eq!(parse_title(b"python\0-m\0ray", None), None);
+        assert_eq!(parse_title(b"ray::", None), None);
+        assert_eq!(
+            parse_job(b"HOME=/root\0RAY_JOB_ID=01000000\0X=1\0"),
+            Some("01000000".into())
+        );
+        assert_eq!(parse_job(b"HOME=/root\0"), None);
+    }
+
+    #[test]
+    fn a_retitled_process_is_seen_and_the_job_read_once() {
+        let root = std::env::temp_dir().join(format!("pyrometer-ray-{}", std::process::id()));
+        let dir = root.join("42");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cmdline"), b"ray::a\0").unwrap();
+        std::fs::write(dir.join("environ"), b"RAY_JOB_ID=07000000\0").unwrap();
+        let mut cache = TitleCache::new(&root);
+        assert_eq!(cache.labels(42).unwrap().task, "a");
+        std::fs::write(dir.join("cmdline"), b"ray::Actor.m\0").unwrap();
+        std::fs::write(dir.join("environ"), b"RAY_JOB_ID=changed\0").unwrap();
+        std::thread::sleep(RAY_REFRESH * 2);
+        let l = cache.labels(42).unwrap();
+        assert_eq!(l.task, "Actor.m");
+        assert_eq!(l.job.as_deref(), Some("07000000"));
+        assert_eq!(cache.labels(43), None);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
