@@ -15,6 +15,53 @@ pub enum TargetError {
     Spawn { program: String, reason: String },
 }
 
+/// Adds the processes whose comm matches `re` and that are not in `known` (which gains them)
+/// as targets, pyrometer itself excepted, each after its unwind tables are loaded so that none
+/// of its samples is walked without them. Returns one message per pid that could not be
+/// added. `record --comm` and the agent call this every few hundred milliseconds, so
+/// processes started later are found too.
+pub fn add_comm_matches(
+    sampler: &mut crate::bpf::Sampler,
+    mut unwinder: Option<&mut crate::unwinder::Unwinder>,
+    registry: &mut crate::procs::ProcessRegistry,
+    re: &regex::Regex,
+    known: &mut HashSet<u32>,
+    follow_children: bool,
+) -> Vec<String> {
+    let mut errors = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return errors;
+    };
+    let me = std::process::id();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || known.contains(&pid) {
+            continue;
+        }
+        let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
+            continue;
+        };
+        if re.is_match(comm.trim_end_matches('\n')) {
+            known.insert(pid);
+            if let Some(u) = unwinder.as_deref_mut()
+                && let Ok(p) = registry.observe(pid)
+            {
+                let _ = u.sync_process(p);
+            }
+            if let Err(e) = sampler.add_target(pid, follow_children) {
+                errors.push(format!("cannot target pid {pid}: {e}"));
+            }
+        }
+    }
+    errors
+}
+
 /// True while `/proc/PID` exists and the process is not a zombie.
 pub fn alive(proc_root: &Path, pid: u32) -> bool {
     match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {

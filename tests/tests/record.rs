@@ -559,3 +559,64 @@ fn sigterm_is_forwarded_to_the_command() {
     );
     assert!(has_leaf(&out_path, "cpu631"));
 }
+
+#[test]
+fn comm_finds_running_and_later_processes() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("comm");
+    let (early, late) = (dir.join("comm-early"), dir.join("comm-late"));
+    std::fs::copy(fixture("cpu631"), &early).unwrap();
+    std::fs::copy(fixture("cpu631"), &late).unwrap();
+    let other = dir.join("comm-other");
+    std::fs::copy(fixture("cpu631"), &other).unwrap();
+    let spawn = |exe: &Path| {
+        Command::new(exe)
+            .arg("20")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut running = vec![spawn(&early), spawn(&other)];
+    let out_path = dir.join("out.folded");
+    let mut rec = spawn_pyrometer(&[
+        "record",
+        "--comm",
+        "comm-(early|late)",
+        "--duration",
+        "4s",
+        "-o",
+        out_path.to_str().unwrap(),
+    ]);
+    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0
+        && !line.contains("sampling")
+    {
+        line.clear();
+    }
+    assert!(
+        line.contains("sampling"),
+        "pyrometer did not start sampling"
+    );
+    let drain =
+        std::thread::spawn(move || std::io::Read::read_to_string(&mut err, &mut String::new()));
+    // Started after the capture began: found by a later scan.
+    running.push(spawn(&late));
+    let out = rec.wait_with_output().unwrap();
+    drain.join().ok();
+    for mut c in running {
+        c.kill().ok();
+        c.wait().ok();
+    }
+    assert_ok(&out);
+    let stacks = read_folded(&out_path);
+    let roots: std::collections::BTreeSet<&str> = stacks
+        .iter()
+        .filter_map(|s| s.frames.first().map(String::as_str))
+        .collect();
+    assert!(roots.contains("comm-early"), "{roots:?}");
+    assert!(roots.contains("comm-late"), "{roots:?}");
+    assert!(!roots.contains("comm-other"), "{roots:?}");
+}

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
@@ -561,46 +561,16 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// Adds processes whose comm matches and that were not seen before, each after its unwind
-/// tables are loaded, so that none of its samples is walked without them.
+/// Adds processes whose comm matches and that were not seen before.
 fn add_matching(
     sampler: &mut Sampler,
-    mut unwinder: Option<&mut pyrometer::unwinder::Unwinder>,
+    unwinder: Option<&mut pyrometer::unwinder::Unwinder>,
     registry: &mut ProcessRegistry,
     re: &Regex,
     known: &mut HashSet<u32>,
 ) {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let me = std::process::id();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me || known.contains(&pid) {
-            continue;
-        }
-        let Ok(comm) =
-            std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("comm"))
-        else {
-            continue;
-        };
-        if re.is_match(comm.trim_end_matches('\n')) {
-            known.insert(pid);
-            if let Some(u) = unwinder.as_deref_mut()
-                && let Ok(p) = registry.observe(pid)
-            {
-                let _ = u.sync_process(p);
-            }
-            if let Err(e) = sampler.add_target(pid, false) {
-                eprintln!("pyrometer agent: cannot target pid {pid}: {e}");
-            }
-        }
+    for e in pyrometer::target::add_comm_matches(sampler, unwinder, registry, re, known, false) {
+        eprintln!("pyrometer agent: {e}");
     }
 }
 

@@ -29,11 +29,15 @@ pub struct RecordArgs {
     /// Process to profile (repeatable).
     #[arg(short, long = "pid", value_name = "PID")]
     pids: Vec<u32>,
-    /// Also profile the descendants of each --pid, current and future.
+    /// Also profile the descendants of each --pid (or --comm match), current and future.
     #[arg(long)]
     subprocesses: bool,
+    /// Profile processes whose name (comm, 15 bytes) matches this regex, anchored, including
+    /// ones started during the recording; it runs until --duration or Ctrl-C.
+    #[arg(long, value_name = "REGEX", conflicts_with_all = ["pids", "command"])]
+    comm: Option<String>,
     /// Profile the whole node (every process but the idle task and pyrometer itself).
-    #[arg(long, conflicts_with_all = ["pids", "command"])]
+    #[arg(long, conflicts_with_all = ["pids", "command", "comm"])]
     all: bool,
     /// How long to record (e.g. 30s, 2m); default: until the target exits or Ctrl-C.
     #[arg(short, long, value_parser = parse_duration)]
@@ -108,6 +112,8 @@ enum Targets {
     All,
     Pids(Vec<u32>),
     Command(Vec<String>),
+    /// The regex as given, and anchored.
+    Comm(String, regex::Regex),
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
@@ -125,10 +131,16 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         Targets::Command(args.command.clone())
     } else if !args.pids.is_empty() {
         Targets::Pids(args.pids.clone())
+    } else if let Some(re) = &args.comm {
+        Targets::Comm(
+            re.clone(),
+            regex::Regex::new(&format!("^(?:{re})$"))
+                .map_err(|e| exit_error(EXIT_INPUT, format!("invalid --comm regex '{re}': {e}")))?,
+        )
     } else {
         return Err(exit_error(
             EXIT_INPUT,
-            "nothing to profile: give --pid PID, --all, or a command after -- (e.g. pyrometer record -- ./prog)",
+            "nothing to profile: give --pid PID, --comm REGEX, --all, or a command after -- (e.g. pyrometer record -- ./prog)",
         ));
     };
 
@@ -209,6 +221,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut root_pids: Vec<u32> = Vec::new();
     let mut child: Option<Child> = None;
     let mut held: Option<HeldChild> = None;
+    let mut comm_known = std::collections::HashSet::new();
     match &targets {
         Targets::All => {}
         Targets::Pids(pids) => {
@@ -243,6 +256,18 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             sampler.add_target(h.pid(), true)?;
             held = Some(h);
         }
+        Targets::Comm(_, re) => {
+            for e in target::add_comm_matches(
+                &mut sampler,
+                unwinder.as_mut(),
+                &mut registry,
+                re,
+                &mut comm_known,
+                args.subprocesses,
+            ) {
+                eprintln!("pyrometer: {e}");
+            }
+        }
     }
     sampler
         .start(args.frequency)
@@ -260,6 +285,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
             ),
             Targets::Command(c) => c[0].clone(),
+            Targets::Comm(re, _) => format!("processes named '{re}'"),
         },
         args.frequency,
         args.duration
@@ -304,11 +330,27 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut last_alive_check = Instant::now();
     let mut last_gc = Instant::now();
+    let mut last_scan = Instant::now();
     loop {
         sampler.wait(Duration::from_millis(100));
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry);
+        }
+        if let Targets::Comm(_, re) = &targets
+            && last_scan.elapsed() >= Duration::from_millis(500)
+        {
+            last_scan = Instant::now();
+            for e in target::add_comm_matches(
+                &mut sampler,
+                unwinder.as_mut(),
+                &mut registry,
+                re,
+                &mut comm_known,
+                args.subprocesses,
+            ) {
+                eprintln!("pyrometer: {e}");
+            }
         }
         if let Some(u) = unwinder.as_mut() {
             u.sync_changed(&mut capture.maps_changed, &registry, &mut last_gc);
@@ -420,6 +462,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
         ),
         Targets::Command(c) => format!("pyrometer: {}", c.join(" ")),
+        Targets::Comm(re, _) => format!("pyrometer: --comm '{re}'"),
     };
     let mut w = BufWriter::new(out_file);
     output::write_with_timeline(
@@ -570,6 +613,13 @@ fn default_output_name(targets: &Targets, format: OutputFormat) -> PathBuf {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "cmd".into()),
+        Targets::Comm(re, _) => {
+            let name: String = re
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+                .collect();
+            format!("comm-{name}")
+        }
     };
     PathBuf::from(format!("pyrometer-{what}-{stamp}.{}", format.extension()))
 }
