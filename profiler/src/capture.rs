@@ -298,13 +298,15 @@ impl Capture {
         } else {
             sample.inline_kernel_frames().collect()
         };
+        let thread = sample.comm();
+        let ray = self.titles.labels(h.pid, &thread);
         let key = RawStack {
             pid: h.pid,
             tid: h.tid,
-            thread: sample.comm(),
+            thread,
             user,
             kernel,
-            ray: self.titles.labels(h.pid),
+            ray,
         };
         if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
             let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value_ns));

@@ -81,11 +81,25 @@ impl TitleCache {
         }
     }
 
-    /// The Ray labels of `pid` now, or None when it is not a Ray worker.
-    pub fn labels(&mut self, pid: u32) -> Option<Arc<RayLabels>> {
+    /// The Ray labels of `pid` now, or None when it is not a Ray worker. `thread_comm` is the
+    /// sampled thread's name: setproctitle sets it too (`ray::train_ste`, 15 bytes), so a
+    /// process that just became a worker is re-read at once rather than after OTHER_REFRESH.
+    pub fn labels(&mut self, pid: u32, thread_comm: &str) -> Option<Arc<RayLabels>> {
         if let Some(e) = self.entries.get(&pid) {
-            let max_age = if e.labels.is_some() {
-                RAY_REFRESH
+            let max_age = if let Some(l) = &e.labels {
+                // The thread name is the title's first 15 bytes: when it no longer is, the
+                // worker has moved on to another task.
+                let title = format!("ray::{}", l.task);
+                let cut = title.len().min(15);
+                if thread_comm.starts_with("ray::")
+                    && title.get(..cut).is_some_and(|t| t != thread_comm)
+                {
+                    Duration::ZERO
+                } else {
+                    RAY_REFRESH
+                }
+            } else if thread_comm.starts_with("ray::") {
+                Duration::ZERO
             } else {
                 OTHER_REFRESH
             };
@@ -159,14 +173,26 @@ mod tests {
         std::fs::write(dir.join("cmdline"), b"ray::a\0").unwrap();
         std::fs::write(dir.join("environ"), b"RAY_JOB_ID=07000000\0").unwrap();
         let mut cache = TitleCache::new(&root);
-        assert_eq!(cache.labels(42).unwrap().task, "a");
+        assert_eq!(cache.labels(42, "ray::a").unwrap().task, "a");
         std::fs::write(dir.join("cmdline"), b"ray::Actor.m\0").unwrap();
         std::fs::write(dir.join("environ"), b"RAY_JOB_ID=changed\0").unwrap();
         std::thread::sleep(RAY_REFRESH * 2);
-        let l = cache.labels(42).unwrap();
+        let l = cache.labels(42, "ray::Actor.m").unwrap();
         assert_eq!(l.task, "Actor.m");
         assert_eq!(l.job.as_deref(), Some("07000000"));
-        assert_eq!(cache.labels(43), None);
+        assert_eq!(cache.labels(43, "python3"), None);
+        // A process seen before it became a worker: its new thread name triggers a re-read.
+        let dir = root.join("44");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cmdline"), b"python3\0worker.py\0").unwrap();
+        assert_eq!(cache.labels(44, "python3"), None);
+        std::fs::write(dir.join("cmdline"), b"ray::f\0").unwrap();
+        assert_eq!(
+            cache.labels(44, "python3"),
+            None,
+            "not re-read within OTHER_REFRESH"
+        );
+        assert_eq!(cache.labels(44, "ray::f").unwrap().task, "f");
         let _ = std::fs::remove_dir_all(&root);
     }
 }
