@@ -15,6 +15,18 @@ pub enum TargetError {
     Spawn { program: String, reason: String },
 }
 
+/// The processes under `proc_root`: each pid and its directory (nothing when it is unreadable).
+fn processes(proc_root: &Path) -> impl Iterator<Item = (u32, std::path::PathBuf)> {
+    std::fs::read_dir(proc_root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((pid, entry.path()))
+        })
+}
+
 /// Adds the processes whose comm matches `re` and that are not in `known` (which gains them)
 /// as targets, pyrometer itself excepted, each after its unwind tables are loaded so that none
 /// of its samples is walked without them. Returns one message per pid that could not be
@@ -29,22 +41,12 @@ pub fn add_comm_matches(
     follow_children: bool,
 ) -> Vec<String> {
     let mut errors = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return errors;
-    };
     let me = std::process::id();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, dir) in processes(Path::new("/proc")) {
         if pid == me || known.contains(&pid) {
             continue;
         }
-        let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
             continue;
         };
         if re.is_match(comm.trim_end_matches('\n')) {
@@ -94,20 +96,11 @@ pub fn check_pids(proc_root: &Path, pids: &[u32]) -> Result<(), TargetError> {
 /// All live descendants of `roots` (not including the roots), from the ppid links in /proc.
 pub fn descendants(proc_root: &Path, roots: &[u32]) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    if let Ok(entries) = std::fs::read_dir(proc_root) {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
-                && let Some(ppid) = stat_ppid(&stat)
-            {
-                children.entry(ppid).or_default().push(pid);
-            }
+    for (pid, dir) in processes(proc_root) {
+        if let Ok(stat) = std::fs::read_to_string(dir.join("stat"))
+            && let Some(ppid) = stat_ppid(&stat)
+        {
+            children.entry(ppid).or_default().push(pid);
         }
     }
     let mut seen: HashSet<u32> = roots.iter().copied().collect();
