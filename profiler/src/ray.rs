@@ -58,7 +58,19 @@ pub fn parse_job(environ: &[u8]) -> Option<String> {
 struct Entry {
     read_at: Instant,
     labels: Option<Arc<RayLabels>>,
+    /// The thread name setproctitle gives this title (its first 15 bytes), kept so a sample
+    /// can tell a task switch without formatting anything.
+    comm: String,
     job: Option<Option<String>>,
+}
+
+/// The 15 bytes of `title` the kernel keeps as a thread name (fewer at a UTF-8 boundary).
+fn comm_of(title: &str) -> String {
+    let mut cut = title.len().min(15);
+    while !title.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    title[..cut].to_string()
 }
 
 /// Per-process Ray labels, re-read as often as a worker's tasks may change.
@@ -86,14 +98,10 @@ impl TitleCache {
     /// process that just became a worker is re-read at once rather than after OTHER_REFRESH.
     pub fn labels(&mut self, pid: u32, thread_comm: &str) -> Option<Arc<RayLabels>> {
         if let Some(e) = self.entries.get(&pid) {
-            let max_age = if let Some(l) = &e.labels {
-                // The thread name is the title's first 15 bytes: when it no longer is, the
-                // worker has moved on to another task.
-                let title = format!("ray::{}", l.task);
-                let cut = title.len().min(15);
-                if thread_comm.starts_with("ray::")
-                    && title.get(..cut).is_some_and(|t| t != thread_comm)
-                {
+            let max_age = if e.labels.is_some() {
+                // When the thread name no longer matches the title, the worker has moved on
+                // to another task.
+                if thread_comm.starts_with("ray::") && thread_comm != e.comm {
                     Duration::ZERO
                 } else {
                     RAY_REFRESH
@@ -116,6 +124,7 @@ impl TitleCache {
         let entry = self.entries.entry(pid).or_insert(Entry {
             read_at: Instant::now(),
             labels: None,
+            comm: String::new(),
             job: None,
         });
         entry.read_at = Instant::now();
@@ -134,6 +143,10 @@ impl TitleCache {
         let fresh = parse_title(&cmdline, job);
         // Keep the same Arc while the title holds, so equal labels compare cheaply.
         if entry.labels.as_deref() != fresh.as_ref() {
+            entry.comm = fresh
+                .as_ref()
+                .map(|l| comm_of(&format!("ray::{}", l.task)))
+                .unwrap_or_default();
             entry.labels = fresh.map(Arc::new);
         }
         entry.labels.clone()
