@@ -15,6 +15,11 @@ use pyrometer_ebpf as shared;
 /// Default location of the running kernel's BTF.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
+/// `--off-cpu-min` default (record and agent): long enough that a thread blocking for
+/// microseconds at a high rate (spin-then-futex locks, busy polling) sends nothing, short
+/// enough to catch a 1 ms I/O wait.
+pub const DEFAULT_OFF_CPU_MIN: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Which processes the kernel side samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filter {

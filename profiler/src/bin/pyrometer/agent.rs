@@ -250,7 +250,7 @@ fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
                 (None, Some(s)) => {
                     parse_duration(&s).map_err(|e| input(format!("off-cpu-min: {e}")))?
                 }
-                (None, None) => Duration::from_millis(1),
+                (None, None) => pyrometer::bpf::DEFAULT_OFF_CPU_MIN,
             };
             Some(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX))
         } else {

@@ -96,10 +96,6 @@ pub struct RecordArgs {
     command: Vec<String>,
 }
 
-/// `--off-cpu-min` default: long enough that a thread blocking for microseconds at a high rate
-/// (spin-then-futex locks, busy polling) sends nothing, short enough to catch a 1 ms I/O wait.
-const DEFAULT_OFF_CPU_MIN: Duration = Duration::from_millis(1);
-
 fn parse_ring_mb(s: &str) -> Result<u32, String> {
     let v: u32 = s.parse().map_err(|_| format!("invalid number '{s}'"))?;
     if v == 0 || !v.is_power_of_two() || v > 1024 {
@@ -201,7 +197,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         unwind_rows: args.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
         off_cpu_min_ns: args.off_cpu.then(|| {
-            let min = args.off_cpu_min.unwrap_or(DEFAULT_OFF_CPU_MIN);
+            let min = args
+                .off_cpu_min
+                .unwrap_or(pyrometer::bpf::DEFAULT_OFF_CPU_MIN);
             u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)
         }),
     };
@@ -511,7 +509,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         eprintln!(
             "pyrometer: off-CPU: {off_cpu_events} blocked intervals of at least {:.3}ms, {:.3}s blocked in all; dropped: {} (tracking map full), {} (ring buffer full, all records)",
             args.off_cpu_min
-                .unwrap_or(DEFAULT_OFF_CPU_MIN)
+                .unwrap_or(pyrometer::bpf::DEFAULT_OFF_CPU_MIN)
                 .as_secs_f64()
                 * 1e3,
             off_cpu_ns as f64 / 1e9,
