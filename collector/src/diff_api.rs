@@ -173,19 +173,7 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
     let store = state.store.clone();
     let (ty, base, new, sides) = tokio::task::spawn_blocking(move || {
         let types = store.sample_types().map_err(ApiError::internal)?;
-        let Some(ty) = types.iter().find(|(n, _)| *n == wanted).cloned() else {
-            if types.is_empty() {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "the store holds no profiles yet",
-                ));
-            }
-            let have: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
-            return Err(ApiError::bad_request(format!(
-                "unknown sample type '{wanted}': the store has {}",
-                have.join(", ")
-            )));
-        };
+        let ty = crate::server::sample_type(&types, &wanted)?.clone();
         // The z-test counts samples; a type that is not itself a count (cpu time) takes its
         // counts from `samples` of the same stacks, as `pyrometer diff` does with a profile's
         // count type.

@@ -51,6 +51,23 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The stored `(name, unit)` of sample type `name`, or the error that says which types exist.
+pub(crate) fn sample_type<'a>(
+    types: &'a [(String, String)],
+    name: &str,
+) -> Result<&'a (String, String), ApiError> {
+    types.iter().find(|(n, _)| n == name).ok_or_else(|| {
+        if types.is_empty() {
+            return ApiError::new(StatusCode::NOT_FOUND, "the store holds no profiles yet");
+        }
+        let have: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
+        ApiError::bad_request(format!(
+            "unknown sample type '{name}': the store has {}",
+            have.join(", ")
+        ))
+    })
+}
+
 pub fn now_s() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -202,19 +219,7 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
     .map_err(ApiError::internal)?
     .map_err(ApiError::internal)?;
     let name = p.sample_type.as_deref().unwrap_or("samples");
-    let Some(ty) = types.iter().find(|(n, _)| n == name) else {
-        if types.is_empty() {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "the store holds no profiles yet",
-            ));
-        }
-        let have: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
-        return Err(ApiError::bad_request(format!(
-            "unknown sample type '{name}': the store has {}",
-            have.join(", ")
-        )));
-    };
+    let ty = sample_type(&types, name)?;
     let total: i64 = stacks.iter().map(|s| s.value).sum();
     if !by.is_empty() {
         let groups: Vec<serde_json::Value> = render::group_totals(&stacks, &by)
