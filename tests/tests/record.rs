@@ -455,6 +455,25 @@ fn process_exiting_mid_capture_keeps_its_samples() {
     );
 }
 
+/// Waits for `record`'s "sampling ..." line (start-up can take seconds on a loaded machine),
+/// then keeps reading its stderr on a thread so it never blocks on a full pipe.
+fn wait_until_sampling(rec: &mut std::process::Child) -> std::thread::JoinHandle<()> {
+    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0
+        && !line.contains("sampling")
+    {
+        line.clear();
+    }
+    assert!(
+        line.contains("sampling"),
+        "pyrometer did not start sampling"
+    );
+    std::thread::spawn(move || {
+        let _ = std::io::Read::read_to_string(&mut err, &mut String::new());
+    })
+}
+
 fn spawn_pyrometer(args: &[&str]) -> std::process::Child {
     Command::new(pyrometer_bin())
         .args(args)
@@ -497,20 +516,7 @@ fn ctrl_c_ends_the_capture_and_still_writes() {
     let out_path = dir.join("out.folded");
     let pid = target.id().to_string();
     let mut rec = spawn_pyrometer(&["record", "--pid", &pid, "-o", out_path.to_str().unwrap()]);
-    // Wait for the "sampling ..." line: start-up can take seconds on a loaded machine.
-    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
-    let mut line = String::new();
-    while std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0
-        && !line.contains("sampling")
-    {
-        line.clear();
-    }
-    assert!(
-        line.contains("sampling"),
-        "pyrometer did not start sampling"
-    );
-    let drain =
-        std::thread::spawn(move || std::io::Read::read_to_string(&mut err, &mut String::new()));
+    let drain = wait_until_sampling(&mut rec);
     std::thread::sleep(Duration::from_millis(1000));
     // SAFETY: kill(2) of our own child.
     unsafe { libc_kill(rec.id() as i32, 2) };
@@ -589,19 +595,7 @@ fn comm_finds_running_and_later_processes() {
         "-o",
         out_path.to_str().unwrap(),
     ]);
-    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
-    let mut line = String::new();
-    while std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0
-        && !line.contains("sampling")
-    {
-        line.clear();
-    }
-    assert!(
-        line.contains("sampling"),
-        "pyrometer did not start sampling"
-    );
-    let drain =
-        std::thread::spawn(move || std::io::Read::read_to_string(&mut err, &mut String::new()));
+    let drain = wait_until_sampling(&mut rec);
     // Started after the capture began: found by a later scan.
     running.push(spawn(&late));
     let out = rec.wait_with_output().unwrap();
