@@ -230,7 +230,6 @@ pub struct Capture {
     /// The flag marks an entry whose thread was not blocked at the last flush: its wake-up
     /// record may still be in the ring buffer, so it is kept for one more flush.
     pub off_cpu_reported: HashMap<u32, (u64, u64, bool)>,
-    flushing_pending: bool,
     /// Records that failed to parse (never expected; counted, not hidden).
     pub bad_records: u64,
     /// Kernel stack ids that were gone from the stack map when read.
@@ -254,6 +253,18 @@ impl Capture {
 
     /// Counts one ring-buffer record.
     pub fn ingest(&mut self, bytes: &[u8], sampler: &Sampler, registry: &mut ProcessRegistry) {
+        self.ingest_record(bytes, sampler, registry, false);
+    }
+
+    /// `still_blocked`: an off-CPU record made up for a thread that has not woken yet
+    /// ([`Capture::ingest_pending`]), whose interval goes on.
+    fn ingest_record(
+        &mut self,
+        bytes: &[u8],
+        sampler: &Sampler,
+        registry: &mut ProcessRegistry,
+        still_blocked: bool,
+    ) {
         let Ok(sample) = RawSample::parse(bytes) else {
             self.bad_records += 1;
             return;
@@ -314,7 +325,7 @@ impl Capture {
                 Some(&(blocked_at, until, _)) if blocked_at == start => until.max(start),
                 _ => start,
             };
-            if self.flushing_pending {
+            if still_blocked {
                 self.off_cpu_reported.insert(h.tid, (start, end, false));
             } else {
                 self.off_cpu_reported.remove(&h.tid);
@@ -345,11 +356,9 @@ impl Capture {
         // Entries of threads that are not blocked now survive one flush, then go.
         self.off_cpu_reported
             .retain(|tid, (_, _, stale)| blocked.contains(tid) || !std::mem::replace(stale, true));
-        self.flushing_pending = true;
         for rec in records {
-            self.ingest(&rec, sampler, registry);
+            self.ingest_record(&rec, sampler, registry, true);
         }
-        self.flushing_pending = false;
     }
 
     fn entry(&mut self, key: RawStack) -> &mut StackCount {
