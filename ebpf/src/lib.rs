@@ -18,6 +18,10 @@ macro_rules! aligned_bytes {
 }
 
 pub const MAX_USER_FRAMES: usize = 256;
+/// Python frames a record holds (two slots each, after the native frames).
+pub const MAX_PY_FRAMES: usize = 128;
+/// Slots of a record: native frames, then Python frame pairs.
+pub const MAX_SLOTS: usize = MAX_USER_FRAMES + 2 * MAX_PY_FRAMES;
 /// Most frames a frame-pointer stack has (perf's callchain limit).
 pub const FP_MAX_FRAMES: usize = 127;
 /// Executable mappings per process in the unwinder's table.
@@ -44,6 +48,26 @@ pub const SAMPLE_COMPLETE: u32 = 8;
 /// `SampleHeader::flags`: an off-CPU interval; `value_ns` is how long the thread was blocked,
 /// starting at `timestamp_ns`, in the stack the record carries.
 pub const SAMPLE_OFFCPU: u32 = 16;
+/// `SampleHeader::flags`: the Python frame chain was longer than the record holds.
+pub const SAMPLE_PY_TRUNCATED: u32 = 32;
+/// `SampleHeader::flags`: a thread of a Python process without a Python thread state.
+pub const SAMPLE_PY_NO_THREAD: u32 = 64;
+/// `SampleHeader::flags`: the Python frame chain could not be read to its end.
+pub const SAMPLE_PY_READ_ERROR: u32 = 128;
+
+/// Second slot of a Python frame pair: the instruction's byte offset in the bytecode.
+pub const PY_ADDR_MASK: u64 = 0xffff_ffff;
+/// The instruction offset could not be told (an incomplete frame).
+pub const PY_ADDR_UNKNOWN: u32 = u32::MAX;
+pub const PY_FIRSTLINE_SHIFT: u32 = 32;
+pub const PY_FIRSTLINE_MASK: u64 = 0x7fff_ffff;
+/// The outermost Python frame of one `_PyEval_EvalFrameDefault` call.
+pub const PY_ENTRY_BIT: u64 = 1 << 63;
+/// Bytes of a frame the kernel walker reads at once.
+pub const PY_FRAME_READ_MAX: u32 = 128;
+/// Number of `u32` fields of `struct py_offsets` (the agent's `PyOffsets`).
+pub const PY_OFFSET_FIELDS: usize = 38;
+
 /// Capacity of the kernel's `offcpu_pending` map (threads blocked at once that are tracked).
 pub const OFFCPU_PENDING_ENTRIES: u32 = 16384;
 
@@ -60,6 +84,44 @@ pub struct ExecMapping {
     pub bias: u64,
     pub row_first: u32,
     pub row_count: u32,
+}
+
+/// Mirror of `struct py_process`: a registered Python process in `py_procs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PyProcess {
+    /// Run-time address of `_PyRuntime`.
+    pub runtime: u64,
+    /// Run-time address of the GIL state, 0 when unknown.
+    pub gil: u64,
+    /// Bytes of a frame to read (at most `PY_FRAME_READ_MAX`).
+    pub frame_read: u32,
+    pub reserved: u32,
+    /// `struct py_offsets`, field by field in its order.
+    pub offsets: [u32; PY_OFFSET_FIELDS],
+}
+
+/// One Python frame of a record: the code object's address and where it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawPyFrame {
+    pub code: u64,
+    /// Byte offset of the instruction in the bytecode, or `PY_ADDR_UNKNOWN`.
+    pub addr: u32,
+    /// `co_firstlineno` as read with the frame, to tell a reused code address apart.
+    pub first_line: u32,
+    /// The outermost frame of one `_PyEval_EvalFrameDefault` call.
+    pub entry: bool,
+}
+
+impl RawPyFrame {
+    pub fn from_slots(code: u64, packed: u64) -> Self {
+        Self {
+            code,
+            addr: (packed & PY_ADDR_MASK) as u32,
+            first_line: ((packed >> PY_FIRSTLINE_SHIFT) & PY_FIRSTLINE_MASK) as u32,
+            entry: packed & PY_ENTRY_BIT != 0,
+        }
+    }
 }
 
 /// Mirror of `struct process_unwind`: a process's executable mappings sorted by start.
@@ -88,7 +150,12 @@ pub mod counter {
     pub const UNWIND_SAMPLES: u32 = 12;
     pub const OFFCPU_EVENTS: u32 = 13;
     pub const OFFCPU_MAP_FULL: u32 = 14;
-    pub const COUNT: u32 = 16;
+    pub const PY_WALKS: u32 = 15;
+    pub const PY_NO_THREAD: u32 = 16;
+    pub const PY_TRUNCATED: u32 = 17;
+    pub const PY_READ_ERRORS: u32 = 18;
+    pub const PY_TSTATE_SEARCHES: u32 = 19;
+    pub const COUNT: u32 = 32;
 }
 
 /// Mirror of `struct sample_header`.
@@ -103,10 +170,13 @@ pub struct SampleHeader {
     pub user_frames: u32,
     pub kernel_frames: u32,
     pub flags: u32,
-    pub reserved: u32,
+    /// Python frames (two slots each) after the user frames.
+    pub py_frames: u32,
     pub comm: [u8; COMM_LEN],
     /// `SAMPLE_OFFCPU`: blocked nanoseconds; 0 for on-CPU samples.
-    pub value_ns: u64,
+    pub value: u64,
+    /// Reserved for record kinds that carry an address.
+    pub aux: u64,
 }
 
 /// Mirror of `struct offcpu_record`: a blocked thread's pending interval in `offcpu_pending`.
@@ -114,7 +184,7 @@ pub struct SampleHeader {
 #[derive(Clone, Copy, Debug)]
 pub struct OffCpuRecord {
     pub header: SampleHeader,
-    pub user: [u64; MAX_USER_FRAMES],
+    pub user: [u64; MAX_SLOTS],
 }
 
 impl OffCpuRecord {
@@ -122,9 +192,11 @@ impl OffCpuRecord {
     /// it blocked: the header and the frames it uses.
     pub fn to_record(&self, blocked_ns: u64) -> Vec<u8> {
         let mut header = self.header;
-        header.value_ns = blocked_ns;
+        header.value = blocked_ns;
         header.user_frames = header.user_frames.min(MAX_USER_FRAMES as u32);
-        let mut out = Vec::with_capacity(size_of::<SampleHeader>() + 8 * MAX_USER_FRAMES);
+        header.py_frames = header.py_frames.min(MAX_PY_FRAMES as u32);
+        let used = header.user_frames as usize + 2 * header.py_frames as usize;
+        let mut out = Vec::with_capacity(size_of::<SampleHeader>() + 8 * used);
         // SAFETY: SampleHeader is plain old data without padding; the slice covers exactly it.
         out.extend_from_slice(unsafe {
             std::slice::from_raw_parts(
@@ -132,7 +204,7 @@ impl OffCpuRecord {
                 size_of::<SampleHeader>(),
             )
         });
-        for frame in &self.user[..header.user_frames as usize] {
+        for frame in &self.user[..used] {
             out.extend_from_slice(&frame.to_ne_bytes());
         }
         out
@@ -140,8 +212,7 @@ impl OffCpuRecord {
 }
 
 /// Byte offset of the inline kernel frames in a full record.
-pub const KERNEL_FRAMES_OFFSET: usize =
-    size_of::<SampleHeader>() + MAX_USER_FRAMES * size_of::<u64>();
+pub const KERNEL_FRAMES_OFFSET: usize = size_of::<SampleHeader>() + MAX_SLOTS * size_of::<u64>();
 /// Size of a full `struct sample_record`.
 pub const FULL_RECORD_SIZE: usize = KERNEL_FRAMES_OFFSET + MAX_KERNEL_FRAMES * size_of::<u64>();
 
@@ -170,6 +241,10 @@ impl<'a> RawSample<'a> {
         if user > MAX_USER_FRAMES || bytes.len() < hsize + user * 8 {
             return Err(BadRecord("user frame count exceeds record"));
         }
+        let py = header.py_frames as usize;
+        if py > MAX_PY_FRAMES || bytes.len() < hsize + (user + 2 * py) * 8 {
+            return Err(BadRecord("Python frame count exceeds record"));
+        }
         if header.flags & SAMPLE_KERNEL_INLINE != 0
             && (header.kernel_frames as usize > MAX_KERNEL_FRAMES
                 || bytes.len() < KERNEL_FRAMES_OFFSET + header.kernel_frames as usize * 8)
@@ -183,6 +258,16 @@ impl<'a> RawSample<'a> {
     pub fn user_frames(&self) -> impl Iterator<Item = u64> + '_ {
         let start = size_of::<SampleHeader>();
         words(&self.bytes[start..start + self.header.user_frames as usize * 8])
+    }
+
+    /// Python frames, innermost first.
+    pub fn python_frames(&self) -> impl Iterator<Item = RawPyFrame> + '_ {
+        let start = size_of::<SampleHeader>() + self.header.user_frames as usize * 8;
+        let bytes = &self.bytes[start..start + self.header.py_frames as usize * 16];
+        bytes.chunks_exact(16).map(|c| {
+            let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            RawPyFrame::from_slots(w(&c[..8]), w(&c[8..]))
+        })
     }
 
     /// Kernel addresses copied into the record (stack-map collisions only), leaf first.
@@ -219,6 +304,7 @@ pub fn comm_to_string(comm: &[u8]) -> String {
 unsafe impl aya::Pod for ExecMapping {}
 unsafe impl aya::Pod for ProcessUnwind {}
 unsafe impl aya::Pod for OffCpuRecord {}
+unsafe impl aya::Pod for PyProcess {}
 
 #[cfg(test)]
 mod tests {
@@ -226,13 +312,18 @@ mod tests {
 
     #[test]
     fn header_layout_matches_c() {
-        // 8 + 4*8 + 16 + 8: the C struct has no padding.
-        assert_eq!(size_of::<SampleHeader>(), 64);
-        assert_eq!(FULL_RECORD_SIZE, 64 + (256 + 127) * 8);
+        // 8 + 4*8 + 16 + 8 + 8: the C struct has no padding.
+        assert_eq!(size_of::<SampleHeader>(), 72);
+        assert_eq!(
+            MAX_SLOTS, 512,
+            "a power of two: the kernel side masks slot indexes"
+        );
+        assert_eq!(FULL_RECORD_SIZE, 72 + (512 + 127) * 8);
         assert_eq!(size_of::<UnwindRow>(), 12);
         assert_eq!(size_of::<ExecMapping>(), 32);
         assert_eq!(size_of::<ProcessUnwind>(), 8 + 32 * MAX_MAPPINGS);
-        assert_eq!(size_of::<OffCpuRecord>(), 64 + 256 * 8);
+        assert_eq!(size_of::<OffCpuRecord>(), 72 + 512 * 8);
+        assert_eq!(size_of::<PyProcess>(), 24 + 4 * PY_OFFSET_FIELDS);
     }
 
     #[test]
@@ -243,12 +334,12 @@ mod tests {
                 user_frames: 2,
                 ..SampleHeader::default()
             },
-            user: [0; MAX_USER_FRAMES],
+            user: [0; MAX_SLOTS],
         };
         rec.user[..2].copy_from_slice(&[0x1000, 0x2000]);
         let bytes = rec.to_record(42);
         let s = RawSample::parse(&bytes).unwrap();
-        assert_eq!(s.header.value_ns, 42);
+        assert_eq!(s.header.value, 42);
         assert_eq!(s.user_frames().collect::<Vec<_>>(), [0x1000, 0x2000]);
         rec.header.user_frames = 10_000;
         assert!(
@@ -268,9 +359,51 @@ mod tests {
     }
 
     #[test]
+    fn python_frames_follow_the_native_ones() {
+        let mut rec = OffCpuRecord {
+            header: SampleHeader {
+                user_frames: 1,
+                py_frames: 2,
+                ..SampleHeader::default()
+            },
+            user: [0; MAX_SLOTS],
+        };
+        rec.user[0] = 0x4000;
+        rec.user[1] = 0xc0de;
+        rec.user[2] = 12 | (7 << PY_FIRSTLINE_SHIFT);
+        rec.user[3] = 0xc0df;
+        rec.user[4] = u64::from(PY_ADDR_UNKNOWN) | PY_ENTRY_BIT;
+        let bytes = rec.to_record(0);
+        let s = RawSample::parse(&bytes).unwrap();
+        assert_eq!(s.user_frames().collect::<Vec<_>>(), [0x4000]);
+        let py: Vec<_> = s.python_frames().collect();
+        assert_eq!(
+            py,
+            [
+                RawPyFrame {
+                    code: 0xc0de,
+                    addr: 12,
+                    first_line: 7,
+                    entry: false
+                },
+                RawPyFrame {
+                    code: 0xc0df,
+                    addr: PY_ADDR_UNKNOWN,
+                    first_line: 0,
+                    entry: true
+                }
+            ]
+        );
+        assert_eq!(
+            RawSample::parse(&bytes[..bytes.len() - 8]).unwrap_err(),
+            BadRecord("Python frame count exceeds record")
+        );
+    }
+
+    #[test]
     fn short_records_are_errors() {
         assert!(RawSample::parse(&[0u8; 10]).is_err());
-        let mut rec = vec![0u8; 64];
+        let mut rec = vec![0u8; 72];
         rec[24..28].copy_from_slice(&5u32.to_ne_bytes());
         assert_eq!(
             RawSample::parse(&rec).unwrap_err(),

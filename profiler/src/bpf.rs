@@ -87,6 +87,22 @@ pub struct Counters {
     pub offcpu_events: u64,
     /// Threads that blocked while `offcpu_pending` was full (their interval is lost).
     pub offcpu_map_full: u64,
+    pub python: PythonCounters,
+}
+
+/// The kernel's Python frame walker: stacks of registered Python processes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PythonCounters {
+    /// Stacks of Python processes the walker looked at.
+    pub walks: u64,
+    /// ... of threads without a Python thread state (native threads, or not yet registered).
+    pub no_thread: u64,
+    /// ... whose frame chain was longer than a record holds (innermost frames kept).
+    pub truncated: u64,
+    /// ... whose frame chain could not be read to its end.
+    pub read_errors: u64,
+    /// Thread-state lists walked to find a thread seen for the first time.
+    pub tstate_searches: u64,
 }
 
 /// Why DWARF walks stopped early, and how many reached the outermost frame.
@@ -121,6 +137,7 @@ pub struct Sampler {
         BpfHashMap<MapData, u32, pyrometer_ebpf::ProcessUnwind>,
     )>,
     unwind_rows: u32,
+    py_procs: Option<BpfHashMap<MapData, u32, shared::PyProcess>>,
     /// With off-CPU time: blocked threads' pending intervals, and the minimum reported.
     offcpu: Option<(BpfHashMap<MapData, u32, shared::OffCpuRecord>, u64)>,
 }
@@ -209,6 +226,8 @@ impl Sampler {
         };
         let procs = BpfHashMap::try_from(take(&mut ebpf, "unwind_procs")?)
             .map_err(|e| BpfError::Map("unwind_procs", e.to_string()))?;
+        let py_procs = BpfHashMap::try_from(take(&mut ebpf, "py_procs")?)
+            .map_err(|e| BpfError::Map("py_procs", e.to_string()))?;
         let offcpu = match config.off_cpu_min_ns {
             Some(min) => Some((
                 BpfHashMap::try_from(take(&mut ebpf, "offcpu_pending")?)
@@ -226,6 +245,7 @@ impl Sampler {
             perf_prog_id: None,
             unwind_maps: Some((rows, procs)),
             unwind_rows: config.unwind_rows.max(1),
+            py_procs: Some(py_procs),
             offcpu,
         })
     }
@@ -239,6 +259,16 @@ impl Sampler {
             .ok_or_else(|| BpfError::Map("unwind_rows", "already taken".into()))?;
         crate::unwinder::Unwinder::new(rows, self.unwind_rows, procs)
             .map_err(|e| BpfError::Map("unwind_rows", e.to_string()))
+    }
+
+    /// Hands out the Python frame walker's process map (once), as the tracker that fills it.
+    /// Until processes are registered with it, stacks have native frames only.
+    pub fn python_tracker(&mut self) -> Result<crate::python::tracker::PyTracker, BpfError> {
+        let map = self
+            .py_procs
+            .take()
+            .ok_or_else(|| BpfError::Map("py_procs", "already taken".into()))?;
+        Ok(crate::python::tracker::PyTracker::new(Some(map)))
     }
 
     /// Attaches the sampler to the software cpu-clock event of every online CPU.
@@ -359,6 +389,13 @@ impl Sampler {
             },
             offcpu_events: sum(shared::counter::OFFCPU_EVENTS),
             offcpu_map_full: sum(shared::counter::OFFCPU_MAP_FULL),
+            python: PythonCounters {
+                walks: sum(shared::counter::PY_WALKS),
+                no_thread: sum(shared::counter::PY_NO_THREAD),
+                truncated: sum(shared::counter::PY_TRUNCATED),
+                read_errors: sum(shared::counter::PY_READ_ERRORS),
+                tstate_searches: sum(shared::counter::PY_TSTATE_SEARCHES),
+            },
         }
     }
 

@@ -14,6 +14,9 @@ pub enum FrameKind {
     Native,
     /// JIT code named by a `/tmp/perf-PID.map` file.
     Jit,
+    /// A Python function (CPython frame): `function` is its (qualified) name, `file` and
+    /// `line` where it was; no module or address.
+    Python,
     /// An address nothing could name.
     Unknown,
 }

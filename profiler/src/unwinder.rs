@@ -213,27 +213,11 @@ impl Unwinder {
         self.process_tables.keys().copied().collect()
     }
 
-    /// Loads tables for the processes whose maps changed since the last call (new processes,
-    /// exec, dlopen), and every few seconds forgets processes that are gone.
-    pub fn sync_changed(
-        &mut self,
-        changed: &mut Vec<u32>,
-        registry: &crate::procs::ProcessRegistry,
-        last_gc: &mut std::time::Instant,
-    ) {
-        changed.sort_unstable();
-        changed.dedup();
-        for pid in changed.drain(..) {
-            if let Some(p) = registry.get(pid) {
-                let _ = self.sync_process(p);
-            }
-        }
-        if last_gc.elapsed() >= std::time::Duration::from_secs(2) {
-            *last_gc = std::time::Instant::now();
-            for pid in self.pids() {
-                if !crate::target::alive(Path::new("/proc"), pid) {
-                    self.remove_process(pid);
-                }
+    /// Forgets processes that are gone (every few seconds from the capture loop).
+    pub fn gc(&mut self, proc_root: &Path) {
+        for pid in self.pids() {
+            if !crate::target::alive(proc_root, pid) {
+                self.remove_process(pid);
             }
         }
     }

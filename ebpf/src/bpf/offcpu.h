@@ -69,8 +69,9 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 	rec->hdr.cpu = bpf_get_smp_processor_id();
 	rec->hdr.flags = SAMPLE_OFFCPU;
 	rec->hdr.kernel_frames = 0;
-	rec->hdr.reserved = 0;
-	rec->hdr.value_ns = 0;
+	rec->hdr.py_frames = 0;
+	rec->hdr.value = 0;
+	rec->hdr.aux = 0;
 	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
 
 	// `prev` is still current here, so these are its stacks. The kernel stack is taken from
@@ -82,7 +83,7 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 		count(COUNTER_KERNEL_STACK_ERRORS);
 
 	__u32 frames = 0;
-	int walked = dwarf_unwind_regs(0, tgid, &rec->hdr, 1);
+	int walked = dwarf_unwind_regs(0, tgid, &rec->hdr, SCRATCH_OFFCPU);
 	if (walked >= 0) {
 		frames = walked;
 	} else {
@@ -96,6 +97,7 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
 	rec->hdr.user_frames = frames;
+	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_OFFCPU);
 
 	if (bpf_map_update_elem(&offcpu_pending, &tid, rec, BPF_ANY) != 0)
 		count(COUNTER_OFFCPU_MAP_FULL);
@@ -110,8 +112,9 @@ static __always_inline void offcpu_switch_in(struct task_struct *next)
 	__u64 now = bpf_ktime_get_ns();
 	__u64 blocked = now - rec->hdr.timestamp_ns;
 	if (blocked >= offcpu_min_ns) {
-		rec->hdr.value_ns = blocked;
-		__u64 size = sizeof(rec->hdr) + (__u64)rec->hdr.user_frames * sizeof(__u64);
+		rec->hdr.value = blocked;
+		__u64 size = sizeof(rec->hdr) +
+			     ((__u64)rec->hdr.user_frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
 		if (size > sizeof(*rec))
 			size = sizeof(*rec);
 		if (bpf_ringbuf_output(&samples, rec, size, 0) != 0)

@@ -91,7 +91,39 @@ struct {
 	__type(value, struct offcpu_record);
 } offcpu_scratch SEC(".maps");
 
+// Which scratch record a stack walk writes to. The cpu-clock program may interrupt the
+// sched_switch one (a BTF tracepoint has no cross-program recursion guard), so each has its
+// own; uprobe programs share the third (the kernel runs one of them per CPU at a time).
+#define SCRATCH_SAMPLE 0
+#define SCRATCH_OFFCPU 1
+#define SCRATCH_PROBE 2
+#define SCRATCH_KINDS 3
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct offcpu_record);
+} probe_scratch SEC(".maps");
+
+// The slot array (native frames, then Python frame pairs) of a scratch record.
+static __always_inline __u64 *scratch_slots(__u32 which)
+{
+	__u32 zero = 0;
+	if (which == SCRATCH_OFFCPU) {
+		struct offcpu_record *rec = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+		return rec ? rec->user : 0;
+	}
+	if (which == SCRATCH_PROBE) {
+		struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
+		return rec ? rec->user : 0;
+	}
+	struct sample_record *rec = bpf_map_lookup_elem(&scratch, &zero);
+	return rec ? rec->user : 0;
+}
+
 #include "unwind.h"
+#include "python.h"
 
 static __always_inline int is_target(__u32 tgid)
 {
@@ -124,6 +156,8 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 	rec->hdr.cpu = bpf_get_smp_processor_id();
 	rec->hdr.flags = 0;
 	rec->hdr.kernel_frames = 0;
+	rec->hdr.value = 0;
+	rec->hdr.aux = 0;
 	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
 
 	long kid = bpf_get_stackid(ctx, &kernel_stacks, 0);
@@ -161,10 +195,11 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
 	rec->hdr.user_frames = frames;
+	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_SAMPLE);
 
-	// Records carry only the frames they use: the user frames follow the header, then the
-	// inline kernel frames (if any). Both are copied into place in the scratch record.
-	__u64 size = sizeof(rec->hdr) + (__u64)frames * sizeof(__u64);
+	// Records carry only the slots they use: the user frames and Python frame pairs follow
+	// the header, then the inline kernel frames (if any), all in place in the scratch record.
+	__u64 size = sizeof(rec->hdr) + ((__u64)frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
 	if (rec->hdr.flags & SAMPLE_KERNEL_INLINE) {
 		// Inline kernel stacks are rare (bucket collisions): send the whole record.
 		size = sizeof(*rec);
@@ -209,8 +244,10 @@ int BPF_PROG(on_exec, struct task_struct *task)
 	if (!is_target(tgid))
 		return 0;
 	// The old image's mappings no longer describe this process: until the agent has read
-	// the new ones, frame pointers are a better guess than a lookup that finds nothing.
+	// the new ones, frame pointers are a better guess than a lookup that finds nothing, and
+	// the new image may not be Python (or another version).
 	bpf_map_delete_elem(&unwind_procs, &tgid);
+	bpf_map_delete_elem(&py_procs, &tgid);
 	struct sample_header ev = {};
 	ev.timestamp_ns = bpf_ktime_get_ns();
 	ev.pid = tgid;

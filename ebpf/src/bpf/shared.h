@@ -7,6 +7,11 @@
 // walks up to this many frames with bpf_loop.
 #define MAX_USER_FRAMES 256
 #define MAX_KERNEL_FRAMES 127
+// Python frames a record holds (innermost first), two slots each, after the native ones.
+#define MAX_PY_FRAMES 128
+// Slots of a record: native return addresses, then Python frame pairs. A power of two, so
+// an index can be masked for the verifier.
+#define MAX_SLOTS (MAX_USER_FRAMES + 2 * MAX_PY_FRAMES)
 #define COMM_LEN 16
 
 #define FILTER_ALL 0
@@ -24,8 +29,15 @@
 // The DWARF walk reached the outermost frame (an undefined return address, e.g. _start).
 #define SAMPLE_COMPLETE 8
 // An off-CPU interval (sched_switch): the stack is the one saved when the thread blocked,
-// timestamp_ns is when it blocked and value_ns how long it stayed off the CPU.
+// timestamp_ns is when it blocked and value how long (ns) it stayed off the CPU.
 #define SAMPLE_OFFCPU 16
+// The Python frame chain went on past MAX_PY_FRAMES (or past the slots left).
+#define SAMPLE_PY_TRUNCATED 32
+// A Python process's thread without a Python thread state (a native thread, or one that
+// has not registered yet): native frames only.
+#define SAMPLE_PY_NO_THREAD 64
+// Reading the Python frame chain failed part way (the frames before the failure are kept).
+#define SAMPLE_PY_READ_ERROR 128
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -43,7 +55,12 @@
 #define COUNTER_UNWIND_SAMPLES 12    // samples the DWARF unwinder walked
 #define COUNTER_OFFCPU_EVENTS 13     // off-CPU intervals sent (at least offcpu_min_ns long)
 #define COUNTER_OFFCPU_MAP_FULL 14   // a blocking thread not tracked: offcpu_pending was full
-#define COUNTER_COUNT 16
+#define COUNTER_PY_WALKS 15          // stacks of Python processes whose thread state was looked up
+#define COUNTER_PY_NO_THREAD 16      // ... that found no thread state for the thread
+#define COUNTER_PY_TRUNCATED 17      // ... whose frame chain was longer than the record holds
+#define COUNTER_PY_READ_ERRORS 18    // ... whose frame chain could not be read to its end
+#define COUNTER_PY_TSTATE_SEARCHES 19 // thread-state lists walked (a thread seen for the first time)
+#define COUNTER_COUNT 32
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.
 #define CFA_NONE 0
@@ -93,14 +110,22 @@ struct sample_header {
 	__u32 user_frames;     // number of user frames that follow the header
 	__u32 kernel_frames;   // number of inline kernel frames (SAMPLE_KERNEL_INLINE)
 	__u32 flags;
-	__u32 reserved;
+	__u32 py_frames; // Python frames (two slots each) that follow the user frames
 	char comm[COMM_LEN];
-	__u64 value_ns; // SAMPLE_OFFCPU: blocked time; 0 for on-CPU samples
+	__u64 value; // SAMPLE_OFFCPU: blocked ns; 0 for on-CPU samples
+	__u64 aux;   // reserved for the record kinds that carry an address
 };
+
+// Slot pairs of a Python frame: the code object's address, then PY_* packed fields.
+#define PY_ADDR_MASK 0xffffffffULL     // bits 0-31: byte offset of the instruction in the bytecode
+#define PY_ADDR_UNKNOWN 0xffffffffULL
+#define PY_FIRSTLINE_SHIFT 32          // bits 32-62: co_firstlineno, to tell a reused address apart
+#define PY_FIRSTLINE_MASK 0x7fffffffULL
+#define PY_ENTRY_BIT (1ULL << 63)      // the outermost frame of one _PyEval_EvalFrameDefault call
 
 struct sample_record {
 	struct sample_header hdr;
-	__u64 user[MAX_USER_FRAMES];     // leaf first
+	__u64 user[MAX_SLOTS];           // native frames leaf first, then Python frame pairs
 	__u64 kernel[MAX_KERNEL_FRAMES]; // leaf first, only with SAMPLE_KERNEL_INLINE
 };
 
@@ -109,5 +134,63 @@ struct sample_record {
 // counted as a kernel stack error instead, which keeps each pending entry at 2 KiB).
 struct offcpu_record {
 	struct sample_header hdr;
-	__u64 user[MAX_USER_FRAMES];
+	__u64 user[MAX_SLOTS];
+};
+
+// CPython structure offsets of one process's interpreter version: the agent's `PyOffsets`
+// (profiler/src/python/offsets.rs) as it is. ABSENT (all ones): no such field.
+#define PY_ABSENT 0xffffffffU
+#define PY_FRAME_OBJECT 0      // <= 3.10: PyFrameObject, f_lasti an int
+#define PY_FRAME_INTERPRETER 1 // 3.11+: _PyInterpreterFrame, an instruction pointer
+struct py_offsets {
+	__u32 major;
+	__u32 minor;
+	__u32 frame_kind;
+	__u32 line_table_kind;
+	__u32 lasti_unit;
+	__u32 runtime_interpreters_head;
+	__u32 runtime_gil;
+	__u32 interp_next;
+	__u32 interp_threads_head;
+	__u32 interp_gil_ptr;
+	__u32 gil_last_holder;
+	__u32 gil_locked;
+	__u32 gil_size;
+	__u32 tstate_next;
+	__u32 tstate_interp;
+	__u32 tstate_frame;
+	__u32 cframe_current_frame;
+	__u32 tstate_thread_id;
+	__u32 tstate_native_thread_id;
+	__u32 frame_code;
+	__u32 frame_previous;
+	__u32 frame_instr;
+	__u32 frame_is_entry;
+	__u32 frame_owner;
+	__u32 frame_owned_by_cstack;
+	__u32 code_filename;
+	__u32 code_name;
+	__u32 code_qualname;
+	__u32 code_firstlineno;
+	__u32 code_linetable;
+	__u32 code_adaptive;
+	__u32 object_type;
+	__u32 bytes_size;
+	__u32 bytes_data;
+	__u32 unicode_length;
+	__u32 unicode_state;
+	__u32 unicode_ascii_data;
+	__u32 unicode_compact_data;
+};
+
+// Bytes of a frame the walker reads at once; every frame field used lies below this.
+#define PY_FRAME_READ_MAX 128
+
+// A Python process the agent registered (py_procs).
+struct py_process {
+	__u64 runtime;      // run-time address of _PyRuntime
+	__u64 gil;          // run-time address of the GIL state, 0 when unknown
+	__u32 frame_read;   // bytes of a frame to read (<= PY_FRAME_READ_MAX)
+	__u32 reserved;
+	struct py_offsets off;
 };

@@ -40,9 +40,9 @@ struct unwind_state {
 	__u32 frames;
 	__u32 stop_reason; // a COUNTER_UNWIND_* index, or 0 while walking
 	__u32 complete;
-	// Which per-CPU scratch record the frames go to: the sampler's, or sched_switch's
-	// (a cpu-clock sample may interrupt the tracepoint, so they cannot share one).
-	__u32 offcpu;
+	// Which per-CPU scratch record (SCRATCH_*) the frames go to: programs that may interrupt
+	// one another cannot share one.
+	__u32 which;
 	__u32 reserved;
 };
 
@@ -126,25 +126,15 @@ static __always_inline int signal_step(struct unwind_state *st)
 
 static long unwind_step(__u32 index, struct unwind_state *st)
 {
-	__u32 zero = 0;
-	__u64 *user;
-	if (st->offcpu) {
-		struct offcpu_record *rec = bpf_map_lookup_elem(&offcpu_scratch, &zero);
-		if (!rec)
-			return 1;
-		user = rec->user;
-	} else {
-		struct sample_record *rec = bpf_map_lookup_elem(&scratch, &zero);
-		if (!rec)
-			return 1;
-		user = rec->user;
-	}
+	__u64 *user = scratch_slots(st->which);
+	if (!user)
+		return 1;
 	__u32 n = st->frames;
 	if (n >= MAX_USER_FRAMES) {
 		st->stop_reason = COUNTER_UNWIND_TRUNCATED;
 		return 1;
 	}
-	user[n] = st->pc;
+	user[n & (MAX_SLOTS - 1)] = st->pc;
 	st->frames = n + 1;
 
 	struct process_unwind *proc = bpf_map_lookup_elem(&unwind_procs, &st->pid);
@@ -230,13 +220,13 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 	return 0;
 }
 
-// Walks the user stack of the current task into the scratch record `offcpu` names, setting
+// Walks the user stack of the current task into the scratch record `which` names, setting
 // SAMPLE_* flags in `hdr`. `regs` are the user registers when the program interrupted user
 // mode, or NULL: then the ones saved on kernel entry are used (a sample in a system call,
 // or a thread switched out by the scheduler). Returns the number of frames, or -1 when the
 // process has no unwind information (the caller then uses frame pointers).
 static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __u32 tgid,
-					      struct sample_header *hdr, __u32 offcpu)
+					      struct sample_header *hdr, __u32 which)
 {
 	if (!bpf_map_lookup_elem(&unwind_procs, &tgid))
 		return -1;
@@ -254,7 +244,7 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 		.sp = regs.rsp,
 		.bp = regs.rbp,
 		.pid = tgid,
-		.offcpu = offcpu,
+		.which = which,
 	};
 	if (st.pc == 0)
 		return 0;
@@ -274,5 +264,5 @@ static __always_inline int dwarf_unwind(struct bpf_perf_event_data *ctx, __u32 t
 					 struct sample_record *rec)
 {
 	const struct pt_regs *user = (ctx->regs.cs & 3) == 3 ? &ctx->regs : 0;
-	return dwarf_unwind_regs(user, tgid, &rec->hdr, 0);
+	return dwarf_unwind_regs(user, tgid, &rec->hdr, SCRATCH_SAMPLE);
 }

@@ -33,12 +33,47 @@ pub fn sanitize(name: &str) -> String {
 }
 
 /// The name a frame gets in folded output (and in other name-based views such as `top`).
+/// Python frames read `function (file:line)`, as py-spy writes them.
 pub fn frame_name(frame: &Frame) -> String {
+    if frame.kind == FrameKind::Python {
+        return sanitize(&python_label(frame));
+    }
     let mut name = sanitize(&frame.function);
     if frame.kind == FrameKind::Kernel && !name.ends_with(KERNEL_SUFFIX) {
         name.push_str(KERNEL_SUFFIX);
     }
     name
+}
+
+/// `function (file:line)` for a Python frame, the file without its installation prefix
+/// (`…/site-packages/`, `…/lib/python3.X/`), so library frames stay short.
+pub fn python_label(frame: &Frame) -> String {
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => format!("{} ({}:{line})", frame.function, short_path(file)),
+        (Some(file), None) => format!("{} ({})", frame.function, short_path(file)),
+        (None, _) => frame.function.clone(),
+    }
+}
+
+/// A Python source path without the directory it was installed under.
+pub fn short_path(path: &str) -> &str {
+    for marker in ["/site-packages/", "/dist-packages/"] {
+        if let Some(i) = path.rfind(marker) {
+            return &path[i + marker.len()..];
+        }
+    }
+    // The standard library: `/usr/lib/python3.11/threading.py` -> `threading.py`.
+    if let Some(i) = path.rfind("/lib/python") {
+        let rest = &path[i + "/lib/python".len()..];
+        if let Some(slash) = rest.find('/')
+            && rest[..slash]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b == b'.')
+        {
+            return &rest[slash + 1..];
+        }
+    }
+    path
 }
 
 /// The root frame a sample gets from its process name, if it has one.

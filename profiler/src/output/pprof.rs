@@ -20,6 +20,9 @@ use crate::output::OutputError;
 
 /// Pseudo file name of the kernel's mapping, as perf and pprof name it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+/// Pseudo file name of the mapping of Python frames (functions with source files and lines,
+/// no addresses), so a profile read back knows them.
+pub const PYTHON_MAPPING: &str = "[python]";
 
 /// Builds the string table: "" at index 0, then strings in order of first use, so the same
 /// profile always gives the same table.
@@ -71,6 +74,7 @@ impl Writer {
     fn mapping(&mut self, frame: &Frame) -> u64 {
         let file = match (frame.kind, &frame.module) {
             (FrameKind::Kernel, _) => KERNEL_MAPPING,
+            (FrameKind::Python, _) => PYTHON_MAPPING,
             (_, Some(module)) => module.as_str(),
             (_, None) => return 0,
         };
@@ -418,8 +422,10 @@ pub fn from_pprof(p: &pb::Profile) -> Result<Profile, PprofError> {
         let module_kind = match module.as_deref() {
             Some(m) if is_kernel_mapping(m) => FrameKind::Kernel,
             Some(m) if is_jit_mapping(m) => FrameKind::Jit,
+            Some(PYTHON_MAPPING) => FrameKind::Python,
             _ => FrameKind::Native,
         };
+        let module = module.filter(|_| module_kind != FrameKind::Python);
         let base = Frame {
             module,
             build_id,

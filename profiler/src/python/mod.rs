@@ -4,8 +4,10 @@
 
 pub mod linetable;
 pub mod memory;
+pub mod merge;
 pub mod offsets;
 pub mod threads;
+pub mod tracker;
 pub mod version;
 pub mod walk;
 
@@ -46,6 +48,9 @@ pub enum PythonError {
     MissingSymbol { symbol: String, path: String },
     #[error(transparent)]
     Proc(#[from] ProcError),
+    /// A cached failure, as its message.
+    #[error("{0}")]
+    Message(String),
 }
 
 #[derive(Debug, Clone, serde::Serialize)]

@@ -256,3 +256,97 @@ pub fn supported_range() -> String {
     let last = SUPPORTED.last().map_or(0, |o| o.minor);
     format!("3.{first}–3.{last}")
 }
+
+impl PyOffsets {
+    /// The table as the kernel's `struct py_offsets` (ebpf/src/bpf/shared.h), field by field.
+    pub fn to_words(&self) -> [u32; pyrometer_ebpf::PY_OFFSET_FIELDS] {
+        [
+            self.major,
+            self.minor,
+            self.frame_kind as u32,
+            self.line_table_kind as u32,
+            self.lasti_unit,
+            self.runtime_interpreters_head,
+            self.runtime_gil,
+            self.interp_next,
+            self.interp_threads_head,
+            self.interp_gil_ptr,
+            self.gil_last_holder,
+            self.gil_locked,
+            self.gil_size,
+            self.tstate_next,
+            self.tstate_interp,
+            self.tstate_frame,
+            self.cframe_current_frame,
+            self.tstate_thread_id,
+            self.tstate_native_thread_id,
+            self.frame_code,
+            self.frame_previous,
+            self.frame_instr,
+            self.frame_is_entry,
+            self.frame_owner,
+            self.frame_owned_by_cstack,
+            self.code_filename,
+            self.code_name,
+            self.code_qualname,
+            self.code_firstlineno,
+            self.code_linetable,
+            self.code_adaptive,
+            self.object_type,
+            self.bytes_size,
+            self.bytes_data,
+            self.unicode_length,
+            self.unicode_state,
+            self.unicode_ascii_data,
+            self.unicode_compact_data,
+        ]
+    }
+
+    /// Bytes of a frame the kernel walker must read to see every frame field it uses.
+    pub fn frame_read_len(&self) -> u32 {
+        let instr_len = match self.frame_kind {
+            FrameKind::FrameObject => 4,
+            FrameKind::Interpreter => 8,
+        };
+        [
+            self.frame_code + 8,
+            self.frame_previous + 8,
+            self.frame_instr + instr_len,
+            self.frame_is_entry.saturating_add(1),
+            self.frame_owner.saturating_add(1),
+        ]
+        .into_iter()
+        .filter(|&end| end != 0 && end <= pyrometer_ebpf::PY_FRAME_READ_MAX)
+        .max()
+        .unwrap_or(pyrometer_ebpf::PY_FRAME_READ_MAX)
+    }
+}
+
+#[cfg(test)]
+mod kernel_layout_tests {
+    use super::*;
+
+    #[test]
+    fn words_follow_the_struct() {
+        // The struct is all u32-sized fields in the kernel's order: a byte copy must agree.
+        assert_eq!(size_of::<PyOffsets>(), 4 * pyrometer_ebpf::PY_OFFSET_FIELDS);
+        for o in SUPPORTED {
+            // SAFETY: PyOffsets is #[repr(C)], all fields u32 or #[repr(u32)] enums, no padding
+            // (checked above), so its bytes are exactly PY_OFFSET_FIELDS u32 values.
+            let raw: [u32; pyrometer_ebpf::PY_OFFSET_FIELDS] =
+                unsafe { std::mem::transmute_copy(o) };
+            assert_eq!(raw, o.to_words(), "3.{}", o.minor);
+        }
+    }
+
+    #[test]
+    fn frame_reads_cover_every_field() {
+        for o in SUPPORTED {
+            let len = o.frame_read_len();
+            assert!(len <= pyrometer_ebpf::PY_FRAME_READ_MAX, "3.{}", o.minor);
+            assert!(o.frame_instr + 4 <= len && o.frame_previous + 8 <= len);
+        }
+        // 3.8's f_lasti sits at 104 in PyFrameObject.
+        assert_eq!(for_version(3, 8).unwrap().frame_read_len(), 108);
+    }
+}

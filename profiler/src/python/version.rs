@@ -6,6 +6,7 @@
 use std::fmt;
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
@@ -117,36 +118,142 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Link-time facts about an interpreter binary: its version and the addresses of the symbols
+/// the walkers need, so a binary mapped by many processes is parsed once.
+#[derive(Debug, Clone)]
+pub struct PyBinary {
+    pub version: PythonVersion,
+    runtime: Option<u64>,
+    code_type: Option<u64>,
+    unicode_type: Option<u64>,
+    bytes_type: Option<u64>,
+    /// PT_LOAD segments: (file offset, virtual address, file size).
+    segments: Vec<(u64, u64, u64)>,
+}
+
+/// Interpreter binaries already looked at, by the binary's identity.
+#[derive(Debug, Default)]
+pub struct BinaryCache {
+    binaries: std::collections::HashMap<crate::procs::BinaryKey, Result<Arc<PyBinary>, String>>,
+}
+
 /// Locates the interpreter of `process` and reads its version and symbols.
 pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
+    detect_cached(process, &mut BinaryCache::default())
+}
+
+/// The interpreter's mapping in `process`: `libpython3.X.so`, else the executable.
+fn interpreter_mapping(process: &Process) -> Result<(&Mapping, bool), PythonError> {
     let not_python = || PythonError::NotPython {
         pid: process.pid,
         comm: process.comm.clone(),
     };
     let mappings = process.mappings();
-    let libpython = mappings
+    if let Some(m) = mappings
         .iter()
-        .find(|m| parse_libpython_name(m.basename()).is_some());
-    let (mapping, name_version) = match libpython {
-        Some(m) => (m, parse_libpython_name(m.basename())),
+        .find(|m| parse_libpython_name(m.basename()).is_some())
+    {
+        return Ok((m, true));
+    }
+    let exe = process.exe.as_deref().ok_or_else(not_python)?;
+    let exe = exe.to_string_lossy();
+    let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
+    let m = mappings
+        .iter()
+        .find(|m| m.path.strip_suffix(" (deleted)").unwrap_or(&m.path) == exe)
+        .ok_or_else(not_python)?;
+    Ok((m, false))
+}
+
+/// Like [`detect`], parsing each interpreter binary once per cache.
+pub fn detect_cached(
+    process: &Process,
+    cache: &mut BinaryCache,
+) -> Result<PythonRuntime, PythonError> {
+    detect_with(process, cache, true)
+}
+
+/// Like [`detect_cached`], but an executable is only read when its name says Python
+/// (`python3.11`) or a `libpython` is mapped: for a node-wide capture, where every process's
+/// executable would otherwise be read in full to look for `_PyRuntime`.
+pub fn detect_named(
+    process: &Process,
+    cache: &mut BinaryCache,
+) -> Result<PythonRuntime, PythonError> {
+    detect_with(process, cache, false)
+}
+
+fn detect_with(
+    process: &Process,
+    cache: &mut BinaryCache,
+    read_unnamed: bool,
+) -> Result<PythonRuntime, PythonError> {
+    let not_python = || PythonError::NotPython {
+        pid: process.pid,
+        comm: process.comm.clone(),
+    };
+    let (mapping, is_libpython) = interpreter_mapping(process)?;
+    let name_version = if is_libpython {
+        parse_libpython_name(mapping.basename())
+    } else {
+        parse_executable_name(mapping.basename())
+    };
+    if !read_unnamed && !is_libpython && name_version.is_none() {
+        return Err(not_python());
+    }
+    let binary = mapping.binary().ok_or_else(not_python)?;
+    let analyzed = match cache.binaries.get(binary.key()) {
+        Some(r) => r.clone(),
         None => {
-            let exe = process.exe.as_deref().ok_or_else(not_python)?;
-            let exe = exe.to_string_lossy();
-            let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
-            let m = mappings
-                .iter()
-                .find(|m| m.path.strip_suffix(" (deleted)").unwrap_or(&m.path) == exe)
-                .ok_or_else(not_python)?;
-            (m, parse_executable_name(m.basename()))
+            let r = analyze(binary.path(), &mapping.path, is_libpython, name_version)
+                .map(Arc::new)
+                .map_err(|e| match e {
+                    PythonError::NotPython { .. } => String::new(),
+                    e => e.to_string(),
+                });
+            cache.binaries.insert(binary.key().clone(), r.clone());
+            r
         }
     };
-    let binary = mapping.binary().ok_or_else(not_python)?;
-    let data = fs::read(binary.path()).map_err(|e| PythonError::Elf {
+    let py = match analyzed {
+        Ok(py) => py,
+        Err(e) if e.is_empty() => return Err(not_python()),
+        Err(e) => return Err(PythonError::Message(e)),
+    };
+    let bias = load_bias(&py.segments, mapping).ok_or_else(|| PythonError::Elf {
         path: mapping.path.clone(),
+        reason: "no loadable segment covers the mapping".into(),
+    })?;
+    let required = |addr: Option<u64>, name: &str| {
+        addr.map(|a| a.wrapping_add(bias))
+            .ok_or_else(|| PythonError::MissingSymbol {
+                symbol: name.to_string(),
+                path: mapping.path.clone(),
+            })
+    };
+    Ok(PythonRuntime {
+        version: py.version,
+        path: mapping.path.clone(),
+        runtime: required(py.runtime, "_PyRuntime")?,
+        code_type: required(py.code_type, "PyCode_Type")?,
+        unicode_type: required(py.unicode_type, "PyUnicode_Type")?,
+        bytes_type: required(py.bytes_type, "PyBytes_Type")?,
+    })
+}
+
+/// Reads an interpreter binary's version and symbols. `shown` is the path for messages.
+fn analyze(
+    path: &Path,
+    shown: &str,
+    is_libpython: bool,
+    name_version: Option<(u32, u32, &str)>,
+) -> Result<PyBinary, PythonError> {
+    let data = fs::read(path).map_err(|e| PythonError::Elf {
+        path: shown.to_string(),
         reason: e.to_string(),
     })?;
     let elf = object::File::parse(&*data).map_err(|e| PythonError::Elf {
-        path: mapping.path.clone(),
+        path: shown.to_string(),
         reason: e.to_string(),
     })?;
     let symbol = |name: &str| -> Option<u64> {
@@ -156,8 +263,13 @@ pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
             .map(|s| s.address())
     };
     let runtime_sym = symbol("_PyRuntime");
-    if libpython.is_none() && runtime_sym.is_none() && name_version.is_none() {
-        return Err(not_python());
+    // An executable without the runtime is not Python, whatever its name: a shared build's
+    // launcher before the loader mapped libpython looks like that too.
+    if !is_libpython && runtime_sym.is_none() {
+        return Err(PythonError::NotPython {
+            pid: 0,
+            comm: String::new(),
+        });
     }
 
     let mut version = symbol("Py_Version")
@@ -170,7 +282,7 @@ pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
             None => {
                 return Err(PythonError::Unsupported {
                     version: "unknown".into(),
-                    reason: format!("cannot tell the Python version of {}", mapping.path),
+                    reason: format!("cannot tell the Python version of {shown}"),
                 });
             }
         };
@@ -210,38 +322,31 @@ pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
             reason: String::new(),
         });
     }
-
-    let bias = load_bias(&elf, mapping).ok_or_else(|| PythonError::Elf {
-        path: mapping.path.clone(),
-        reason: "no loadable segment covers the mapping".into(),
-    })?;
-    let required = |name: &str| {
-        symbol(name)
-            .map(|a| a.wrapping_add(bias))
-            .ok_or_else(|| PythonError::MissingSymbol {
-                symbol: name.to_string(),
-                path: mapping.path.clone(),
-            })
-    };
-    Ok(PythonRuntime {
+    let segments = elf
+        .segments()
+        .map(|seg| {
+            let (off, size) = seg.file_range();
+            (off, seg.address(), size)
+        })
+        .collect();
+    Ok(PyBinary {
         version,
-        path: mapping.path.clone(),
-        runtime: required("_PyRuntime")?,
-        code_type: required("PyCode_Type")?,
-        unicode_type: required("PyUnicode_Type")?,
-        bytes_type: required("PyBytes_Type")?,
+        runtime: runtime_sym,
+        code_type: symbol("PyCode_Type"),
+        unicode_type: symbol("PyUnicode_Type"),
+        bytes_type: symbol("PyBytes_Type"),
+        segments,
     })
 }
 
 /// Run-time address minus link-time address for the object `mapping` maps: the segment
 /// holding the mapping's file offset, aligned to pages as the loader maps it.
-fn load_bias(elf: &object::File<'_>, mapping: &Mapping) -> Option<u64> {
+fn load_bias(segments: &[(u64, u64, u64)], mapping: &Mapping) -> Option<u64> {
     const PAGE: u64 = 0xfff;
-    elf.segments().find_map(|seg| {
-        let (off, size) = seg.file_range();
+    segments.iter().find_map(|&(off, address, size)| {
         let page_off = off & !PAGE;
         if page_off <= mapping.offset && mapping.offset < off + size.max(1) {
-            let vaddr = (seg.address() & !PAGE) + (mapping.offset - page_off);
+            let vaddr = (address & !PAGE) + (mapping.offset - page_off);
             Some(mapping.start.wrapping_sub(vaddr))
         } else {
             None

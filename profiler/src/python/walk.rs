@@ -33,6 +33,23 @@ pub struct PyFrame {
     pub line: Option<u32>,
 }
 
+/// What a frame needs of its code object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeObject {
+    /// `co_qualname` (3.11+) or `co_name`.
+    pub function: String,
+    pub file: String,
+    pub first_line: u32,
+    pub line_table: Vec<u8>,
+}
+
+impl CodeObject {
+    /// The line of the instruction at byte offset `addr` of the bytecode.
+    pub fn line(&self, kind: super::offsets::LineTableKind, addr: u32) -> Option<u32> {
+        linetable::line_for(kind, &self.line_table, self.first_line, addr)
+    }
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PyThread {
     /// The `PyThreadState` address.
@@ -186,7 +203,24 @@ impl<'a, M: Memory> Walker<'a, M> {
 
     fn frame(&self, frame: u64) -> Result<PyFrame, PythonError> {
         let o = self.off;
-        let code = self.field(frame, o.frame_code)?;
+        let code_addr = self.field(frame, o.frame_code)?;
+        let code = self.code(code_addr)?;
+        let line = self
+            .instruction_offset(frame, code_addr)
+            .ok()
+            .flatten()
+            .and_then(|addr| code.line(o.line_table_kind, addr));
+        Ok(PyFrame {
+            function: Some(code.function),
+            file: Some(code.file),
+            line,
+        })
+    }
+
+    /// Reads a code object: its name, file, first line and line table. Fails unless `code`
+    /// is an object of the runtime's code type with well-formed fields.
+    pub fn code(&self, code: u64) -> Result<CodeObject, PythonError> {
+        let o = self.off;
         if code == 0 || self.field(code, o.object_type)? != self.rt.code_type {
             return Err(PythonError::BadAddress(code));
         }
@@ -197,18 +231,20 @@ impl<'a, M: Memory> Walker<'a, M> {
         };
         let function = self.string(self.field(code, name_field)?)?;
         let file = self.string(self.field(code, o.code_filename)?)?;
-        let line = self.line(frame, code).ok().flatten();
-        Ok(PyFrame {
-            function: Some(function),
-            file: Some(file),
-            line,
+        let first_line = self.mem.read_u32(code + u64::from(o.code_firstlineno))?;
+        let line_table = self.bytes(self.field(code, o.code_linetable)?)?;
+        Ok(CodeObject {
+            function,
+            file,
+            first_line,
+            line_table,
         })
     }
 
-    fn line(&self, frame: u64, code: u64) -> Result<Option<u32>, PythonError> {
+    /// Byte offset into the bytecode of the frame's current instruction.
+    fn instruction_offset(&self, frame: u64, code: u64) -> Result<Option<u32>, PythonError> {
         let o = self.off;
-        let first = self.mem.read_u32(code + u64::from(o.code_firstlineno))?;
-        let addr = match o.frame_kind {
+        Ok(Some(match o.frame_kind {
             FrameKind::FrameObject => {
                 // -1 before the first instruction ran.
                 let lasti = self.mem.read_u32(frame + u64::from(o.frame_instr))? as i32;
@@ -222,9 +258,7 @@ impl<'a, M: Memory> Walker<'a, M> {
                     _ => return Ok(None),
                 }
             }
-        };
-        let table = self.bytes(self.field(code, o.code_linetable)?)?;
-        Ok(linetable::line_for(o.line_table_kind, &table, first, addr))
+        }))
     }
 
     fn bytes(&self, obj: u64) -> Result<Vec<u8>, PythonError> {

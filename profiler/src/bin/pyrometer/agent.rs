@@ -328,6 +328,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     } else {
         None
     };
+    let mut python = sampler
+        .python_tracker()
+        .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
     let mut registry = ProcessRegistry::new();
     let mut known: HashSet<u32> = HashSet::new();
     if let Some(re) = &cfg.comm {
@@ -341,11 +344,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     }
     // Tables for the processes already known, so their first samples unwind fully; with
     // neither --pid nor --comm, new processes get theirs when their first sample arrives.
-    if let Some(u) = unwinder.as_mut() {
-        for &pid in &cfg.pids {
-            if let Ok(p) = registry.observe(pid) {
+    for &pid in &cfg.pids {
+        if let Ok(p) = registry.observe(pid) {
+            if let Some(u) = unwinder.as_mut() {
                 let _ = u.sync_process(p);
             }
+            python.sync(p);
         }
     }
     sampler
@@ -452,10 +456,17 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         sampler.wait(Duration::from_millis(100));
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
-            capture.ingest(&rec, &sampler, &mut registry);
+            capture.ingest(&rec, &sampler, &mut registry, &mut python);
         }
-        if let Some(u) = unwinder.as_mut() {
-            u.sync_changed(&mut capture.maps_changed, &registry, &mut last_gc);
+        pyrometer::capture::sync_tables(
+            &mut capture.maps_changed,
+            &registry,
+            unwinder.as_mut(),
+            &mut python,
+            &mut last_gc,
+        );
+        for notice in python.take_notices() {
+            eprintln!("pyrometer agent: {notice}");
         }
         let stopping = signals::take().is_some();
         if let Some(re) = &cfg.comm
@@ -497,7 +508,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 // Threads blocked across the push still count in it (an idle worker would
                 // otherwise be missing until it wakes).
                 let pending = sampler.pending_off_cpu(pyrometer::capture::monotonic_now_ns());
-                capture.ingest_pending(pending, &sampler, &mut registry);
+                capture.ingest_pending(pending, &sampler, &mut registry, &mut python);
             }
             let reported = std::mem::take(&mut capture.off_cpu_reported);
             let taken = std::mem::replace(&mut capture, new_capture(reported));

@@ -11,12 +11,13 @@ use clap::Args;
 use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
 use pyrometer::capture::{
     Activity, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
-    DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns,
+    DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns, sync_tables,
 };
 use pyrometer::gpu::{self, Poller};
 use pyrometer::model::Profile;
 use pyrometer::output::{self, OutputFormat};
 use pyrometer::procs::ProcessRegistry;
+use pyrometer::python::merge::FrameView;
 use pyrometer::symbolize::Symbolizer;
 use pyrometer::target::{self, HeldChild};
 use pyrometer::{privileges, signals};
@@ -88,6 +89,11 @@ pub struct RecordArgs {
     /// nothing past the switch and are left out.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "off_cpu")]
     off_cpu_min: Option<Duration>,
+    /// Which frames stacks of Python processes keep: `mixed` (Python frames, and native ones
+    /// that are not the interpreter's own: extensions, libraries, the kernel), `python`
+    /// (Python frames only, like py-spy) or `all` (every native frame too).
+    #[arg(long, default_value = "mixed", value_parser = ["mixed", "python", "all"])]
+    frames: String,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -214,6 +220,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     } else {
         None
     };
+    let mut python = sampler
+        .python_tracker()
+        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
     let mut registry = ProcessRegistry::new();
 
     let mut root_pids: Vec<u32> = Vec::new();
@@ -232,16 +241,18 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 }
             }
             root_pids = pids.clone();
-            // Tables before the first sample, so even the first stacks unwind fully.
-            if let Some(u) = unwinder.as_mut() {
-                let mut all = pids.clone();
-                if args.subprocesses {
-                    all.extend(target::descendants(Path::new("/proc"), pids));
-                }
-                for pid in all {
-                    if let Ok(p) = registry.observe(pid) {
+            // Tables before the first sample, so even the first stacks unwind fully and
+            // carry their Python frames.
+            let mut all = pids.clone();
+            if args.subprocesses {
+                all.extend(target::descendants(Path::new("/proc"), pids));
+            }
+            for pid in all {
+                if let Ok(p) = registry.observe(pid) {
+                    if let Some(u) = unwinder.as_mut() {
                         let _ = u.sync_process(p);
                     }
+                    python.sync(p);
                 }
             }
         }
@@ -309,6 +320,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         Capture::default()
     };
     capture.off_cpu = args.off_cpu;
+    capture.frames = FrameView::parse(&args.frames).expect("clap checked the value");
     // A missing driver turns the GPU source off, not the recording.
     let mut poller = None;
     if args.gpu
@@ -333,7 +345,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         sampler.wait(Duration::from_millis(100));
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
-            capture.ingest(&rec, &sampler, &mut registry);
+            capture.ingest(&rec, &sampler, &mut registry, &mut python);
         }
         if let Targets::Comm(_, re) = &targets
             && last_scan.elapsed() >= Duration::from_millis(500)
@@ -350,8 +362,15 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 eprintln!("pyrometer: {e}");
             }
         }
-        if let Some(u) = unwinder.as_mut() {
-            u.sync_changed(&mut capture.maps_changed, &registry, &mut last_gc);
+        sync_tables(
+            &mut capture.maps_changed,
+            &registry,
+            unwinder.as_mut(),
+            &mut python,
+            &mut last_gc,
+        );
+        for notice in python.take_notices() {
+            progress.suspend(|| eprintln!("pyrometer: {notice}"));
         }
         let lost = sampler.counters().ringbuf_drops;
         progress.set_message(format!("{} samples, {lost} lost", capture.samples));
@@ -391,10 +410,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     std::thread::sleep(Duration::from_millis(20));
     sampler.drain_into(&mut batch);
     for rec in batch.drain(..) {
-        capture.ingest(&rec, &sampler, &mut registry);
+        capture.ingest(&rec, &sampler, &mut registry, &mut python);
     }
     let pending = sampler.pending_off_cpu(monotonic_now_ns());
-    capture.ingest_pending(pending, &sampler, &mut registry);
+    capture.ingest_pending(pending, &sampler, &mut registry, &mut python);
     progress.finish_and_clear();
     let counters = sampler.counters();
     let bpf_stats = sampler.program_stats();
@@ -406,6 +425,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     }
 
     let processes = capture.pids.len();
+    let (py_frames_seen, py_unresolved) = (capture.py_frames_seen, capture.py_unresolved);
     let samples = capture.samples;
     let (off_cpu_events, off_cpu_ns) = (capture.off_cpu_events, capture.off_cpu_ns);
     let bad = capture.bad_records;
@@ -497,6 +517,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             &unwinder_stats,
             capture_cpu_ns,
             gpu_summaries.as_deref(),
+            (py_frames_seen, py_unresolved),
         )?;
     }
     eprintln!(
@@ -645,6 +666,7 @@ fn write_stats(
     unwinder: &pyrometer::unwinder::UnwinderStats,
     capture_cpu_ns: u64,
     gpus: Option<&[gpu::summary::DeviceSummary]>,
+    (py_frames_seen, py_unresolved): (u64, u64),
 ) -> anyhow::Result<()> {
     let cpu_ns = self_cpu_ns();
     let mut json = serde_json::json!({
@@ -676,6 +698,13 @@ fn write_stats(
         "unwind_build_ns": unwinder.build_ns,
         "offcpu_kernel_events": counters.offcpu_events,
         "offcpu_map_full": counters.offcpu_map_full,
+        "python_frames": py_frames_seen,
+        "python_frames_unresolved": py_unresolved,
+        "python_walks": counters.python.walks,
+        "python_no_thread": counters.python.no_thread,
+        "python_truncated": counters.python.truncated,
+        "python_read_errors": counters.python.read_errors,
+        "python_tstate_searches": counters.python.tstate_searches,
     });
     if let Some(g) = gpus {
         json["gpus"] = gpu::summary::to_json(g);

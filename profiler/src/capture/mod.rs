@@ -14,10 +14,20 @@ use std::collections::{HashMap, HashSet};
 
 use pyrometer_ebpf::RawSample;
 
+use std::sync::Arc;
+
 use crate::bpf::Sampler;
-use crate::model::{Frame, FrameKind, LabelValue, Labels, Profile};
+use crate::model::{Frame, FrameKind, Interner, LabelValue, Labels, Profile};
 use crate::procs::ProcessRegistry;
+use crate::python::merge::{self, FrameView};
+use crate::python::tracker::{PyFrameName, PyTracker};
 use crate::symbolize::Symbolizer;
+
+mod timeline;
+pub use timeline::{
+    Activity, CounterPoint, CounterTrack, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
+    DEFAULT_TIMELINE_EVENTS, OffCpuInterval, Timeline, TimelineEvent,
+};
 
 /// One distinct stack of one thread, as the kernel reported it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -32,7 +42,16 @@ pub struct RawStack {
     pub kernel: Vec<u64>,
     /// The Ray task the process ran when sampled (its title), for Ray workers.
     pub ray: Option<std::sync::Arc<crate::ray::RayLabels>>,
+    /// Python frames, innermost first: ids into the capture's Python frame names, with
+    /// [`PY_ENTRY`] set on the outermost frame of each eval call.
+    pub python: Vec<u32>,
+    /// The native walk reached the outermost frame (the DWARF unwinder said so).
+    pub complete: bool,
 }
+
+/// Marks the outermost Python frame of one `_PyEval_EvalFrameDefault` call in
+/// [`RawStack::python`].
+pub const PY_ENTRY: u32 = 1 << 31;
 
 /// A distinct raw stack's dense id (its timeline events refer to it), on-CPU sample count
 /// and off-CPU (blocked) nanoseconds.
@@ -41,161 +60,6 @@ pub struct StackCount {
     pub id: u32,
     pub count: u64,
     pub off_cpu_ns: u64,
-}
-
-/// Default bound of a [`Timeline`]: 2^21 events of 16 bytes each, 32 MiB; at `record`'s 99 Hz
-/// that is 5 hours of one busy thread, or 5 minutes of 64 busy CPUs.
-pub const DEFAULT_TIMELINE_EVENTS: usize = 1 << 21;
-
-/// One sample in time: CLOCK_MONOTONIC nanoseconds (the BPF program's `bpf_ktime_get_ns`)
-/// and what it sampled. During the capture `sample` is a raw stack id ([`StackCount::id`]);
-/// after [`Capture::into_profile_and_timeline`] it indexes `Profile::samples`, whose labels
-/// name the process and thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimelineEvent {
-    pub timestamp_ns: u64,
-    pub sample: u32,
-}
-
-/// One off-CPU interval in time: the thread blocked at `timestamp_ns` for `duration_ns`, in
-/// the stack `sample` names (a raw stack id, then a profile sample, as in [`TimelineEvent`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffCpuInterval {
-    pub timestamp_ns: u64,
-    pub duration_ns: u64,
-    pub sample: u32,
-}
-
-/// Per-sample times, bounded: once `capacity` events are held, later samples are counted in
-/// `dropped` but not kept, so a trace covers the start of a long capture rather than growing
-/// without limit (the counts in the profile still cover all of it).
-#[derive(Debug, Clone, Default)]
-pub struct Timeline {
-    pub events: Vec<TimelineEvent>,
-    pub capacity: usize,
-    pub dropped: u64,
-    /// CLOCK_MONOTONIC time the capture started; trace times are relative to it.
-    pub origin_ns: u64,
-    /// Sampling period: a sample stands for this much time on the CPU.
-    pub period_ns: u64,
-    /// Series recorded beside the samples (GPU telemetry), drawn as counter tracks.
-    pub counters: Vec<CounterTrack>,
-    /// Off-CPU intervals (`record --off-cpu`), bounded by `capacity` with `events`.
-    pub off_cpu: Vec<OffCpuInterval>,
-}
-
-/// A counter track of the Chrome trace: values over time, shown under a process of their
-/// own (e.g. one per GPU) rather than under a sampled one.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CounterTrack {
-    /// The name of the track's process, e.g. `GPU 0 NVIDIA A100 (GPU-…)`.
-    pub process: String,
-    /// Distinguishes track processes (the GPU index); not a real pid.
-    pub process_index: u32,
-    /// The counter's name, e.g. `GPU utilization`.
-    pub name: String,
-    pub points: Vec<CounterPoint>,
-}
-
-/// One point of a [`CounterTrack`]: CLOCK_MONOTONIC ns and named values (a counter with
-/// several values draws them stacked).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CounterPoint {
-    pub timestamp_ns: u64,
-    pub values: Vec<(String, f64)>,
-}
-
-/// Samples per time bucket, for questions such as "were the targets on the CPU during this
-/// GPU poll interval?" without keeping every sample's time. Bounded: times past the last
-/// bucket are counted in `dropped`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Activity {
-    /// CLOCK_MONOTONIC ns of bucket 0's start.
-    pub origin_ns: u64,
-    pub bucket_ns: u64,
-    pub counts: Vec<u32>,
-    pub capacity: usize,
-    pub dropped: u64,
-}
-
-/// Default [`Activity`] bucket: fine against the 1 s GPU poll interval, and 20 hours of
-/// buckets fit in the default capacity (4 bytes each, 5.8 MB).
-pub const DEFAULT_ACTIVITY_BUCKET_NS: u64 = 50_000_000;
-pub const DEFAULT_ACTIVITY_BUCKETS: usize = 1_440_000;
-
-impl Activity {
-    pub fn new(origin_ns: u64, bucket_ns: u64, capacity: usize) -> Self {
-        Self {
-            origin_ns,
-            bucket_ns: bucket_ns.max(1),
-            counts: Vec::new(),
-            capacity,
-            dropped: 0,
-        }
-    }
-
-    pub fn add(&mut self, timestamp_ns: u64) {
-        let Some(i) = timestamp_ns
-            .checked_sub(self.origin_ns)
-            .map(|d| (d / self.bucket_ns) as usize)
-        else {
-            // Before the capture started: a record still in flight from before; ignore.
-            return;
-        };
-        if i >= self.capacity {
-            self.dropped += 1;
-            return;
-        }
-        if i >= self.counts.len() {
-            self.counts.resize(i + 1, 0);
-        }
-        self.counts[i] = self.counts[i].saturating_add(1);
-    }
-
-    /// Samples in the buckets that start in `[from_ns, to_ns)`.
-    pub fn samples_between(&self, from_ns: u64, to_ns: u64) -> u64 {
-        let bucket = |t: u64| (t.saturating_sub(self.origin_ns)).div_ceil(self.bucket_ns) as usize;
-        let (a, b) = (bucket(from_ns), bucket(to_ns).min(self.counts.len()));
-        if a >= b {
-            return 0;
-        }
-        self.counts[a..b].iter().map(|&c| u64::from(c)).sum()
-    }
-}
-
-impl Timeline {
-    pub fn new(capacity: usize, origin_ns: u64, period_ns: u64) -> Self {
-        Self {
-            // Grown as samples come: most captures are far below the bound.
-            events: Vec::new(),
-            capacity,
-            dropped: 0,
-            origin_ns,
-            period_ns,
-            counters: Vec::new(),
-            off_cpu: Vec::new(),
-        }
-    }
-
-    fn full(&self) -> bool {
-        self.events.len() + self.off_cpu.len() >= self.capacity
-    }
-
-    fn push(&mut self, event: TimelineEvent) {
-        if self.full() {
-            self.dropped += 1;
-        } else {
-            self.events.push(event);
-        }
-    }
-
-    fn push_off_cpu(&mut self, interval: OffCpuInterval) {
-        if self.full() {
-            self.dropped += 1;
-        } else {
-            self.off_cpu.push(interval);
-        }
-    }
 }
 
 /// The current CLOCK_MONOTONIC time in ns, the clock BPF timestamps use.
@@ -238,6 +102,16 @@ pub struct Capture {
     /// Pids whose memory map was (re)read since the caller last took this list: the DWARF
     /// unwinder's tables for them need an update.
     pub maps_changed: Vec<u32>,
+    /// Which frames the profile's stacks keep (`--frames`).
+    pub frames: FrameView,
+    /// Python frames named as they arrived (while their process was alive).
+    py_names: Interner<PyFrameName>,
+    /// The interpreter module of each process that had Python frames.
+    py_modules: HashMap<u32, Arc<str>>,
+    /// Python frames whose process was no longer registered when their record was read.
+    pub py_unresolved: u64,
+    /// Python frames read from records.
+    pub py_frames_seen: u64,
     kernel_stack_cache: HashMap<i32, Vec<u64>>,
     titles: crate::ray::TitleCache,
 }
@@ -252,8 +126,36 @@ impl Capture {
     }
 
     /// Counts one ring-buffer record.
-    pub fn ingest(&mut self, bytes: &[u8], sampler: &Sampler, registry: &mut ProcessRegistry) {
-        self.ingest_record(bytes, sampler, registry, false);
+    pub fn ingest(
+        &mut self,
+        bytes: &[u8],
+        sampler: &Sampler,
+        registry: &mut ProcessRegistry,
+        python: &mut PyTracker,
+    ) {
+        self.ingest_record(bytes, sampler, registry, python, false);
+    }
+
+    /// Names the record's Python frames now, while the process can still be read.
+    fn python_frames(&mut self, sample: &RawSample, python: &mut PyTracker) -> Vec<u32> {
+        let pid = sample.header.pid;
+        let mut out = Vec::with_capacity(sample.header.py_frames as usize);
+        for f in sample.python_frames() {
+            self.py_frames_seen += 1;
+            let Some(name) = python.resolve(pid, f) else {
+                self.py_unresolved += 1;
+                continue;
+            };
+            let id = self.py_names.intern(name) & !PY_ENTRY;
+            out.push(if f.entry { id | PY_ENTRY } else { id });
+        }
+        if !out.is_empty()
+            && !self.py_modules.contains_key(&pid)
+            && let Some(m) = python.module(pid)
+        {
+            self.py_modules.insert(pid, m);
+        }
+        out
     }
 
     /// `still_blocked`: an off-CPU record made up for a thread that has not woken yet
@@ -263,6 +165,7 @@ impl Capture {
         bytes: &[u8],
         sampler: &Sampler,
         registry: &mut ProcessRegistry,
+        python: &mut PyTracker,
         still_blocked: bool,
     ) {
         let Ok(sample) = RawSample::parse(bytes) else {
@@ -311,6 +214,11 @@ impl Capture {
         };
         let thread = sample.comm();
         let ray = self.titles.labels(h.pid, &thread);
+        let py = if h.py_frames > 0 {
+            self.python_frames(&sample, python)
+        } else {
+            Vec::new()
+        };
         let key = RawStack {
             pid: h.pid,
             tid: h.tid,
@@ -318,9 +226,11 @@ impl Capture {
             user,
             kernel,
             ray,
+            python: py,
+            complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
         };
         if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
-            let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value_ns));
+            let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value));
             let from = match self.off_cpu_reported.get(&h.tid) {
                 Some(&(blocked_at, until, _)) if blocked_at == start => until.max(start),
                 _ => start,
@@ -347,6 +257,7 @@ impl Capture {
         records: Vec<Vec<u8>>,
         sampler: &Sampler,
         registry: &mut ProcessRegistry,
+        python: &mut PyTracker,
     ) {
         let blocked: HashSet<u32> = records
             .iter()
@@ -357,7 +268,7 @@ impl Capture {
         self.off_cpu_reported
             .retain(|tid, (_, _, stale)| blocked.contains(tid) || !std::mem::replace(stale, true));
         for rec in records {
-            self.ingest_record(&rec, sampler, registry, true);
+            self.ingest_record(&rec, sampler, registry, python, true);
         }
     }
 
@@ -433,13 +344,24 @@ impl Capture {
         let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
         // Deterministic output order regardless of hash iteration.
         stacks.sort_by(|a, b| {
-            (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel, &a.0.ray).cmp(&(
-                b.0.pid,
-                b.0.tid,
-                &b.0.user,
-                &b.0.kernel,
-                &b.0.ray,
-            ))
+            (
+                a.0.pid,
+                a.0.tid,
+                &a.0.user,
+                &a.0.kernel,
+                &a.0.ray,
+                &a.0.python,
+                a.0.complete,
+            )
+                .cmp(&(
+                    b.0.pid,
+                    b.0.tid,
+                    &b.0.user,
+                    &b.0.kernel,
+                    &b.0.ray,
+                    &b.0.python,
+                    b.0.complete,
+                ))
         });
         for (
             raw,
@@ -454,7 +376,27 @@ impl Capture {
             if off_cpu_ns > 0 {
                 trim_tracepoint_frames(&mut frames);
             }
-            frames.extend(symbolizer.user(registry, raw.pid, &raw.user));
+            let native = symbolizer.user(registry, raw.pid, &raw.user);
+            if raw.python.is_empty() {
+                frames.extend(native);
+            } else {
+                let python: Vec<(Frame, bool)> = raw
+                    .python
+                    .iter()
+                    .map(|&id| {
+                        let name = self.py_names.get(id & !PY_ENTRY);
+                        (python_frame(name), id & PY_ENTRY != 0)
+                    })
+                    .collect();
+                let module = self.py_modules.get(&raw.pid).map(|m| &**m);
+                frames.extend(merge::merge(
+                    native,
+                    &python,
+                    self.frames,
+                    module,
+                    raw.complete,
+                ));
+            }
             if frames.is_empty() {
                 frames.push(Frame::named("[no stack]", FrameKind::Unknown));
             }
@@ -508,6 +450,45 @@ impl Capture {
     }
 }
 
+/// Brings the kernel's per-process tables up to date for the processes whose maps changed
+/// (new processes, exec, dlopen): DWARF unwind tables (without `--unwind fp`) and Python
+/// registrations; every few seconds, forgets processes that are gone.
+pub fn sync_tables(
+    changed: &mut Vec<u32>,
+    registry: &ProcessRegistry,
+    mut unwinder: Option<&mut crate::unwinder::Unwinder>,
+    python: &mut PyTracker,
+    last_gc: &mut std::time::Instant,
+) {
+    changed.sort_unstable();
+    changed.dedup();
+    for pid in changed.drain(..) {
+        if let Some(p) = registry.get(pid) {
+            if let Some(u) = unwinder.as_deref_mut() {
+                let _ = u.sync_process(p);
+            }
+            python.sync(p);
+        }
+    }
+    if last_gc.elapsed() >= std::time::Duration::from_secs(2) {
+        *last_gc = std::time::Instant::now();
+        let proc_root = std::path::Path::new("/proc");
+        if let Some(u) = unwinder {
+            u.gc(proc_root);
+        }
+        python.gc(proc_root);
+    }
+}
+
+/// A Python frame as a profile frame: no module or address, its file and line.
+fn python_frame(name: &PyFrameName) -> Frame {
+    Frame {
+        file: name.file.as_deref().map(str::to_string),
+        line: name.line,
+        ..Frame::named(&*name.function, FrameKind::Python)
+    }
+}
+
 /// Drops the tracepoint machinery from the leaf of an off-CPU kernel stack, which was taken
 /// from inside the sched_switch program: the BPF program skips its own two frames, but whether
 /// `__traceiter_sched_switch` shows up as a third depends on the call path, so the rest is
@@ -535,6 +516,8 @@ mod tests {
             user: Vec::new(),
             kernel: vec![kernel],
             ray: None,
+            python: Vec::new(),
+            complete: false,
         }
     }
 

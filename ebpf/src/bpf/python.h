@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// In-kernel CPython frame walker. For a sampled thread of a Python process the agent
+// registered (py_procs: the runtime's address and the version's structure offsets), it finds
+// the thread's PyThreadState and walks the frame chain (current frame -> previous), writing
+// two slots per frame after the native ones: the code object's address, and the instruction's
+// byte offset with co_firstlineno and an "entry" bit. The agent reads the code objects
+// (name, file, line table) from user space, cached per process and code object, and splices
+// the Python frames into the native stack at each _PyEval_EvalFrameDefault; the entry bit
+// marks the outermost Python frame of one eval call (3.11+ runs many frames per call).
+//
+// Thread state: pthread_self() is the thread's fs base on x86-64, and every CPython 3.8-3.13
+// stores it in PyThreadState.thread_id, so the thread is found by walking the interpreter's
+// thread list for that value; the result is cached per tid (py_threads) and re-checked
+// against thread_id on every use, since a thread state can be freed and its tid reused.
+// Everything read is the target's memory: reads can fail or race the interpreter, and the
+// agent validates what the slots point at before naming anything.
+
+#pragma once
+
+// Registered Python processes (tgid -> struct py_process, 184 bytes). 4096 is the same bound
+// as the unwinder's per-process table.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct py_process);
+} py_procs SEC(".maps");
+
+struct py_thread {
+	__u64 tstate;     // 0: the thread has no thread state (as of checked_ns)
+	__u64 checked_ns; // when a search last ran
+};
+
+// tid -> thread state. LRU: threads come and go, and a stale entry only costs a search.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct py_thread);
+} py_threads SEC(".maps");
+
+// One frame-sized buffer per CPU and context (sampler, sched_switch, probes), which may
+// interrupt one another.
+struct py_frame_buf {
+	__u8 bytes[PY_FRAME_READ_MAX];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SCRATCH_KINDS);
+	__type(key, __u32);
+	__type(value, struct py_frame_buf);
+} py_frame_bufs SEC(".maps");
+
+// A thread that had no thread state is looked for again after this long: a new thread
+// registers only after it started running.
+#define PY_NO_THREAD_TTL_NS 200000000ULL
+#define PY_MAX_INTERPRETERS 4
+#define PY_MAX_THREADS 512
+
+struct thread_struct {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
+struct task_struct___py {
+	struct thread_struct thread;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u64 read_user_u64(__u64 addr)
+{
+	__u64 v = 0;
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+		return 0;
+	return v;
+}
+
+struct ts_search {
+	__u64 ts;
+	__u64 want;
+	__u64 found;
+	__u32 off_next;
+	__u32 off_id;
+};
+
+static long ts_search_step(__u32 index, struct ts_search *s)
+{
+	if (!s->ts)
+		return 1;
+	__u64 id = 0;
+	if (bpf_probe_read_user(&id, sizeof(id), (void *)(s->ts + s->off_id)))
+		return 1;
+	if (id == s->want) {
+		s->found = s->ts;
+		return 1;
+	}
+	__u64 next = read_user_u64(s->ts + s->off_next);
+	if (next == s->ts)
+		return 1;
+	s->ts = next;
+	return 0;
+}
+
+// The current thread's PyThreadState, or 0.
+static __always_inline __u64 py_find_tstate(struct py_process *p, __u32 tid)
+{
+	struct task_struct___py *task = (void *)bpf_get_current_task();
+	__u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
+	if (!fsbase)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	struct py_thread *cached = bpf_map_lookup_elem(&py_threads, &tid);
+	if (cached) {
+		__u64 ts = cached->tstate;
+		if (ts) {
+			if (read_user_u64(ts + p->off.tstate_thread_id) == fsbase)
+				return ts;
+		} else if (now - cached->checked_ns < PY_NO_THREAD_TTL_NS) {
+			return 0;
+		}
+	}
+	count(COUNTER_PY_TSTATE_SEARCHES);
+	struct ts_search s = {
+		.want = fsbase,
+		.off_next = p->off.tstate_next,
+		.off_id = p->off.tstate_thread_id,
+	};
+	__u64 interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
+	for (int k = 0; k < PY_MAX_INTERPRETERS; k++) {
+		if (!interp)
+			break;
+		s.ts = read_user_u64(interp + p->off.interp_threads_head);
+		bpf_loop(PY_MAX_THREADS, ts_search_step, &s, 0);
+		if (s.found)
+			break;
+		interp = read_user_u64(interp + p->off.interp_next);
+	}
+	struct py_thread v = { .tstate = s.found, .checked_ns = now };
+	bpf_map_update_elem(&py_threads, &tid, &v, BPF_ANY);
+	return s.found;
+}
+
+#define PY_WALK_READ_ERROR 1
+
+struct py_walk {
+	__u64 frame;
+	__u32 which;      // SCRATCH_*: whose record and frame buffer
+	__u32 base;       // first slot of the Python frames (after the native frames)
+	__u32 count;      // Python frames written
+	__u32 flags;      // PY_WALK_*
+	__u32 frame_read;
+	__u32 frame_kind;
+	__u32 frame_code;
+	__u32 frame_previous;
+	__u32 frame_instr;
+	__u32 frame_is_entry;
+	__u32 frame_owner;
+	__u32 cstack_owner;
+	__u32 code_adaptive;
+	__u32 code_firstlineno;
+	__u32 lasti_unit;
+	__u32 reserved;
+};
+
+static __always_inline __u64 buf_u64(__u8 *buf, __u32 off)
+{
+	if (off > PY_FRAME_READ_MAX - 8)
+		return 0;
+	return *(__u64 *)(buf + off);
+}
+
+static __always_inline __u32 buf_u32(__u8 *buf, __u32 off)
+{
+	if (off > PY_FRAME_READ_MAX - 4)
+		return 0;
+	return *(__u32 *)(buf + off);
+}
+
+static __always_inline __u8 buf_u8(__u8 *buf, __u32 off)
+{
+	if (off > PY_FRAME_READ_MAX - 1)
+		return 0;
+	return buf[off];
+}
+
+static long py_walk_step(__u32 index, struct py_walk *w)
+{
+	if (!w->frame)
+		return 1;
+	__u64 *slots = scratch_slots(w->which);
+	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &w->which);
+	if (!slots || !fb)
+		return 1;
+	__u32 len = w->frame_read;
+	if (len > PY_FRAME_READ_MAX)
+		len = PY_FRAME_READ_MAX;
+	if (bpf_probe_read_user(fb->bytes, len, (void *)w->frame)) {
+		w->flags |= PY_WALK_READ_ERROR;
+		return 1;
+	}
+	__u64 code = buf_u64(fb->bytes, w->frame_code);
+	__u64 previous = buf_u64(fb->bytes, w->frame_previous);
+	if (previous == w->frame)
+		previous = 0;
+	if (w->cstack_owner != PY_ABSENT &&
+	    buf_u8(fb->bytes, w->frame_owner) == (__u8)w->cstack_owner) {
+		// A shim _PyEval_EvalFrameDefault pushes on entry (3.12+): the frame below it is
+		// the outermost of that call.
+		if (w->count > 0) {
+			__u32 prev = w->base + 2 * (w->count - 1) + 1;
+			barrier_var(prev);
+			slots[prev & (MAX_SLOTS - 1)] |= PY_ENTRY_BIT;
+		}
+		w->frame = previous;
+		return 0;
+	}
+	__u32 at = w->base + 2 * w->count;
+	if (at + 1 >= MAX_SLOTS || w->count >= MAX_PY_FRAMES)
+		return 1; // the frame stays in w->frame: truncated
+	__u64 addr = PY_ADDR_UNKNOWN;
+	__u64 entry = 0;
+	if (w->frame_kind == PY_FRAME_OBJECT) {
+		__s32 lasti = (__s32)buf_u32(fb->bytes, w->frame_instr);
+		addr = lasti < 0 ? 0 : (__u64)lasti * w->lasti_unit;
+		entry = PY_ENTRY_BIT;
+	} else {
+		__u64 instr = buf_u64(fb->bytes, w->frame_instr);
+		__u64 start = code + w->code_adaptive;
+		if (instr >= start && instr - start < PY_ADDR_UNKNOWN)
+			addr = instr - start;
+		if (w->frame_is_entry != PY_ABSENT && buf_u8(fb->bytes, w->frame_is_entry))
+			entry = PY_ENTRY_BIT;
+	}
+	__u32 firstline = 0;
+	if (bpf_probe_read_user(&firstline, sizeof(firstline), (void *)(code + w->code_firstlineno)))
+		firstline = 0;
+	// barrier_var (bpf_helpers.h) keeps the masks below: without it clang drops them on the
+	// strength of the range check above, which the verifier does not connect to this register.
+	__u32 i0 = at, i1 = at + 1;
+	barrier_var(i0);
+	barrier_var(i1);
+	slots[i0 & (MAX_SLOTS - 1)] = code;
+	slots[i1 & (MAX_SLOTS - 1)] =
+		(addr & PY_ADDR_MASK) |
+		(((__u64)firstline & PY_FIRSTLINE_MASK) << PY_FIRSTLINE_SHIFT) | entry;
+	w->count++;
+	w->frame = previous;
+	return 0;
+}
+
+// Appends the current thread's Python frames after the `hdr->user_frames` native ones in the
+// `which` scratch record, when the process is a registered Python process.
+static __always_inline void py_walk_current(__u32 tgid, __u32 tid, struct sample_header *hdr,
+					    __u32 which)
+{
+	hdr->py_frames = 0;
+	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!p)
+		return;
+	count(COUNTER_PY_WALKS);
+	__u64 tstate = py_find_tstate(p, tid);
+	if (!tstate) {
+		hdr->flags |= SAMPLE_PY_NO_THREAD;
+		count(COUNTER_PY_NO_THREAD);
+		return;
+	}
+	__u64 frame = read_user_u64(tstate + p->off.tstate_frame);
+	if (frame && p->off.cframe_current_frame != PY_ABSENT)
+		frame = read_user_u64(frame + p->off.cframe_current_frame);
+	struct py_walk w = {
+		.frame = frame,
+		.which = which,
+		.base = hdr->user_frames,
+		.frame_read = p->frame_read,
+		.frame_kind = p->off.frame_kind,
+		.frame_code = p->off.frame_code,
+		.frame_previous = p->off.frame_previous,
+		.frame_instr = p->off.frame_instr,
+		.frame_is_entry = p->off.frame_is_entry,
+		.frame_owner = p->off.frame_owner,
+		.cstack_owner = p->off.frame_owned_by_cstack,
+		.code_adaptive = p->off.code_adaptive,
+		.code_firstlineno = p->off.code_firstlineno,
+		.lasti_unit = p->off.lasti_unit,
+	};
+	// Shim frames take an iteration each without adding a frame.
+	bpf_loop(2 * MAX_PY_FRAMES, py_walk_step, &w, 0);
+	hdr->py_frames = w.count;
+	if (w.flags & PY_WALK_READ_ERROR) {
+		hdr->flags |= SAMPLE_PY_READ_ERROR;
+		count(COUNTER_PY_READ_ERRORS);
+	} else if (w.frame) {
+		hdr->flags |= SAMPLE_PY_TRUNCATED;
+		count(COUNTER_PY_TRUNCATED);
+	}
+}

@@ -1,0 +1,286 @@
+//! Python processes for the kernel's frame walker (`ebpf/src/bpf/python.h`): detects which
+//! sampled processes run a supported CPython, registers each with its runtime address and
+//! structure offsets in the `py_procs` BPF map, and turns the (code object, instruction)
+//! pairs the kernel records into `function (file:line)`, reading code objects from the live
+//! process, cached per process and code object.
+//!
+//! Code objects are read as the records arrive, not when the profile is written: by then a
+//! short-lived process (`record -- python script.py`) is gone. A code object's address can be
+//! reused by another one after it is freed; the kernel records `co_firstlineno` with each
+//! frame, and a cached entry whose first line differs is read again.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
+
+use super::PythonError;
+use super::memory::{Memory, ProcessMemory};
+use super::offsets::{self, ABSENT, PyOffsets};
+use super::version::{self, BinaryCache, PythonRuntime};
+use super::walk::{CodeObject, Walker};
+use crate::procs::Process;
+
+/// Code objects cached per process; past this the process's cache starts over.
+const MAX_CODES_PER_PROCESS: usize = 65_536;
+/// Processes tracked at once: the kernel map's size.
+pub const MAX_PROCESSES: usize = 4096;
+
+/// A Python frame as the profile shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyFrameName {
+    /// `co_qualname` (3.11+) or `co_name`; `<unreadable frame>` when the code object did not
+    /// validate.
+    pub function: Arc<str>,
+    pub file: Option<Arc<str>>,
+    pub line: Option<u32>,
+}
+
+struct CodeEntry {
+    first_line: u32,
+    function: Arc<str>,
+    file: Arc<str>,
+    code: CodeObject,
+    /// Lines by instruction offset, as asked for.
+    lines: HashMap<u32, Option<u32>>,
+}
+
+struct Tracked {
+    runtime: PythonRuntime,
+    offsets: &'static PyOffsets,
+    /// Start of the interpreter's mapping, to notice an exec into another image.
+    mapping_start: u64,
+    /// The interpreter binary's path as the process maps it: frames of this module are the
+    /// interpreter's own.
+    module: Arc<str>,
+    codes: HashMap<u64, Option<CodeEntry>>,
+}
+
+/// Counters for the record summary and `--stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrackerStats {
+    /// Python processes registered with the kernel walker.
+    pub processes: u64,
+    /// Code objects read from target processes.
+    pub code_reads: u64,
+    /// Code objects that did not validate (freed, torn, not a code object).
+    pub bad_codes: u64,
+    /// Registrations the kernel map refused (full).
+    pub map_full: u64,
+}
+
+pub struct PyTracker {
+    map: Option<BpfHashMap<MapData, u32, PyProcess>>,
+    binaries: BinaryCache,
+    procs: HashMap<u32, Tracked>,
+    /// One line each, for the user: processes whose Python cannot be walked, and why.
+    notices: Vec<String>,
+    noticed: HashSet<u32>,
+    stats: TrackerStats,
+}
+
+impl PyTracker {
+    /// `map` is the sampler's `py_procs`; without it (tests, `--frames` off) nothing is
+    /// registered with the kernel but code objects can still be resolved.
+    pub fn new(map: Option<BpfHashMap<MapData, u32, PyProcess>>) -> Self {
+        Self {
+            map,
+            binaries: BinaryCache::default(),
+            procs: HashMap::new(),
+            notices: Vec::new(),
+            noticed: HashSet::new(),
+            stats: TrackerStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> TrackerStats {
+        self.stats
+    }
+
+    /// Messages gathered since the last call (one line each).
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// Registers `process` with the kernel walker when it runs a supported CPython (again
+    /// after an exec into another image); a process that stopped being Python is forgotten.
+    pub fn sync(&mut self, process: &Process) {
+        let pid = process.pid;
+        let detected = version::detect_named(process, &mut self.binaries);
+        let runtime = match detected {
+            Ok(rt) => rt,
+            Err(PythonError::NotPython { .. }) => {
+                self.remove(pid);
+                return;
+            }
+            Err(e) => {
+                self.remove(pid);
+                if self.noticed.insert(pid) {
+                    self.notices.push(format!(
+                        "pid {pid} ({}): {}: native frames only",
+                        process.comm,
+                        unsupported_message(&e)
+                    ));
+                }
+                return;
+            }
+        };
+        let mapping_start = interpreter_start(process, &runtime.path);
+        if let Some(t) = self.procs.get(&pid)
+            && t.runtime.path == runtime.path
+            && t.mapping_start == mapping_start
+        {
+            return;
+        }
+        let offsets = offsets::for_version(runtime.version.major, runtime.version.minor)
+            .expect("detect only accepts supported versions");
+        if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&pid) {
+            self.stats.map_full += 1;
+            return;
+        }
+        let entry = PyProcess {
+            runtime: runtime.runtime,
+            gil: gil_address(pid, &runtime, offsets),
+            frame_read: offsets.frame_read_len(),
+            reserved: 0,
+            offsets: offsets.to_words(),
+        };
+        if let Some(map) = self.map.as_mut()
+            && map.insert(pid, entry, 0).is_err()
+        {
+            self.stats.map_full += 1;
+            return;
+        }
+        self.stats.processes += 1;
+        self.procs.insert(
+            pid,
+            Tracked {
+                module: Arc::from(runtime.path.as_str()),
+                runtime,
+                offsets,
+                mapping_start,
+                codes: HashMap::new(),
+            },
+        );
+    }
+
+    /// Forgets a process (exited, or no longer Python).
+    pub fn remove(&mut self, pid: u32) {
+        if self.procs.remove(&pid).is_some()
+            && let Some(map) = self.map.as_mut()
+        {
+            let _ = map.remove(&pid);
+        }
+    }
+
+    /// Pids registered now.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.keys().copied().collect()
+    }
+
+    /// The interpreter binary of a registered process, as the process maps it.
+    pub fn module(&self, pid: u32) -> Option<Arc<str>> {
+        self.procs.get(&pid).map(|t| t.module.clone())
+    }
+
+    /// Names one frame of `pid` the kernel recorded. `None` when the process is not (or no
+    /// longer) registered.
+    pub fn resolve(&mut self, pid: u32, frame: RawPyFrame) -> Option<PyFrameName> {
+        let t = self.procs.get_mut(&pid)?;
+        let stale = match t.codes.get(&frame.code) {
+            Some(Some(e)) => frame.first_line != 0 && e.first_line != frame.first_line,
+            Some(None) => false,
+            None => true,
+        };
+        if stale {
+            if t.codes.len() >= MAX_CODES_PER_PROCESS {
+                t.codes.clear();
+            }
+            let mem = ProcessMemory::new(pid);
+            let read = Walker::new(&mem, t.offsets, &t.runtime).code(frame.code);
+            self.stats.code_reads += 1;
+            let entry = match read {
+                Ok(code) => Some(CodeEntry {
+                    first_line: code.first_line,
+                    function: Arc::from(code.function.as_str()),
+                    file: Arc::from(code.file.as_str()),
+                    code,
+                    lines: HashMap::new(),
+                }),
+                Err(_) => {
+                    self.stats.bad_codes += 1;
+                    None
+                }
+            };
+            t.codes.insert(frame.code, entry);
+        }
+        let kind = t.offsets.line_table_kind;
+        Some(
+            match t.codes.get_mut(&frame.code).and_then(Option::as_mut) {
+                Some(e) => {
+                    let line = if frame.addr == PY_ADDR_UNKNOWN {
+                        None
+                    } else {
+                        *e.lines
+                            .entry(frame.addr)
+                            .or_insert_with(|| e.code.line(kind, frame.addr))
+                    };
+                    PyFrameName {
+                        function: e.function.clone(),
+                        file: Some(e.file.clone()),
+                        line,
+                    }
+                }
+                None => PyFrameName {
+                    function: Arc::from(UNREADABLE),
+                    file: None,
+                    line: None,
+                },
+            },
+        )
+    }
+
+    /// Forgets processes that are gone (every few seconds from the capture loop).
+    pub fn gc(&mut self, proc_root: &Path) {
+        for pid in self.pids() {
+            if !crate::target::alive(proc_root, pid) {
+                self.remove(pid);
+                self.noticed.remove(&pid);
+            }
+        }
+    }
+}
+
+/// The name of a frame whose code object could not be read.
+pub const UNREADABLE: &str = "<unreadable frame>";
+
+fn unsupported_message(e: &PythonError) -> String {
+    match e {
+        PythonError::Unsupported { .. } => e
+            .to_string()
+            .replace("is not supported by dump", "is not supported"),
+        e => format!("cannot walk its Python frames ({e})"),
+    }
+}
+
+fn interpreter_start(process: &Process, path: &str) -> u64 {
+    process
+        .mappings()
+        .iter()
+        .find(|m| m.path == path)
+        .map_or(0, |m| m.start)
+}
+
+/// Where the interpreter's GIL state lives: inside `_PyRuntime` (3.8–3.11), or behind the
+/// main interpreter's pointer (3.12+), read from the process; 0 when it cannot be told yet.
+fn gil_address(pid: u32, rt: &PythonRuntime, o: &PyOffsets) -> u64 {
+    if o.runtime_gil != ABSENT {
+        return rt.runtime + u64::from(o.runtime_gil);
+    }
+    let mem = ProcessMemory::new(pid);
+    mem.read_u64(rt.runtime + u64::from(o.runtime_interpreters_head))
+        .and_then(|interp| mem.read_u64(interp + u64::from(o.interp_gil_ptr)))
+        .unwrap_or(0)
+}
