@@ -4,6 +4,7 @@
 
 pub mod linetable;
 pub mod memory;
+pub mod names;
 pub mod offsets;
 pub mod threads;
 pub mod version;

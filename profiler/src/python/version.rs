@@ -41,6 +41,11 @@ pub struct PythonRuntime {
     pub code_type: u64,
     pub unicode_type: u64,
     pub bytes_type: u64,
+    /// For reading `threading`'s thread names ([`super::names`]).
+    pub dict_type: u64,
+    pub long_type: u64,
+    pub module_type: u64,
+    pub type_type: u64,
 }
 
 /// `libpython3.11.so.1.0` → (3, 11, ""), `libpython3.7m.so` → (3, 7, "m").
@@ -230,6 +235,10 @@ pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
         code_type: required("PyCode_Type")?,
         unicode_type: required("PyUnicode_Type")?,
         bytes_type: required("PyBytes_Type")?,
+        dict_type: required("PyDict_Type")?,
+        long_type: required("PyLong_Type")?,
+        module_type: required("PyModule_Type")?,
+        type_type: required("PyType_Type")?,
     })
 }
 
