@@ -549,7 +549,7 @@ impl<M: Memory> Reader<'_, M> {
             if tag & u64::from(o.long_sign_mask) != 0 {
                 return None;
             }
-            tag >> o.long_non_size_bits
+            tag.checked_shr(o.long_non_size_bits)?
         } else {
             let size = self.field(obj, o.var_size).ok()? as i64;
             if size <= 0 {
