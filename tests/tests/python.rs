@@ -1,8 +1,9 @@
 //! `pyrometer dump` against every CPython on the machine: the pyenv builds 3.8–3.13
 //! (`--enable-shared`, libpython3.X.so) and Debian's static python3.11. Each runs
 //! fixtures/dump_threads.py, whose main thread spins in `spin()` holding the GIL while a thread
-//! named "blocker" waits forever in `wait_forever()` on `lock.acquire()`. A missing interpreter
-//! prints `skipping: …`. No root needed: the target is our own child.
+//! named "blocker" (OS) / "waiter-α" (`threading`) waits forever in `wait_forever()` on
+//! `lock.acquire()`. A missing interpreter prints `skipping: …`. No root needed: the target is
+//! our own child.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -166,11 +167,25 @@ fn check_version(label: &str, python: &Path, minor: u32) {
     );
     assert_eq!(main["state"], "running", "{label}:\n{text}");
     assert_eq!(main["holds_gil"], true, "{label}:\n{text}");
+    assert_eq!(main["python_name"], "MainThread", "{label}:\n{text}");
+    assert!(
+        text.contains(&format!(
+            "Thread {pid} (running, holds GIL): \"MainThread\"\n"
+        )),
+        "{label}: the threading name, not the OS one:\n{text}"
+    );
 
-    // The blocker: its OS name, in wait_forever() on the exact acquire line, sleeping in a
-    // futex that is not the GIL's.
+    // The blocker: its OS name and its threading name, in wait_forever() on the exact acquire
+    // line, sleeping in a futex that is not the GIL's.
     let blocker = thread_named(&dump, |t| t["name"] == "blocker")
         .unwrap_or_else(|| panic!("{label}: no blocker:\n{text}"));
+    assert_eq!(blocker["python_name"], "waiter-α", "{label}:\n{text}");
+    assert!(
+        text.contains(&format!("Thread {} (blocked: futex wait", blocker["tid"]))
+            && text.contains("): \"waiter-α\"\n    wait_forever ("),
+        "{label}:\n{text}"
+    );
+    assert!(!text.contains("\"blocker\""), "{label}:\n{text}");
     let top = &blocker["frames"][0];
     assert_eq!(top["function"], "wait_forever", "{label}:\n{text}");
     assert!(file_ok(top), "{label}:\n{text}");
@@ -408,5 +423,7 @@ fn pid_namespace() {
     let blocker =
         thread_named(&dump, |t| t["name"] == "blocker").unwrap_or_else(|| panic!("{text}"));
     assert_eq!(blocker["state"], "blocked", "{text}");
+    assert_eq!(blocker["python_name"], "waiter-α", "{text}");
+    assert_eq!(main["python_name"], "MainThread", "{text}");
     assert!(std::path::Path::new(&format!("/proc/{pid}/task/{}", blocker["tid"])).exists());
 }

@@ -5,6 +5,7 @@
 pub mod linetable;
 pub mod memory;
 pub mod merge;
+pub mod names;
 pub mod offsets;
 pub mod threads;
 pub mod tracker;
@@ -61,6 +62,8 @@ pub struct ThreadDump {
     pub thread_id: u64,
     /// The OS thread name (`/proc/PID/task/TID/comm`), not `threading`'s name.
     pub name: Option<String>,
+    /// `threading.Thread.name`, when `threading` tracks the thread and its name could be read.
+    pub python_name: Option<String>,
     pub state: ThreadState,
     pub holds_gil: bool,
     /// Why a blocked thread sleeps (its system call), when that could be read.
@@ -102,6 +105,8 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
         })?;
     let mem = ProcessMemory::new(pid);
     let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
+    // Names are a nicety: a `threading` state that does not validate leaves the stacks shown.
+    let python_names = names::thread_names(&mem, &runtime).unwrap_or_default();
     let tasks = task_ids(proc_root, pid);
     let threads = snapshot
         .threads
@@ -121,6 +126,7 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
                 tid,
                 thread_id: t.thread_id,
                 name: os.as_ref().and_then(|o| o.name.clone()),
+                python_name: python_names.get(&t.thread_id).cloned(),
                 state: os.as_ref().map_or(ThreadState::Unknown, |o| o.state),
                 // The kernel state is read after the GIL word: when they disagree across a
                 // hand-off, the later read wins.

@@ -9,7 +9,7 @@ use super::offsets::{self, ABSENT, PyOffsets};
 use super::{linetable, version};
 
 /// (version directory, minor) of the pyenv builds the table was made from.
-const PYENV: &[(&str, u32)] = &[
+pub(super) const PYENV: &[(&str, u32)] = &[
     ("3.8.18", 8),
     ("3.9.18", 9),
     ("3.10.13", 10),
@@ -18,7 +18,7 @@ const PYENV: &[(&str, u32)] = &[
     ("3.13.0", 13),
 ];
 
-fn pyenv_root() -> PathBuf {
+pub(super) fn pyenv_root() -> PathBuf {
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
     Path::new(&home).join(".pyenv/versions")
 }
@@ -60,7 +60,7 @@ fn named_fields(o: &PyOffsets) -> Vec<(&'static str, u32)> {
     ]
 }
 
-fn libpython(dir: &str, minor: u32) -> PathBuf {
+pub(super) fn libpython(dir: &str, minor: u32) -> PathBuf {
     pyenv_root().join(format!("{dir}/lib/libpython3.{minor}.so.1.0"))
 }
 
@@ -161,7 +161,7 @@ for co in walk(compile(src, 'sample.py', 'exec')):
     print(co.co_firstlineno, table.hex() or '-', ' '.join(pairs))
 "#;
 
-fn interpreters() -> Vec<(String, PathBuf, u32)> {
+pub(super) fn interpreters() -> Vec<(String, PathBuf, u32)> {
     let mut out: Vec<(String, PathBuf, u32)> = PYENV
         .iter()
         .map(|&(dir, minor)| {
@@ -238,16 +238,16 @@ fn unsupported_versions_are_named() {
 
 /// A sparse fake address space for the walker: regions of bytes, anything else unreadable.
 #[derive(Default)]
-struct FakeMemory {
+pub(super) struct FakeMemory {
     regions: std::collections::BTreeMap<u64, Vec<u8>>,
 }
 
 impl FakeMemory {
-    fn put_u64(&mut self, addr: u64, value: u64) {
+    pub(super) fn put_u64(&mut self, addr: u64, value: u64) {
         self.put(addr, &value.to_le_bytes());
     }
 
-    fn put(&mut self, addr: u64, bytes: &[u8]) {
+    pub(super) fn put(&mut self, addr: u64, bytes: &[u8]) {
         // Every object here lives in its own 4 KiB page.
         let page = addr & !0xfff;
         let region = self.regions.entry(page).or_insert_with(|| vec![0; 0x1000]);
@@ -282,6 +282,10 @@ fn walker_marks_bad_frames_and_stops_on_cycles() {
         code_type: 0xc0de_0000,
         unicode_type: 0x57a0_0000,
         bytes_type: 0xb7e5_0000,
+        dict_type: 0xd1c7_0000,
+        long_type: 0x1019_0000,
+        module_type: 0x30d0_0000,
+        type_type: 0x7e9e_0000,
     };
     let at = |base: u64, off: u32| base + u64::from(off);
     let mut m = FakeMemory::default();

@@ -42,6 +42,11 @@ pub struct PythonRuntime {
     pub code_type: u64,
     pub unicode_type: u64,
     pub bytes_type: u64,
+    /// For reading `threading`'s thread names ([`super::names`]).
+    pub dict_type: u64,
+    pub long_type: u64,
+    pub module_type: u64,
+    pub type_type: u64,
 }
 
 /// `libpython3.11.so.1.0` → (3, 11, ""), `libpython3.7m.so` → (3, 7, "m").
@@ -127,6 +132,10 @@ pub struct PyBinary {
     code_type: Option<u64>,
     unicode_type: Option<u64>,
     bytes_type: Option<u64>,
+    dict_type: Option<u64>,
+    long_type: Option<u64>,
+    module_type: Option<u64>,
+    type_type: Option<u64>,
     /// PT_LOAD segments: (file offset, virtual address, file size).
     segments: Vec<(u64, u64, u64)>,
 }
@@ -238,6 +247,10 @@ fn detect_with(
         code_type: required(py.code_type, "PyCode_Type")?,
         unicode_type: required(py.unicode_type, "PyUnicode_Type")?,
         bytes_type: required(py.bytes_type, "PyBytes_Type")?,
+        dict_type: required(py.dict_type, "PyDict_Type")?,
+        long_type: required(py.long_type, "PyLong_Type")?,
+        module_type: required(py.module_type, "PyModule_Type")?,
+        type_type: required(py.type_type, "PyType_Type")?,
     })
 }
 
@@ -335,6 +348,10 @@ fn analyze(
         code_type: symbol("PyCode_Type"),
         unicode_type: symbol("PyUnicode_Type"),
         bytes_type: symbol("PyBytes_Type"),
+        dict_type: symbol("PyDict_Type"),
+        long_type: symbol("PyLong_Type"),
+        module_type: symbol("PyModule_Type"),
+        type_type: symbol("PyType_Type"),
         segments,
     })
 }

@@ -61,11 +61,12 @@ fn render_text(dump: &ProcessDump) -> String {
             state.push_str(": ");
             state.push_str(reason);
         }
-        let _ = writeln!(
-            out,
-            "Thread {id} ({state}): \"{}\"",
-            t.name.as_deref().unwrap_or("?")
-        );
+        let name = t
+            .python_name
+            .as_deref()
+            .or(t.name.as_deref())
+            .unwrap_or("?");
+        let _ = writeln!(out, "Thread {id} ({state}): \"{name}\"");
         if t.frames.is_empty() {
             let _ = writeln!(out, "    (no Python frames)");
         }
