@@ -66,7 +66,11 @@ impl Interpreter {
         if self.path.exists() {
             true
         } else {
-            println!("skipping {}: {} is missing", self.label, self.path.display());
+            println!(
+                "skipping {}: {} is missing",
+                self.label,
+                self.path.display()
+            );
             false
         }
     }
@@ -83,5 +87,7 @@ pub fn line_of(file: &Path, needle: &str) -> u32 {
 
 /// A tests/fixtures file.
 pub fn source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
 }

@@ -155,7 +155,18 @@ fn cpython_311_native_stack_reaches_main() {
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/busy.py");
-    let (stacks, err) = record_folded("cpython", &["--", python, script.to_str().unwrap(), "2"]);
+    // Every native frame: the default view leaves the interpreter's own frames out.
+    let (stacks, err) = record_folded(
+        "cpython",
+        &[
+            "--frames",
+            "all",
+            "--",
+            python,
+            script.to_str().unwrap(),
+            "2",
+        ],
+    );
     let eval = count(&stacks, |s| {
         index_of(s, "_PyEval_EvalFrameDefault").is_some()
     });

@@ -212,8 +212,13 @@ impl Capture {
         } else {
             sample.inline_kernel_frames().collect()
         };
-        let thread = sample.comm();
-        let ray = self.titles.labels(h.pid, &thread);
+        let comm = sample.comm();
+        let ray = self.titles.labels(h.pid, &comm);
+        // Python threads are labelled with their `threading` name where it can be read.
+        let thread = match python.thread_name(h.pid, h.tid) {
+            Some(name) => name.to_string(),
+            None => comm,
+        };
         let py = if h.py_frames > 0 {
             self.python_frames(&sample, python)
         } else {
@@ -372,7 +377,13 @@ impl Capture {
             },
         ) in stacks
         {
-            let mut frames: Vec<Frame> = symbolizer.kernel(&raw.kernel);
+            // The Python view shows Python frames only, so not the kernel's either.
+            let python_only = self.frames == FrameView::Python && !raw.python.is_empty();
+            let mut frames: Vec<Frame> = if python_only {
+                Vec::new()
+            } else {
+                symbolizer.kernel(&raw.kernel)
+            };
             if off_cpu_ns > 0 {
                 trim_tracepoint_frames(&mut frames);
             }

@@ -149,6 +149,34 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
     })
 }
 
+/// `threading.Thread.name` of each thread of a live Python process, by its tid here (mapped
+/// from the process's own pid namespace). Threads without a name (not started by `threading`,
+/// or unreadable) are left out.
+pub fn thread_names_by_tid<M: memory::Memory>(
+    proc_root: &Path,
+    pid: u32,
+    mem: &M,
+    offsets: &offsets::PyOffsets,
+    runtime: &version::PythonRuntime,
+) -> std::collections::HashMap<u32, String> {
+    let Ok(names) = names::thread_names(mem, runtime) else {
+        return Default::default();
+    };
+    if names.is_empty() {
+        return Default::default();
+    }
+    let Ok(ids) = walk::Walker::new(mem, offsets, runtime).thread_ids() else {
+        return Default::default();
+    };
+    let tasks = task_ids(proc_root, pid);
+    ids.into_iter()
+        .filter_map(|(thread_id, ns_tid)| {
+            let host = tasks.iter().find(|&&(_, inner)| Some(inner) == ns_tid)?.0;
+            Some((host, names.get(&thread_id)?.clone()))
+        })
+        .collect()
+}
+
 /// The process's tasks as (tid here, tid in the process's own pid namespace): the last
 /// `NSpid:` entry of each task's status, or the tid itself on kernels without the line.
 fn task_ids(proc_root: &Path, pid: u32) -> Vec<(u32, u32)> {

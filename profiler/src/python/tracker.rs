@@ -10,8 +10,9 @@
 //! frame, and a cached entry whose first line differs is read again.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
@@ -56,7 +57,20 @@ struct Tracked {
     /// interpreter's own.
     module: Arc<str>,
     codes: HashMap<u64, Option<CodeEntry>>,
+    /// `threading` names by tid, and when they were read.
+    names: HashMap<u32, Arc<str>>,
+    names_read: Option<Instant>,
+    /// Threads asked for without a name, and when they were first asked for.
+    unnamed: HashMap<u32, Instant>,
 }
+
+/// A thread seen for the first time makes its process's names be read again, at most this
+/// often; threads that stay without a name (not started by `threading`) only every
+/// `NAME_REFRESH`.
+const NAME_REREAD: Duration = Duration::from_millis(20);
+const NAME_REFRESH: Duration = Duration::from_secs(1);
+/// Unnamed threads remembered per process (beyond it the list starts over).
+const MAX_UNNAMED: usize = 4096;
 
 /// Counters for the record summary and `--stats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,6 +93,7 @@ pub struct PyTracker {
     notices: Vec<String>,
     noticed: HashSet<u32>,
     stats: TrackerStats,
+    proc_root: PathBuf,
 }
 
 impl PyTracker {
@@ -92,6 +107,7 @@ impl PyTracker {
             notices: Vec::new(),
             noticed: HashSet::new(),
             stats: TrackerStats::default(),
+            proc_root: PathBuf::from("/proc"),
         }
     }
 
@@ -162,6 +178,9 @@ impl PyTracker {
                 offsets,
                 mapping_start,
                 codes: HashMap::new(),
+                names: HashMap::new(),
+                names_read: None,
+                unnamed: HashMap::new(),
             },
         );
     }
@@ -201,20 +220,33 @@ impl PyTracker {
             let mem = ProcessMemory::new(pid);
             let read = Walker::new(&mem, t.offsets, &t.runtime).code(frame.code);
             self.stats.code_reads += 1;
-            let entry = match read {
-                Ok(code) => Some(CodeEntry {
-                    first_line: code.first_line,
-                    function: Arc::from(code.function.as_str()),
-                    file: Arc::from(code.file.as_str()),
-                    code,
-                    lines: HashMap::new(),
-                }),
+            match read {
+                Ok(code) => {
+                    let first_line = code.first_line;
+                    let entry = CodeEntry {
+                        first_line: code.first_line,
+                        function: Arc::from(code.function.as_str()),
+                        file: Arc::from(code.file.as_str()),
+                        code,
+                        lines: HashMap::new(),
+                    };
+                    t.codes.insert(frame.code, Some(entry));
+                    if frame.first_line != 0 && frame.first_line != first_line {
+                        // The address holds another code object by now: the frame's own
+                        // was freed (a module body or exec'd string that finished running).
+                        self.stats.bad_codes += 1;
+                        return Some(unreadable());
+                    }
+                }
                 Err(_) => {
                     self.stats.bad_codes += 1;
-                    None
+                    // A good entry stays: the frame that disagreed with it was torn (read
+                    // while it changed) or the process is gone, and neither makes the cached
+                    // code object wrong for the frames that agree with it.
+                    t.codes.entry(frame.code).or_insert(None);
+                    return Some(unreadable());
                 }
-            };
-            t.codes.insert(frame.code, entry);
+            }
         }
         let kind = t.offsets.line_table_kind;
         Some(
@@ -242,6 +274,40 @@ impl PyTracker {
         )
     }
 
+    /// The `threading.Thread.name` of thread `tid` of a registered process, read from the
+    /// process (again when a thread without a name is asked for, at most every second).
+    pub fn thread_name(&mut self, pid: u32, tid: u32) -> Option<Arc<str>> {
+        let t = self.procs.get_mut(&pid)?;
+        if let Some(name) = t.names.get(&tid) {
+            return Some(name.clone());
+        }
+        let now = Instant::now();
+        if t.unnamed.len() >= MAX_UNNAMED {
+            t.unnamed.clear();
+        }
+        let first_asked = *t.unnamed.entry(tid).or_insert(now);
+        let due = match t.names_read {
+            None => true,
+            // A thread new since the last read (it may have started since) or a stale read.
+            Some(read) => {
+                let age = now.duration_since(read);
+                (first_asked >= read && age >= NAME_REREAD) || age >= NAME_REFRESH
+            }
+        };
+        if !due {
+            return None;
+        }
+        t.names_read = Some(now);
+        let mem = ProcessMemory::new(pid);
+        t.names = super::thread_names_by_tid(&self.proc_root, pid, &mem, t.offsets, &t.runtime)
+            .into_iter()
+            .map(|(tid, name)| (tid, Arc::from(name.as_str())))
+            .collect();
+        let names = &t.names;
+        t.unnamed.retain(|tid, _| !names.contains_key(tid));
+        t.names.get(&tid).cloned()
+    }
+
     /// Forgets processes that are gone (every few seconds from the capture loop).
     pub fn gc(&mut self, proc_root: &Path) {
         for pid in self.pids() {
@@ -256,11 +322,24 @@ impl PyTracker {
 /// The name of a frame whose code object could not be read.
 pub const UNREADABLE: &str = "<unreadable frame>";
 
+fn unreadable() -> PyFrameName {
+    PyFrameName {
+        function: Arc::from(UNREADABLE),
+        file: None,
+        line: None,
+    }
+}
+
 fn unsupported_message(e: &PythonError) -> String {
     match e {
-        PythonError::Unsupported { .. } => e
-            .to_string()
-            .replace("is not supported by dump", "is not supported"),
+        PythonError::Unsupported { version, reason } => {
+            let range = offsets::supported_range();
+            if reason.is_empty() {
+                format!("Python {version} is not supported ({range} are)")
+            } else {
+                format!("Python {version} is not supported ({range} are; {reason})")
+            }
+        }
         e => format!("cannot walk its Python frames ({e})"),
     }
 }

@@ -143,7 +143,15 @@ pub struct PyBinary {
 /// Interpreter binaries already looked at, by the binary's identity.
 #[derive(Debug, Default)]
 pub struct BinaryCache {
-    binaries: std::collections::HashMap<crate::procs::BinaryKey, Result<Arc<PyBinary>, String>>,
+    binaries: std::collections::HashMap<crate::procs::BinaryKey, Result<Arc<PyBinary>, Failure>>,
+}
+
+/// Why a binary is not usable, kept in the cache (errors themselves are not `Clone`).
+#[derive(Debug, Clone)]
+enum Failure {
+    NotPython,
+    Unsupported { version: String, reason: String },
+    Other(String),
 }
 
 /// Locates the interpreter of `process` and reads its version and symbols.
@@ -217,8 +225,11 @@ fn detect_with(
             let r = analyze(binary.path(), &mapping.path, is_libpython, name_version)
                 .map(Arc::new)
                 .map_err(|e| match e {
-                    PythonError::NotPython { .. } => String::new(),
-                    e => e.to_string(),
+                    PythonError::NotPython { .. } => Failure::NotPython,
+                    PythonError::Unsupported { version, reason } => {
+                        Failure::Unsupported { version, reason }
+                    }
+                    e => Failure::Other(e.to_string()),
                 });
             cache.binaries.insert(binary.key().clone(), r.clone());
             r
@@ -226,8 +237,11 @@ fn detect_with(
     };
     let py = match analyzed {
         Ok(py) => py,
-        Err(e) if e.is_empty() => return Err(not_python()),
-        Err(e) => return Err(PythonError::Message(e)),
+        Err(Failure::NotPython) => return Err(not_python()),
+        Err(Failure::Unsupported { version, reason }) => {
+            return Err(PythonError::Unsupported { version, reason });
+        }
+        Err(Failure::Other(e)) => return Err(PythonError::Message(e)),
     };
     let bias = load_bias(&py.segments, mapping).ok_or_else(|| PythonError::Elf {
         path: mapping.path.clone(),

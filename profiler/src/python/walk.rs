@@ -130,7 +130,9 @@ impl<'a, M: Memory> Walker<'a, M> {
         (locked != 0 && holder != 0).then_some(holder)
     }
 
-    fn thread(&self, tstate: u64, gil_holder: Option<u64>) -> PyThread {
+    /// `pthread_self()` and the kernel thread id (in the process's pid namespace) of a thread
+    /// state: `native_thread_id` (3.11+), else read from glibc's `struct pthread`.
+    fn ident(&self, tstate: u64) -> (u64, Option<u32>) {
         let o = self.off;
         let thread_id = self.field(tstate, o.tstate_thread_id).unwrap_or(0);
         let tid = if o.tstate_native_thread_id != ABSENT {
@@ -145,6 +147,11 @@ impl<'a, M: Memory> Walker<'a, M> {
         }
         .and_then(|t| u32::try_from(t).ok())
         .filter(|&t| t != 0);
+        (thread_id, tid)
+    }
+
+    fn thread(&self, tstate: u64, gil_holder: Option<u64>) -> PyThread {
+        let (thread_id, tid) = self.ident(tstate);
         let (frames, truncated) = self.frames(tstate);
         PyThread {
             tstate,
@@ -154,6 +161,25 @@ impl<'a, M: Memory> Walker<'a, M> {
             frames,
             truncated,
         }
+    }
+
+    /// (`pthread_self()`, kernel tid in the process's namespace) of every thread of every
+    /// interpreter, without their frames.
+    pub fn thread_ids(&self) -> Result<Vec<(u64, Option<u32>)>, PythonError> {
+        let o = self.off;
+        let mut out = Vec::new();
+        let mut seen_interps = HashSet::new();
+        let mut interp = self.field(self.rt.runtime, o.runtime_interpreters_head)?;
+        while interp != 0 && seen_interps.len() < MAX_INTERPRETERS && seen_interps.insert(interp) {
+            let mut seen = HashSet::new();
+            let mut tstate = self.field(interp, o.interp_threads_head).unwrap_or(0);
+            while tstate != 0 && out.len() < MAX_THREADS && seen.insert(tstate) {
+                out.push(self.ident(tstate));
+                tstate = self.field(tstate, o.tstate_next).unwrap_or(0);
+            }
+            interp = self.field(interp, o.interp_next).unwrap_or(0);
+        }
+        Ok(out)
     }
 
     fn current_frame(&self, tstate: u64) -> Result<u64, PythonError> {
