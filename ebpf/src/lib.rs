@@ -55,6 +55,33 @@ pub const SAMPLE_PY_NO_THREAD: u32 = 64;
 /// `SampleHeader::flags`: the Python frame chain could not be read to its end.
 pub const SAMPLE_PY_READ_ERROR: u32 = 128;
 
+/// `SampleHeader::flags`: an on-CPU sample of a thread holding the GIL (`record --gil`).
+pub const SAMPLE_GIL_HELD: u32 = 256;
+/// `SampleHeader::flags`: a contended GIL wait; `value` is its length in ns, from
+/// `timestamp_ns`, in the stack the record carries (taken when the wait began).
+pub const SAMPLE_GIL_WAIT: u32 = 512;
+
+/// Mirror of `struct gil_thread`: one thread's GIL state and sums in `gil_threads`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GilThread {
+    pub pid: u32,
+    pub reserved: u32,
+    /// In take_gil since then (CLOCK_MONOTONIC ns), else 0.
+    pub wait_start: u64,
+    /// Holding the GIL since then, else 0.
+    pub hold_start: u64,
+    pub wait_ns: u64,
+    pub hold_ns: u64,
+    pub acquisitions: u64,
+    /// Acquisitions that found the GIL taken.
+    pub contended: u64,
+    /// The thread's first take_gil (CLOCK_MONOTONIC ns).
+    pub first_ns: u64,
+    /// Its latest take_gil or drop_gil event.
+    pub last_ns: u64,
+}
+
 /// Second slot of a Python frame pair: the instruction's byte offset in the bytecode.
 pub const PY_ADDR_MASK: u64 = 0xffff_ffff;
 /// The instruction offset could not be told (an incomplete frame).
@@ -155,6 +182,9 @@ pub mod counter {
     pub const PY_TRUNCATED: u32 = 17;
     pub const PY_READ_ERRORS: u32 = 18;
     pub const PY_TSTATE_SEARCHES: u32 = 19;
+    pub const GIL_WAIT_EVENTS: u32 = 20;
+    pub const GIL_PENDING_FULL: u32 = 21;
+    pub const GIL_THREADS_FULL: u32 = 22;
     pub const COUNT: u32 = 32;
 }
 
@@ -305,6 +335,7 @@ unsafe impl aya::Pod for ExecMapping {}
 unsafe impl aya::Pod for ProcessUnwind {}
 unsafe impl aya::Pod for OffCpuRecord {}
 unsafe impl aya::Pod for PyProcess {}
+unsafe impl aya::Pod for GilThread {}
 
 #[cfg(test)]
 mod tests {
@@ -324,6 +355,7 @@ mod tests {
         assert_eq!(size_of::<ProcessUnwind>(), 8 + 32 * MAX_MAPPINGS);
         assert_eq!(size_of::<OffCpuRecord>(), 72 + 512 * 8);
         assert_eq!(size_of::<PyProcess>(), 24 + 4 * PY_OFFSET_FIELDS);
+        assert_eq!(size_of::<GilThread>(), 72);
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{BtfTracePoint, PerfEvent};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
+use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader, Endianness};
 use pyrometer_ebpf as shared;
 
@@ -19,6 +20,21 @@ pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// microseconds at a high rate (spin-then-futex locks, busy polling) sends nothing, short
 /// enough to catch a 1 ms I/O wait.
 pub const DEFAULT_OFF_CPU_MIN: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Something that attaches uprobe programs (the sampler; tests use a recorder).
+pub trait Uprobes {
+    /// Attaches `program` at file offset `offset` of the binary at `path`.
+    fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError>;
+}
+
+impl Uprobes for Sampler {
+    fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
+        Sampler::attach_uprobe(self, program, path, offset)
+    }
+}
+
+/// The GIL probe programs: take_gil's entry and return, drop_gil's entry.
+pub const GIL_PROGRAMS: [&str; 3] = ["gil_take_enter", "gil_take_return", "gil_drop"];
 
 /// Which processes the kernel side samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +56,9 @@ pub struct SamplerConfig {
     pub unwind_rows: u32,
     /// Off-CPU time (the sched_switch program): `Some(minimum blocked ns reported)`.
     pub off_cpu_min_ns: Option<u64>,
+    /// GIL wait and hold time: loads the take_gil/drop_gil probe programs, attached per
+    /// interpreter binary with [`Sampler::attach_uprobe`].
+    pub gil: bool,
 }
 
 impl Default for SamplerConfig {
@@ -51,6 +70,7 @@ impl Default for SamplerConfig {
             btf_path: PathBuf::from(KERNEL_BTF),
             unwind_rows: 1 << 20,
             off_cpu_min_ns: None,
+            gil: false,
         }
     }
 }
@@ -103,6 +123,12 @@ pub struct PythonCounters {
     pub read_errors: u64,
     /// Thread-state lists walked to find a thread seen for the first time.
     pub tstate_searches: u64,
+    /// Contended GIL waits sent (`--gil`).
+    pub gil_wait_events: u64,
+    /// Contended waits whose stack was not kept (`gil_pending` full).
+    pub gil_pending_full: u64,
+    /// Threads whose GIL time was not tracked (`gil_threads` full).
+    pub gil_threads_full: u64,
 }
 
 /// Why DWARF walks stopped early, and how many reached the outermost frame.
@@ -138,6 +164,8 @@ pub struct Sampler {
     )>,
     unwind_rows: u32,
     py_procs: Option<BpfHashMap<MapData, u32, shared::PyProcess>>,
+    /// With `--gil`: per-thread GIL state and sums.
+    gil_threads: Option<BpfHashMap<MapData, u32, shared::GilThread>>,
     /// With off-CPU time: blocked threads' pending intervals, and the minimum reported.
     offcpu: Option<(BpfHashMap<MapData, u32, shared::OffCpuRecord>, u64)>,
 }
@@ -170,11 +198,18 @@ impl Sampler {
         } else {
             1
         };
+        let uretprobes_used = u32::from(config.gil);
+        // Without --gil the GIL maps stay in the object, one entry each.
+        let gil_entries = |n: u32| if config.gil { n } else { 1 };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("filter_mode", &filter_mode, true)
             .override_global("self_tgid", &self_tgid, true)
             .override_global("offcpu_min_ns", &offcpu_min_ns, true)
+            .override_global("uretprobes_used", &uretprobes_used, true)
+            .map_max_entries("gil_threads", gil_entries(16384))
+            .map_max_entries("gil_pending", gil_entries(4096))
+            .map_max_entries("gil_holders", gil_entries(4096))
             .map_max_entries("samples", config.ring_buffer_bytes)
             .map_max_entries("unwind_rows", config.unwind_rows.max(1))
             .map_max_entries("offcpu_pending", offcpu_entries)
@@ -202,6 +237,17 @@ impl Sampler {
                 reason: error_chain(&e),
             })?;
         }
+        if config.gil {
+            for name in GIL_PROGRAMS {
+                let prog: &mut UProbe = ebpf
+                    .program_mut(name)
+                    .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
+                    .try_into()
+                    .map_err(|e| BpfError::Load(error_chain(&e)))?;
+                prog.load()
+                    .map_err(|e| BpfError::Load(format!("{name}: {}", error_chain(&e))))?;
+            }
+        }
         {
             let prog: &mut PerfEvent = ebpf
                 .program_mut("on_cpu_clock")
@@ -228,6 +274,14 @@ impl Sampler {
             .map_err(|e| BpfError::Map("unwind_procs", e.to_string()))?;
         let py_procs = BpfHashMap::try_from(take(&mut ebpf, "py_procs")?)
             .map_err(|e| BpfError::Map("py_procs", e.to_string()))?;
+        let gil_threads = if config.gil {
+            Some(
+                BpfHashMap::try_from(take(&mut ebpf, "gil_threads")?)
+                    .map_err(|e| BpfError::Map("gil_threads", e.to_string()))?,
+            )
+        } else {
+            None
+        };
         let offcpu = match config.off_cpu_min_ns {
             Some(min) => Some((
                 BpfHashMap::try_from(take(&mut ebpf, "offcpu_pending")?)
@@ -246,6 +300,7 @@ impl Sampler {
             unwind_maps: Some((rows, procs)),
             unwind_rows: config.unwind_rows.max(1),
             py_procs: Some(py_procs),
+            gil_threads,
             offcpu,
         })
     }
@@ -269,6 +324,41 @@ impl Sampler {
             .take()
             .ok_or_else(|| BpfError::Map("py_procs", "already taken".into()))?;
         Ok(crate::python::tracker::PyTracker::new(Some(map)))
+    }
+
+    /// Attaches one of the uprobe programs (`gil_take_enter`, `gil_take_return`, `gil_drop`)
+    /// at `offset` (a file offset) of the binary at `path`, for every process mapping it; the
+    /// programs filter by the target set themselves.
+    pub fn attach_uprobe(
+        &mut self,
+        program: &str,
+        path: &Path,
+        offset: u64,
+    ) -> Result<(), BpfError> {
+        let prog: &mut UProbe = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| BpfError::Load(format!("program {program} missing from object")))?
+            .try_into()
+            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+        prog.attach(
+            UProbeAttachLocation::AbsoluteOffset(offset),
+            path,
+            UProbeScope::AllProcesses,
+        )
+        .map(|_| ())
+        .map_err(|e| BpfError::Attach {
+            what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
+            reason: error_chain(&e),
+        })
+    }
+
+    /// Every thread's GIL state and sums (`--gil`), by tid.
+    pub fn gil_threads(&self) -> Vec<(u32, shared::GilThread)> {
+        match &self.gil_threads {
+            Some(map) => map.iter().filter_map(Result::ok).collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Attaches the sampler to the software cpu-clock event of every online CPU.
@@ -395,6 +485,9 @@ impl Sampler {
                 truncated: sum(shared::counter::PY_TRUNCATED),
                 read_errors: sum(shared::counter::PY_READ_ERRORS),
                 tstate_searches: sum(shared::counter::PY_TSTATE_SEARCHES),
+                gil_wait_events: sum(shared::counter::GIL_WAIT_EVENTS),
+                gil_pending_full: sum(shared::counter::GIL_PENDING_FULL),
+                gil_threads_full: sum(shared::counter::GIL_THREADS_FULL),
             },
         }
     }

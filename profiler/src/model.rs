@@ -240,9 +240,25 @@ impl Profile {
     /// intervals 0 samples and CPU time, so each type's totals mean what they say; CPU stays
     /// the default type.
     pub fn cpu_and_off_cpu(period_ns: i64) -> Self {
+        Self::with_sources(period_ns, true, false)
+    }
+
+    /// The profile of a capture: the CPU types, then `off_cpu/nanoseconds` with off-CPU time,
+    /// then `gil_wait/nanoseconds` (contended GIL waits, by the stack that waited) and
+    /// `gil_held/nanoseconds` (on-CPU time of threads holding the GIL) with `--gil`. Each
+    /// record carries only its own type's value; CPU stays the default type.
+    pub fn with_sources(period_ns: i64, off_cpu: bool, gil: bool) -> Self {
         let mut p = Self::cpu(period_ns);
-        p.sample_types
-            .push(SampleType::new("off_cpu", "nanoseconds"));
+        if off_cpu {
+            p.sample_types
+                .push(SampleType::new("off_cpu", "nanoseconds"));
+        }
+        if gil {
+            p.sample_types
+                .push(SampleType::new("gil_wait", "nanoseconds"));
+            p.sample_types
+                .push(SampleType::new("gil_held", "nanoseconds"));
+        }
         p
     }
 

@@ -16,10 +16,9 @@
 // Preempted threads are runnable, not blocked: their wait is CPU contention (run-queue
 // latency), not something the thread's code chose, so it is not off-CPU time here.
 //
-// GIL hook: time a Python thread spends blocked inside take_gil is GIL wait, not off-CPU
-// time. When the take_gil/drop_gil uprobes land they mark the waiting tid (a per-tid map set on
-// take_gil entry, cleared on return); this program will skip switch-outs of marked threads
-// (see `gil_waiting` below), so the wait is counted once, as gil_wait/nanoseconds.
+// GIL: time a Python thread spends blocked inside take_gil is GIL wait, not off-CPU time: the
+// take_gil uprobe (gil.h) marks the waiting thread and this program skips its switch-outs, so
+// the wait is counted once, as gil_wait/nanoseconds.
 
 #pragma once
 
@@ -45,12 +44,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct offcpu_record);
 } offcpu_pending SEC(".maps");
-
-// GIL wait will be excluded here (see the header comment); no thread is marked yet.
-static __always_inline int gil_waiting(__u32 tid)
-{
-	return 0;
-}
 
 static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *prev)
 {

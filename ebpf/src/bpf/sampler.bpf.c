@@ -134,6 +134,8 @@ static __always_inline int is_target(__u32 tgid)
 	return bpf_map_lookup_elem(&targets, &tgid) != 0;
 }
 
+#include "gil.h"
+
 SEC("perf_event")
 int on_cpu_clock(struct bpf_perf_event_data *ctx)
 {
@@ -196,6 +198,8 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 		frames = MAX_USER_FRAMES;
 	rec->hdr.user_frames = frames;
 	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_SAMPLE);
+	if (gil_held(tid))
+		rec->hdr.flags |= SAMPLE_GIL_HELD;
 
 	// Records carry only the slots they use: the user frames and Python frame pairs follow
 	// the header, then the inline kernel frames (if any), all in place in the scratch record.

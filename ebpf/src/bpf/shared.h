@@ -38,6 +38,11 @@
 #define SAMPLE_PY_NO_THREAD 64
 // Reading the Python frame chain failed part way (the frames before the failure are kept).
 #define SAMPLE_PY_READ_ERROR 128
+// An on-CPU sample of a thread that holds the GIL (record --gil).
+#define SAMPLE_GIL_HELD 256
+// A contended GIL wait (record --gil): the stack is the one at take_gil's entry,
+// timestamp_ns is when the wait began and value its length in ns.
+#define SAMPLE_GIL_WAIT 512
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -60,6 +65,9 @@
 #define COUNTER_PY_TRUNCATED 17      // ... whose frame chain was longer than the record holds
 #define COUNTER_PY_READ_ERRORS 18    // ... whose frame chain could not be read to its end
 #define COUNTER_PY_TSTATE_SEARCHES 19 // thread-state lists walked (a thread seen for the first time)
+#define COUNTER_GIL_WAIT_EVENTS 20   // contended GIL waits sent
+#define COUNTER_GIL_PENDING_FULL 21  // a contended wait's stack not kept: gil_pending was full
+#define COUNTER_GIL_THREADS_FULL 22  // a thread's GIL time not tracked: gil_threads was full
 #define COUNTER_COUNT 32
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.

@@ -32,10 +32,65 @@ struct {
 	__type(value, struct process_unwind);
 } unwind_procs SEC(".maps");
 
+// Set by the agent when it attaches uretprobes (record --gil): a return address may then be
+// the uretprobe trampoline, and the real one is in the kernel's list for the thread.
+const volatile __u32 uretprobes_used = 0;
+
+struct return_instance___pyro {
+	unsigned long stack;
+	unsigned long orig_ret_vaddr;
+	struct return_instance___pyro *next;
+} __attribute__((preserve_access_index));
+
+struct uprobe_task___pyro {
+	struct return_instance___pyro *return_instances;
+} __attribute__((preserve_access_index));
+
+struct xol_area___pyro {
+	unsigned long vaddr;
+} __attribute__((preserve_access_index));
+
+struct uprobes_state___pyro {
+	struct xol_area___pyro *xol_area;
+} __attribute__((preserve_access_index));
+
+struct mm_struct___pyro {
+	struct uprobes_state___pyro uprobes_state;
+} __attribute__((preserve_access_index));
+
+struct task_struct___pyro {
+	struct mm_struct___pyro *mm;
+	struct uprobe_task___pyro *utask;
+} __attribute__((preserve_access_index));
+
+// The address of the current process's uretprobe trampoline, 0 when it has none.
+static __always_inline __u64 uretprobe_trampoline(void)
+{
+	if (!uretprobes_used)
+		return 0;
+	struct task_struct___pyro *task = (void *)bpf_get_current_task();
+	return BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
+}
+
+// The return address a uretprobe replaced in the stack slot at `slot`: the kernel keeps one
+// instance per pending return (innermost first), each with the slot it hijacked.
+static __always_inline __u64 uretprobe_original(__u64 slot)
+{
+	struct task_struct___pyro *task = (void *)bpf_get_current_task();
+	struct return_instance___pyro *ri = BPF_CORE_READ(task, utask, return_instances);
+	for (int k = 0; k < 8 && ri; k++) {
+		if (BPF_CORE_READ(ri, stack) == slot)
+			return BPF_CORE_READ(ri, orig_ret_vaddr);
+		ri = BPF_CORE_READ(ri, next);
+	}
+	return 0;
+}
+
 struct unwind_state {
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
+	__u64 trampoline; // uretprobe trampoline of the process, 0 when none
 	__u32 pid;
 	__u32 frames;
 	__u32 stop_reason; // a COUNTER_UNWIND_* index, or 0 while walking
@@ -101,6 +156,8 @@ static __always_inline int frame_pointer_step(struct unwind_state *st)
 	if (st->bp == 0 || bpf_probe_read_user(&next_bp, 8, (void *)st->bp) ||
 	    bpf_probe_read_user(&ra, 8, (void *)(st->bp + 8)))
 		return -1;
+	if (st->trampoline && ra == st->trampoline)
+		ra = uretprobe_original(st->bp + 8);
 	st->sp = st->bp + 16;
 	st->bp = next_bp;
 	st->pc = ra;
@@ -199,6 +256,8 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 		st->stop_reason = COUNTER_UNWIND_BAD_CFA;
 		return 1;
 	}
+	if (st->trampoline && ra == st->trampoline)
+		ra = uretprobe_original(cfa - 8);
 	if (row->rbp_type == RBP_OFFSET) {
 		__u64 bp = 0;
 		if (bpf_probe_read_user(&bp, 8, (void *)(cfa + row->rbp_offset))) {
@@ -245,6 +304,7 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 		.bp = regs.rbp,
 		.pid = tgid,
 		.which = which,
+		.trampoline = uretprobe_trampoline(),
 	};
 	if (st.pc == 0)
 		return 0;

@@ -60,6 +60,10 @@ pub struct StackCount {
     pub id: u32,
     pub count: u64,
     pub off_cpu_ns: u64,
+    /// Contended GIL wait (ns) that began in this stack.
+    pub gil_wait_ns: u64,
+    /// On-CPU samples taken while the thread held the GIL.
+    pub gil_held: u64,
 }
 
 /// The current CLOCK_MONOTONIC time in ns, the clock BPF timestamps use.
@@ -85,6 +89,13 @@ pub struct Capture {
     pub samples: u64,
     /// The profile gets the `off_cpu/nanoseconds` type (`record --off-cpu`).
     pub off_cpu: bool,
+    /// The profile gets the `gil_wait` and `gil_held` types (`record --gil`).
+    pub gil: bool,
+    /// Contended GIL waits read, and their total.
+    pub gil_wait_events: u64,
+    pub gil_wait_ns: u64,
+    /// On-CPU samples per thread: (pid, thread label, samples), for the GIL table.
+    pub thread_samples: HashMap<u32, (u32, String, u64)>,
     /// Off-CPU intervals read from the ring buffer, and their total blocked time.
     pub off_cpu_events: u64,
     pub off_cpu_ns: u64,
@@ -234,7 +245,9 @@ impl Capture {
             python: py,
             complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
         };
-        if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
+        if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
+            self.count_gil_wait(key, h.timestamp_ns, h.value);
+        } else if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
             let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value));
             let from = match self.off_cpu_reported.get(&h.tid) {
                 Some(&(blocked_at, until, _)) if blocked_at == start => until.max(start),
@@ -249,7 +262,20 @@ impl Capture {
                 self.count_off_cpu(key, from, end - from);
             }
         } else {
-            self.count(key, h.timestamp_ns);
+            if self.gil {
+                let e = self
+                    .thread_samples
+                    .entry(h.tid)
+                    .or_insert_with(|| (h.pid, key.thread.clone(), 0));
+                e.2 += 1;
+                // The latest name: a Python thread's `threading` name becomes readable
+                // once the thread registered.
+                if e.1 != key.thread {
+                    e.1.clone_from(&key.thread);
+                }
+            }
+            let held = h.flags & pyrometer_ebpf::SAMPLE_GIL_HELD != 0;
+            self.count_sample(key, h.timestamp_ns, held);
         }
     }
 
@@ -283,7 +309,27 @@ impl Capture {
             id: next_id,
             count: 0,
             off_cpu_ns: 0,
+            gil_wait_ns: 0,
+            gil_held: 0,
         })
+    }
+
+    /// Adds one contended GIL wait of `key` that began at `timestamp_ns` and lasted
+    /// `waited_ns`.
+    pub fn count_gil_wait(&mut self, key: RawStack, timestamp_ns: u64, waited_ns: u64) {
+        let entry = self.entry(key);
+        entry.gil_wait_ns = entry.gil_wait_ns.saturating_add(waited_ns);
+        let sample = entry.id;
+        if let Some(t) = self.timeline.as_mut() {
+            t.push_off_cpu(OffCpuInterval {
+                timestamp_ns,
+                duration_ns: waited_ns,
+                sample,
+                gil: true,
+            });
+        }
+        self.gil_wait_events += 1;
+        self.gil_wait_ns = self.gil_wait_ns.saturating_add(waited_ns);
     }
 
     /// Adds one off-CPU interval of `key` that started at `timestamp_ns` and lasted
@@ -297,6 +343,7 @@ impl Capture {
                 timestamp_ns,
                 duration_ns: blocked_ns,
                 sample,
+                gil: false,
             });
         }
         self.off_cpu_events += 1;
@@ -305,8 +352,14 @@ impl Capture {
 
     /// Counts one sample of `key` taken at `timestamp_ns`.
     pub fn count(&mut self, key: RawStack, timestamp_ns: u64) {
+        self.count_sample(key, timestamp_ns, false);
+    }
+
+    /// Counts one sample; `gil_held`: its thread held the GIL.
+    fn count_sample(&mut self, key: RawStack, timestamp_ns: u64, gil_held: bool) {
         let entry = self.entry(key);
         entry.count += 1;
+        entry.gil_held += u64::from(gil_held);
         let id = entry.id;
         if let Some(a) = self.activity.as_mut() {
             a.add(timestamp_ns);
@@ -339,11 +392,7 @@ impl Capture {
         symbolizer: &mut Symbolizer,
         period_ns: i64,
     ) -> (Profile, Option<Timeline>) {
-        let mut profile = if self.off_cpu {
-            Profile::cpu_and_off_cpu(period_ns)
-        } else {
-            Profile::cpu(period_ns)
-        };
+        let mut profile = Profile::with_sources(period_ns, self.off_cpu, self.gil);
         // Raw stack id -> index into profile.samples.
         let mut sample_of = vec![0u32; self.stacks.len()];
         let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
@@ -374,6 +423,8 @@ impl Capture {
                 id,
                 count,
                 off_cpu_ns,
+                gil_wait_ns,
+                gil_held,
             },
         ) in stacks
         {
@@ -438,14 +489,17 @@ impl Capture {
                 }
                 None => labels,
             };
-            let n = i64::try_from(count).unwrap_or(i64::MAX);
-            let cpu = [n, n.saturating_mul(period_ns)];
-            let index = if self.off_cpu {
-                let off = i64::try_from(off_cpu_ns).unwrap_or(i64::MAX);
-                profile.add(stack, labels, &[cpu[0], cpu[1], off])
-            } else {
-                profile.add(stack, labels, &cpu)
-            };
+            let ns = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            let n = ns(count);
+            let mut values = vec![n, n.saturating_mul(period_ns)];
+            if self.off_cpu {
+                values.push(ns(off_cpu_ns));
+            }
+            if self.gil {
+                values.push(ns(gil_wait_ns));
+                values.push(ns(gil_held).saturating_mul(period_ns));
+            }
+            let index = profile.add(stack, labels, &values);
             sample_of[id as usize] = u32::try_from(index).unwrap_or(u32::MAX);
         }
         let timeline = self.timeline.map(|mut t| {
@@ -469,6 +523,7 @@ pub fn sync_tables(
     registry: &ProcessRegistry,
     mut unwinder: Option<&mut crate::unwinder::Unwinder>,
     python: &mut PyTracker,
+    mut probes: Option<&mut (dyn crate::bpf::Uprobes + '_)>,
     last_gc: &mut std::time::Instant,
 ) {
     changed.sort_unstable();
@@ -478,7 +533,7 @@ pub fn sync_tables(
             if let Some(u) = unwinder.as_deref_mut() {
                 let _ = u.sync_process(p);
             }
-            python.sync(p);
+            python.sync(p, probes.as_deref_mut());
         }
     }
     if last_gc.elapsed() >= std::time::Duration::from_secs(2) {

@@ -23,6 +23,8 @@ pub struct OffCpuInterval {
     pub timestamp_ns: u64,
     pub duration_ns: u64,
     pub sample: u32,
+    /// A wait for the GIL (`--gil`) rather than a blocked interval.
+    pub gil: bool,
 }
 
 /// Per-sample times, bounded: once `capacity` events are held, later samples are counted in

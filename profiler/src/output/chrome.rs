@@ -262,22 +262,28 @@ fn slice_event(
     })
 }
 
-/// An off-CPU interval as its own slice, named by the innermost user-space frame (where the
-/// code chose to block: the kernel leaf is always the scheduler), on the thread's track.
+/// An off-CPU interval (or a GIL wait) as its own slice, named by the innermost user-space
+/// frame (where the code chose to block: the kernel leaf is always the scheduler), on the
+/// thread's track.
 fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin: u64) -> Value {
     let leaf = chain
         .iter()
         .find(|f| !f.ends_with("_[k]"))
         .unwrap_or(&chain[0]);
+    let (cat, what, key) = if e.gil {
+        ("gil_wait", "GIL wait", "waited_ns")
+    } else {
+        ("off_cpu", "off-CPU", "blocked_ns")
+    };
     json!({
         "ph": "X",
-        "cat": "off_cpu",
-        "name": format!("off-CPU: {leaf}"),
+        "cat": cat,
+        "name": format!("{what}: {leaf}"),
         "pid": info.pid,
         "tid": info.tid,
         "ts": micros(e.timestamp_ns.saturating_sub(origin)),
         "dur": micros(e.duration_ns),
-        "args": { "stack": chain, "blocked_ns": e.duration_ns },
+        "args": { "stack": chain, key: e.duration_ns },
     })
 }
 
@@ -397,6 +403,13 @@ mod tests {
             timestamp_ns: t.origin_ns + 10 * MS,
             duration_ns: 100 * MS,
             sample: 1,
+            gil: false,
+        });
+        t.off_cpu.push(OffCpuInterval {
+            timestamp_ns: t.origin_ns + 200 * MS,
+            duration_ns: 5 * MS,
+            sample: 1,
+            gil: true,
         });
         let doc = to_chrome_trace(&p, &t).unwrap();
         let blocked: Vec<_> = slices(&doc, 11)
@@ -407,6 +420,11 @@ mod tests {
             blocked,
             [("off-CPU: main".to_string(), 10_000.0, 100_000.0)]
         );
+        let gil: Vec<_> = slices(&doc, 11)
+            .into_iter()
+            .filter(|s| s.0.starts_with("GIL wait"))
+            .collect();
+        assert_eq!(gil, [("GIL wait: main".to_string(), 200_000.0, 5_000.0)]);
     }
 
     #[test]

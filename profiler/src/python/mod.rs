@@ -2,6 +2,8 @@
 //! memory walker that reads a live interpreter's threads and frames without stopping it.
 //! `pyrometer dump` is built on [`dump`]; the BPF frame walker will reuse [`offsets`].
 
+pub mod gil;
+pub mod gil_report;
 pub mod linetable;
 pub mod memory;
 pub mod merge;

@@ -18,10 +18,13 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
+use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{self, ABSENT, PyOffsets};
 use super::version::{self, BinaryCache, PythonRuntime};
 use super::walk::{CodeObject, Walker};
+use crate::bpf::Uprobes;
+use crate::procs::BinaryKey;
 use crate::procs::Process;
 
 /// Code objects cached per process; past this the process's cache starts over.
@@ -85,8 +88,31 @@ pub struct TrackerStats {
     pub map_full: u64,
 }
 
+/// An interpreter binary to probe.
+struct GilTarget {
+    key: BinaryKey,
+    /// Openable from here.
+    path: PathBuf,
+    dir: Option<PathBuf>,
+    /// As the process maps it (for messages and debuglink paths).
+    seen: String,
+    build_id: Option<String>,
+}
+
+/// `--gil`: the probe sites of each interpreter binary, and which are attached.
+struct GilProbes {
+    debug_dirs: Vec<PathBuf>,
+    sites: HashMap<BinaryKey, Result<GilSites, String>>,
+    attached: HashSet<BinaryKey>,
+}
+
 pub struct PyTracker {
     map: Option<BpfHashMap<MapData, u32, PyProcess>>,
+    gil: Option<GilProbes>,
+    /// Registered processes whose GIL cannot be probed, and why.
+    gil_unavailable: HashMap<u32, String>,
+    /// The sites of every binary probed, for the summary.
+    gil_binaries: Vec<GilSites>,
     binaries: BinaryCache,
     procs: HashMap<u32, Tracked>,
     /// One line each, for the user: processes whose Python cannot be walked, and why.
@@ -102,6 +128,9 @@ impl PyTracker {
     pub fn new(map: Option<BpfHashMap<MapData, u32, PyProcess>>) -> Self {
         Self {
             map,
+            gil: None,
+            gil_unavailable: HashMap::new(),
+            gil_binaries: Vec::new(),
             binaries: BinaryCache::default(),
             procs: HashMap::new(),
             notices: Vec::new(),
@@ -115,6 +144,134 @@ impl PyTracker {
         self.stats
     }
 
+    /// Probes the GIL of every Python process registered from now on (`record --gil`);
+    /// debug files are looked for in `debug_dirs`.
+    pub fn enable_gil(&mut self, debug_dirs: Vec<PathBuf>) {
+        self.gil = Some(GilProbes {
+            debug_dirs,
+            sites: HashMap::new(),
+            attached: HashSet::new(),
+        });
+    }
+
+    /// The probe sites of each interpreter binary probed so far.
+    pub fn gil_binaries(&self) -> &[GilSites] {
+        &self.gil_binaries
+    }
+
+    /// Registered processes whose GIL could not be probed, with the reason.
+    pub fn gil_unavailable(&self) -> &HashMap<u32, String> {
+        &self.gil_unavailable
+    }
+
+    /// Attaches the GIL probes to the interpreter binary of `process` (once per binary).
+    fn attach_gil(
+        &mut self,
+        process: &Process,
+        rt: &PythonRuntime,
+        probes: &mut (dyn Uprobes + '_),
+    ) {
+        if self.gil.is_none() {
+            return;
+        }
+        let pid = process.pid;
+        let Some(binary) = process
+            .mappings()
+            .iter()
+            .find(|m| m.path == rt.path)
+            .and_then(|m| m.binary().cloned())
+        else {
+            return;
+        };
+        let target = GilTarget {
+            key: binary.key().clone(),
+            path: binary.path().to_path_buf(),
+            dir: binary.dir().map(Path::to_path_buf),
+            seen: rt.path.clone(),
+            build_id: binary.build_id().map(str::to_string),
+        };
+        match self.attach_gil_binary(&target, probes) {
+            Ok(()) => {
+                self.gil_unavailable.remove(&pid);
+            }
+            Err(reason) => {
+                self.notices.push(format!(
+                    "pid {pid} ({}): GIL view unavailable: {reason}; everything else is recorded",
+                    process.comm
+                ));
+                self.gil_unavailable.insert(pid, reason);
+            }
+        }
+    }
+
+    /// Attaches the GIL probes to an interpreter binary no process maps yet (the command
+    /// `record` is about to start), so its first GIL acquisitions are seen.
+    pub fn prepare_gil(
+        &mut self,
+        path: &Path,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let dev = meta.dev();
+        let target = GilTarget {
+            key: BinaryKey::Inode {
+                major: libc::major(dev),
+                minor: libc::minor(dev),
+                inode: meta.ino(),
+            },
+            path: path.to_path_buf(),
+            dir: path.parent().map(Path::to_path_buf),
+            seen: path.to_string_lossy().into_owned(),
+            build_id: crate::procs::read_build_id(path),
+        };
+        self.attach_gil_binary(&target, probes)
+    }
+
+    fn attach_gil_binary(
+        &mut self,
+        target: &GilTarget,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<(), String> {
+        let Some(gil) = self.gil.as_mut() else {
+            return Ok(());
+        };
+        if gil.attached.contains(&target.key) {
+            return Ok(());
+        }
+        let sites = gil
+            .sites
+            .entry(target.key.clone())
+            .or_insert_with(|| {
+                let debug = crate::symbolize::separate_debug_file(
+                    &target.path,
+                    target.dir.as_deref(),
+                    &target.seen,
+                    target.build_id.as_deref(),
+                    &gil.debug_dirs,
+                );
+                gil::find_sites(&target.path, &target.seen, debug.as_deref())
+                    .map_err(|e| e.to_string())
+            })
+            .clone()?;
+        let [enter, ret, drop] = crate::bpf::GIL_PROGRAMS;
+        let mut attach = |program: &str, offset: u64| {
+            probes
+                .attach_uprobe(program, &target.path, offset)
+                .map_err(|e| e.to_string())
+        };
+        for &off in &sites.take {
+            attach(enter, off)?;
+            attach(ret, off)?;
+        }
+        for &off in &sites.drop {
+            attach(drop, off)?;
+        }
+        gil.attached.insert(target.key.clone());
+        self.gil_binaries.push(sites);
+        Ok(())
+    }
+
     /// Messages gathered since the last call (one line each).
     pub fn take_notices(&mut self) -> Vec<String> {
         std::mem::take(&mut self.notices)
@@ -122,7 +279,7 @@ impl PyTracker {
 
     /// Registers `process` with the kernel walker when it runs a supported CPython (again
     /// after an exec into another image); a process that stopped being Python is forgotten.
-    pub fn sync(&mut self, process: &Process) {
+    pub fn sync(&mut self, process: &Process, probes: Option<&mut (dyn Uprobes + '_)>) {
         let pid = process.pid;
         let detected = version::detect_named(process, &mut self.binaries);
         let runtime = match detected {
@@ -170,6 +327,9 @@ impl PyTracker {
             return;
         }
         self.stats.processes += 1;
+        if let Some(probes) = probes {
+            self.attach_gil(process, &runtime, probes);
+        }
         self.procs.insert(
             pid,
             Tracked {
@@ -308,8 +468,22 @@ impl PyTracker {
         t.names.get(&tid).cloned()
     }
 
-    /// Forgets processes that are gone (every few seconds from the capture loop).
+    /// Forgets processes that are gone (every few seconds from the capture loop), and looks
+    /// again for the GIL of processes registered before their interpreter had one (3.12+
+    /// point to it from the interpreter state, which a just-started process may not have yet).
     pub fn gc(&mut self, proc_root: &Path) {
+        if let Some(map) = self.map.as_mut() {
+            for (&pid, t) in &self.procs {
+                if let Ok(mut entry) = map.get(&pid, 0)
+                    && entry.gil == 0
+                {
+                    entry.gil = gil_address(pid, &t.runtime, t.offsets);
+                    if entry.gil != 0 {
+                        let _ = map.insert(pid, entry, 0);
+                    }
+                }
+            }
+        }
         for pid in self.pids() {
             if !crate::target::alive(proc_root, pid) {
                 self.remove(pid);

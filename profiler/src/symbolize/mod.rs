@@ -34,6 +34,21 @@ pub const UNKNOWN: &str = "[unknown]";
 /// Directories searched for separate debug files unless configured otherwise.
 pub const DEFAULT_DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
 
+/// The separate debug file of a binary without debug information of its own (by build-id,
+/// then `.gnu_debuglink`), as the symbolizer finds it; `None` when the binary has its own or
+/// none is found. `dir` is the binary's directory as reachable from here, `seen` its path as
+/// the process saw it.
+pub fn separate_debug_file(
+    path: &Path,
+    dir: Option<&Path>,
+    seen: &str,
+    build_id: Option<&str>,
+    debug_dirs: &[PathBuf],
+) -> Option<PathBuf> {
+    let info = ElfInfo::load(path, dir, seen, build_id, debug_dirs)?;
+    (info.debug_syms && info.source != path).then_some(info.source)
+}
+
 /// Counts of input addresses (not output frames: inlining expands one address into several).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SymbolizerStats {

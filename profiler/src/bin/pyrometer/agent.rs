@@ -312,6 +312,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         unwind_rows: cfg.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
         off_cpu_min_ns: cfg.off_cpu_min_ns,
+        gil: false,
     })
     .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
     for &pid in &cfg.pids {
@@ -349,7 +350,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             if let Some(u) = unwinder.as_mut() {
                 let _ = u.sync_process(p);
             }
-            python.sync(p);
+            python.sync(p, None);
         }
     }
     sampler
@@ -463,6 +464,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             &registry,
             unwinder.as_mut(),
             &mut python,
+            None,
             &mut last_gc,
         );
         for notice in python.take_notices() {

@@ -89,6 +89,12 @@ pub struct RecordArgs {
     /// nothing past the switch and are left out.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "off_cpu")]
     off_cpu_min: Option<Duration>,
+    /// Also measure the GIL of Python processes: per thread, the time spent holding it and
+    /// waiting for it (uprobes on take_gil/drop_gil), a table at the end, the
+    /// `gil_wait/nanoseconds` type (contended waits by the stack that waited) and
+    /// `gil_held/nanoseconds` (on-CPU time holding the GIL).
+    #[arg(long)]
+    gil: bool,
     /// Which frames stacks of Python processes keep: `mixed` (Python frames, and native ones
     /// that are not the interpreter's own: extensions, libraries, the kernel), `python`
     /// (Python frames only, like py-spy) or `all` (every native frame too).
@@ -158,11 +164,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         args.format.as_deref(),
         OutputFormat::Svg,
     )?;
-    let probe = if args.off_cpu {
-        Profile::cpu_and_off_cpu(1)
-    } else {
-        Profile::cpu(1)
-    };
+    let probe = Profile::with_sources(1, args.off_cpu, args.gil);
     let type_index = match &args.sample_type {
         Some(t) => probe
             .type_index(t)
@@ -208,6 +210,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 .unwrap_or(pyrometer::bpf::DEFAULT_OFF_CPU_MIN);
             u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)
         }),
+        gil: args.gil,
     };
     let mut sampler = Sampler::load(&config)
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
@@ -223,6 +226,15 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut python = sampler
         .python_tracker()
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
+    let mut debug_dirs = args.debug_dirs.clone();
+    debug_dirs.extend(
+        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
+            .iter()
+            .map(PathBuf::from),
+    );
+    if args.gil {
+        python.enable_gil(debug_dirs.clone());
+    }
     let mut registry = ProcessRegistry::new();
 
     let mut root_pids: Vec<u32> = Vec::new();
@@ -252,13 +264,23 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                     if let Some(u) = unwinder.as_mut() {
                         let _ = u.sync_process(p);
                     }
-                    python.sync(p);
+                    python.sync(p, Some(&mut sampler));
                 }
             }
         }
         Targets::Command(argv) => {
+            let exe = command_path(&argv[0]);
             if let Some(u) = unwinder.as_mut() {
-                prewarm_command(u, &argv[0]);
+                prewarm_command(u, exe.as_deref());
+            }
+            // The GIL probes go in before the interpreter starts, so its first acquisitions
+            // count; a failure is reported when the process shows up.
+            if args.gil
+                && let Some(interpreter) = exe
+                    .as_deref()
+                    .and_then(pyrometer::python::version::interpreter_binary)
+            {
+                let _ = python.prepare_gil(&interpreter, &mut sampler);
             }
             let h = HeldChild::spawn(argv)
                 .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
@@ -320,6 +342,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         Capture::default()
     };
     capture.off_cpu = args.off_cpu;
+    capture.gil = args.gil;
     capture.frames = FrameView::parse(&args.frames).expect("clap checked the value");
     // A missing driver turns the GPU source off, not the recording.
     let mut poller = None;
@@ -367,6 +390,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             &registry,
             unwinder.as_mut(),
             &mut python,
+            Some(&mut sampler),
             &mut last_gc,
         );
         for notice in python.take_notices() {
@@ -417,6 +441,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     progress.finish_and_clear();
     let counters = sampler.counters();
     let bpf_stats = sampler.program_stats();
+    let gil_threads = sampler.gil_threads();
+    let stopped_ns = monotonic_now_ns();
     drop(sampler);
 
     if let Some(mut c) = child.take() {
@@ -430,12 +456,29 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let (off_cpu_events, off_cpu_ns) = (capture.off_cpu_events, capture.off_cpu_ns);
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
-    let mut debug_dirs = args.debug_dirs.clone();
-    debug_dirs.extend(
-        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
-            .iter()
-            .map(PathBuf::from),
-    );
+    let gil_table = args.gil.then(|| {
+        let period = 1_000_000_000 / args.frequency;
+        let rows = pyrometer::python::gil_report::rows(
+            &gil_threads,
+            &capture.thread_samples,
+            period,
+            stopped_ns,
+            |pid, tid| {
+                python
+                    .thread_name(pid, tid)
+                    .map(|n| n.to_string())
+                    .or_else(|| thread_comm(pid, tid))
+            },
+        );
+        let comm = |pid: u32| {
+            registry
+                .get(pid)
+                .map_or_else(|| "?".to_string(), |p| p.comm.clone())
+        };
+        pyrometer::python::gil_report::render(&rows, elapsed.as_nanos() as u64, comm)
+    });
+    let gil_unavailable = python.gil_unavailable().clone();
+    let (gil_wait_events, gil_wait_ns) = (capture.gil_wait_events, capture.gil_wait_ns);
     let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
     let sampled_pids = capture.pids.clone();
     let activity = capture.activity.take();
@@ -538,6 +581,24 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             counters.ringbuf_drops
         );
     }
+    if let Some(table) = &gil_table {
+        if table.is_empty() {
+            if gil_unavailable.is_empty() {
+                eprintln!("pyrometer: GIL: no Python thread took the GIL while probed");
+            }
+        } else {
+            eprint!(
+                "pyrometer: GIL over {:.1}s ({gil_wait_events} contended waits sampled with their stacks, {:.3}s; dropped: {} (stack map full), {} (thread map full)):\n{table}",
+                elapsed.as_secs_f64(),
+                gil_wait_ns as f64 / 1e9,
+                counters.python.gil_pending_full,
+                counters.python.gil_threads_full,
+            );
+        }
+        for (pid, reason) in &gil_unavailable {
+            eprintln!("pyrometer: GIL view unavailable for pid {pid}: {reason}");
+        }
+    }
     if counters.user_stack_errors + counters.kernel_stack_errors + capture_missing(counters) > 0 {
         eprintln!(
             "pyrometer: stack errors: {} user, {} kernel",
@@ -590,18 +651,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
 /// Builds the unwind tables a command will need first: its executable, and the dynamic
 /// loader and C library (the ones pyrometer itself maps, which a dynamically linked command on
 /// this system maps too).
-fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, program: &str) {
-    let exe = if program.contains('/') {
-        Some(PathBuf::from(program))
-    } else {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(program))
-                .find(|p| p.is_file())
-        })
-    };
+fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, exe: Option<&Path>) {
     if let Some(exe) = exe {
-        unwinder.prewarm(&exe);
+        unwinder.prewarm(exe);
     }
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut seen = std::collections::HashSet::new();
@@ -613,6 +665,19 @@ fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, program: &str) 
         if (name.starts_with("libc.so") || name.starts_with("ld-linux")) && seen.insert(path) {
             unwinder.prewarm(Path::new(path));
         }
+    }
+}
+
+/// The file a command name runs: as given when it has a `/`, else found along `PATH`.
+fn command_path(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        Some(PathBuf::from(program))
+    } else {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(program))
+                .find(|p| p.is_file())
+        })
     }
 }
 
@@ -641,6 +706,13 @@ fn default_output_name(targets: &Targets, format: OutputFormat) -> PathBuf {
         }
     };
     PathBuf::from(format!("pyrometer-{what}-{stamp}.{}", format.extension()))
+}
+
+/// A thread's kernel name, when it still exists.
+fn thread_comm(pid: u32, tid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 /// CPU time (user + system) this process has used so far.

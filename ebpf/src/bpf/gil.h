@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// GIL wait and hold time (`record --gil`): uprobes on CPython's take_gil (entry and return)
+// and drop_gil, attached by the agent to every interpreter binary a target maps (the symbols
+// are static: found in .symtab or the separate debug file, plus drop_gil's inlined copies
+// from DWARF). Per thread, `gil_threads` sums the time from take_gil's entry to its return
+// (waiting) and from there to drop_gil (holding); the agent reads the sums at the end.
+//
+// A wait that finds the GIL taken (contended) has its stack walked at take_gil's entry (native
+// and Python frames, into `gil_pending`) and is sent as one SAMPLE_GIL_WAIT record when
+// take_gil returns, weighted by the wait. Uncontended acquisitions cost two map updates and
+// are only summed. On-CPU samples of a thread that holds the GIL get SAMPLE_GIL_HELD, and the
+// sched_switch program does not count time blocked inside take_gil as off-CPU (gil_waiting).
+
+#pragma once
+
+struct gil_thread {
+	__u32 pid;
+	__u32 reserved;
+	__u64 wait_start; // take_gil entered and not returned yet, else 0
+	__u64 hold_start; // take_gil returned and drop_gil not hit yet, else 0
+	__u64 wait_ns;    // closed waits
+	__u64 hold_ns;    // closed holds
+	__u64 acquisitions;
+	__u64 contended; // acquisitions that found the GIL taken
+	__u64 first_ns;  // the thread's first take_gil
+	__u64 last_ns;   // its latest take_gil/drop_gil event
+};
+
+// tid -> the thread's GIL state and sums. Threads of targets only; bounded like the other
+// per-thread maps (16384 threads, 72 bytes each, allocated as threads first take the GIL).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct gil_thread);
+} gil_threads SEC(".maps");
+
+// tid -> the stack of a contended wait in progress (4 KiB each, 4096 threads waiting at once).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct offcpu_record);
+} gil_pending SEC(".maps");
+
+// tgid -> the thread that last acquired the GIL: when another thread acquires it, the previous
+// holder has released it, even where drop_gil was not seen (a copy inlined somewhere the
+// agent found no probe site for).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u32);
+} gil_holders SEC(".maps");
+
+static __always_inline int gil_waiting(__u32 tid)
+{
+	struct gil_thread *g = bpf_map_lookup_elem(&gil_threads, &tid);
+	return g && g->wait_start;
+}
+
+static __always_inline int gil_held(__u32 tid)
+{
+	struct gil_thread *g = bpf_map_lookup_elem(&gil_threads, &tid);
+	return g && g->hold_start;
+}
+
+static __always_inline void gil_close_hold(struct gil_thread *g, __u64 now)
+{
+	if (g->hold_start && now > g->hold_start)
+		g->hold_ns += now - g->hold_start;
+	g->hold_start = 0;
+}
+
+// Whether the GIL is taken right now (the `locked` word of the process's GIL state). Taken
+// when a registered process's GIL address is not known yet, so the stack is kept; not taken
+// for a process the agent has not registered yet (its interpreter is still starting, one
+// thread, and its stacks could not be walked anyway).
+static __always_inline int gil_locked(__u32 tgid)
+{
+	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!p)
+		return 0;
+	if (!p->gil || p->off.gil_locked == PY_ABSENT)
+		return 1;
+	__u32 locked = 1;
+	if (bpf_probe_read_user(&locked, sizeof(locked), (void *)(p->gil + p->off.gil_locked)))
+		return 1;
+	return locked != 0;
+}
+
+SEC("uprobe")
+int gil_take_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	if (!is_target(tgid))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	struct gil_thread *g = bpf_map_lookup_elem(&gil_threads, &tid);
+	if (!g) {
+		struct gil_thread fresh = { .pid = tgid, .first_ns = now };
+		bpf_map_update_elem(&gil_threads, &tid, &fresh, BPF_NOEXIST);
+		g = bpf_map_lookup_elem(&gil_threads, &tid);
+		if (!g) {
+			count(COUNTER_GIL_THREADS_FULL);
+			return 0;
+		}
+	}
+	// A thread asking for the GIL does not hold it.
+	gil_close_hold(g, now);
+	g->wait_start = now;
+	g->last_ns = now;
+	if (!gil_locked(tgid)) {
+		bpf_map_delete_elem(&gil_pending, &tid);
+		return 0;
+	}
+
+	__u32 zero = 0;
+	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
+	if (!rec)
+		return 0;
+	rec->hdr.timestamp_ns = now;
+	rec->hdr.pid = tgid;
+	rec->hdr.tid = tid;
+	rec->hdr.cpu = bpf_get_smp_processor_id();
+	rec->hdr.kernel_stack_id = -1;
+	rec->hdr.kernel_frames = 0;
+	rec->hdr.flags = SAMPLE_GIL_WAIT;
+	rec->hdr.py_frames = 0;
+	rec->hdr.value = 0;
+	rec->hdr.aux = 0;
+	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
+	__u32 frames = 0;
+	int walked = dwarf_unwind_regs(ctx, tgid, &rec->hdr, SCRATCH_PROBE);
+	if (walked >= 0) {
+		frames = walked;
+	} else {
+		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
+					   BPF_F_USER_STACK);
+		if (bytes > 0)
+			frames = bytes / sizeof(__u64);
+	}
+	if (frames > MAX_USER_FRAMES)
+		frames = MAX_USER_FRAMES;
+	rec->hdr.user_frames = frames;
+	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_PROBE);
+	if (bpf_map_update_elem(&gil_pending, &tid, rec, BPF_ANY))
+		count(COUNTER_GIL_PENDING_FULL);
+	return 0;
+}
+
+SEC("uretprobe")
+int gil_take_return(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	struct gil_thread *g = bpf_map_lookup_elem(&gil_threads, &tid);
+	if (!g || !g->wait_start)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 waited = now > g->wait_start ? now - g->wait_start : 0;
+	g->wait_ns += waited;
+	g->acquisitions += 1;
+	g->wait_start = 0;
+	g->hold_start = now;
+	g->last_ns = now;
+
+	// The previous holder let go before this thread got the GIL.
+	__u32 *holder = bpf_map_lookup_elem(&gil_holders, &tgid);
+	if (holder && *holder != tid) {
+		__u32 prev = *holder;
+		struct gil_thread *p = bpf_map_lookup_elem(&gil_threads, &prev);
+		if (p)
+			gil_close_hold(p, now);
+	}
+	bpf_map_update_elem(&gil_holders, &tgid, &tid, BPF_ANY);
+
+	struct offcpu_record *rec = bpf_map_lookup_elem(&gil_pending, &tid);
+	if (!rec)
+		return 0;
+	g->contended += 1;
+	rec->hdr.value = waited;
+	__u64 size = sizeof(rec->hdr) +
+		     ((__u64)rec->hdr.user_frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
+	if (size > sizeof(*rec))
+		size = sizeof(*rec);
+	if (bpf_ringbuf_output(&samples, rec, size, 0))
+		count(COUNTER_RINGBUF_DROPS);
+	else
+		count(COUNTER_GIL_WAIT_EVENTS);
+	bpf_map_delete_elem(&gil_pending, &tid);
+	return 0;
+}
+
+SEC("uprobe")
+int gil_drop(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct gil_thread *g = bpf_map_lookup_elem(&gil_threads, &tid);
+	if (g) {
+		__u64 now = bpf_ktime_get_ns();
+		gil_close_hold(g, now);
+		g->last_ns = now;
+	}
+	return 0;
+}
