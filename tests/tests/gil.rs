@@ -1,0 +1,299 @@
+//! `pyrometer record --gil` against fixtures/gil_threads.py on every CPython on the machine
+//! (pyenv 3.8–3.13, and Debian's python3.11 with its debug file): four CPU-bound threads
+//! each hold the GIL about a quarter of their time and wait for it the rest; threads in
+//! `time.sleep` are off-CPU, not waiting for the GIL. Needs root (uprobes, BPF).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use pyrometer_e2e::python::{Interpreter, debian, source};
+use pyrometer_e2e::*;
+
+/// One line of the GIL table.
+#[derive(Debug, Clone)]
+struct Row {
+    on_cpu: f64,
+    holds: f64,
+    waits: f64,
+}
+
+/// The table's thread lines: `name tid time on-CPU% holds% waits% contended/acquisitions`.
+fn table(stderr: &str) -> HashMap<String, Row> {
+    let mut rows = HashMap::new();
+    let mut inside = false;
+    for line in stderr.lines() {
+        if line.starts_with("pyrometer: GIL over") {
+            inside = true;
+            continue;
+        }
+        if !inside || !line.starts_with("    ") || line.trim_start().starts_with("thread ") {
+            if inside && !line.starts_with("  ") {
+                inside = false;
+            }
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let n = fields.len();
+        if n < 7 {
+            continue;
+        }
+        let pct = |s: &str| s.trim_end_matches('%').parse::<f64>().unwrap();
+        let name = fields[..n - 6].join(" ");
+        rows.insert(
+            name,
+            Row {
+                on_cpu: pct(fields[n - 4]),
+                holds: pct(fields[n - 3]),
+                waits: pct(fields[n - 2]),
+            },
+        );
+    }
+    rows
+}
+
+fn record_gil(python: &Interpreter, mode: &str, out: &Path, extra: &[&str]) -> String {
+    let script = source("gil_threads.py");
+    let mut args = vec!["record", "--gil", "-F", "199", "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        "--",
+        python.path.to_str().unwrap(),
+        script.to_str().unwrap(),
+        mode,
+        "2",
+    ]);
+    let result = pyrometer(&args);
+    assert_ok(&result);
+    stderr(&result)
+}
+
+/// Four spinners: each holds ~25 % and waits ~75 % (±10 pp) of its time; the contended waits
+/// are in the gil_wait type under spin().
+fn check_four_spinners(python: &Interpreter) {
+    if !python.present() {
+        return;
+    }
+    let label = &python.label;
+    let dir = scratch(&format!("gil-{}", label.replace(' ', "-")));
+    let out = dir.join("gil.pb.gz");
+    let err = record_gil(python, "cpu4", &out, &[]);
+    let rows = table(&err);
+    for k in 0..4 {
+        let name = format!("spinner-{k}");
+        let r = rows
+            .get(&name)
+            .unwrap_or_else(|| panic!("{label}: no {name} in the table:\n{err}"));
+        assert!(
+            (r.holds - 25.0).abs() <= 10.0,
+            "{label}: {name} holds {:.1} %:\n{err}",
+            r.holds
+        );
+        assert!(
+            (r.waits - 75.0).abs() <= 10.0,
+            "{label}: {name} waits {:.1} %:\n{err}",
+            r.waits
+        );
+        assert!(
+            r.on_cpu > 10.0,
+            "{label}: {name} on-CPU {:.1} %:\n{err}",
+            r.on_cpu
+        );
+    }
+    // The wait flame graph: contended waits by the Python line that waited.
+    let folded = dir.join("wait.folded");
+    let report = pyrometer(&[
+        "report",
+        out.to_str().unwrap(),
+        "--type",
+        "gil_wait",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert_ok(&report);
+    let stacks = read_folded(&folded);
+    let total: u64 = stacks.iter().map(|s| s.count).sum();
+    let in_spin: u64 = stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.starts_with("spin (")))
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        in_spin as f64 >= 0.8 * total as f64,
+        "{label}: {in_spin} of {total} ns of GIL wait under spin()"
+    );
+    // 4 threads x 2 s x ~75 %: several seconds of waiting.
+    assert!(total > 2_000_000_000, "{label}: {total} ns of GIL wait");
+    println!("{label}: {rows:?}");
+}
+
+#[test]
+fn four_spinners_3_8() {
+    if privileged() {
+        check_four_spinners(&Interpreter::pyenv(8));
+    }
+}
+
+#[test]
+fn four_spinners_3_9() {
+    if privileged() {
+        check_four_spinners(&Interpreter::pyenv(9));
+    }
+}
+
+#[test]
+fn four_spinners_3_10() {
+    if privileged() {
+        check_four_spinners(&Interpreter::pyenv(10));
+    }
+}
+
+#[test]
+fn four_spinners_3_11() {
+    if privileged() {
+        check_four_spinners(&Interpreter::pyenv(11));
+    }
+}
+
+#[test]
+fn four_spinners_3_12() {
+    if privileged() {
+        check_four_spinners(&Interpreter::pyenv(12));
+    }
+}
+
+#[test]
+fn four_spinners_3_13() {
+    if privileged() {
+        check_four_spinners(&Interpreter::pyenv(13));
+    }
+}
+
+/// Debian's stripped python3.11: the probe sites come from python3.11-dbg's debug file
+/// (take_gil.lto_priv.0, and drop_gil inlined into PyEval_SaveThread and others).
+#[test]
+fn four_spinners_debian_3_11() {
+    if privileged() {
+        check_four_spinners(&debian());
+    }
+}
+
+/// One spinner and three sleepers: the sleepers are off-CPU in time.sleep, not waiting for
+/// the GIL, and no off-CPU stack is a GIL wait.
+#[test]
+fn sleepers_are_off_cpu_not_waiting() {
+    if !privileged() {
+        return;
+    }
+    for python in [Interpreter::pyenv(11), Interpreter::pyenv(13), debian()] {
+        if !python.present() {
+            continue;
+        }
+        let label = &python.label;
+        let dir = scratch(&format!("gil-sleepers-{}", label.replace(' ', "-")));
+        let out = dir.join("gil.pb.gz");
+        let err = record_gil(&python, "sleepers", &out, &["--off-cpu"]);
+        let rows = table(&err);
+        for k in 0..3 {
+            let name = format!("sleeper-{k}");
+            let r = rows
+                .get(&name)
+                .unwrap_or_else(|| panic!("{label}: no {name}:\n{err}"));
+            assert!(
+                r.waits < 5.0,
+                "{label}: {name} waits {:.1} %:\n{err}",
+                r.waits
+            );
+            assert!(
+                r.on_cpu < 5.0,
+                "{label}: {name} on-CPU {:.1} %:\n{err}",
+                r.on_cpu
+            );
+        }
+        let spinner = &rows["spinner-0"];
+        assert!(spinner.holds > 85.0, "{label}: {spinner:?}\n{err}");
+
+        let p = read_pprof(&out);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let off = p
+            .sample_type
+            .iter()
+            .position(|t| s(t.r#type) == "off_cpu")
+            .expect("off_cpu type");
+        let mut sleeping = 0i64;
+        for smp in &p.sample {
+            let thread = smp
+                .label
+                .iter()
+                .find(|l| s(l.key) == "thread")
+                .map(|l| s(l.str));
+            let names: Vec<&str> = smp
+                .location_id
+                .iter()
+                .flat_map(|&id| {
+                    let loc = &p.location[id as usize - 1];
+                    loc.line
+                        .iter()
+                        .map(|l| s(p.function[l.function_id as usize - 1].name))
+                })
+                .collect();
+            if smp.value[off] > 0 {
+                assert!(
+                    !names.iter().any(|n| n.starts_with("take_gil")),
+                    "{label}: a GIL wait counted as off-CPU: {names:?}"
+                );
+            }
+            if thread.is_some_and(|t| t.starts_with("sleeper-")) && names.contains(&"nap") {
+                sleeping += smp.value[off];
+            }
+        }
+        // Three sleepers, ~2 s each, nearly all of it asleep in nap().
+        assert!(
+            sleeping > 4_500_000_000,
+            "{label}: {sleeping} ns off-CPU in nap()"
+        );
+    }
+}
+
+/// Without take_gil/drop_gil symbols (a stripped interpreter with no debug file): one line
+/// says the GIL view is unavailable and why, and the rest is recorded.
+#[test]
+fn without_symbols_the_gil_view_is_unavailable() {
+    if !privileged() {
+        return;
+    }
+    let system = debian();
+    if !system.present() {
+        return;
+    }
+    let dir = scratch("gil-nosymbols");
+    // A copy without its build-id note: its debug file can no longer be found.
+    let copy = dir.join("python3.11");
+    let status = std::process::Command::new("objcopy")
+        .args(["--remove-section", ".note.gnu.build-id"])
+        .arg(&system.path)
+        .arg(&copy)
+        .status()
+        .expect("objcopy");
+    assert!(status.success());
+    let stripped = Interpreter {
+        label: "stripped 3.11".into(),
+        path: copy.clone(),
+        minor: 11,
+    };
+    let out = dir.join("out.folded");
+    let err = record_gil(&stripped, "cpu4", &out, &[]);
+    assert!(
+        err.contains("GIL view unavailable")
+            && err.contains("no take_gil/drop_gil symbols")
+            && err.contains(copy.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(table(&err).is_empty(), "{err}");
+    let stacks = read_folded(&out);
+    assert!(
+        stacks
+            .iter()
+            .any(|s| s.frames.iter().any(|f| f.starts_with("spin ("))),
+        "Python frames are still recorded"
+    );
+}
