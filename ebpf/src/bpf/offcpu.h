@@ -34,7 +34,7 @@ const volatile __u64 offcpu_min_ns = 1000000;
 // Blocked target threads, tid -> the record sent when they run again. Bounded: 16384 threads
 // blocked at once is more than one node runs in practice; a thread that blocks while it is full
 // is counted (COUNTER_OFFCPU_MAP_FULL) and not tracked. Not preallocated, so memory follows the
-// number of threads actually blocked (2 KiB each, 34 MiB at most). Entries leave on switch-in;
+// number of threads actually blocked (4 KiB each, 68 MiB at most). Entries leave on switch-in;
 // a thread that exits while blocked is switched in to exit, and a dying thread's last switch
 // (TASK_DEAD) is not tracked, so nothing stays behind.
 struct {

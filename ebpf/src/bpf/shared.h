@@ -139,7 +139,7 @@ struct sample_record {
 
 // What sched_switch keeps for a blocked thread until it runs again: the header and user
 // frames of the record it will send (no inline kernel frames: a stack-map collision is
-// counted as a kernel stack error instead, which keeps each pending entry at 2 KiB).
+// counted as a kernel stack error instead, which keeps each pending entry at 4 KiB).
 struct offcpu_record {
 	struct sample_header hdr;
 	__u64 user[MAX_SLOTS];
