@@ -29,6 +29,9 @@ pub struct RayLabels {
     pub job: Option<String>,
 }
 
+/// Ray's own helper processes, titled like workers but running no user task.
+const SYSTEM_PROCESSES: &[&str] = &["DashboardAgent", "RuntimeEnvAgent"];
+
 /// Parses a `/proc/PID/cmdline` (NUL-separated; setproctitle may pad with NULs or spaces).
 pub fn parse_title(cmdline: &[u8], job: Option<String>) -> Option<RayLabels> {
     let first = cmdline.split(|&b| b == 0).next().unwrap_or_default();
@@ -36,7 +39,7 @@ pub fn parse_title(cmdline: &[u8], job: Option<String>) -> Option<RayLabels> {
     let rest = title.trim().strip_prefix("ray::")?;
     // Ray may append the arguments after a space; the task name is the first word.
     let task = rest.split_whitespace().next()?.to_string();
-    if task.is_empty() {
+    if task.is_empty() || SYSTEM_PROCESSES.contains(&task.as_str()) {
         return None;
     }
     let actor = task
@@ -46,13 +49,14 @@ pub fn parse_title(cmdline: &[u8], job: Option<String>) -> Option<RayLabels> {
     Some(RayLabels { task, actor, job })
 }
 
-/// `RAY_JOB_ID` from a `/proc/PID/environ`.
+/// `RAY_JOB_ID` from a `/proc/PID/environ`. Ray's nil id (all `f`: the workers it starts
+/// before a driver connects carry it for life) names no job.
 pub fn parse_job(environ: &[u8]) -> Option<String> {
     environ
         .split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(b"RAY_JOB_ID="))
         .map(|v| String::from_utf8_lossy(v).into_owned())
-        .filter(|v| !v.is_empty())
+        .filter(|v| !v.is_empty() && !v.bytes().all(|b| b == b'f' || b == b'F'))
 }
 
 struct Entry {
@@ -62,6 +66,9 @@ struct Entry {
     /// can tell a task switch without formatting anything.
     comm: String,
     job: Option<Option<String>>,
+    /// The actor class this worker ran methods of: between calls an actor's title is its
+    /// class alone (`ray::Trainer`), which names no method.
+    actor: Option<String>,
 }
 
 /// The 15 bytes of `title` the kernel keeps as a thread name (fewer at a UTF-8 boundary).
@@ -126,6 +133,7 @@ impl TitleCache {
             labels: None,
             comm: String::new(),
             job: None,
+            actor: None,
         });
         entry.read_at = Instant::now();
         if !is_ray {
@@ -140,7 +148,16 @@ impl TitleCache {
                     .and_then(|e| parse_job(&e))
             })
             .clone();
-        let fresh = parse_title(&cmdline, job);
+        let mut fresh = parse_title(&cmdline, job);
+        if let Some(l) = fresh.as_mut() {
+            match &l.actor {
+                Some(class) => entry.actor = Some(class.clone()),
+                None if entry.actor.as_deref() == Some(l.task.as_str()) => {
+                    l.actor = entry.actor.clone();
+                }
+                None => {}
+            }
+        }
         // Keep the same Arc while the title holds, so equal labels compare cheaply.
         if entry.labels.as_deref() != fresh.as_ref() {
             entry.comm = fresh
@@ -176,6 +193,9 @@ mod tests {
             Some("01000000".into())
         );
         assert_eq!(parse_job(b"HOME=/root\0"), None);
+        assert_eq!(parse_job(b"RAY_JOB_ID=ffffffff\0"), None, "the nil job");
+        assert_eq!(parse_title(b"ray::DashboardAgent\0", None), None);
+        assert_eq!(parse_title(b"ray::RuntimeEnvAgent\0", None), None);
     }
 
     #[test]
@@ -193,6 +213,13 @@ mod tests {
         let l = cache.labels(42, "ray::Actor.m").unwrap();
         assert_eq!(l.task, "Actor.m");
         assert_eq!(l.job.as_deref(), Some("07000000"));
+        // Between method calls the title is the class alone: still that actor.
+        std::fs::write(dir.join("cmdline"), b"ray::Actor\0").unwrap();
+        let l = cache.labels(42, "ray::Actor").unwrap();
+        assert_eq!(
+            (l.task.as_str(), l.actor.as_deref()),
+            ("Actor", Some("Actor"))
+        );
         assert_eq!(cache.labels(43, "python3"), None);
         // A process seen before it became a worker: its new thread name triggers a re-read.
         let dir = root.join("44");

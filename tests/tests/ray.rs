@@ -105,3 +105,272 @@ fn ray_task_labels_follow_the_title_at_sample_time() {
         a * 100.0
     );
 }
+
+/// The Ray venv `cargo xtask test` makes (`target/ray-venv`, ray from the Python registry).
+fn ray_venv() -> Option<std::path::PathBuf> {
+    let venv = std::env::var_os("PYROMETER_RAY_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ray-venv")
+        });
+    if venv.join("bin/ray").exists() {
+        Some(venv)
+    } else {
+        println!(
+            "skipping: no Ray at {} (cargo xtask test installs it from the Python registry)",
+            venv.display()
+        );
+        None
+    }
+}
+
+/// A private local Ray cluster: `ray start --head` in a session of its own, all of whose
+/// processes (GCS, raylet, workers) are killed on drop, so nothing outlives the test.
+struct Cluster {
+    session: i32,
+    address: String,
+    temp: std::path::PathBuf,
+}
+
+impl Cluster {
+    fn start(venv: &std::path::Path) -> Cluster {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // Short: Ray's Unix socket paths under it must stay below 108 bytes.
+        let temp = std::path::PathBuf::from(format!("/tmp/pyro-ray-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&temp);
+        std::fs::create_dir_all(&temp).unwrap();
+        let child = Command::new("setsid")
+            .arg(venv.join("bin/ray"))
+            .args([
+                "start",
+                "--head",
+                &format!("--port={port}"),
+                "--num-cpus=2",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                "--object-store-memory=100000000",
+            ])
+            .arg(format!("--temp-dir={}", temp.display()))
+            // Without this Ray prestarts workers before the driver connects, and those keep
+            // the nil job id for life.
+            .env("RAY_prestart_worker_first_driver", "0")
+            .env("RAY_USAGE_STATS_ENABLED", "0")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("ray start");
+        // setsid runs `ray start` as the leader of a new session: its id is the child's pid,
+        // and the daemons it starts (and their workers) stay in that session.
+        let cluster = Cluster {
+            session: child.id() as i32,
+            address: format!("127.0.0.1:{port}"),
+            temp,
+        };
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "ray start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster
+    }
+
+    /// Processes of the cluster's session.
+    fn members(&self) -> Vec<i32> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+                    // state ppid pgrp session
+                    rest.split_whitespace().nth(3) == Some(&self.session.to_string())
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            let members = self.members();
+            if members.is_empty() {
+                break;
+            }
+            for pid in members {
+                // SAFETY: plain kill(2) of processes this test started.
+                unsafe { libc_kill(pid, 9) };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir_all(&self.temp);
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// A real local Ray cluster (ray from the Python registry): two remote task types and an
+/// actor method doing 3:2:1 units of pure-Python work on reused workers
+/// (fixtures/ray_workload.py). The profile's ray_task/ray_actor/ray_job labels must split
+/// the CPU as the workload itself measured it, each under its own Python function.
+#[test]
+fn real_ray_cluster_tasks_and_actor() {
+    if !privileged() {
+        return;
+    }
+    let Some(venv) = ray_venv() else {
+        return;
+    };
+    let dir = scratch("ray-real");
+    let out = dir.join("ray.pb.gz");
+    let cluster = Cluster::start(&venv);
+    // Every Ray worker, those running and those Ray starts later (comm `ray::IDLE`, ...).
+    let mut record = Command::new(pyrometer_bin())
+        .args([
+            "record",
+            "--comm",
+            "ray::.*",
+            "-F",
+            "99",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("pyrometer record");
+    let stderr_lines = {
+        use std::io::BufRead;
+        let err = record.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        rx
+    };
+    let mut log = Vec::new();
+    loop {
+        let line = stderr_lines
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("pyrometer says it is sampling");
+        log.push(line.clone());
+        if line.contains("sampling") {
+            break;
+        }
+    }
+    let workload = Command::new(venv.join("bin/python"))
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/ray_workload.py"))
+        .args(["--rounds", "12"])
+        .env("RAY_ADDRESS", &cluster.address)
+        .output()
+        .expect("the Ray driver");
+    // SAFETY: plain kill(2) of our child: SIGINT ends the recording and writes the profile.
+    unsafe { libc_kill(record.id() as i32, 2) };
+    let status = record.wait().unwrap();
+    log.extend(stderr_lines.try_iter());
+    let text = String::from_utf8_lossy(&workload.stdout).into_owned();
+    assert!(
+        workload.status.success(),
+        "driver failed:\n{text}\n{}",
+        String::from_utf8_lossy(&workload.stderr)
+    );
+    drop(cluster);
+    assert!(status.success(), "record: {}", log.join("\n"));
+
+    // The workload's own account: job, pids per task type, the CPU split it measured.
+    let field = |line: &str, key: &str| -> String {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+            .to_string()
+    };
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}' line:\n{text}"))
+    };
+    let job = field(line("ready "), "job_id");
+    let split = line("split ");
+    let want: HashMap<&str, f64> = [
+        ("alpha", field(split, "alpha").parse().unwrap()),
+        ("beta", field(split, "beta").parse().unwrap()),
+        ("Counter.work", field(split, "actor").parse().unwrap()),
+    ]
+    .into();
+    let pids = |task: &str| -> std::collections::HashSet<String> {
+        field(line(&format!("{task} ")), "pids")
+            .split(',')
+            .map(str::to_string)
+            .collect()
+    };
+    // Reused workers: a task worker ran both task types (waves alternate their order).
+    assert!(
+        pids("alpha").intersection(&pids("beta")).next().is_some(),
+        "no worker ran both tasks:\n{text}"
+    );
+
+    let p = read_pprof(&out);
+    let mut by_task: HashMap<String, i64> = HashMap::new();
+    let (mut right, mut total) = (0i64, 0i64);
+    for (labels, names, n) in samples(&p) {
+        let Some(task) = labels.get("ray_task") else {
+            continue;
+        };
+        let function = match task.as_str() {
+            "alpha" => "alpha_work",
+            "beta" => "beta_work",
+            "Counter.work" => "actor_work",
+            _ => continue,
+        };
+        // Only the task's own work: the worker's other threads and its Ray plumbing around
+        // the call carry the label too.
+        let in_work = names.iter().any(|f| f.ends_with("_work"));
+        if !in_work {
+            continue;
+        }
+        assert_eq!(labels.get("ray_job"), Some(&job), "{labels:?}");
+        if task == "Counter.work" {
+            assert_eq!(
+                labels.get("ray_actor").map(String::as_str),
+                Some("Counter"),
+                "{labels:?}"
+            );
+        } else {
+            assert_eq!(labels.get("ray_actor"), None, "{labels:?}");
+        }
+        total += n;
+        if names.iter().any(|f| f == function) {
+            right += n;
+        }
+        *by_task.entry(task.clone()).or_default() += n;
+    }
+    assert!(
+        total >= 300,
+        "too few samples in the tasks' work: {total}; {by_task:?}"
+    );
+    assert!(
+        right as f64 >= 0.9 * total as f64,
+        "only {right} of {total} samples under their task's own function: {by_task:?}"
+    );
+    for (task, want) in &want {
+        let got = by_task.get(*task).copied().unwrap_or(0) as f64 / total as f64;
+        assert!(
+            (got - want).abs() <= 0.1,
+            "{task}: {:.1} % of the work's samples, the workload measured {:.1} %: {by_task:?}\n{text}",
+            got * 100.0,
+            want * 100.0
+        );
+    }
+    println!("ray: {by_task:?} against {want:?}");
+}

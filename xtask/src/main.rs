@@ -173,9 +173,59 @@ fn demo(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The CPython the Python-side tools are installed for (pyenv's shared 3.11 build, which the
+/// tests and benchmarks profile).
+fn pyenv_python() -> PathBuf {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    Path::new(&home).join(".pyenv/versions/3.11.7/bin/python3.11")
+}
+
+/// A virtual environment under `target/` with `packages` from the Python registry, made once
+/// (a marker file records what was installed). Returns None, after saying why, when it cannot
+/// be made: the tests that need it then print `skipping: …`.
+pub fn python_venv(root: &Path, name: &str, packages: &[&str]) -> Option<PathBuf> {
+    let venv = root.join("target").join(name);
+    let marker = venv.join(".pyrometer-installed");
+    let want = packages.join(" ");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return Some(venv);
+    }
+    let python = pyenv_python();
+    if !python.exists() {
+        eprintln!(
+            "{} is missing: not making {} ({want})",
+            python.display(),
+            venv.display()
+        );
+        return None;
+    }
+    let made = run(Command::new(&python)
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv))
+    .and_then(|()| {
+        run(Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(packages))
+    });
+    match made {
+        Ok(()) => {
+            std::fs::write(&marker, &want).ok()?;
+            Some(venv)
+        }
+        Err(e) => {
+            eprintln!("cannot make {} ({want}): {e:#}", venv.display());
+            None
+        }
+    }
+}
+
+/// Ray for the real-cluster test (`tests/tests/ray.rs`), pinned.
+pub const RAY_PACKAGES: &[&str] = &["ray==2.60.0"];
+
 /// fmt, clippy and the whole suite. Extra arguments go to nextest (e.g. a test filter).
 fn test(extra: &[String]) -> Result<()> {
     deps()?;
+    python_venv(&workspace_root(), "ray-venv", RAY_PACKAGES);
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args([
         "clippy",
