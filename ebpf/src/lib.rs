@@ -90,6 +90,9 @@ pub const PY_FIRSTLINE_SHIFT: u32 = 32;
 pub const PY_FIRSTLINE_MASK: u64 = 0x7fff_ffff;
 /// The outermost Python frame of one `_PyEval_EvalFrameDefault` call.
 pub const PY_ENTRY_BIT: u64 = 1 << 63;
+/// Second slot of a pair whose code is 0: a 3.12+ shim frame; the frame before it is the
+/// outermost of its eval call.
+pub const PY_SHIM_MARK: u64 = 0x5348_494d;
 /// Bytes of a frame the kernel walker reads at once.
 pub const PY_FRAME_READ_MAX: u32 = 128;
 /// Number of `u32` fields of `struct py_offsets` (the agent's `PyOffsets`).
@@ -290,14 +293,24 @@ impl<'a> RawSample<'a> {
         words(&self.bytes[start..start + self.header.user_frames as usize * 8])
     }
 
-    /// Python frames, innermost first.
-    pub fn python_frames(&self) -> impl Iterator<Item = RawPyFrame> + '_ {
+    /// Python frames, innermost first; shim markers become the entry mark of the frame
+    /// before them.
+    pub fn python_frames(&self) -> Vec<RawPyFrame> {
         let start = size_of::<SampleHeader>() + self.header.user_frames as usize * 8;
         let bytes = &self.bytes[start..start + self.header.py_frames as usize * 16];
-        bytes.chunks_exact(16).map(|c| {
+        let mut out: Vec<RawPyFrame> = Vec::with_capacity(self.header.py_frames as usize);
+        for c in bytes.chunks_exact(16) {
             let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
-            RawPyFrame::from_slots(w(&c[..8]), w(&c[8..]))
-        })
+            let (code, packed) = (w(&c[..8]), w(&c[8..]));
+            if code == 0 && packed == PY_SHIM_MARK {
+                if let Some(last) = out.last_mut() {
+                    last.entry = true;
+                }
+                continue;
+            }
+            out.push(RawPyFrame::from_slots(code, packed));
+        }
+        out
     }
 
     /// Kernel addresses copied into the record (stack-map collisions only), leaf first.
@@ -395,20 +408,24 @@ mod tests {
         let mut rec = OffCpuRecord {
             header: SampleHeader {
                 user_frames: 1,
-                py_frames: 2,
+                py_frames: 3,
                 ..SampleHeader::default()
             },
             user: [0; MAX_SLOTS],
         };
+        rec.header.py_frames = 3;
         rec.user[0] = 0x4000;
         rec.user[1] = 0xc0de;
         rec.user[2] = 12 | (7 << PY_FIRSTLINE_SHIFT);
-        rec.user[3] = 0xc0df;
-        rec.user[4] = u64::from(PY_ADDR_UNKNOWN) | PY_ENTRY_BIT;
+        // A shim marker: the frame before it is the outermost of its eval call.
+        rec.user[3] = 0;
+        rec.user[4] = PY_SHIM_MARK;
+        rec.user[5] = 0xc0df;
+        rec.user[6] = u64::from(PY_ADDR_UNKNOWN) | PY_ENTRY_BIT;
         let bytes = rec.to_record(0);
         let s = RawSample::parse(&bytes).unwrap();
         assert_eq!(s.user_frames().collect::<Vec<_>>(), [0x4000]);
-        let py: Vec<_> = s.python_frames().collect();
+        let py = s.python_frames();
         assert_eq!(
             py,
             [
@@ -416,7 +433,7 @@ mod tests {
                     code: 0xc0de,
                     addr: 12,
                     first_line: 7,
-                    entry: false
+                    entry: true
                 },
                 RawPyFrame {
                     code: 0xc0df,

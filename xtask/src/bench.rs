@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side,
-//! then DWARF unwinding costs and the collector's ingest and query figures.
+//! then the Python overhead against py-spy (pybench.rs), DWARF unwinding costs and the
+//! collector's ingest and query figures.
 //!
 //! The workload (tests/fixtures/cpu631.c) times its own work loop, so pyrometer's start-up
 //! and symbolization are excluded. Runs alternate alone / under pyrometer, and the figures
@@ -16,7 +17,7 @@ use crate::run;
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {
@@ -139,6 +140,7 @@ pub fn bench(root: &Path) -> Result<()> {
         "  samples per run (mean)             {:>10}",
         samples_total / pairs as u64
     );
+    crate::pybench::bench(root, &pyrometer, pairs)?;
     unwind_bench(root, &pyrometer, &dir)?;
     collector_bench(root)
 }

@@ -7,6 +7,7 @@
 //! - `bench` overhead figures measured side by side (see bench.rs)
 
 mod bench;
+mod pybench;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

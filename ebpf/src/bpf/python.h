@@ -146,7 +146,7 @@ struct py_walk {
 	__u64 frame;
 	__u32 which;      // SCRATCH_*: whose record and frame buffer
 	__u32 base;       // first slot of the Python frames (after the native frames)
-	__u32 count;      // Python frames written
+	__u32 used;       // slot pairs written (frames and shim markers)
 	__u32 flags;      // PY_WALK_*
 	__u32 frame_read;
 	__u32 frame_kind;
@@ -187,6 +187,11 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 {
 	if (!w->frame)
 		return 1;
+	// One slot pair per call, at the loop index (a counter carried in `w` would keep the
+	// verifier from settling the loop); the frame stays in `w` when the slots run out.
+	__u32 at = w->base + 2 * index;
+	if (index >= MAX_PY_FRAMES || at + 1 >= MAX_SLOTS)
+		return 1;
 	__u64 *slots = scratch_slots(w->which);
 	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &w->which);
 	if (!slots || !fb)
@@ -202,21 +207,21 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 	__u64 previous = buf_u64(fb->bytes, w->frame_previous);
 	if (previous == w->frame)
 		previous = 0;
+	// barrier_var (bpf_helpers.h) keeps the masks below: without it clang drops them on the
+	// strength of the range check above, which the verifier does not connect to this register.
+	__u32 i0 = at, i1 = at + 1;
+	barrier_var(i0);
+	barrier_var(i1);
 	if (w->cstack_owner != PY_ABSENT &&
 	    buf_u8(fb->bytes, w->frame_owner) == (__u8)w->cstack_owner) {
 		// A shim _PyEval_EvalFrameDefault pushes on entry (3.12+): the frame below it is
-		// the outermost of that call.
-		if (w->count > 0) {
-			__u32 prev = w->base + 2 * (w->count - 1) + 1;
-			barrier_var(prev);
-			slots[prev & (MAX_SLOTS - 1)] |= PY_ENTRY_BIT;
-		}
+		// the outermost of that call. The agent reads the marker and marks that frame.
+		slots[i0 & (MAX_SLOTS - 1)] = 0;
+		slots[i1 & (MAX_SLOTS - 1)] = PY_SHIM_MARK;
+		w->used = index + 1;
 		w->frame = previous;
 		return 0;
 	}
-	__u32 at = w->base + 2 * w->count;
-	if (at + 1 >= MAX_SLOTS || w->count >= MAX_PY_FRAMES)
-		return 1; // the frame stays in w->frame: truncated
 	__u64 addr = PY_ADDR_UNKNOWN;
 	__u64 entry = 0;
 	if (w->frame_kind == PY_FRAME_OBJECT) {
@@ -234,16 +239,11 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 	__u32 firstline = 0;
 	if (bpf_probe_read_user(&firstline, sizeof(firstline), (void *)(code + w->code_firstlineno)))
 		firstline = 0;
-	// barrier_var (bpf_helpers.h) keeps the masks below: without it clang drops them on the
-	// strength of the range check above, which the verifier does not connect to this register.
-	__u32 i0 = at, i1 = at + 1;
-	barrier_var(i0);
-	barrier_var(i1);
 	slots[i0 & (MAX_SLOTS - 1)] = code;
 	slots[i1 & (MAX_SLOTS - 1)] =
 		(addr & PY_ADDR_MASK) |
 		(((__u64)firstline & PY_FIRSTLINE_MASK) << PY_FIRSTLINE_SHIFT) | entry;
-	w->count++;
+	w->used = index + 1;
 	w->frame = previous;
 	return 0;
 }
@@ -283,9 +283,8 @@ static __always_inline void py_walk_current(__u32 tgid, __u32 tid, struct sample
 		.code_firstlineno = p->off.code_firstlineno,
 		.lasti_unit = p->off.lasti_unit,
 	};
-	// Shim frames take an iteration each without adding a frame.
-	bpf_loop(2 * MAX_PY_FRAMES, py_walk_step, &w, 0);
-	hdr->py_frames = w.count;
+	bpf_loop(MAX_PY_FRAMES, py_walk_step, &w, 0);
+	hdr->py_frames = w.used;
 	if (w.flags & PY_WALK_READ_ERROR) {
 		hdr->flags |= SAMPLE_PY_READ_ERROR;
 		count(COUNTER_PY_READ_ERRORS);

@@ -7,7 +7,8 @@
 // walks up to this many frames with bpf_loop.
 #define MAX_USER_FRAMES 256
 #define MAX_KERNEL_FRAMES 127
-// Python frames a record holds (innermost first), two slots each, after the native ones.
+// Python frame pairs a record holds (innermost first, shim markers included), two slots
+// each, after the native ones.
 #define MAX_PY_FRAMES 128
 // Slots of a record: native return addresses, then Python frame pairs. A power of two, so
 // an index can be masked for the verifier.
@@ -130,6 +131,9 @@ struct sample_header {
 #define PY_FIRSTLINE_SHIFT 32          // bits 32-62: co_firstlineno, to tell a reused address apart
 #define PY_FIRSTLINE_MASK 0x7fffffffULL
 #define PY_ENTRY_BIT (1ULL << 63)      // the outermost frame of one _PyEval_EvalFrameDefault call
+// A pair whose code is 0 and second slot this: a 3.12+ shim frame, no Python code; the frame
+// before it (innermost side) is the outermost of its eval call.
+#define PY_SHIM_MARK 0x5348494dULL
 
 struct sample_record {
 	struct sample_header hdr;

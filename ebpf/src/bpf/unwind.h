@@ -186,7 +186,10 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 	__u64 *user = scratch_slots(st->which);
 	if (!user)
 		return 1;
-	__u32 n = st->frames;
+	// Each call adds one frame, so the loop index is the frame's slot. Indexing by it rather
+	// than by a counter carried in `st` keeps that state alike from one iteration to the
+	// next, which lets the verifier settle the loop instead of walking all its iterations.
+	__u32 n = index;
 	if (n >= MAX_USER_FRAMES) {
 		st->stop_reason = COUNTER_UNWIND_TRUNCATED;
 		return 1;

@@ -150,8 +150,9 @@ impl Capture {
     /// Names the record's Python frames now, while the process can still be read.
     fn python_frames(&mut self, sample: &RawSample, python: &mut PyTracker) -> Vec<u32> {
         let pid = sample.header.pid;
-        let mut out = Vec::with_capacity(sample.header.py_frames as usize);
-        for f in sample.python_frames() {
+        let frames = sample.python_frames();
+        let mut out = Vec::with_capacity(frames.len());
+        for f in frames {
             self.py_frames_seen += 1;
             let Some(name) = python.resolve(pid, f) else {
                 self.py_unresolved += 1;
