@@ -34,7 +34,9 @@ fn main() {
         "-fno-optimize-sibling-calls",
         "-fno-inline",
     ];
-    for name in ["cpu631", "syscalls", "fail", "regress", "raytitle"] {
+    for name in [
+        "cpu631", "syscalls", "fail", "regress", "raytitle", "allocs",
+    ] {
         gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &fp);
     }
     // The candidate build of a CI gate: crunch() made 2x slower by a define.
@@ -85,6 +87,15 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("create build-id dir");
     std::fs::rename(&tmp_debug, dir.join(format!("{}.debug", &build_id[2..])))
         .expect("place debug file");
+
+    // A static executable with its symbols stripped: no allocator to find for --alloc.
+    let static_alloc = out.join("allocs-static");
+    gcc(
+        &fixtures.join("allocs.c"),
+        &static_alloc,
+        &["-O1", "-static"],
+    );
+    run(Command::new("strip").arg(&static_alloc));
 
     println!("cargo:rustc-env=FIXTURE_DIR={}", out.display());
     println!("cargo:rustc-env=FIXTURE_DEBUG_DIR={}", debug_dir.display());

@@ -61,6 +61,33 @@ pub const SAMPLE_GIL_HELD: u32 = 256;
 /// `timestamp_ns`, in the stack the record carries (taken when the wait began).
 pub const SAMPLE_GIL_WAIT: u32 = 512;
 
+/// `SampleHeader::flags`: a sampled allocation; `value` is its size, `aux` its address.
+pub const SAMPLE_ALLOC: u32 = 1024;
+/// `SampleHeader::flags`: a sampled block was freed (header only); `aux` is its address.
+pub const SAMPLE_FREE: u32 = 2048;
+
+/// Allocator entry points, the probe cookie the kernel side dispatches on (`ALLOC_*` in
+/// alloc.h).
+pub mod alloc_kind {
+    pub const MALLOC: u32 = 1;
+    pub const CALLOC: u32 = 2;
+    pub const REALLOC: u32 = 3;
+    pub const ALIGNED: u32 = 4;
+    pub const POSIX_MEMALIGN: u32 = 5;
+    pub const FREE: u32 = 6;
+    pub const VALLOC: u32 = 7;
+    pub const PY_MALLOC: u32 = 8;
+    pub const PY_CALLOC: u32 = 9;
+    pub const PY_REALLOC: u32 = 10;
+    pub const PY_FREE: u32 = 11;
+    pub const REALLOCARRAY: u32 = 12;
+
+    /// Frees have no return probe.
+    pub fn is_free(kind: u32) -> bool {
+        kind == FREE || kind == PY_FREE
+    }
+}
+
 /// Mirror of `struct gil_thread`: one thread's GIL state and sums in `gil_threads`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -188,6 +215,10 @@ pub mod counter {
     pub const GIL_WAIT_EVENTS: u32 = 20;
     pub const GIL_PENDING_FULL: u32 = 21;
     pub const GIL_THREADS_FULL: u32 = 22;
+    pub const ALLOC_SAMPLES: u32 = 23;
+    pub const ALLOC_FREES: u32 = 24;
+    pub const ALLOC_LIVE_FULL: u32 = 25;
+    pub const ALLOC_THREADS_FULL: u32 = 26;
     pub const COUNT: u32 = 32;
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader, Endianness};
 use pyrometer_ebpf as shared;
@@ -23,13 +23,39 @@ pub const DEFAULT_OFF_CPU_MIN: std::time::Duration = std::time::Duration::from_m
 
 /// Something that attaches uprobe programs (the sampler; tests use a recorder).
 pub trait Uprobes {
-    /// Attaches `program` at file offset `offset` of the binary at `path`.
+    /// Attaches `program` at file offset `offset` of the binary at `path`, for every process.
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError>;
+    /// Attaches `program` at `offset` of `path` for process `pid` only, with `cookie`.
+    fn attach_process_probe(
+        &mut self,
+        program: &'static str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        pid: u32,
+    ) -> Result<(), BpfError>;
+    /// Detaches the probes attached for `pid` (it exited).
+    fn detach_process_probes(&mut self, pid: u32);
 }
 
 impl Uprobes for Sampler {
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
         Sampler::attach_uprobe(self, program, path, offset)
+    }
+
+    fn attach_process_probe(
+        &mut self,
+        program: &'static str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        pid: u32,
+    ) -> Result<(), BpfError> {
+        Sampler::attach_process_probe(self, program, path, offset, cookie, pid)
+    }
+
+    fn detach_process_probes(&mut self, pid: u32) {
+        Sampler::detach_process_probes(self, pid)
     }
 }
 
@@ -59,7 +85,31 @@ pub struct SamplerConfig {
     /// GIL wait and hold time: loads the take_gil/drop_gil probe programs, attached per
     /// interpreter binary with [`Sampler::attach_uprobe`].
     pub gil: bool,
+    /// Allocation sampling: loads the allocator probe programs, attached per process.
+    pub alloc: Option<AllocConfig>,
 }
+
+/// How allocations are sampled (`record --alloc`, the agent's `--alloc-*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocConfig {
+    /// Mean bytes between samples; 1 samples every allocation.
+    pub sample_bytes: u64,
+    /// Capacity of the kernel's table of sampled blocks still allocated.
+    pub live_entries: u32,
+    /// Only processes added with [`Sampler::add_alloc_target`] (the agent), rather than every
+    /// target (`record`).
+    pub own_targets: bool,
+}
+
+/// `--alloc-sample-bytes` default: tcmalloc's and Go's rate.
+pub const DEFAULT_ALLOC_SAMPLE_BYTES: u64 = 512 * 1024;
+/// `--alloc-live` default: sampled blocks tracked at once (about 80 bytes each in the kernel).
+pub const DEFAULT_ALLOC_LIVE: u32 = 262_144;
+
+/// The allocator probe programs: every entry point's entry, and the return of those that
+/// return a block.
+pub const ALLOC_ENTER: &str = "alloc_enter";
+pub const ALLOC_RETURN: &str = "alloc_return";
 
 impl Default for SamplerConfig {
     fn default() -> Self {
@@ -71,6 +121,7 @@ impl Default for SamplerConfig {
             unwind_rows: 1 << 20,
             off_cpu_min_ns: None,
             gil: false,
+            alloc: None,
         }
     }
 }
@@ -108,6 +159,7 @@ pub struct Counters {
     /// Threads that blocked while `offcpu_pending` was full (their interval is lost).
     pub offcpu_map_full: u64,
     pub python: PythonCounters,
+    pub alloc: AllocCounters,
 }
 
 /// The kernel's Python frame walker: stacks of registered Python processes.
@@ -129,6 +181,19 @@ pub struct PythonCounters {
     pub gil_pending_full: u64,
     /// Threads whose GIL time was not tracked (`gil_threads` full).
     pub gil_threads_full: u64,
+}
+
+/// The allocation probes (`--alloc`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocCounters {
+    /// Sampled allocations sent.
+    pub samples: u64,
+    /// Frees of sampled blocks sent.
+    pub frees: u64,
+    /// Sampled blocks not tracked for their free (`alloc_live` full).
+    pub live_full: u64,
+    /// Allocator calls not seen (`alloc_threads` full).
+    pub threads_full: u64,
 }
 
 /// Why DWARF walks stopped early, and how many reached the outermost frame.
@@ -166,6 +231,10 @@ pub struct Sampler {
     py_procs: Option<BpfHashMap<MapData, u32, shared::PyProcess>>,
     /// With `--gil`: per-thread GIL state and sums.
     gil_threads: Option<BpfHashMap<MapData, u32, shared::GilThread>>,
+    /// The agent's allocation targets.
+    alloc_targets: Option<BpfHashMap<MapData, u32, u32>>,
+    /// Probes attached for one process, detached when it is forgotten.
+    pid_probes: std::collections::HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// With off-CPU time: blocked threads' pending intervals, and the minimum reported.
     offcpu: Option<(BpfHashMap<MapData, u32, shared::OffCpuRecord>, u64)>,
 }
@@ -198,7 +267,14 @@ impl Sampler {
         } else {
             1
         };
-        let uretprobes_used = u32::from(config.gil);
+        let uretprobes_used = u32::from(config.gil || config.alloc.is_some());
+        let alloc = config.alloc.unwrap_or(AllocConfig {
+            sample_bytes: DEFAULT_ALLOC_SAMPLE_BYTES,
+            live_entries: 1,
+            own_targets: false,
+        });
+        let alloc_filter = u32::from(alloc.own_targets);
+        let alloc_entries = |n: u32| if config.alloc.is_some() { n } else { 1 };
         // Without --gil the GIL maps stay in the object, one entry each.
         let gil_entries = |n: u32| if config.gil { n } else { 1 };
         let mut ebpf = EbpfLoader::new()
@@ -210,6 +286,11 @@ impl Sampler {
             .map_max_entries("gil_threads", gil_entries(16384))
             .map_max_entries("gil_pending", gil_entries(4096))
             .map_max_entries("gil_holders", gil_entries(4096))
+            .override_global("alloc_sample_bytes", &alloc.sample_bytes, true)
+            .override_global("alloc_filter", &alloc_filter, true)
+            .map_max_entries("alloc_live", alloc_entries(alloc.live_entries.max(1)))
+            .map_max_entries("alloc_threads", alloc_entries(16384))
+            .map_max_entries("alloc_targets", if alloc.own_targets { 4096 } else { 1 })
             .map_max_entries("samples", config.ring_buffer_bytes)
             .map_max_entries("unwind_rows", config.unwind_rows.max(1))
             .map_max_entries("offcpu_pending", offcpu_entries)
@@ -237,8 +318,15 @@ impl Sampler {
                 reason: error_chain(&e),
             })?;
         }
+        let mut uprobes: Vec<&str> = Vec::new();
         if config.gil {
-            for name in GIL_PROGRAMS {
+            uprobes.extend(GIL_PROGRAMS);
+        }
+        if config.alloc.is_some() {
+            uprobes.extend([ALLOC_ENTER, ALLOC_RETURN]);
+        }
+        {
+            for name in uprobes {
                 let prog: &mut UProbe = ebpf
                     .program_mut(name)
                     .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
@@ -274,6 +362,14 @@ impl Sampler {
             .map_err(|e| BpfError::Map("unwind_procs", e.to_string()))?;
         let py_procs = BpfHashMap::try_from(take(&mut ebpf, "py_procs")?)
             .map_err(|e| BpfError::Map("py_procs", e.to_string()))?;
+        let alloc_targets = if config.alloc.is_some_and(|a| a.own_targets) {
+            Some(
+                BpfHashMap::try_from(take(&mut ebpf, "alloc_targets")?)
+                    .map_err(|e| BpfError::Map("alloc_targets", e.to_string()))?,
+            )
+        } else {
+            None
+        };
         let gil_threads = if config.gil {
             Some(
                 BpfHashMap::try_from(take(&mut ebpf, "gil_threads")?)
@@ -301,6 +397,8 @@ impl Sampler {
             unwind_rows: config.unwind_rows.max(1),
             py_procs: Some(py_procs),
             gil_threads,
+            alloc_targets,
+            pid_probes: std::collections::HashMap::new(),
             offcpu,
         })
     }
@@ -351,6 +449,70 @@ impl Sampler {
             what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
             reason: error_chain(&e),
         })
+    }
+
+    /// Attaches `program` (`ALLOC_ENTER` or `ALLOC_RETURN`) at file offset `offset` of the
+    /// binary at `path` for process `pid` only, passing `cookie` to the program.
+    pub fn attach_process_probe(
+        &mut self,
+        program: &'static str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        pid: u32,
+    ) -> Result<(), BpfError> {
+        let scope = std::num::NonZeroU32::new(pid)
+            .map(UProbeScope::OneProcess)
+            .ok_or_else(|| BpfError::Attach {
+                what: format!("uprobe {program}"),
+                reason: "pid 0".into(),
+            })?;
+        let prog: &mut UProbe = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| BpfError::Load(format!("program {program} missing from object")))?
+            .try_into()
+            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+        let link = prog
+            .attach(
+                UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(offset),
+                    cookie: Some(cookie),
+                },
+                path,
+                scope,
+            )
+            .map_err(|e| BpfError::Attach {
+                what: format!(
+                    "uprobe {program} at {}+{offset:#x} for pid {pid}",
+                    path.display()
+                ),
+                reason: error_chain(&e),
+            })?;
+        self.pid_probes
+            .entry(pid)
+            .or_default()
+            .push((program, link));
+        Ok(())
+    }
+
+    /// Detaches the probes attached for `pid` (it exited).
+    pub fn detach_process_probes(&mut self, pid: u32) {
+        for (program, link) in self.pid_probes.remove(&pid).unwrap_or_default() {
+            if let Some(Ok(prog)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
+                let _ = prog.detach(link);
+            }
+        }
+    }
+
+    /// Adds a process to the agent's allocation targets.
+    pub fn add_alloc_target(&mut self, pid: u32) -> Result<(), BpfError> {
+        match self.alloc_targets.as_mut() {
+            Some(map) => map
+                .insert(pid, 1, 0)
+                .map_err(|e| BpfError::Map("alloc_targets", e.to_string())),
+            None => Ok(()),
+        }
     }
 
     /// Every thread's GIL state and sums (`--gil`), by tid.
@@ -488,6 +650,12 @@ impl Sampler {
                 gil_wait_events: sum(shared::counter::GIL_WAIT_EVENTS),
                 gil_pending_full: sum(shared::counter::GIL_PENDING_FULL),
                 gil_threads_full: sum(shared::counter::GIL_THREADS_FULL),
+            },
+            alloc: AllocCounters {
+                samples: sum(shared::counter::ALLOC_SAMPLES),
+                frees: sum(shared::counter::ALLOC_FREES),
+                live_full: sum(shared::counter::ALLOC_LIVE_FULL),
+                threads_full: sum(shared::counter::ALLOC_THREADS_FULL),
             },
         }
     }

@@ -2,9 +2,11 @@
 //! registry and symbolizer, the aggregator, and the local outputs.
 
 pub mod agent_metrics;
+pub mod alloc;
 pub mod bpf;
 pub mod capture;
 pub mod diff;
+pub mod elfsyms;
 pub mod gpu;
 pub mod input;
 pub mod model;
@@ -17,5 +19,6 @@ pub mod ray;
 pub mod signals;
 pub mod spool;
 pub mod symbolize;
+pub mod tables;
 pub mod target;
 pub mod unwinder;

@@ -198,6 +198,22 @@ pub struct Profile {
     pub comments: Vec<String>,
 }
 
+/// What a capture measured beyond CPU samples: each adds sample types.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sources {
+    pub off_cpu: bool,
+    pub gil: bool,
+    pub alloc: bool,
+}
+
+/// The allocation types, in the profile's order (Go's heap profile names).
+pub const ALLOC_TYPES: [(&str, &str); 4] = [
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+];
+
 /// A sample type a profile does not have.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("profile has no sample type '{wanted}'; it has: {}", available.join(", "))]
@@ -240,24 +256,37 @@ impl Profile {
     /// intervals 0 samples and CPU time, so each type's totals mean what they say; CPU stays
     /// the default type.
     pub fn cpu_and_off_cpu(period_ns: i64) -> Self {
-        Self::with_sources(period_ns, true, false)
+        Self::with_sources(
+            period_ns,
+            Sources {
+                off_cpu: true,
+                ..Sources::default()
+            },
+        )
     }
 
     /// The profile of a capture: the CPU types, then `off_cpu/nanoseconds` with off-CPU time,
-    /// then `gil_wait/nanoseconds` (contended GIL waits, by the stack that waited) and
-    /// `gil_held/nanoseconds` (on-CPU time of threads holding the GIL) with `--gil`. Each
-    /// record carries only its own type's value; CPU stays the default type.
-    pub fn with_sources(period_ns: i64, off_cpu: bool, gil: bool) -> Self {
+    /// `gil_wait/nanoseconds` (contended GIL waits, by the stack that waited) and
+    /// `gil_held/nanoseconds` (on-CPU time of threads holding the GIL) with `--gil`, and Go's
+    /// heap types `alloc_objects/count`, `alloc_space/bytes`, `inuse_objects/count`,
+    /// `inuse_space/bytes` with allocation sampling. Each record carries only its own type's
+    /// value; CPU stays the default type.
+    pub fn with_sources(period_ns: i64, sources: Sources) -> Self {
         let mut p = Self::cpu(period_ns);
-        if off_cpu {
+        if sources.off_cpu {
             p.sample_types
                 .push(SampleType::new("off_cpu", "nanoseconds"));
         }
-        if gil {
+        if sources.gil {
             p.sample_types
                 .push(SampleType::new("gil_wait", "nanoseconds"));
             p.sample_types
                 .push(SampleType::new("gil_held", "nanoseconds"));
+        }
+        if sources.alloc {
+            for (name, unit) in ALLOC_TYPES {
+                p.sample_types.push(SampleType::new(name, unit));
+            }
         }
         p
     }

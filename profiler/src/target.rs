@@ -27,6 +27,26 @@ fn processes(proc_root: &Path) -> impl Iterator<Item = (u32, std::path::PathBuf)
         })
 }
 
+/// The processes whose comm matches `re` and that are not in `known` (which gains them),
+/// pyrometer itself excepted.
+pub fn new_comm_matches(re: &regex::Regex, known: &mut HashSet<u32>) -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for (pid, dir) in processes(Path::new("/proc")) {
+        if pid == me || known.contains(&pid) {
+            continue;
+        }
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if re.is_match(comm.trim_end_matches('\n')) {
+            known.insert(pid);
+            out.push(pid);
+        }
+    }
+    out
+}
+
 /// Adds the processes whose comm matches `re` and that are not in `known` (which gains them)
 /// as targets, pyrometer itself excepted, each after its unwind tables are loaded so that none
 /// of its samples is walked without them. Returns one message per pid that could not be
@@ -41,24 +61,14 @@ pub fn add_comm_matches(
     follow_children: bool,
 ) -> Vec<String> {
     let mut errors = Vec::new();
-    let me = std::process::id();
-    for (pid, dir) in processes(Path::new("/proc")) {
-        if pid == me || known.contains(&pid) {
-            continue;
+    for pid in new_comm_matches(re, known) {
+        if let Some(u) = unwinder.as_deref_mut()
+            && let Ok(p) = registry.observe(pid)
+        {
+            let _ = u.sync_process(p);
         }
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-            continue;
-        };
-        if re.is_match(comm.trim_end_matches('\n')) {
-            known.insert(pid);
-            if let Some(u) = unwinder.as_deref_mut()
-                && let Ok(p) = registry.observe(pid)
-            {
-                let _ = u.sync_process(p);
-            }
-            if let Err(e) = sampler.add_target(pid, follow_children) {
-                errors.push(format!("cannot target pid {pid}: {e}"));
-            }
+        if let Err(e) = sampler.add_target(pid, follow_children) {
+            errors.push(format!("cannot target pid {pid}: {e}"));
         }
     }
     errors

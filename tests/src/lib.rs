@@ -164,3 +164,61 @@ pub fn read_pprof(path: &Path) -> pyrometer_proto::Profile {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     pyrometer_proto::decode(&bytes).expect("valid pprof")
 }
+
+/// One pprof sample as the tests look at it: its labels (numbers as text), its function
+/// names leaf first (inlined ones included), and its values.
+#[derive(Debug, Clone)]
+pub struct PprofSample {
+    pub labels: HashMap<String, String>,
+    pub functions: Vec<String>,
+    pub values: Vec<i64>,
+}
+
+/// Every sample of a decoded pprof profile, resolved to names.
+pub fn pprof_samples(p: &pyrometer_proto::Profile) -> Vec<PprofSample> {
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let functions: HashMap<u64, String> = p.function.iter().map(|f| (f.id, s(f.name))).collect();
+    let locations: HashMap<u64, Vec<String>> = p
+        .location
+        .iter()
+        .map(|l| {
+            let names = l
+                .line
+                .iter()
+                .filter_map(|line| functions.get(&line.function_id).cloned())
+                .collect();
+            (l.id, names)
+        })
+        .collect();
+    p.sample
+        .iter()
+        .map(|smp| PprofSample {
+            labels: smp
+                .label
+                .iter()
+                .map(|l| {
+                    let value = if l.str != 0 {
+                        s(l.str)
+                    } else {
+                        l.num.to_string()
+                    };
+                    (s(l.key), value)
+                })
+                .collect(),
+            functions: smp
+                .location_id
+                .iter()
+                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
+                .collect(),
+            values: smp.value.clone(),
+        })
+        .collect()
+}
+
+/// The index of sample type `name` in a decoded pprof profile.
+pub fn pprof_type(p: &pyrometer_proto::Profile, name: &str) -> usize {
+    p.sample_type
+        .iter()
+        .position(|t| p.string_table[t.r#type as usize] == name)
+        .unwrap_or_else(|| panic!("no sample type {name}"))
+}

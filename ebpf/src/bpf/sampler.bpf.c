@@ -135,6 +135,7 @@ static __always_inline int is_target(__u32 tgid)
 }
 
 #include "gil.h"
+#include "alloc.h"
 
 SEC("perf_event")
 int on_cpu_clock(struct bpf_perf_event_data *ctx)

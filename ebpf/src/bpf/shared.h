@@ -44,6 +44,11 @@
 // A contended GIL wait (record --gil): the stack is the one at take_gil's entry,
 // timestamp_ns is when the wait began and value its length in ns.
 #define SAMPLE_GIL_WAIT 512
+// A sampled allocation (record --alloc): value is its size in bytes, aux its address; the
+// stack is the allocator's caller's.
+#define SAMPLE_ALLOC 1024
+// A sampled block was freed (header only): aux is its address.
+#define SAMPLE_FREE 2048
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -69,6 +74,10 @@
 #define COUNTER_GIL_WAIT_EVENTS 20   // contended GIL waits sent
 #define COUNTER_GIL_PENDING_FULL 21  // a contended wait's stack not kept: gil_pending was full
 #define COUNTER_GIL_THREADS_FULL 22  // a thread's GIL time not tracked: gil_threads was full
+#define COUNTER_ALLOC_SAMPLES 23     // sampled allocations sent
+#define COUNTER_ALLOC_FREES 24       // frees of sampled blocks sent
+#define COUNTER_ALLOC_LIVE_FULL 25   // a sampled block not tracked for frees: alloc_live was full
+#define COUNTER_ALLOC_THREADS_FULL 26 // an allocator call not seen: alloc_threads was full
 #define COUNTER_COUNT 32
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.

@@ -86,6 +86,20 @@ static __always_inline __u64 uretprobe_original(__u64 slot)
 	return 0;
 }
 
+// A thread stopped inside the trampoline page (returning through a uretprobe): it is really
+// at the return address of the innermost pending uretprobe, with the stack as after that
+// return. Returns 0 when there is none.
+static __always_inline int uretprobe_in_trampoline(__u64 *pc, __u64 *sp)
+{
+	struct task_struct___pyro *task = (void *)bpf_get_current_task();
+	struct return_instance___pyro *ri = BPF_CORE_READ(task, utask, return_instances);
+	if (!ri)
+		return 0;
+	*pc = BPF_CORE_READ(ri, orig_ret_vaddr);
+	*sp = BPF_CORE_READ(ri, stack) + 8;
+	return 1;
+}
+
 struct unwind_state {
 	__u64 pc;
 	__u64 sp;
@@ -309,6 +323,8 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 		.which = which,
 		.trampoline = uretprobe_trampoline(),
 	};
+	if (st.trampoline && st.pc - st.trampoline < 4096)
+		uretprobe_in_trampoline(&st.pc, &st.sp);
 	if (st.pc == 0)
 		return 0;
 	bpf_loop(MAX_USER_FRAMES + 1, unwind_step, &st, 0);

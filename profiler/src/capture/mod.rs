@@ -17,13 +17,15 @@ use pyrometer_ebpf::RawSample;
 use std::sync::Arc;
 
 use crate::bpf::Sampler;
-use crate::model::{Frame, FrameKind, Interner, LabelValue, Labels, Profile};
+use crate::model::{Frame, FrameKind, Interner, LabelValue, Labels, Profile, Sources};
 use crate::procs::ProcessRegistry;
 use crate::python::merge::{self, FrameView};
 use crate::python::tracker::{PyFrameName, PyTracker};
 use crate::symbolize::Symbolizer;
 
+mod alloc;
 mod timeline;
+pub use alloc::{AllocState, LiveBlock};
 pub use timeline::{
     Activity, CounterPoint, CounterTrack, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
     DEFAULT_TIMELINE_EVENTS, OffCpuInterval, Timeline, TimelineEvent,
@@ -96,6 +98,10 @@ pub struct Capture {
     pub gil_wait_ns: u64,
     /// On-CPU samples per thread: (pid, thread label, samples), for the GIL table.
     pub thread_samples: HashMap<u32, (u32, String, u64)>,
+    /// Allocation sampling (`--alloc`): the profile gets the allocation types.
+    pub alloc: Option<AllocState>,
+    /// Times the live-block table was full and its older half dropped.
+    pub alloc_live_dropped: u64,
     /// Off-CPU intervals read from the ring buffer, and their total blocked time.
     pub off_cpu_events: u64,
     pub off_cpu_ns: u64,
@@ -185,7 +191,12 @@ impl Capture {
             return;
         };
         let h = sample.header;
+        if h.flags & pyrometer_ebpf::SAMPLE_FREE != 0 {
+            self.count_free(h.pid, h.aux);
+            return;
+        }
         if h.flags & pyrometer_ebpf::SAMPLE_EVENT_EXEC != 0 {
+            self.forget_allocations(h.pid);
             self.pids.insert(h.pid);
             if registry.exec(h.pid).is_ok() {
                 self.maps_changed.push(h.pid);
@@ -198,7 +209,14 @@ impl Capture {
                 self.maps_changed.push(h.pid);
             }
         }
-        let user: Vec<u64> = sample.user_frames().collect();
+        let mut user: Vec<u64> = sample.user_frames().collect();
+        // An allocation's stack is taken at the allocator's return: its innermost address is
+        // a return address too, and one byte back names the call (as for the other frames).
+        if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0
+            && let Some(leaf) = user.first_mut()
+        {
+            *leaf = leaf.saturating_sub(1);
+        }
         // Any frame outside the known mappings means the map changed since it was read (the
         // loader mapped libraries after exec, or a dlopen); refresh is rate-limited.
         if user.iter().any(|&a| registry.find(h.pid, a).is_none())
@@ -246,7 +264,9 @@ impl Capture {
             python: py,
             complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
         };
-        if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
+        if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0 {
+            self.count_alloc(key, h.value, h.aux, h.timestamp_ns);
+        } else if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
             self.count_gil_wait(key, h.timestamp_ns, h.value);
         } else if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
             let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value));
@@ -388,12 +408,20 @@ impl Capture {
     /// Like [`Capture::into_profile`], and also returns the timeline (when kept) with its
     /// events pointing at the profile's samples.
     pub fn into_profile_and_timeline(
-        self,
+        mut self,
         registry: &mut ProcessRegistry,
         symbolizer: &mut Symbolizer,
         period_ns: i64,
     ) -> (Profile, Option<Timeline>) {
-        let mut profile = Profile::with_sources(period_ns, self.off_cpu, self.gil);
+        let in_use = self.in_use_by_id();
+        let mut profile = Profile::with_sources(
+            period_ns,
+            Sources {
+                off_cpu: self.off_cpu,
+                gil: self.gil,
+                alloc: self.alloc.is_some(),
+            },
+        );
         // Raw stack id -> index into profile.samples.
         let mut sample_of = vec![0u32; self.stacks.len()];
         let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
@@ -500,6 +528,11 @@ impl Capture {
                 values.push(ns(gil_wait_ns));
                 values.push(ns(gil_held).saturating_mul(period_ns));
             }
+            if let Some(a) = &self.alloc {
+                let (objects, bytes) = a.sums(id);
+                let (live_objects, live_bytes) = in_use.get(&id).copied().unwrap_or_default();
+                values.extend([objects, bytes, live_objects, live_bytes].map(|v| v.round() as i64));
+            }
             let index = profile.add(stack, labels, &values);
             sample_of[id as usize] = u32::try_from(index).unwrap_or(u32::MAX);
         }
@@ -513,37 +546,6 @@ impl Capture {
             t
         });
         (profile, timeline)
-    }
-}
-
-/// Brings the kernel's per-process tables up to date for the processes whose maps changed
-/// (new processes, exec, dlopen): DWARF unwind tables (without `--unwind fp`) and Python
-/// registrations; every few seconds, forgets processes that are gone.
-pub fn sync_tables(
-    changed: &mut Vec<u32>,
-    registry: &ProcessRegistry,
-    mut unwinder: Option<&mut crate::unwinder::Unwinder>,
-    python: &mut PyTracker,
-    mut probes: Option<&mut (dyn crate::bpf::Uprobes + '_)>,
-    last_gc: &mut std::time::Instant,
-) {
-    changed.sort_unstable();
-    changed.dedup();
-    for pid in changed.drain(..) {
-        if let Some(p) = registry.get(pid) {
-            if let Some(u) = unwinder.as_deref_mut() {
-                let _ = u.sync_process(p);
-            }
-            python.sync(p, probes.as_deref_mut());
-        }
-    }
-    if last_gc.elapsed() >= std::time::Duration::from_secs(2) {
-        *last_gc = std::time::Instant::now();
-        let proc_root = std::path::Path::new("/proc");
-        if let Some(u) = unwinder {
-            u.gc(proc_root);
-        }
-        python.gc(proc_root);
     }
 }
 

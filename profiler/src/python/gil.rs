@@ -13,7 +13,9 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSymbol};
+
+use crate::elfsyms::{file_offset, is_copy_of, loads};
 
 /// Probe sites of one interpreter binary, as file offsets of the binary (what uprobes take).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -37,34 +39,6 @@ pub enum GilError {
     NoSymbols { binary: String, hint: String },
     #[error("cannot read {0}: {1}")]
     Read(String, String),
-}
-
-/// Is `name` a copy of `function` to probe: `take_gil`, `take_gil.constprop.0`,
-/// `take_gil.lto_priv.0`, but not `take_gil.cold`.
-fn is_copy_of(name: &str, function: &str) -> bool {
-    match name.strip_prefix(function) {
-        Some("") => true,
-        Some(rest) => rest.starts_with('.') && !rest.split('.').any(|p| p == "cold"),
-        None => false,
-    }
-}
-
-/// PT_LOAD segments of an ELF image: (virtual address, file offset, file size).
-fn loads(obj: &object::File<'_>) -> Vec<(u64, u64, u64)> {
-    obj.segments()
-        .map(|s| {
-            let (off, size) = s.file_range();
-            (s.address(), off, size)
-        })
-        .filter(|&(_, _, size)| size > 0)
-        .collect()
-}
-
-fn file_offset(loads: &[(u64, u64, u64)], vaddr: u64) -> Option<u64> {
-    loads
-        .iter()
-        .find(|&&(addr, _, size)| addr <= vaddr && vaddr < addr + size)
-        .map(|&(addr, off, _)| vaddr - addr + off)
 }
 
 /// Finds the probe sites of `binary` (`shown` is its path for messages). `debug_file` is its
@@ -261,17 +235,6 @@ fn low_pc<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn copies_are_told_by_name() {
-        assert!(is_copy_of("take_gil", "take_gil"));
-        assert!(is_copy_of("take_gil.constprop.0", "take_gil"));
-        assert!(is_copy_of("take_gil.lto_priv.0", "take_gil"));
-        assert!(!is_copy_of("take_gil.cold", "take_gil"));
-        assert!(!is_copy_of("take_gil.lto_priv.0.cold", "take_gil"));
-        assert!(!is_copy_of("take_gil_x", "take_gil"));
-        assert!(!is_copy_of("drop_gil", "take_gil"));
-    }
 
     /// Against the machine's interpreters: pyenv's builds have symbols of their own (3.8 a
     /// second take_gil copy); Debian's python3.11 needs its debug file and has drop_gil inlined.

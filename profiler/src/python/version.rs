@@ -399,58 +399,20 @@ fn read_at_vaddr(elf: &object::File<'_>, addr: u64, len: u64) -> Option<Vec<u8>>
 }
 
 /// The interpreter binary a Python executable will run: the `libpython3.X.so` it links
-/// against (searched along its RUNPATH/RPATH, `$ORIGIN` expanded, then the usual library
-/// directories), else the executable itself when it holds the runtime (a static build);
-/// `None` for anything else. For preparing probes before a command starts.
+/// against, else the executable itself when it holds the runtime (a static build); `None` for
+/// anything else. For preparing probes before a command starts.
 pub fn interpreter_binary(exe: &Path) -> Option<std::path::PathBuf> {
-    use object::elf;
-    use object::read::elf::{Dyn, FileHeader};
     let exe = fs::canonicalize(exe).ok()?;
+    if let Some(lib) = crate::elfsyms::needed_libraries(&exe)
+        .into_iter()
+        .find(|l| {
+            l.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libpython"))
+        })
+    {
+        return Some(lib);
+    }
     let data = fs::read(&exe).ok()?;
-    let header = elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
-    let endian = header.endian().ok()?;
-    let sections = header.sections(endian, &*data).ok()?;
-    let mut needed = Vec::new();
-    let mut dirs = Vec::new();
-    if let Some((entries, link)) = sections.dynamic(endian, &*data).ok().flatten() {
-        let strings = sections.strings(endian, &*data, link).ok()?;
-        for d in entries {
-            let Ok(value) = d.string(endian, strings) else {
-                continue;
-            };
-            let value = String::from_utf8_lossy(value).into_owned();
-            match d.tag32(endian) {
-                Some(elf::DT_NEEDED) if value.starts_with("libpython") => needed.push(value),
-                Some(elf::DT_RUNPATH | elf::DT_RPATH) => {
-                    let origin = exe.parent().map(|p| p.to_string_lossy().into_owned());
-                    for dir in value.split(':').filter(|d| !d.is_empty()) {
-                        let dir = match &origin {
-                            Some(o) => dir.replace("$ORIGIN", o).replace("${ORIGIN}", o),
-                            None => dir.to_string(),
-                        };
-                        dirs.push(std::path::PathBuf::from(dir));
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    if let Some(lib) = needed.first() {
-        if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
-            dirs.extend(std::env::split_paths(&paths));
-        }
-        dirs.extend(
-            [
-                "/lib/x86_64-linux-gnu",
-                "/usr/lib/x86_64-linux-gnu",
-                "/usr/local/lib",
-                "/lib",
-                "/usr/lib",
-            ]
-            .map(std::path::PathBuf::from),
-        );
-        return dirs.iter().map(|d| d.join(lib)).find(|p| p.is_file());
-    }
     let obj = object::File::parse(&*data).ok()?;
     let has_runtime = obj
         .dynamic_symbols()

@@ -96,6 +96,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// `524288`, `512K`, `1M`, `2G` (powers of 1024), at least 1.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.as_bytes().last() {
+        Some(b'k' | b'K') => (&t[..t.len() - 1], 10),
+        Some(b'm' | b'M') => (&t[..t.len() - 1], 20),
+        Some(b'g' | b'G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let v: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid size '{s}' (e.g. 512K, 1M, 1)"))?;
+    if v == 0 {
+        return Err("a size must be at least 1 byte".into());
+    }
+    v.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size '{s}' is too large"))
+}
+
 /// Parses `30s`, `1.5m`, `500ms`, `2h` or a plain number of seconds.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
@@ -142,6 +161,10 @@ mod tests {
 
     #[test]
     fn durations() {
+        assert_eq!(parse_bytes("512K"), Ok(512 * 1024));
+        assert_eq!(parse_bytes("1"), Ok(1));
+        assert_eq!(parse_bytes("2m"), Ok(2 << 20));
+        assert!(parse_bytes("0").is_err() && parse_bytes("x").is_err());
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));

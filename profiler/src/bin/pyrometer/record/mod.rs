@@ -8,22 +8,30 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Args;
-use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
+use pyrometer::alloc::AllocProbes;
+use pyrometer::bpf::{AllocConfig, Filter, Sampler, SamplerConfig};
 use pyrometer::capture::{
-    Activity, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
-    DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns, sync_tables,
+    Activity, AllocState, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
+    DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns,
 };
 use pyrometer::gpu::{self, Poller};
-use pyrometer::model::Profile;
+use pyrometer::model::{Profile, Sources};
 use pyrometer::output::{self, OutputFormat};
 use pyrometer::procs::ProcessRegistry;
 use pyrometer::python::merge::FrameView;
 use pyrometer::symbolize::Symbolizer;
+use pyrometer::tables::Tables;
 use pyrometer::target::{self, HeldChild};
 use pyrometer::{privileges, signals};
 
 use crate::gpu::NvmlArgs;
-use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration, resolve_format};
+use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_bytes, parse_duration, resolve_format};
+
+mod summary;
+mod targets;
+
+use summary::{AllocReport, GilReport, RunReport, leak_sites, self_cpu_ns, thread_comm};
+use targets::{Targets, command_path, prewarm_command};
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
@@ -53,8 +61,9 @@ pub struct RecordArgs {
     /// Output format (overrides the extension): folded, svg, pprof, speedscope, chrome.
     #[arg(short, long)]
     format: Option<String>,
-    /// Sample type for single-type outputs (folded, svg, speedscope): cpu, samples, or
-    /// off_cpu (with --off-cpu).
+    /// Sample type for single-type outputs (folded, svg, speedscope): samples (default), cpu,
+    /// off_cpu (with --off-cpu), gil_wait, gil_held (with --gil), alloc_space (the default
+    /// with --alloc), alloc_objects, inuse_space (the default with --leaks), inuse_objects.
     #[arg(short = 't', long = "type", value_name = "TYPE")]
     sample_type: Option<String>,
     /// Ring buffer size in MiB (a power of two); larger absorbs longer agent stalls.
@@ -95,6 +104,26 @@ pub struct RecordArgs {
     /// `gil_held/nanoseconds` (on-CPU time holding the GIL).
     #[arg(long)]
     gil: bool,
+    /// Also sample allocations: uprobes on each target's allocator (malloc, calloc, realloc,
+    /// free and the aligned ones, in libc, jemalloc or tcmalloc, and CPython's pymalloc), a
+    /// sample every --alloc-sample-bytes bytes on average, as the alloc_objects, alloc_space,
+    /// inuse_objects and inuse_space types (estimates).
+    #[arg(long, conflicts_with = "all")]
+    alloc: bool,
+    /// Mean bytes between allocation samples (512K by default; 1 samples every allocation,
+    /// exact counts at a higher cost). Accepts K, M, G suffixes.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    alloc_sample_bytes: Option<u64>,
+    /// Sampled blocks tracked at once for their free (about 80 bytes each in the kernel).
+    #[arg(long, value_name = "N", default_value_t = pyrometer::bpf::DEFAULT_ALLOC_LIVE)]
+    alloc_live: u32,
+    /// Find leaks: sample allocations (implies --alloc) and report what is still in use at the
+    /// end, by the stack that allocated it; the default output type is inuse_space.
+    #[arg(long, conflicts_with = "all")]
+    leaks: bool,
+    /// With --leaks: only count blocks allocated at least this long before the end (e.g. 1s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "leaks")]
+    min_age: Option<Duration>,
     /// Which frames stacks of Python processes keep: `mixed` (Python frames, and native ones
     /// that are not the interpreter's own: extensions, libraries, the kernel), `python`
     /// (Python frames only, like py-spy) or `all` (every native frame too).
@@ -116,41 +145,25 @@ fn parse_ring_mb(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
-enum Targets {
-    All,
-    Pids(Vec<u32>),
-    Command(Vec<String>),
-    /// The regex as given, and anchored.
-    Comm(String, regex::Regex),
+/// The sample type single-type outputs show by default: what the recording is about.
+fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
+    let wanted = if leaks {
+        "inuse_space"
+    } else if alloc {
+        "alloc_space"
+    } else {
+        return profile.single_type_default();
+    };
+    profile
+        .type_index(wanted)
+        .unwrap_or_else(|_| profile.single_type_default())
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     // First thing: a Ctrl-C during start-up must end the capture, not kill pyrometer.
     signals::install();
-    let targets = if args.all {
-        Targets::All
-    } else if !args.command.is_empty() {
-        if !args.pids.is_empty() {
-            return Err(exit_error(
-                EXIT_INPUT,
-                "give either --pid or a command after --, not both",
-            ));
-        }
-        Targets::Command(args.command.clone())
-    } else if !args.pids.is_empty() {
-        Targets::Pids(args.pids.clone())
-    } else if let Some(re) = &args.comm {
-        Targets::Comm(
-            re.clone(),
-            regex::Regex::new(&format!("^(?:{re})$"))
-                .map_err(|e| exit_error(EXIT_INPUT, format!("invalid --comm regex '{re}': {e}")))?,
-        )
-    } else {
-        return Err(exit_error(
-            EXIT_INPUT,
-            "nothing to profile: give --pid PID, --comm REGEX, --all, or a command after -- (e.g. pyrometer record -- ./prog)",
-        ));
-    };
+    let targets = Targets::from_args(args.all, &args.pids, args.comm.as_deref(), &args.command)?;
+    let alloc = args.alloc || args.leaks;
 
     // Everything that can be wrong with the request is checked before the capture starts.
     if !args.gpu && (args.nvml.gpu_interval.is_some() || args.nvml.nvml_lib.is_some()) {
@@ -159,22 +172,33 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             "--gpu-interval and --nvml-lib go with --gpu: add --gpu to poll the GPUs",
         ));
     }
+    if !alloc && args.alloc_sample_bytes.is_some() {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "--alloc-sample-bytes goes with --alloc or --leaks",
+        ));
+    }
     let format = resolve_format(
         args.output.as_ref(),
         args.format.as_deref(),
         OutputFormat::Svg,
     )?;
-    let probe = Profile::with_sources(1, args.off_cpu, args.gil);
+    let sources = Sources {
+        off_cpu: args.off_cpu,
+        gil: args.gil,
+        alloc,
+    };
+    let probe = Profile::with_sources(1, sources);
     let type_index = match &args.sample_type {
         Some(t) => probe
             .type_index(t)
             .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?,
-        None => probe.single_type_default(),
+        None => default_type(&probe, args.leaks, alloc),
     };
     let output_path = args
         .output
         .clone()
-        .unwrap_or_else(|| default_output_name(&targets, format));
+        .unwrap_or_else(|| targets.default_output_name(format));
     let out_file = File::create(&output_path).map_err(|e| {
         exit_error(
             EXIT_INPUT,
@@ -194,6 +218,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     privileges::check(privileges::SAMPLING, privileges::effective())
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
 
+    let sample_bytes = args
+        .alloc_sample_bytes
+        .unwrap_or(pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES);
     let config = SamplerConfig {
         frequency_hz: args.frequency,
         filter: if matches!(targets, Targets::All) {
@@ -211,10 +238,15 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)
         }),
         gil: args.gil,
+        alloc: alloc.then_some(AllocConfig {
+            sample_bytes,
+            live_entries: args.alloc_live,
+            own_targets: false,
+        }),
     };
     let mut sampler = Sampler::load(&config)
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
-    let mut unwinder = if args.unwind == "dwarf" {
+    let unwinder = if args.unwind == "dwarf" {
         Some(
             sampler
                 .unwinder()
@@ -235,6 +267,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     if args.gil {
         python.enable_gil(debug_dirs.clone());
     }
+    let alloc_probes = alloc.then(|| AllocProbes::new(debug_dirs.clone()));
+    let mut tables = Tables::new(unwinder, python, alloc_probes);
     let mut registry = ProcessRegistry::new();
 
     let mut root_pids: Vec<u32> = Vec::new();
@@ -253,24 +287,33 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 }
             }
             root_pids = pids.clone();
-            // Tables before the first sample, so even the first stacks unwind fully and
-            // carry their Python frames.
+            // Tables and probes before the first sample, so even the first stacks unwind
+            // fully and carry their Python frames.
             let mut all = pids.clone();
             if args.subprocesses {
                 all.extend(target::descendants(Path::new("/proc"), pids));
             }
             for pid in all {
                 if let Ok(p) = registry.observe(pid) {
-                    if let Some(u) = unwinder.as_mut() {
-                        let _ = u.sync_process(p);
-                    }
-                    python.sync(p, Some(&mut sampler));
+                    tables.sync_process(p, &mut sampler);
                 }
+            }
+            if let Some(a) = &tables.alloc
+                && let Some(&pid) = pids.iter().find(|&&pid| !a.has_allocator(pid))
+            {
+                let p = registry.get(pid);
+                let comm = p.map_or("?", |p| p.comm.as_str());
+                let exe = p.and_then(|p| p.exe.as_deref());
+                let why = a.failure(pid).map_or_else(
+                    || pyrometer::alloc::no_allocator_message(pid, comm, exe),
+                    |f| format!("pid {pid} ({comm}): cannot probe its allocator: {f}"),
+                );
+                return Err(remove_output(exit_error(EXIT_INPUT, why)));
             }
         }
         Targets::Command(argv) => {
             let exe = command_path(&argv[0]);
-            if let Some(u) = unwinder.as_mut() {
+            if let Some(u) = tables.unwinder.as_mut() {
                 prewarm_command(u, exe.as_deref());
             }
             // The GIL probes go in before the interpreter starts, so its first acquisitions
@@ -280,17 +323,34 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                     .as_deref()
                     .and_then(pyrometer::python::version::interpreter_binary)
             {
-                let _ = python.prepare_gil(&interpreter, &mut sampler);
+                let _ = tables.python.prepare_gil(&interpreter, &mut sampler);
             }
             let h = HeldChild::spawn(argv)
                 .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
             sampler.add_target(h.pid(), true)?;
+            // Likewise the allocation probes, on the objects the command will map; a command
+            // with no allocator to probe (static and stripped) is refused before it runs.
+            if let (Some(a), Some(exe)) = (tables.alloc.as_mut(), exe.as_deref()) {
+                let mut objects = vec![exe.to_path_buf()];
+                objects.extend(pyrometer::elfsyms::needed_libraries(exe));
+                a.prepare(h.pid(), &objects, &mut sampler);
+                if !a.has_allocator(h.pid()) {
+                    let name = exe
+                        .file_name()
+                        .map_or_else(|| argv[0].clone(), |n| n.to_string_lossy().into_owned());
+                    let why = a.failure(h.pid()).map_or_else(
+                        || pyrometer::alloc::no_allocator_message(h.pid(), &name, Some(exe)),
+                        |f| format!("cannot probe the allocator of {}: {f}", exe.display()),
+                    );
+                    return Err(remove_output(exit_error(EXIT_INPUT, why)));
+                }
+            }
             held = Some(h);
         }
         Targets::Comm(_, re) => {
             for e in target::add_comm_matches(
                 &mut sampler,
-                unwinder.as_mut(),
+                tables.unwinder.as_mut(),
                 &mut registry,
                 re,
                 &mut comm_known,
@@ -309,15 +369,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
 
     eprintln!(
         "pyrometer: sampling {} at {} Hz{}; Ctrl-C to stop",
-        match &targets {
-            Targets::All => "all processes".to_string(),
-            Targets::Pids(p) => format!(
-                "pid {}",
-                p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
-            ),
-            Targets::Command(c) => c[0].clone(),
-            Targets::Comm(re, _) => format!("processes named '{re}'"),
-        },
+        targets.describe(),
         args.frequency,
         args.duration
             .map(|d| format!(" for {:.1}s", d.as_secs_f64()))
@@ -344,6 +396,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     capture.off_cpu = args.off_cpu;
     capture.gil = args.gil;
     capture.frames = FrameView::parse(&args.frames).expect("clap checked the value");
+    if alloc {
+        let mut state = AllocState::new(sample_bytes);
+        state.min_age_ns = args
+            .min_age
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        capture.alloc = Some(state);
+    }
     // A missing driver turns the GPU source off, not the recording.
     let mut poller = None;
     if args.gpu
@@ -362,13 +421,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut child_status = None;
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut last_alive_check = Instant::now();
-    let mut last_gc = Instant::now();
     let mut last_scan = Instant::now();
     loop {
         sampler.wait(Duration::from_millis(100));
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
-            capture.ingest(&rec, &sampler, &mut registry, &mut python);
+            capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
         }
         if let Targets::Comm(_, re) = &targets
             && last_scan.elapsed() >= Duration::from_millis(500)
@@ -376,7 +434,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             last_scan = Instant::now();
             for e in target::add_comm_matches(
                 &mut sampler,
-                unwinder.as_mut(),
+                tables.unwinder.as_mut(),
                 &mut registry,
                 re,
                 &mut comm_known,
@@ -385,15 +443,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 eprintln!("pyrometer: {e}");
             }
         }
-        sync_tables(
-            &mut capture.maps_changed,
-            &registry,
-            unwinder.as_mut(),
-            &mut python,
-            Some(&mut sampler),
-            &mut last_gc,
-        );
-        for notice in python.take_notices() {
+        tables.sync(&mut capture.maps_changed, &registry, &mut sampler);
+        for notice in tables.python.take_notices() {
             progress.suspend(|| eprintln!("pyrometer: {notice}"));
         }
         let lost = sampler.counters().ringbuf_drops;
@@ -434,10 +485,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     std::thread::sleep(Duration::from_millis(20));
     sampler.drain_into(&mut batch);
     for rec in batch.drain(..) {
-        capture.ingest(&rec, &sampler, &mut registry, &mut python);
+        capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
     }
     let pending = sampler.pending_off_cpu(monotonic_now_ns());
-    capture.ingest_pending(pending, &sampler, &mut registry, &mut python);
+    capture.ingest_pending(pending, &sampler, &mut registry, &mut tables.python);
     progress.finish_and_clear();
     let counters = sampler.counters();
     let bpf_stats = sampler.program_stats();
@@ -451,13 +502,14 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     }
 
     let processes = capture.pids.len();
-    let (py_frames_seen, py_unresolved) = (capture.py_frames_seen, capture.py_unresolved);
+    let py_frames = (capture.py_frames_seen, capture.py_unresolved);
     let samples = capture.samples;
     let (off_cpu_events, off_cpu_ns) = (capture.off_cpu_events, capture.off_cpu_ns);
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
-    let gil_table = args.gil.then(|| {
+    let gil = args.gil.then(|| {
         let period = 1_000_000_000 / args.frequency;
+        let python = &mut tables.python;
         let rows = pyrometer::python::gil_report::rows(
             &gil_threads,
             &capture.thread_samples,
@@ -475,15 +527,60 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 .get(pid)
                 .map_or_else(|| "?".to_string(), |p| p.comm.clone())
         };
-        pyrometer::python::gil_report::render(&rows, elapsed.as_nanos() as u64, comm)
+        let mut unavailable: Vec<(u32, String)> = python
+            .gil_unavailable()
+            .iter()
+            .map(|(&p, r)| (p, r.clone()))
+            .collect();
+        unavailable.sort();
+        GilReport {
+            table: pyrometer::python::gil_report::render(&rows, elapsed.as_nanos() as u64, comm),
+            unavailable,
+            wait_events: capture.gil_wait_events,
+            wait_ns: capture.gil_wait_ns,
+        }
     });
-    let gil_unavailable = python.gil_unavailable().clone();
-    let (gil_wait_events, gil_wait_ns) = (capture.gil_wait_events, capture.gil_wait_ns);
+    let mut alloc_report = capture.alloc.as_mut().map(|a| {
+        a.now_ns = stopped_ns;
+        AllocReport {
+            mean: a.mean,
+            samples: a.samples,
+            frees: a.frees,
+            objects: a.objects,
+            bytes: a.bytes,
+            leaks: None,
+            unprobed: Vec::new(),
+            live_dropped: 0,
+        }
+    });
+    if let (Some(report), Some(probes)) = (alloc_report.as_mut(), tables.alloc.as_ref()) {
+        report.live_dropped = capture.alloc_live_dropped;
+        let mut pids: Vec<u32> = capture.pids.iter().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            if probes.has_allocator(pid) {
+                continue;
+            }
+            let p = registry.get(pid);
+            let comm = p.map_or("?", |p| p.comm.as_str());
+            report.unprobed.push(match probes.failure(pid) {
+                Some(f) => format!("pid {pid} ({comm}): cannot probe its allocator: {f}"),
+                None => pyrometer::alloc::no_allocator_message(
+                    pid,
+                    comm,
+                    p.and_then(|p| p.exe.as_deref()),
+                ),
+            });
+        }
+    }
     let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
     let sampled_pids = capture.pids.clone();
     let activity = capture.activity.take();
     let (mut profile, mut timeline) =
         capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
+    if alloc {
+        profile.default_type = default_type(&profile, args.leaks, true);
+    }
     if let Some(st) = gpu_state.as_mut() {
         // Never taken before, so this is every poll's, even those the bounded series
         // dropped. Labels only add to each sample's, so samples keep their indexes (the
@@ -504,9 +601,15 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         args.frequency
     ));
     let unsymbolized = symbolizer.stats().unsymbolized;
+    if let Some(report) = alloc_report.as_mut()
+        && args.leaks
+    {
+        report.leaks = Some((args.min_age.unwrap_or_default(), leak_sites(&profile, 10)));
+    }
 
     // An idle target still has a profile with --off-cpu: where its threads blocked.
-    if samples == 0 && off_cpu_events == 0 {
+    let allocations = alloc_report.as_ref().map_or(0, |a| a.samples);
+    if samples == 0 && off_cpu_events == 0 && allocations == 0 {
         let _ = std::fs::remove_file(&output_path);
         return Err(exit_error(
             EXIT_INPUT,
@@ -516,22 +619,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             ),
         ));
     }
-    let title = match &targets {
-        Targets::All => "pyrometer: all processes".to_string(),
-        Targets::Pids(p) => format!(
-            "pyrometer: pid {}",
-            p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
-        ),
-        Targets::Command(c) => format!("pyrometer: {}", c.join(" ")),
-        Targets::Comm(re, _) => format!("pyrometer: --comm '{re}'"),
-    };
     let mut w = BufWriter::new(out_file);
     output::write_with_timeline(
         &profile,
         timeline.as_ref(),
         format,
         type_index,
-        &title,
+        &targets.title(),
         &mut w,
     )
     .and_then(|()| w.flush().map_err(Into::into))
@@ -548,63 +642,41 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         let profiled = |pid: u32| sampled_pids.contains(&pid);
         gpu::summary::summarize(st, activity.as_ref(), Some(&profiled))
     });
+    let report = RunReport {
+        samples,
+        lost,
+        processes,
+        elapsed,
+        unsymbolized,
+        output: output_path.clone(),
+        counters,
+        off_cpu: args.off_cpu.then(|| {
+            (
+                off_cpu_events,
+                off_cpu_ns,
+                args.off_cpu_min
+                    .unwrap_or(pyrometer::bpf::DEFAULT_OFF_CPU_MIN),
+            )
+        }),
+        gil,
+        alloc: alloc_report,
+        py_frames,
+    };
     if let Some(path) = &args.stats {
-        let unwinder_stats = unwinder.as_ref().map(|u| u.stats()).unwrap_or_default();
-        write_stats(
+        let unwinder_stats = tables
+            .unwinder
+            .as_ref()
+            .map(|u| u.stats())
+            .unwrap_or_default();
+        report.write_stats(
             path,
-            samples,
-            lost,
-            &counters,
-            elapsed,
             bpf_stats,
             &unwinder_stats,
             capture_cpu_ns,
             gpu_summaries.as_deref(),
-            (py_frames_seen, py_unresolved),
         )?;
     }
-    eprintln!(
-        "pyrometer: {samples} samples ({lost} lost) from {processes} process{} in {:.1}s, {unsymbolized} unsymbolized frames; wrote {}",
-        if processes == 1 { "" } else { "es" },
-        elapsed.as_secs_f64(),
-        output_path.display()
-    );
-    if args.off_cpu {
-        eprintln!(
-            "pyrometer: off-CPU: {off_cpu_events} blocked intervals of at least {:.3}ms, {:.3}s blocked in all; dropped: {} (tracking map full), {} (ring buffer full, all records)",
-            args.off_cpu_min
-                .unwrap_or(pyrometer::bpf::DEFAULT_OFF_CPU_MIN)
-                .as_secs_f64()
-                * 1e3,
-            off_cpu_ns as f64 / 1e9,
-            counters.offcpu_map_full,
-            counters.ringbuf_drops
-        );
-    }
-    if let Some(table) = &gil_table {
-        if table.is_empty() {
-            if gil_unavailable.is_empty() {
-                eprintln!("pyrometer: GIL: no Python thread took the GIL while probed");
-            }
-        } else {
-            eprint!(
-                "pyrometer: GIL over {:.1}s ({gil_wait_events} contended waits sampled with their stacks, {:.3}s; dropped: {} (stack map full), {} (thread map full)):\n{table}",
-                elapsed.as_secs_f64(),
-                gil_wait_ns as f64 / 1e9,
-                counters.python.gil_pending_full,
-                counters.python.gil_threads_full,
-            );
-        }
-        for (pid, reason) in &gil_unavailable {
-            eprintln!("pyrometer: GIL view unavailable for pid {pid}: {reason}");
-        }
-    }
-    if counters.user_stack_errors + counters.kernel_stack_errors + capture_missing(counters) > 0 {
-        eprintln!(
-            "pyrometer: stack errors: {} user, {} kernel",
-            counters.user_stack_errors, counters.kernel_stack_errors
-        );
-    }
+    report.print();
     if let (Some(st), Some(summaries)) = (&gpu_state, &gpu_summaries) {
         eprint!(
             "pyrometer: GPUs, polled every {:.3}s:\n{}",
@@ -646,141 +718,4 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         return Ok(code);
     }
     Ok(0)
-}
-
-/// Builds the unwind tables a command will need first: its executable, and the dynamic
-/// loader and C library (the ones pyrometer itself maps, which a dynamically linked command on
-/// this system maps too).
-fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, exe: Option<&Path>) {
-    if let Some(exe) = exe {
-        unwinder.prewarm(exe);
-    }
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut seen = std::collections::HashSet::new();
-    for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
-        let name = Path::new(path)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("");
-        if (name.starts_with("libc.so") || name.starts_with("ld-linux")) && seen.insert(path) {
-            unwinder.prewarm(Path::new(path));
-        }
-    }
-}
-
-/// The file a command name runs: as given when it has a `/`, else found along `PATH`.
-fn command_path(program: &str) -> Option<PathBuf> {
-    if program.contains('/') {
-        Some(PathBuf::from(program))
-    } else {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(program))
-                .find(|p| p.is_file())
-        })
-    }
-}
-
-fn capture_missing(c: pyrometer::bpf::Counters) -> u64 {
-    c.targets_full
-}
-
-fn default_output_name(targets: &Targets, format: OutputFormat) -> PathBuf {
-    let stamp = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let what = match targets {
-        Targets::All => "all".to_string(),
-        Targets::Pids(p) => format!("pid{}", p[0]),
-        Targets::Command(c) => Path::new(&c[0])
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "cmd".into()),
-        Targets::Comm(re, _) => {
-            let name: String = re
-                .chars()
-                .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
-                .collect();
-            format!("comm-{name}")
-        }
-    };
-    PathBuf::from(format!("pyrometer-{what}-{stamp}.{}", format.extension()))
-}
-
-/// A thread's kernel name, when it still exists.
-fn thread_comm(pid: u32, tid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .ok()
-        .map(|s| s.trim_end().to_string())
-}
-
-/// CPU time (user + system) this process has used so far.
-fn self_cpu_ns() -> u64 {
-    // SAFETY: getrusage fills the struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    (us(usage.ru_utime) + us(usage.ru_stime)) * 1000
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_stats(
-    path: &Path,
-    samples: u64,
-    lost: u64,
-    counters: &pyrometer::bpf::Counters,
-    elapsed: Duration,
-    bpf: Option<pyrometer::bpf::ProgramStats>,
-    unwinder: &pyrometer::unwinder::UnwinderStats,
-    capture_cpu_ns: u64,
-    gpus: Option<&[gpu::summary::DeviceSummary]>,
-    (py_frames_seen, py_unresolved): (u64, u64),
-) -> anyhow::Result<()> {
-    let cpu_ns = self_cpu_ns();
-    let mut json = serde_json::json!({
-        "samples": samples,
-        "lost": lost,
-        "kernel_samples": counters.samples,
-        "ringbuf_drops": counters.ringbuf_drops,
-        "user_stack_errors": counters.user_stack_errors,
-        "kernel_stack_errors": counters.kernel_stack_errors,
-        "user_stack_truncated": counters.user_stack_truncated,
-        "elapsed_ns": elapsed.as_nanos() as u64,
-        "agent_cpu_ns": cpu_ns,
-        "agent_capture_cpu_ns": capture_cpu_ns,
-        "bpf_run_time_ns": bpf.map(|b| b.run_time_ns),
-        "bpf_run_count": bpf.map(|b| b.run_count),
-        "unwind_samples": counters.unwind.samples,
-        "unwind_complete": counters.unwind.complete,
-        "unwind_no_mapping": counters.unwind.no_mapping,
-        "unwind_no_table": counters.unwind.no_table,
-        "unwind_no_row": counters.unwind.no_row,
-        "unwind_bad_cfa": counters.unwind.bad_cfa,
-        "unwind_truncated": counters.unwind.truncated,
-        "unwind_tables_built": unwinder.tables_built,
-        "unwind_tables_failed": unwinder.tables_failed,
-        "unwind_tables_evicted": unwinder.tables_evicted,
-        "unwind_rows_used": unwinder.rows_used,
-        "unwind_rows_capacity": unwinder.rows_capacity,
-        "unwind_table_bytes": unwinder.rows_used * 12,
-        "unwind_build_ns": unwinder.build_ns,
-        "offcpu_kernel_events": counters.offcpu_events,
-        "offcpu_map_full": counters.offcpu_map_full,
-        "python_frames": py_frames_seen,
-        "python_frames_unresolved": py_unresolved,
-        "python_walks": counters.python.walks,
-        "python_no_thread": counters.python.no_thread,
-        "python_truncated": counters.python.truncated,
-        "python_read_errors": counters.python.read_errors,
-        "python_tstate_searches": counters.python.tstate_searches,
-    });
-    if let Some(g) = gpus {
-        json["gpus"] = gpu::summary::to_json(g);
-    }
-    std::fs::write(path, serde_json::to_string_pretty(&json)?)
-        .with_context(|| format!("writing {}", path.display()))
 }

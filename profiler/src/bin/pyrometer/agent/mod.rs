@@ -3,8 +3,6 @@
 //! batches to the collector oldest first, deleting each only once it is acknowledged.
 
 use std::collections::HashSet;
-use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -12,260 +10,28 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use clap::Args;
 use prost::Message;
 use pyrometer::agent_metrics::{self, AgentMetrics};
-use pyrometer::bpf::{Filter, Sampler, SamplerConfig};
-use pyrometer::capture::Capture;
+use pyrometer::alloc::AllocProbes;
+use pyrometer::bpf::{AllocConfig, Filter, Sampler, SamplerConfig};
+use pyrometer::capture::{AllocState, Capture};
 use pyrometer::gpu::{self, Poller};
 use pyrometer::model::Labels;
 use pyrometer::procs::ProcessRegistry;
 use pyrometer::push::PushClient;
 use pyrometer::spool::Spool;
 use pyrometer::symbolize::Symbolizer;
+use pyrometer::tables::Tables;
 use pyrometer::{privileges, signals};
 use pyrometer_proto::ingest::PushRequest;
 use regex::Regex;
-use serde::Deserialize;
 
-use crate::gpu::NvmlArgs;
-use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration};
+use crate::{EXIT_PRIVILEGES, exit_error};
 
-#[derive(Args, Debug)]
-pub struct AgentArgs {
-    /// TOML file with the same settings as the flags (flags win), e.g. `collector = "http://c:4040"`.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Process to profile (repeatable); default: every process.
-    #[arg(short, long = "pid", value_name = "PID")]
-    pids: Vec<u32>,
-    /// Profile processes whose name (comm) matches this regex, including ones started later.
-    #[arg(long, value_name = "REGEX")]
-    comm: Option<String>,
-    /// Collector to push to, e.g. http://collector:4040.
-    #[arg(long, value_name = "URL")]
-    collector: Option<String>,
-    /// The `node` label of everything this agent pushes (default: the hostname).
-    #[arg(long)]
-    node_name: Option<String>,
-    /// How often a profile is aggregated and pushed (default 10s).
-    #[arg(long, value_parser = parse_duration)]
-    push_interval: Option<Duration>,
-    /// Samples per second per CPU (default 19).
-    #[arg(short = 'F', long)]
-    frequency: Option<u64>,
-    /// Where batches wait for the collector (default /var/lib/pyrometer/spool).
-    #[arg(long, value_name = "DIR")]
-    spool_dir: Option<PathBuf>,
-    /// Spool size limit in MiB; when full the oldest batches are dropped (default 256).
-    #[arg(long, value_name = "MIB")]
-    spool_max_mb: Option<u64>,
-    /// File holding the collector's bearer token.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// PEM file of the CA that signed an https:// collector's certificate (default: the
-    /// system's roots).
-    #[arg(long, value_name = "FILE")]
-    ca: Option<PathBuf>,
-    /// Serve the agent's own Prometheus /metrics on this address, e.g. 127.0.0.1:9464.
-    #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<SocketAddr>,
-    /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
-    #[arg(long, value_name = "FILE")]
-    stats: Option<PathBuf>,
-    /// How to walk user stacks: `dwarf` (in-kernel .eh_frame unwinding, frame pointers where a
-    /// binary has no table; the default) or `fp` (frame pointers only).
-    #[arg(long, value_parser = ["dwarf", "fp"])]
-    unwind: Option<String>,
-    /// Also measure off-CPU time of the targets (as `record --off-cpu`): blocked time by the
-    /// stack that blocked, the `off_cpu/nanoseconds` type; a long block is reported in every
-    /// push it spans, counted once.
-    #[arg(long)]
-    off_cpu: bool,
-    /// Shortest blocked interval counted with --off-cpu (default 1ms).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    off_cpu_min: Option<Duration>,
-    /// Capacity of the node's unwind row array, shared by all tables (default 1048576 rows,
-    /// 16 MiB of kernel memory).
-    #[arg(long, value_name = "ROWS")]
-    unwind_rows: Option<u32>,
-    /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
-    /// "GPU source off" once when it does not): gauges on /metrics, and `gpu` and
-    /// `gpu_memory` labels on the samples of processes that use a GPU.
-    #[arg(long)]
-    no_gpu: bool,
-    #[command(flatten)]
-    nvml: NvmlArgs,
-    /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
-    #[arg(long, value_name = "FILE", hide = true)]
-    btf_path: Option<PathBuf>,
-}
+mod config;
 
-/// The config file: the flags' long names, in kebab case.
-#[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct FileConfig {
-    pid: Option<Vec<u32>>,
-    comm: Option<String>,
-    collector: Option<String>,
-    node_name: Option<String>,
-    push_interval: Option<String>,
-    frequency: Option<u64>,
-    spool_dir: Option<PathBuf>,
-    spool_max_mb: Option<u64>,
-    token_file: Option<PathBuf>,
-    ca: Option<PathBuf>,
-    metrics_listen: Option<SocketAddr>,
-    unwind: Option<String>,
-    unwind_rows: Option<u32>,
-    off_cpu: Option<bool>,
-    off_cpu_min: Option<String>,
-    gpu: Option<bool>,
-    gpu_interval: Option<String>,
-    nvml_lib: Option<PathBuf>,
-}
-
-struct Config {
-    pids: Vec<u32>,
-    comm: Option<Regex>,
-    collector: String,
-    node: String,
-    interval: Duration,
-    frequency: u64,
-    spool_dir: PathBuf,
-    spool_max_bytes: u64,
-    token: Option<String>,
-    ca: Option<PathBuf>,
-    metrics_listen: Option<SocketAddr>,
-    dwarf: bool,
-    unwind_rows: u32,
-    /// The shortest blocked interval counted, when off-CPU time is measured.
-    off_cpu_min_ns: Option<u64>,
-    /// GPU polling: the interval and the NVML library, or None when off.
-    gpu: Option<(Duration, OsString)>,
-}
-
-fn input(msg: impl Into<String>) -> anyhow::Error {
-    exit_error(EXIT_INPUT, msg)
-}
-
-fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
-    let file: FileConfig = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| input(format!("cannot read {}: {e}", path.display())))?;
-            toml::from_str(&text)
-                .map_err(|e| input(format!("{}: {}", path.display(), e.message())))?
-        }
-        None => FileConfig::default(),
-    };
-    let pids = if args.pids.is_empty() {
-        file.pid.unwrap_or_default()
-    } else {
-        args.pids.clone()
-    };
-    let comm = match args.comm.clone().or(file.comm) {
-        Some(re) => Some(
-            Regex::new(&format!("^(?:{re})$"))
-                .map_err(|e| input(format!("invalid --comm regex '{re}': {e}")))?,
-        ),
-        None => None,
-    };
-    let collector = args.collector.clone().or(file.collector).ok_or_else(|| {
-        input("no collector: give --collector http://HOST:4040 (or `collector` in --config)")
-    })?;
-    let interval = match (args.push_interval, file.push_interval) {
-        (Some(d), _) => d,
-        (None, Some(s)) => parse_duration(&s).map_err(|e| input(format!("push-interval: {e}")))?,
-        (None, None) => Duration::from_secs(10),
-    };
-    let frequency = args.frequency.or(file.frequency).unwrap_or(19);
-    if !(1..=10_000).contains(&frequency) {
-        return Err(input("frequency must be between 1 and 10000 Hz"));
-    }
-    let token = match args.token_file.clone().or(file.token_file) {
-        Some(path) => {
-            let t = std::fs::read_to_string(&path).map_err(|e| {
-                input(format!(
-                    "cannot read the token file {}: {e}",
-                    path.display()
-                ))
-            })?;
-            Some(t.trim().to_string()).filter(|t| !t.is_empty())
-        }
-        None => None,
-    };
-    let node = match args.node_name.clone().or(file.node_name) {
-        Some(n) if !n.is_empty() => n,
-        _ => hostname(),
-    };
-    let gpu = if args.no_gpu || file.gpu == Some(false) {
-        None
-    } else {
-        let interval = match (args.nvml.gpu_interval, file.gpu_interval) {
-            (Some(d), _) => d,
-            (None, Some(s)) => {
-                crate::gpu::parse_interval(&s).map_err(|e| input(format!("gpu-interval: {e}")))?
-            }
-            (None, None) => crate::gpu::DEFAULT_INTERVAL,
-        };
-        // Flag, then environment, then the file: as for every other setting, the most
-        // local wins.
-        let lib = match (&args.nvml.nvml_lib, file.nvml_lib) {
-            (Some(_), _) | (None, None) => args.nvml.library(),
-            (None, Some(path)) => std::env::var_os("PYROMETER_NVML_LIB")
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| path.into_os_string()),
-        };
-        Some((interval, lib))
-    };
-    Ok(Config {
-        gpu,
-        pids,
-        comm,
-        collector,
-        node,
-        interval,
-        frequency,
-        spool_dir: args
-            .spool_dir
-            .clone()
-            .or(file.spool_dir)
-            .unwrap_or_else(|| PathBuf::from("/var/lib/pyrometer/spool")),
-        spool_max_bytes: args.spool_max_mb.or(file.spool_max_mb).unwrap_or(256) << 20,
-        token,
-        ca: args.ca.clone().or(file.ca),
-        metrics_listen: args.metrics_listen.or(file.metrics_listen),
-        dwarf: match args.unwind.clone().or(file.unwind).as_deref() {
-            None | Some("dwarf") => true,
-            Some("fp") => false,
-            Some(other) => {
-                return Err(input(format!("unwind must be dwarf or fp, not '{other}'")));
-            }
-        },
-        unwind_rows: args.unwind_rows.or(file.unwind_rows).unwrap_or(1 << 20),
-        off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
-            let min = match (args.off_cpu_min, file.off_cpu_min) {
-                (Some(d), _) => d,
-                (None, Some(s)) => {
-                    parse_duration(&s).map_err(|e| input(format!("off-cpu-min: {e}")))?
-                }
-                (None, None) => pyrometer::bpf::DEFAULT_OFF_CPU_MIN,
-            };
-            Some(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX))
-        } else {
-            None
-        },
-    })
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
+pub use config::AgentArgs;
+use config::{input, resolve};
 
 /// What the sampling loop and the pusher thread share.
 struct Shared {
@@ -313,6 +79,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
         off_cpu_min_ns: cfg.off_cpu_min_ns,
         gil: false,
+        alloc: cfg.alloc.as_ref().map(|a| AllocConfig {
+            sample_bytes: a.sample_bytes,
+            live_entries: pyrometer::bpf::DEFAULT_ALLOC_LIVE,
+            own_targets: true,
+        }),
     })
     .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
     for &pid in &cfg.pids {
@@ -320,7 +91,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             .add_target(pid, true)
             .with_context(|| format!("adding pid {pid}"))?;
     }
-    let mut unwinder = if cfg.dwarf {
+    let unwinder = if cfg.dwarf {
         Some(
             sampler
                 .unwinder()
@@ -329,15 +100,25 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     } else {
         None
     };
-    let mut python = sampler
+    let python = sampler
         .python_tracker()
         .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
+    let debug_dirs: Vec<PathBuf> = pyrometer::symbolize::DEFAULT_DEBUG_DIRS
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let alloc_probes = cfg
+        .alloc
+        .as_ref()
+        .map(|_| AllocProbes::new(debug_dirs.clone()));
+    let mut tables = Tables::new(unwinder, python, alloc_probes);
     let mut registry = ProcessRegistry::new();
     let mut known: HashSet<u32> = HashSet::new();
+    let mut alloc_known: HashSet<u32> = HashSet::new();
     if let Some(re) = &cfg.comm {
         add_matching(
             &mut sampler,
-            unwinder.as_mut(),
+            tables.unwinder.as_mut(),
             &mut registry,
             re,
             &mut known,
@@ -347,11 +128,17 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // neither --pid nor --comm, new processes get theirs when their first sample arrives.
     for &pid in &cfg.pids {
         if let Ok(p) = registry.observe(pid) {
-            if let Some(u) = unwinder.as_mut() {
-                let _ = u.sync_process(p);
-            }
-            python.sync(p, None);
+            tables.sync_process(p, &mut sampler);
         }
+    }
+    if let Some(a) = &cfg.alloc {
+        add_alloc_targets(
+            &mut sampler,
+            &mut tables,
+            &mut registry,
+            a,
+            &mut alloc_known,
+        );
     }
     sampler
         .start(cfg.frequency)
@@ -364,12 +151,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
-    let mut symbolizer = Symbolizer::new().with_debug_dirs(
-        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
-            .iter()
-            .map(PathBuf::from)
-            .collect(),
-    );
+    let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
     // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
     if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
         eprintln!(
@@ -440,34 +222,34 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
 
     let period_ns = 1_000_000_000 / cfg.frequency as i64;
     let off_cpu = cfg.off_cpu_min_ns.is_some();
-    let new_capture = |reported| {
+    let alloc_mean = cfg.alloc.as_ref().map(|a| a.sample_bytes);
+    // Off-CPU intervals still open and live sampled blocks carry over from one interval's
+    // capture to the next.
+    let new_capture = |reported, live| {
         let mut c = Capture::default();
         c.off_cpu = off_cpu;
         c.off_cpu_reported = reported;
+        c.alloc = alloc_mean.map(|mean| {
+            let mut a = AllocState::new(mean);
+            a.live = live;
+            a
+        });
         c
     };
-    let mut capture = new_capture(Default::default());
+    let mut capture = new_capture(Default::default(), Default::default());
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
     let mut last_scan = Instant::now();
-    let mut last_gc = Instant::now();
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut samples_total = 0u64;
     loop {
         sampler.wait(Duration::from_millis(100));
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
-            capture.ingest(&rec, &sampler, &mut registry, &mut python);
+            capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
         }
-        pyrometer::capture::sync_tables(
-            &mut capture.maps_changed,
-            &registry,
-            unwinder.as_mut(),
-            &mut python,
-            None,
-            &mut last_gc,
-        );
-        for notice in python.take_notices() {
+        tables.sync(&mut capture.maps_changed, &registry, &mut sampler);
+        for notice in tables.python.take_notices() {
             eprintln!("pyrometer agent: {notice}");
         }
         let stopping = signals::take().is_some();
@@ -477,11 +259,20 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             last_scan = Instant::now();
             add_matching(
                 &mut sampler,
-                unwinder.as_mut(),
+                tables.unwinder.as_mut(),
                 &mut registry,
                 re,
                 &mut known,
             );
+            if let Some(a) = &cfg.alloc {
+                add_alloc_targets(
+                    &mut sampler,
+                    &mut tables,
+                    &mut registry,
+                    a,
+                    &mut alloc_known,
+                );
+            }
         }
         let c = sampler.counters();
         metrics
@@ -510,10 +301,19 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 // Threads blocked across the push still count in it (an idle worker would
                 // otherwise be missing until it wakes).
                 let pending = sampler.pending_off_cpu(pyrometer::capture::monotonic_now_ns());
-                capture.ingest_pending(pending, &sampler, &mut registry, &mut python);
+                capture.ingest_pending(pending, &sampler, &mut registry, &mut tables.python);
             }
             let reported = std::mem::take(&mut capture.off_cpu_reported);
-            let taken = std::mem::replace(&mut capture, new_capture(reported));
+            // The push reports what is in use now; the blocks stay live for the next one.
+            let live = capture
+                .alloc
+                .as_mut()
+                .map(|a| {
+                    a.now_ns = pyrometer::capture::monotonic_now_ns();
+                    a.live.clone()
+                })
+                .unwrap_or_default();
+            let taken = std::mem::replace(&mut capture, new_capture(reported, live));
             let duration = interval_start.elapsed();
             interval_start = Instant::now();
             let wall = std::mem::replace(&mut interval_wall, SystemTime::now());
@@ -525,7 +325,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             let gpu_usage = poller
                 .as_ref()
                 .map(|p| p.state().lock().expect("not poisoned").take_process_usage());
-            if taken.samples > 0 || taken.off_cpu_events > 0 {
+            let allocations = taken
+                .alloc
+                .as_ref()
+                .is_some_and(|a| !a.live.is_empty() || a.samples > 0);
+            if taken.samples > 0 || taken.off_cpu_events > 0 || allocations {
                 let mut profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
                 if let Some(usage) = &gpu_usage {
                     gpu::label_profile(&mut profile, &gpu::gpus_by_pid(usage));
@@ -572,6 +376,45 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(0)
+}
+
+/// Samples the allocations of the chosen processes not probed yet: the --alloc-pid ones and
+/// those whose comm matches --alloc-comm (again every scan, for processes started later).
+fn add_alloc_targets(
+    sampler: &mut Sampler,
+    tables: &mut Tables,
+    registry: &mut ProcessRegistry,
+    alloc: &config::AllocTargets,
+    known: &mut HashSet<u32>,
+) {
+    let mut pids: Vec<u32> = alloc
+        .pids
+        .iter()
+        .copied()
+        .filter(|&p| known.insert(p))
+        .collect();
+    if let Some(re) = &alloc.comm {
+        pids.extend(pyrometer::target::new_comm_matches(re, known));
+    }
+    for pid in pids {
+        if let Err(e) = sampler.add_alloc_target(pid) {
+            eprintln!("pyrometer agent: cannot sample the allocations of pid {pid}: {e}");
+            continue;
+        }
+        let Ok(p) = registry.observe(pid) else {
+            continue;
+        };
+        if let Some(probes) = tables.alloc.as_mut() {
+            probes.sync(p, sampler);
+            if !probes.has_allocator(pid) {
+                let why = probes.failure(pid).map_or_else(
+                    || pyrometer::alloc::no_allocator_message(pid, &p.comm, p.exe.as_deref()),
+                    |f| format!("pid {pid} ({}): cannot probe its allocator: {f}", p.comm),
+                );
+                eprintln!("pyrometer agent: {why}");
+            }
+        }
+    }
 }
 
 /// Adds processes whose comm matches and that were not seen before.
@@ -712,51 +555,5 @@ fn pusher(shared: Arc<Shared>, mut client: PushClient) {
             }
         }
         shared.update_spool_gauges(&spool);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        agent: AgentArgs,
-    }
-
-    fn resolve_with(config: &str, flags: &[&str]) -> anyhow::Result<Config> {
-        let dir = std::env::temp_dir().join(format!("pyrometer-agent-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{}.toml", flags.len() + config.len()));
-        std::fs::write(&path, format!("collector = \"http://c:4040\"\n{config}")).unwrap();
-        let mut argv = vec!["agent", "--config", path.to_str().unwrap()];
-        argv.extend_from_slice(flags);
-        resolve(&Cli::parse_from(argv).agent)
-    }
-
-    #[test]
-    fn gpu_settings_from_file_and_flags() {
-        let on = resolve_with("", &[]).unwrap();
-        assert_eq!(on.gpu.unwrap().0, Duration::from_secs(1), "on by default");
-        assert!(resolve_with("gpu = false", &[]).unwrap().gpu.is_none());
-        assert!(resolve_with("", &["--no-gpu"]).unwrap().gpu.is_none());
-        let (interval, _) = resolve_with("gpu-interval = \"250ms\"", &[])
-            .unwrap()
-            .gpu
-            .unwrap();
-        assert_eq!(interval, Duration::from_millis(250));
-        let (interval, lib) = resolve_with(
-            "gpu-interval = \"250ms\"\nnvml-lib = \"/file/lib.so\"",
-            &["--gpu-interval", "2s", "--nvml-lib", "/flag/lib.so"],
-        )
-        .unwrap()
-        .gpu
-        .unwrap();
-        assert_eq!(interval, Duration::from_secs(2), "flags win");
-        assert_eq!(lib, OsString::from("/flag/lib.so"));
-        let err = resolve_with("gpu-interval = \"1ms\"", &[]).err().unwrap();
-        assert!(err.to_string().contains("gpu-interval"), "{err}");
     }
 }

@@ -1,0 +1,311 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// Allocation sampling (`record --alloc`, the agent's `--alloc-pid`/`--alloc-comm`): uprobes on
+// the allocator entry points of each target (libc's or jemalloc's/tcmalloc's malloc, calloc,
+// realloc, posix_memalign, aligned_alloc, memalign, valloc, free, and CPython's pymalloc,
+// which serves small objects from its own arenas), attached per process. The attach cookie
+// says which function a probe is on.
+//
+// Sampling is by bytes, as tcmalloc does: each CPU counts down a random number of bytes drawn
+// from an exponential distribution with the configured mean (a Poisson process over the
+// bytes allocated), and the allocation that crosses zero is sampled. An allocation of s bytes
+// is then sampled with probability 1 - exp(-s/mean), which the agent inverts into a weight,
+// so totals are unbiased estimates. Sampled allocations go to the ring buffer with their stack
+// (walked at the allocator's return, native and Python frames) and into `alloc_live`; a free
+// of a live address sends a small free record, so the agent knows what is still in use.
+//
+// Allocators call each other (glibc's realloc(NULL, n) jumps to malloc, its aligned
+// functions to malloc, pymalloc to malloc for large blocks): a per-thread depth counts only
+// the outermost call. Frees have no return probe; one inside another allocator call (the free
+// realloc does) is left to that call.
+
+#pragma once
+
+#include "exp_table.h"
+
+#define ALLOC_MALLOC 1         // (size)
+#define ALLOC_CALLOC 2         // (n, size)
+#define ALLOC_REALLOC 3        // (ptr, size)
+#define ALLOC_ALIGNED 4        // (alignment, size): aligned_alloc, memalign
+#define ALLOC_POSIX_MEMALIGN 5 // (&ptr, alignment, size), returns 0 on success
+#define ALLOC_FREE 6           // (ptr)
+#define ALLOC_VALLOC 7         // (size), page-aligned
+#define ALLOC_PY_MALLOC 8      // (ctx, size)
+#define ALLOC_PY_CALLOC 9      // (ctx, n, size)
+#define ALLOC_PY_REALLOC 10    // (ctx, ptr, size)
+#define ALLOC_PY_FREE 11       // (ctx, ptr)
+#define ALLOC_REALLOCARRAY 12  // (ptr, n, size)
+
+#define ALLOC_FILTER_TARGETS 0 // `record`: the sampler's target set
+#define ALLOC_FILTER_MAP 1     // the agent: only processes in alloc_targets
+
+// Mean bytes between samples (--alloc-sample-bytes); 1 samples every allocation.
+const volatile __u64 alloc_sample_bytes = 524288;
+const volatile __u32 alloc_filter = ALLOC_FILTER_TARGETS;
+
+// The agent's allocation targets (tgid -> 1), when alloc_filter is ALLOC_FILTER_MAP.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} alloc_targets SEC(".maps");
+
+struct alloc_thread {
+	__u32 depth;    // allocator calls in progress on this thread
+	__u32 kind;     // the outermost call's ALLOC_*
+	__u64 size;     // its size
+	__u64 old;      // realloc: the block being resized
+	__u64 memptr;   // posix_memalign: where the pointer is returned
+	__u64 sampled;  // the outermost call was picked by the byte sampler
+};
+
+// tid -> the thread's allocator call in progress (48 bytes; 16384 threads).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct alloc_thread);
+} alloc_threads SEC(".maps");
+
+struct alloc_key {
+	__u32 pid;
+	__u32 reserved;
+	__u64 addr;
+};
+
+struct alloc_block {
+	__u64 size;
+	__u64 timestamp_ns;
+};
+
+// Sampled blocks still allocated, (pid, address) -> size and time. The size is set by the
+// agent (--alloc-live); an allocation sampled while it is full is counted and not tracked.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct alloc_key);
+	__type(value, struct alloc_block);
+} alloc_live SEC(".maps");
+
+struct alloc_countdown {
+	__s64 remaining; // bytes until the next sample
+	__u64 started;   // the first gap was drawn
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct alloc_countdown);
+} alloc_countdowns SEC(".maps");
+
+static __always_inline int alloc_target(__u32 tgid)
+{
+	if (alloc_filter == ALLOC_FILTER_MAP)
+		return tgid != self_tgid && bpf_map_lookup_elem(&alloc_targets, &tgid) != 0;
+	return is_target(tgid);
+}
+
+// Bytes to the next sample: mean * -ln(U), U uniform, from the table of conditional means.
+static __always_inline __s64 alloc_gap(void)
+{
+	__u32 r = bpf_get_prandom_u32() & (EXP_TABLE_SIZE - 1);
+	__u64 gap = (alloc_sample_bytes * (__u64)exp_table[r]) >> EXP_TABLE_SHIFT;
+	return gap ? (__s64)gap : 1;
+}
+
+// Whether an allocation of `size` bytes is sampled.
+static __always_inline __u64 alloc_sample(__u64 size)
+{
+	if (alloc_sample_bytes <= 1)
+		return 1;
+	__u32 zero = 0;
+	struct alloc_countdown *c = bpf_map_lookup_elem(&alloc_countdowns, &zero);
+	if (!c)
+		return 0;
+	if (!c->started) {
+		c->started = 1;
+		c->remaining = alloc_gap();
+	}
+	c->remaining -= (__s64)size;
+	if (c->remaining > 0)
+		return 0;
+	// One sample however many points the block covers: the weight accounts for it.
+	c->remaining = alloc_gap();
+	return 1;
+}
+
+// A free (or a realloc's old block): when the block was sampled, it leaves alloc_live and
+// the agent hears of it.
+static __always_inline void alloc_forget(__u32 tgid, __u32 tid, __u64 addr)
+{
+	struct alloc_key key = { .pid = tgid, .addr = addr };
+	if (bpf_map_delete_elem(&alloc_live, &key))
+		return;
+	struct sample_header ev = {};
+	ev.timestamp_ns = bpf_ktime_get_ns();
+	ev.pid = tgid;
+	ev.tid = tid;
+	ev.cpu = bpf_get_smp_processor_id();
+	ev.kernel_stack_id = -1;
+	ev.flags = SAMPLE_FREE;
+	ev.aux = addr;
+	if (bpf_ringbuf_output(&samples, &ev, sizeof(ev), 0))
+		count(COUNTER_RINGBUF_DROPS);
+	else
+		count(COUNTER_ALLOC_FREES);
+}
+
+SEC("uprobe")
+int alloc_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	if (!alloc_target(tgid))
+		return 0;
+	__u32 kind = (__u32)bpf_get_attach_cookie(ctx);
+	// Every argument register is read at a fixed offset, before any choice between them:
+	// clang would otherwise fold a choice into a computed context offset, which the
+	// verifier refuses.
+	__u64 arg1 = PT_REGS_PARM1(ctx), arg2 = PT_REGS_PARM2(ctx), arg3 = PT_REGS_PARM3(ctx);
+	barrier_var(arg1);
+	barrier_var(arg2);
+	barrier_var(arg3);
+	struct alloc_thread *t = bpf_map_lookup_elem(&alloc_threads, &tid);
+	if (kind == ALLOC_FREE || kind == ALLOC_PY_FREE) {
+		if (t && t->depth > 0)
+			return 0;
+		__u64 addr = kind == ALLOC_FREE ? arg1 : arg2;
+		if (addr)
+			alloc_forget(tgid, tid, addr);
+		return 0;
+	}
+	if (!t) {
+		struct alloc_thread fresh = {};
+		bpf_map_update_elem(&alloc_threads, &tid, &fresh, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&alloc_threads, &tid);
+		if (!t) {
+			count(COUNTER_ALLOC_THREADS_FULL);
+			return 0;
+		}
+	}
+	if (t->depth++ > 0)
+		return 0;
+	__u64 size = 0, old = 0, memptr = 0;
+	switch (kind) {
+	case ALLOC_MALLOC:
+	case ALLOC_VALLOC:
+		size = arg1;
+		break;
+	case ALLOC_CALLOC:
+		size = arg1 * arg2;
+		break;
+	case ALLOC_REALLOC:
+		old = arg1;
+		size = arg2;
+		break;
+	case ALLOC_REALLOCARRAY:
+		old = arg1;
+		size = arg2 * arg3;
+		break;
+	case ALLOC_ALIGNED:
+		size = arg2;
+		break;
+	case ALLOC_POSIX_MEMALIGN:
+		memptr = arg1;
+		size = arg3;
+		break;
+	case ALLOC_PY_MALLOC:
+		size = arg2;
+		break;
+	case ALLOC_PY_CALLOC:
+		size = arg2 * arg3;
+		break;
+	case ALLOC_PY_REALLOC:
+		old = arg2;
+		size = arg3;
+		break;
+	default:
+		break;
+	}
+	t->kind = kind;
+	t->size = size;
+	t->old = old;
+	t->memptr = memptr;
+	t->sampled = alloc_sample(size);
+	return 0;
+}
+
+SEC("uretprobe")
+int alloc_return(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	struct alloc_thread *t = bpf_map_lookup_elem(&alloc_threads, &tid);
+	if (!t || t->depth == 0)
+		return 0;
+	t->depth -= 1;
+	if (t->depth > 0)
+		return 0;
+	__u64 ret = PT_REGS_RC(ctx);
+	__u64 addr = ret;
+	__u32 kind = t->kind;
+	if (kind == ALLOC_POSIX_MEMALIGN) {
+		addr = 0;
+		if (ret == 0 && t->memptr)
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)t->memptr);
+	}
+	// A resize frees the old block when it succeeds, and realloc(p, 0) frees it too.
+	if (t->old && (addr || t->size == 0))
+		alloc_forget(tgid, tid, t->old);
+	if (!addr || !t->sampled)
+		return 0;
+	__u64 size = t->size;
+	__u64 now = bpf_ktime_get_ns();
+	struct alloc_key key = { .pid = tgid, .addr = addr };
+	struct alloc_block block = { .size = size, .timestamp_ns = now };
+	if (bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY))
+		count(COUNTER_ALLOC_LIVE_FULL);
+
+	__u32 zero = 0;
+	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
+	if (!rec)
+		return 0;
+	rec->hdr.timestamp_ns = now;
+	rec->hdr.pid = tgid;
+	rec->hdr.tid = tid;
+	rec->hdr.cpu = bpf_get_smp_processor_id();
+	rec->hdr.kernel_stack_id = -1;
+	rec->hdr.kernel_frames = 0;
+	rec->hdr.flags = SAMPLE_ALLOC;
+	rec->hdr.py_frames = 0;
+	rec->hdr.value = size;
+	rec->hdr.aux = addr;
+	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
+	__u32 frames = 0;
+	int walked = dwarf_unwind_regs(ctx, tgid, &rec->hdr, SCRATCH_PROBE);
+	if (walked >= 0) {
+		frames = walked;
+	} else {
+		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
+					   BPF_F_USER_STACK);
+		if (bytes > 0)
+			frames = bytes / sizeof(__u64);
+	}
+	if (frames > MAX_USER_FRAMES)
+		frames = MAX_USER_FRAMES;
+	rec->hdr.user_frames = frames;
+	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_PROBE);
+	__u64 bytes = sizeof(rec->hdr) +
+		      ((__u64)rec->hdr.user_frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
+	if (bytes > sizeof(*rec))
+		bytes = sizeof(*rec);
+	if (bpf_ringbuf_output(&samples, rec, bytes, 0))
+		count(COUNTER_RINGBUF_DROPS);
+	else
+		count(COUNTER_ALLOC_SAMPLES);
+	return 0;
+}

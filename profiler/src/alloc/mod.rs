@@ -1,0 +1,212 @@
+//! Allocation profiling: which allocator entry points each target calls, the per-process
+//! probes on them (`ebpf/src/bpf/alloc.h`), and the statistics that turn byte-sampled
+//! allocations into unbiased estimates.
+//!
+//! Probes are attached per process (a uprobe filtered to one process costs the others
+//! nothing, where a probe on libc for every process would trap every `malloc` on the node),
+//! to every mapped object that defines allocator functions: whichever one the process's calls
+//! resolve to is then probed (a preloaded jemalloc, or libc), and CPython's pymalloc beside it.
+
+pub mod sites;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pyrometer_ebpf::alloc_kind;
+
+use crate::bpf::{ALLOC_ENTER, ALLOC_RETURN, Uprobes};
+use crate::procs::{BinaryKey, MappingKind, Process};
+use sites::Sites;
+
+/// The weight of a sampled allocation of `size` bytes when samples are taken every `mean`
+/// bytes on average: it was sampled with probability 1 - exp(-size/mean), so it stands for
+/// 1/p allocations (and size/p bytes). Every allocation is sampled at `mean` 1.
+pub fn weight(size: u64, mean: u64) -> f64 {
+    if mean <= 1 {
+        return 1.0;
+    }
+    let p = -(-(size as f64) / mean as f64).exp_m1();
+    if p > 0.0 { 1.0 / p } else { 1.0 }
+}
+
+/// The allocation probes of the profiled processes.
+pub struct AllocProbes {
+    debug_dirs: Vec<PathBuf>,
+    sites: HashMap<BinaryKey, Result<Arc<Sites>, String>>,
+    /// Binaries probed in each process.
+    probed: HashMap<u32, HashSet<BinaryKey>>,
+    /// Processes with a C allocator (`malloc`) among their probed binaries.
+    with_malloc: HashSet<u32>,
+    /// Why a process's allocator (or one of its binaries) could not be probed.
+    failures: HashMap<u32, String>,
+    /// Probes attached so far.
+    pub attached: u64,
+}
+
+impl AllocProbes {
+    /// `debug_dirs`: where separate debug files are looked for (pymalloc's symbols in a
+    /// stripped interpreter).
+    pub fn new(debug_dirs: Vec<PathBuf>) -> Self {
+        Self {
+            debug_dirs,
+            sites: HashMap::new(),
+            probed: HashMap::new(),
+            with_malloc: HashSet::new(),
+            failures: HashMap::new(),
+            attached: 0,
+        }
+    }
+
+    /// Probes the allocator functions of every object `process` maps that was not probed in
+    /// it yet (new processes, `dlopen`).
+    pub fn sync(&mut self, process: &Process, probes: &mut (dyn Uprobes + '_)) {
+        let pid = process.pid;
+        for m in process.mappings() {
+            if m.kind != MappingKind::File {
+                continue;
+            }
+            let Some(binary) = m.binary() else { continue };
+            let key = binary.key().clone();
+            if self.probed.get(&pid).is_some_and(|p| p.contains(&key)) {
+                continue;
+            }
+            let debug = |dirs: &[PathBuf]| {
+                crate::symbolize::separate_debug_file(
+                    binary.path(),
+                    binary.dir(),
+                    &m.path,
+                    binary.build_id(),
+                    dirs,
+                )
+            };
+            self.probe(pid, key, binary.path(), debug, probes);
+        }
+    }
+
+    /// Probes the objects a command will map (its executable, the C library, a libpython)
+    /// in process `pid` before it runs, so its first allocations are seen.
+    pub fn prepare(&mut self, pid: u32, paths: &[PathBuf], probes: &mut (dyn Uprobes + '_)) {
+        use std::os::unix::fs::MetadataExt;
+        for path in paths {
+            let Ok(meta) = std::fs::metadata(path) else {
+                continue;
+            };
+            let key = BinaryKey::Inode {
+                major: libc::major(meta.dev()),
+                minor: libc::minor(meta.dev()),
+                inode: meta.ino(),
+            };
+            let debug = |dirs: &[PathBuf]| {
+                crate::symbolize::separate_debug_file(
+                    path,
+                    path.parent(),
+                    &path.to_string_lossy(),
+                    crate::procs::read_build_id(path).as_deref(),
+                    dirs,
+                )
+            };
+            self.probe(pid, key, path, debug, probes);
+        }
+    }
+
+    fn probe(
+        &mut self,
+        pid: u32,
+        key: BinaryKey,
+        path: &Path,
+        debug: impl FnOnce(&[PathBuf]) -> Option<PathBuf>,
+        probes: &mut (dyn Uprobes + '_),
+    ) {
+        self.probed.entry(pid).or_default().insert(key.clone());
+        let dirs = &self.debug_dirs;
+        let sites = self
+            .sites
+            .entry(key)
+            .or_insert_with(|| sites::find(path, debug(dirs).as_deref()).map(Arc::new))
+            .clone();
+        let sites = match sites {
+            Ok(s) => s,
+            Err(e) => {
+                self.failures.insert(pid, e);
+                return;
+            }
+        };
+        if sites.sites.is_empty() {
+            return;
+        }
+        let mut attach = |program: &'static str, offset: u64, kind: u32| {
+            probes
+                .attach_process_probe(program, path, offset, u64::from(kind), pid)
+                .map_err(|e| e.to_string())
+        };
+        for &(offset, kind) in &sites.sites {
+            let result = attach(ALLOC_ENTER, offset, kind).and_then(|()| {
+                if alloc_kind::is_free(kind) {
+                    Ok(())
+                } else {
+                    attach(ALLOC_RETURN, offset, kind)
+                }
+            });
+            match result {
+                Ok(()) => self.attached += 1,
+                Err(e) => {
+                    self.failures.insert(pid, e);
+                    return;
+                }
+            }
+        }
+        if sites.has_malloc {
+            self.with_malloc.insert(pid);
+        }
+    }
+
+    /// Whether some object of `pid` defines `malloc` and was probed.
+    pub fn has_allocator(&self, pid: u32) -> bool {
+        self.with_malloc.contains(&pid)
+    }
+
+    /// Why `pid`'s allocator could not be probed, if something failed.
+    pub fn failure(&self, pid: u32) -> Option<&str> {
+        self.failures.get(&pid).map(String::as_str)
+    }
+
+    /// Pids probed so far.
+    pub fn pids(&self) -> Vec<u32> {
+        self.probed.keys().copied().collect()
+    }
+
+    /// Forgets a process (exited); its probes are the sampler's to detach.
+    pub fn forget(&mut self, pid: u32) {
+        self.probed.remove(&pid);
+        self.with_malloc.remove(&pid);
+        self.failures.remove(&pid);
+    }
+}
+
+/// The message for a process in which no allocator could be probed.
+pub fn no_allocator_message(pid: u32, comm: &str, exe: Option<&Path>) -> String {
+    let what = exe.map_or_else(|| comm.to_string(), |e| e.display().to_string());
+    format!(
+        "pid {pid} ({comm}): no allocator to probe: neither {what} nor a library it maps defines malloc (statically linked without symbols?)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_invert_the_sampling_probability() {
+        assert_eq!(weight(100, 1), 1.0, "every allocation at rate 1");
+        // A block much larger than the mean is always sampled.
+        assert!((weight(100 << 20, 512 << 10) - 1.0).abs() < 1e-9);
+        // A 1 KiB block at 512 KiB: p = 1 - e^(-1/512), about 1 in 512.5.
+        let w = weight(1024, 512 << 10);
+        assert!((w - 512.5).abs() < 0.1, "{w}");
+        // The estimate of many equal blocks is unbiased: n * p * w = n.
+        let p = 1.0 - (-1024.0f64 / (512.0 * 1024.0)).exp();
+        assert!((1000.0 * p * w - 1000.0).abs() < 1e-6);
+        assert_eq!(weight(0, 512), 1.0);
+    }
+}

@@ -1,0 +1,140 @@
+//! Which allocator entry points a binary defines, as probe sites (file offset, kind). Any
+//! object a process maps can be its allocator: libc, a preloaded or linked jemalloc or
+//! tcmalloc (same public names), or a static executable; CPython's pymalloc functions are
+//! static (`.symtab` or the debug file). Names at one address (glibc's `memalign` and
+//! `aligned_alloc`, tcmalloc's `tc_*` aliases) make one site.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use object::{Object, ObjectSymbol, SymbolKind};
+use pyrometer_ebpf::alloc_kind as kind;
+
+use crate::elfsyms::{file_offset, is_copy_of, loads};
+
+/// The C allocator's public entry points.
+const LIBC: &[(&str, u32)] = &[
+    ("malloc", kind::MALLOC),
+    ("calloc", kind::CALLOC),
+    ("realloc", kind::REALLOC),
+    ("reallocarray", kind::REALLOCARRAY),
+    ("free", kind::FREE),
+    ("cfree", kind::FREE),
+    ("posix_memalign", kind::POSIX_MEMALIGN),
+    ("aligned_alloc", kind::ALIGNED),
+    ("memalign", kind::ALIGNED),
+    ("valloc", kind::VALLOC),
+    ("pvalloc", kind::VALLOC),
+];
+
+/// pymalloc's functions, which `PyObject_Malloc` and `PyMem_Malloc` reach through the
+/// allocator table (so the table's calls are never inlined).
+const PYMALLOC: &[(&str, u32)] = &[
+    ("_PyObject_Malloc", kind::PY_MALLOC),
+    ("_PyObject_Calloc", kind::PY_CALLOC),
+    ("_PyObject_Realloc", kind::PY_REALLOC),
+    ("_PyObject_Free", kind::PY_FREE),
+];
+
+/// Probe sites of one binary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sites {
+    /// (file offset, `alloc_kind`), sorted by offset.
+    pub sites: Vec<(u64, u32)>,
+    /// The binary defines `malloc` (it is a C allocator, not only pymalloc).
+    pub has_malloc: bool,
+}
+
+/// Finds the allocator sites of the binary at `path`; `debug_file` is its separate debug
+/// file (for pymalloc's static symbols in a stripped interpreter).
+pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let obj = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
+    let loads = loads(&obj);
+    let debug_data = debug_file.and_then(|p| std::fs::read(p).ok());
+    let debug_obj = debug_data
+        .as_deref()
+        .and_then(|d| object::File::parse(d).ok());
+    let mut out = Sites::default();
+    let mut seen = HashSet::new();
+    let objects = std::iter::once(&obj).chain(debug_obj.as_ref());
+    for o in objects {
+        for sym in o.dynamic_symbols().chain(o.symbols()) {
+            if !sym.is_definition() || sym.kind() != SymbolKind::Text || sym.address() == 0 {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            let kind = LIBC
+                .iter()
+                .find(|(n, _)| *n == name)
+                .or_else(|| PYMALLOC.iter().find(|(n, _)| is_copy_of(name, n)))
+                .map(|&(_, k)| k);
+            let Some(kind) = kind else { continue };
+            out.has_malloc |= kind == kind::MALLOC;
+            if seen.insert(sym.address())
+                && let Some(off) = file_offset(&loads, sym.address())
+            {
+                out.sites.push((off, kind));
+            }
+        }
+    }
+    out.sites.sort_unstable();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glibc_entry_points_one_site_per_address() {
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        if !libc.exists() {
+            println!("skipping: {} is missing", libc.display());
+            return;
+        }
+        let s = find(libc, None).unwrap();
+        assert!(s.has_malloc);
+        let kinds: Vec<u32> = s.sites.iter().map(|&(_, k)| k).collect();
+        for k in [
+            kind::MALLOC,
+            kind::CALLOC,
+            kind::REALLOC,
+            kind::FREE,
+            kind::POSIX_MEMALIGN,
+            kind::ALIGNED,
+        ] {
+            assert!(kinds.contains(&k), "kind {k} missing: {s:?}");
+        }
+        // memalign and aligned_alloc share an address in glibc: one site.
+        assert_eq!(kinds.iter().filter(|&&k| k == kind::ALIGNED).count(), 1);
+        let offsets: HashSet<u64> = s.sites.iter().map(|&(o, _)| o).collect();
+        assert_eq!(offsets.len(), s.sites.len());
+    }
+
+    #[test]
+    fn pymalloc_in_a_pyenv_build() {
+        let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+        let lib = Path::new(&home).join(".pyenv/versions/3.11.7/lib/libpython3.11.so.1.0");
+        if !lib.exists() {
+            println!("skipping: {} is missing", lib.display());
+            return;
+        }
+        let s = find(&lib, None).unwrap();
+        assert!(!s.has_malloc, "libpython is not a C allocator");
+        let kinds: Vec<u32> = s.sites.iter().map(|&(_, k)| k).collect();
+        assert_eq!(
+            kinds.len(),
+            4,
+            "the four pymalloc functions, nothing else: {s:?}"
+        );
+        for k in [
+            kind::PY_MALLOC,
+            kind::PY_CALLOC,
+            kind::PY_REALLOC,
+            kind::PY_FREE,
+        ] {
+            assert!(kinds.contains(&k));
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! The agent's settings: flags, the TOML config file (flags win), and what they resolve to.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::gpu::NvmlArgs;
+use crate::{EXIT_INPUT, exit_error, parse_bytes, parse_duration};
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// TOML file with the same settings as the flags (flags win), e.g. `collector = "http://c:4040"`.
+    #[arg(long, value_name = "FILE")]
+    pub(super) config: Option<PathBuf>,
+    /// Process to profile (repeatable); default: every process.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub(super) pids: Vec<u32>,
+    /// Profile processes whose name (comm) matches this regex, including ones started later.
+    #[arg(long, value_name = "REGEX")]
+    pub(super) comm: Option<String>,
+    /// Collector to push to, e.g. http://collector:4040.
+    #[arg(long, value_name = "URL")]
+    pub(super) collector: Option<String>,
+    /// The `node` label of everything this agent pushes (default: the hostname).
+    #[arg(long)]
+    pub(super) node_name: Option<String>,
+    /// How often a profile is aggregated and pushed (default 10s).
+    #[arg(long, value_parser = parse_duration)]
+    pub(super) push_interval: Option<Duration>,
+    /// Samples per second per CPU (default 19).
+    #[arg(short = 'F', long)]
+    pub(super) frequency: Option<u64>,
+    /// Where batches wait for the collector (default /var/lib/pyrometer/spool).
+    #[arg(long, value_name = "DIR")]
+    pub(super) spool_dir: Option<PathBuf>,
+    /// Spool size limit in MiB; when full the oldest batches are dropped (default 256).
+    #[arg(long, value_name = "MIB")]
+    pub(super) spool_max_mb: Option<u64>,
+    /// File holding the collector's bearer token.
+    #[arg(long, value_name = "FILE")]
+    pub(super) token_file: Option<PathBuf>,
+    /// PEM file of the CA that signed an https:// collector's certificate (default: the
+    /// system's roots).
+    #[arg(long, value_name = "FILE")]
+    pub(super) ca: Option<PathBuf>,
+    /// Serve the agent's own Prometheus /metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub(super) metrics_listen: Option<SocketAddr>,
+    /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub(super) stats: Option<PathBuf>,
+    /// How to walk user stacks: `dwarf` (in-kernel .eh_frame unwinding, frame pointers where a
+    /// binary has no table; the default) or `fp` (frame pointers only).
+    #[arg(long, value_parser = ["dwarf", "fp"])]
+    pub(super) unwind: Option<String>,
+    /// Also measure off-CPU time of the targets (as `record --off-cpu`): blocked time by the
+    /// stack that blocked, the `off_cpu/nanoseconds` type; a long block is reported in every
+    /// push it spans, counted once.
+    #[arg(long)]
+    pub(super) off_cpu: bool,
+    /// Shortest blocked interval counted with --off-cpu (default 1ms).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(super) off_cpu_min: Option<Duration>,
+    /// Capacity of the node's unwind row array, shared by all tables (default 1048576 rows,
+    /// 16 MiB of kernel memory).
+    #[arg(long, value_name = "ROWS")]
+    pub(super) unwind_rows: Option<u32>,
+    /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
+    /// "GPU source off" once when it does not): gauges on /metrics, and `gpu` and
+    /// `gpu_memory` labels on the samples of processes that use a GPU.
+    #[arg(long)]
+    pub(super) no_gpu: bool,
+    #[command(flatten)]
+    pub(super) nvml: NvmlArgs,
+    /// Sample the allocations of this process (repeatable): uprobes on its allocator, as
+    /// `record --alloc`. Opt-in per process: a uprobe traps on every call.
+    #[arg(long = "alloc-pid", value_name = "PID")]
+    pub(super) alloc_pids: Vec<u32>,
+    /// Sample the allocations of processes whose name (comm) matches this regex, including
+    /// ones started later.
+    #[arg(long, value_name = "REGEX")]
+    pub(super) alloc_comm: Option<String>,
+    /// Mean bytes between allocation samples (default 512K).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub(super) alloc_sample_bytes: Option<u64>,
+    /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub(super) btf_path: Option<PathBuf>,
+}
+
+/// The config file: the flags' long names, in kebab case.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    pid: Option<Vec<u32>>,
+    comm: Option<String>,
+    collector: Option<String>,
+    node_name: Option<String>,
+    push_interval: Option<String>,
+    frequency: Option<u64>,
+    spool_dir: Option<PathBuf>,
+    spool_max_mb: Option<u64>,
+    token_file: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    metrics_listen: Option<SocketAddr>,
+    unwind: Option<String>,
+    unwind_rows: Option<u32>,
+    off_cpu: Option<bool>,
+    off_cpu_min: Option<String>,
+    gpu: Option<bool>,
+    gpu_interval: Option<String>,
+    nvml_lib: Option<PathBuf>,
+    alloc_pid: Option<Vec<u32>>,
+    alloc_comm: Option<String>,
+    alloc_sample_bytes: Option<String>,
+}
+
+pub(super) struct Config {
+    pub(super) pids: Vec<u32>,
+    pub(super) comm: Option<Regex>,
+    pub(super) collector: String,
+    pub(super) node: String,
+    pub(super) interval: Duration,
+    pub(super) frequency: u64,
+    pub(super) spool_dir: PathBuf,
+    pub(super) spool_max_bytes: u64,
+    pub(super) token: Option<String>,
+    pub(super) ca: Option<PathBuf>,
+    pub(super) metrics_listen: Option<SocketAddr>,
+    pub(super) dwarf: bool,
+    pub(super) unwind_rows: u32,
+    /// The shortest blocked interval counted, when off-CPU time is measured.
+    pub(super) off_cpu_min_ns: Option<u64>,
+    /// GPU polling: the interval and the NVML library, or None when off.
+    pub(super) gpu: Option<(Duration, OsString)>,
+    /// Allocation sampling, when some process is chosen for it.
+    pub(super) alloc: Option<AllocTargets>,
+}
+
+/// The processes whose allocations are sampled, and the mean bytes between samples.
+pub(super) struct AllocTargets {
+    pub(super) pids: Vec<u32>,
+    pub(super) comm: Option<Regex>,
+    pub(super) sample_bytes: u64,
+}
+
+pub(super) fn input(msg: impl Into<String>) -> anyhow::Error {
+    exit_error(EXIT_INPUT, msg)
+}
+
+pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| input(format!("cannot read {}: {e}", path.display())))?;
+            toml::from_str(&text)
+                .map_err(|e| input(format!("{}: {}", path.display(), e.message())))?
+        }
+        None => FileConfig::default(),
+    };
+    let pids = if args.pids.is_empty() {
+        file.pid.unwrap_or_default()
+    } else {
+        args.pids.clone()
+    };
+    let comm = match args.comm.clone().or(file.comm) {
+        Some(re) => Some(
+            Regex::new(&format!("^(?:{re})$"))
+                .map_err(|e| input(format!("invalid --comm regex '{re}': {e}")))?,
+        ),
+        None => None,
+    };
+    let collector = args.collector.clone().or(file.collector).ok_or_else(|| {
+        input("no collector: give --collector http://HOST:4040 (or `collector` in --config)")
+    })?;
+    let interval = match (args.push_interval, file.push_interval) {
+        (Some(d), _) => d,
+        (None, Some(s)) => parse_duration(&s).map_err(|e| input(format!("push-interval: {e}")))?,
+        (None, None) => Duration::from_secs(10),
+    };
+    let frequency = args.frequency.or(file.frequency).unwrap_or(19);
+    if !(1..=10_000).contains(&frequency) {
+        return Err(input("frequency must be between 1 and 10000 Hz"));
+    }
+    let token = match args.token_file.clone().or(file.token_file) {
+        Some(path) => {
+            let t = std::fs::read_to_string(&path).map_err(|e| {
+                input(format!(
+                    "cannot read the token file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            Some(t.trim().to_string()).filter(|t| !t.is_empty())
+        }
+        None => None,
+    };
+    let node = match args.node_name.clone().or(file.node_name) {
+        Some(n) if !n.is_empty() => n,
+        _ => hostname(),
+    };
+    let gpu = if args.no_gpu || file.gpu == Some(false) {
+        None
+    } else {
+        let interval = match (args.nvml.gpu_interval, file.gpu_interval) {
+            (Some(d), _) => d,
+            (None, Some(s)) => {
+                crate::gpu::parse_interval(&s).map_err(|e| input(format!("gpu-interval: {e}")))?
+            }
+            (None, None) => crate::gpu::DEFAULT_INTERVAL,
+        };
+        // Flag, then environment, then the file: as for every other setting, the most
+        // local wins.
+        let lib = match (&args.nvml.nvml_lib, file.nvml_lib) {
+            (Some(_), _) | (None, None) => args.nvml.library(),
+            (None, Some(path)) => std::env::var_os("PYROMETER_NVML_LIB")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| path.into_os_string()),
+        };
+        Some((interval, lib))
+    };
+    let alloc_pids = if args.alloc_pids.is_empty() {
+        file.alloc_pid.unwrap_or_default()
+    } else {
+        args.alloc_pids.clone()
+    };
+    let alloc_comm = match args.alloc_comm.clone().or(file.alloc_comm) {
+        Some(re) => Some(
+            Regex::new(&format!("^(?:{re})$"))
+                .map_err(|e| input(format!("invalid --alloc-comm regex '{re}': {e}")))?,
+        ),
+        None => None,
+    };
+    let sample_bytes = match (args.alloc_sample_bytes, file.alloc_sample_bytes) {
+        (Some(b), _) => b,
+        (None, Some(s)) => {
+            parse_bytes(&s).map_err(|e| input(format!("alloc-sample-bytes: {e}")))?
+        }
+        (None, None) => pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES,
+    };
+    let alloc = (!alloc_pids.is_empty() || alloc_comm.is_some()).then_some(AllocTargets {
+        pids: alloc_pids,
+        comm: alloc_comm,
+        sample_bytes,
+    });
+    Ok(Config {
+        alloc,
+        gpu,
+        pids,
+        comm,
+        collector,
+        node,
+        interval,
+        frequency,
+        spool_dir: args
+            .spool_dir
+            .clone()
+            .or(file.spool_dir)
+            .unwrap_or_else(|| PathBuf::from("/var/lib/pyrometer/spool")),
+        spool_max_bytes: args.spool_max_mb.or(file.spool_max_mb).unwrap_or(256) << 20,
+        token,
+        ca: args.ca.clone().or(file.ca),
+        metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        dwarf: match args.unwind.clone().or(file.unwind).as_deref() {
+            None | Some("dwarf") => true,
+            Some("fp") => false,
+            Some(other) => {
+                return Err(input(format!("unwind must be dwarf or fp, not '{other}'")));
+            }
+        },
+        unwind_rows: args.unwind_rows.or(file.unwind_rows).unwrap_or(1 << 20),
+        off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
+            let min = match (args.off_cpu_min, file.off_cpu_min) {
+                (Some(d), _) => d,
+                (None, Some(s)) => {
+                    parse_duration(&s).map_err(|e| input(format!("off-cpu-min: {e}")))?
+                }
+                (None, None) => pyrometer::bpf::DEFAULT_OFF_CPU_MIN,
+            };
+            Some(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX))
+        } else {
+            None
+        },
+    })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    fn resolve_with(config: &str, flags: &[&str]) -> anyhow::Result<Config> {
+        let dir = std::env::temp_dir().join(format!("pyrometer-agent-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}.toml", flags.len() + config.len()));
+        std::fs::write(&path, format!("collector = \"http://c:4040\"\n{config}")).unwrap();
+        let mut argv = vec!["agent", "--config", path.to_str().unwrap()];
+        argv.extend_from_slice(flags);
+        resolve(&Cli::parse_from(argv).agent)
+    }
+
+    #[test]
+    fn gpu_settings_from_file_and_flags() {
+        let on = resolve_with("", &[]).unwrap();
+        assert_eq!(on.gpu.unwrap().0, Duration::from_secs(1), "on by default");
+        assert!(resolve_with("gpu = false", &[]).unwrap().gpu.is_none());
+        assert!(resolve_with("", &["--no-gpu"]).unwrap().gpu.is_none());
+        let (interval, _) = resolve_with("gpu-interval = \"250ms\"", &[])
+            .unwrap()
+            .gpu
+            .unwrap();
+        assert_eq!(interval, Duration::from_millis(250));
+        let (interval, lib) = resolve_with(
+            "gpu-interval = \"250ms\"\nnvml-lib = \"/file/lib.so\"",
+            &["--gpu-interval", "2s", "--nvml-lib", "/flag/lib.so"],
+        )
+        .unwrap()
+        .gpu
+        .unwrap();
+        assert_eq!(interval, Duration::from_secs(2), "flags win");
+        assert_eq!(lib, OsString::from("/flag/lib.so"));
+        let err = resolve_with("gpu-interval = \"1ms\"", &[]).err().unwrap();
+        assert!(err.to_string().contains("gpu-interval"), "{err}");
+    }
+
+    #[test]
+    fn allocation_sampling_is_opt_in_per_target() {
+        assert!(
+            resolve_with("", &[]).unwrap().alloc.is_none(),
+            "off by default"
+        );
+        let a = resolve_with(
+            "alloc-comm = \"worker.*\"\nalloc-sample-bytes = \"1M\"",
+            &[],
+        )
+        .unwrap()
+        .alloc
+        .unwrap();
+        assert_eq!(a.sample_bytes, 1 << 20);
+        assert!(a.comm.unwrap().is_match("worker-3"));
+        let a = resolve_with("", &["--alloc-pid", "42", "--alloc-pid", "43"])
+            .unwrap()
+            .alloc
+            .unwrap();
+        assert_eq!(
+            (a.pids, a.sample_bytes),
+            (vec![42, 43], pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES)
+        );
+        let err = resolve_with("alloc-comm = \"(\"", &[]).err().unwrap();
+        assert!(err.to_string().contains("--alloc-comm"), "{err}");
+    }
+}

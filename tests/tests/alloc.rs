@@ -1,0 +1,248 @@
+//! `pyrometer record --alloc` / `--leaks` against fixtures/allocs.c, which allocates known
+//! totals from known functions and prints exactly what it did, and fixtures/py_leak.py, whose
+//! global list keeps growing. Needs root (uprobes, BPF).
+
+use std::collections::HashMap;
+
+use pyrometer_e2e::python::{Interpreter, line_of, source};
+use pyrometer_e2e::*;
+
+/// The fixture's own account: function -> (allocations, bytes).
+fn fixture_totals(stdout: &[u8]) -> HashMap<String, (f64, f64)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let name = f.next()?.to_string();
+            let count: f64 = f.next()?.parse().ok()?;
+            let bytes: f64 = f.next()?.parse().ok()?;
+            Some((name, (count, bytes)))
+        })
+        .collect()
+}
+
+/// Total of a sample type over the samples whose stack holds `function`.
+fn by_function(samples: &[PprofSample], index: usize, function: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.functions.iter().any(|f| f == function))
+        .map(|s| s.values[index] as f64)
+        .sum()
+}
+
+fn record_allocs(
+    name: &str,
+    args: &[&str],
+    fixture_args: &[&str],
+) -> (std::process::Output, std::path::PathBuf) {
+    let dir = scratch(name);
+    let out = dir.join("alloc.pb.gz");
+    let mut all = vec!["record", "-o", out.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.push("--");
+    let bin = fixture("allocs");
+    all.push(bin.to_str().unwrap());
+    all.extend_from_slice(fixture_args);
+    let result = pyrometer(&all);
+    assert_ok(&result);
+    (result, out)
+}
+
+const FUNCTIONS: [&str; 4] = ["make_200", "make_600", "zeroed_200", "grow_200"];
+
+/// At the default rate (a sample every 512 KiB), each function's estimated bytes are within
+/// ±15 % of what it allocated (200 MB is ~400 samples), counting calloc's n * size and
+/// realloc's new size; everything was freed, so almost nothing is in use at the end.
+#[test]
+fn totals_at_the_default_rate() {
+    if !privileged() {
+        return;
+    }
+    let (result, out) = record_allocs("alloc-totals", &["--alloc"], &["totals"]);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let (space, inuse) = (pprof_type(&p, "alloc_space"), pprof_type(&p, "inuse_space"));
+    let err = stderr(&result);
+    let mut total = 0.0;
+    for f in FUNCTIONS {
+        let want = truth[f].1;
+        let got = by_function(&samples, space, f);
+        assert!(
+            (got - want).abs() <= 0.15 * want,
+            "{f}: estimated {got:.0} bytes, allocated {want:.0}\n{err}"
+        );
+        total += want;
+        println!("{f}: estimated {got:.0} of {want:.0} bytes");
+    }
+    let in_use: f64 = samples.iter().map(|s| s.values[inuse] as f64).sum();
+    assert!(
+        in_use < 0.01 * total,
+        "{in_use:.0} bytes in use after everything was freed\n{err}"
+    );
+    assert!(
+        err.contains("allocations: ") && err.contains("sampled (one every 512.0 KiB"),
+        "{err}"
+    );
+}
+
+/// At --alloc-sample-bytes 1 every allocation is recorded: counts and bytes are exact.
+#[test]
+fn exact_at_rate_one() {
+    if !privileged() {
+        return;
+    }
+    let (result, out) = record_allocs(
+        "alloc-exact",
+        &["--alloc", "--alloc-sample-bytes", "1"],
+        &["totals", "0.1"],
+    );
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let (objects, space) = (
+        pprof_type(&p, "alloc_objects"),
+        pprof_type(&p, "alloc_space"),
+    );
+    for f in FUNCTIONS {
+        let (count, bytes) = truth[f];
+        assert_eq!(by_function(&samples, objects, f), count, "{f}: allocations");
+        assert_eq!(by_function(&samples, space, f), bytes, "{f}: bytes");
+    }
+}
+
+/// One function leaks 200 MiB in 1 KiB blocks, another frees all it allocates: --leaks shows
+/// only the leaker, its in-use estimate within ±20 %, and names it in the report.
+#[test]
+fn leaks_show_only_the_leaking_function() {
+    if !privileged() {
+        return;
+    }
+    let (result, out) = record_allocs("alloc-leak", &["--leaks", "--min-age", "1s"], &["leak"]);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let inuse = pprof_type(&p, "inuse_space");
+    let err = stderr(&result);
+    let leaked = by_function(&samples, inuse, "leak_1k");
+    let want = truth["leak_1k"].1;
+    assert!(
+        (leaked - want).abs() <= 0.2 * want,
+        "leak_1k: {leaked:.0} bytes in use, leaked {want:.0}\n{err}"
+    );
+    assert_eq!(
+        by_function(&samples, inuse, "tidy"),
+        0.0,
+        "tidy freed everything"
+    );
+    let report: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("pyrometer: leaks:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert!(
+        report.first().is_some_and(|l| l.contains("leak_1k")),
+        "the report leads with leak_1k:\n{err}"
+    );
+    assert!(!report.iter().any(|l| l.contains("tidy")), "{err}");
+}
+
+/// A Python script whose global list grows: the report names the Python function and line.
+#[test]
+fn python_leak_names_the_function_and_line() {
+    if !privileged() {
+        return;
+    }
+    let python = Interpreter::pyenv(11);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("alloc-python");
+    let out = dir.join("leak.pb.gz");
+    let script = source("py_leak.py");
+    // The script sleeps after growing its list: the recording ends while the list is still
+    // referenced (at exit the interpreter would free it).
+    let mut child = std::process::Command::new(pyrometer_bin())
+        .args([
+            "record",
+            "--leaks",
+            "--min-age",
+            "500ms",
+            "--duration",
+            "15s",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            python.path.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    // The script is still asleep (record leaves a command running at --duration), holding
+    // the stderr pipe it inherited: it goes before the pipe is read to its end.
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", script.to_str().unwrap()])
+        .status();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    let line = line_of(&script, "# GROW_LINE");
+    let report: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("pyrometer: leaks:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    let top = report
+        .first()
+        .unwrap_or_else(|| panic!("no leak report:\n{err}"));
+    assert!(
+        top.contains(&format!("grow ({}:{line})", script.display())),
+        "the top leak is grow() on line {line}: {top}\n{err}"
+    );
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let inuse = pprof_type(&p, "inuse_space");
+    let in_grow = by_function(&samples, inuse, "grow");
+    // 50k bytearrays of 1000 bytes, and their object headers: ~50 MB.
+    assert!(
+        in_grow > 40e6,
+        "{in_grow:.0} bytes in use under grow()\n{err}"
+    );
+}
+
+/// No allocator to probe: a static, stripped executable is refused with one line, exit 2;
+/// --alloc with --all is a usage error.
+#[test]
+fn no_allocator_is_a_clear_error() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("alloc-static");
+    let out = dir.join("x.folded");
+    let bin = fixture("allocs-static");
+    let result = pyrometer(&[
+        "record",
+        "--alloc",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "totals",
+    ]);
+    let err = stderr(&result);
+    assert_eq!(result.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no allocator to probe") && err.contains("statically linked without symbols"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!out.exists(), "nothing written");
+    let result = pyrometer(&["record", "--alloc", "--all", "-o", out.to_str().unwrap()]);
+    assert_eq!(result.status.code(), Some(2));
+    assert!(stderr(&result).contains("'--alloc' cannot be used with '--all'"));
+}
