@@ -147,29 +147,41 @@ fn location_names<'p>(
     profile: &'p Profile,
     s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
 ) -> Result<HashMap<u64, Vec<String>>, IngestError> {
-    let functions: HashMap<u64, &str> = profile
+    let functions: HashMap<u64, (&str, &str)> = profile
         .function
         .iter()
-        .map(|f| Ok((f.id, s(f.name)?)))
+        .map(|f| Ok((f.id, (s(f.name)?, s(f.filename)?))))
         .collect::<Result<_, IngestError>>()?;
-    let kernel_mappings: Vec<u64> = profile
-        .mapping
-        .iter()
-        .filter(|m| s(m.filename).is_ok_and(|f| f.starts_with("[kernel.kallsyms]")))
-        .map(|m| m.id)
-        .collect();
+    let mapping_ids = |pred: &dyn Fn(&str) -> bool| -> Vec<u64> {
+        profile
+            .mapping
+            .iter()
+            .filter(|m| s(m.filename).is_ok_and(pred))
+            .map(|m| m.id)
+            .collect()
+    };
+    let kernel_mappings = mapping_ids(&|f| f.starts_with("[kernel.kallsyms]"));
+    let python_mappings = mapping_ids(&|f| f == pyrometer_proto::naming::PYTHON_MAPPING);
     let mut out = HashMap::with_capacity(profile.location.len());
     for loc in &profile.location {
         let kernel = kernel_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
+        let python = python_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
         let mut names = Vec::with_capacity(loc.line.len().max(1));
         for line in &loc.line {
-            let name = functions.get(&line.function_id).ok_or_else(|| {
+            let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
                 invalid(format!(
                     "function id {} not in the profile",
                     line.function_id
                 ))
             })?;
-            names.push(frame_name(name, kernel));
+            if python {
+                // As the node's own outputs name them: `function (file:line)`.
+                let line = u32::try_from(line.line).ok().filter(|&l| l > 0);
+                let label = pyrometer_proto::naming::python_frame_name(name, Some(file), line);
+                names.push(frame_name(&label, false));
+            } else {
+                names.push(frame_name(name, kernel));
+            }
         }
         if names.is_empty() {
             names.push(format!("0x{:x}", loc.address));
@@ -229,4 +241,98 @@ fn labels<'p>(
     let set = Arc::new(set);
     cache.insert(key, set.clone());
     Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyrometer_proto::{Function, Line, Location, Mapping, ValueType};
+
+    /// A Python frame (under the `[python]` mapping) reads `function (file:line)`, as the
+    /// node's own outputs write it; a native one its function name.
+    #[test]
+    fn python_frames_are_named_with_file_and_line() {
+        let strings: Vec<String> = [
+            "",
+            "samples",
+            "count",
+            "[python]",
+            "grow",
+            "/srv/app/lib/python3.11/site-packages/pkg/mod.py",
+            "/usr/lib/libc.so.6",
+            "malloc",
+        ]
+        .map(String::from)
+        .to_vec();
+        let profile = Profile {
+            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+            mapping: vec![
+                Mapping {
+                    id: 1,
+                    filename: 3,
+                    ..Default::default()
+                },
+                Mapping {
+                    id: 2,
+                    filename: 6,
+                    ..Default::default()
+                },
+            ],
+            function: vec![
+                Function {
+                    id: 1,
+                    name: 4,
+                    filename: 5,
+                    ..Default::default()
+                },
+                Function {
+                    id: 2,
+                    name: 7,
+                    ..Default::default()
+                },
+            ],
+            location: vec![
+                Location {
+                    id: 1,
+                    mapping_id: 1,
+                    line: vec![Line {
+                        function_id: 1,
+                        line: 12,
+                        column: 0,
+                    }],
+                    ..Default::default()
+                },
+                Location {
+                    id: 2,
+                    mapping_id: 2,
+                    address: 0x1234,
+                    line: vec![Line {
+                        function_id: 2,
+                        line: 0,
+                        column: 0,
+                    }],
+                    ..Default::default()
+                },
+            ],
+            sample: vec![Sample {
+                location_id: vec![2, 1],
+                value: vec![3],
+                label: vec![],
+            }],
+            string_table: strings,
+            ..Default::default()
+        };
+        let bytes = PushRequest {
+            agent_id: "a".into(),
+            sequence: 1,
+            node: "n".into(),
+            profile: Some(profile),
+        }
+        .encode_to_vec();
+        let batch = decode(&bytes, &Limits::default(), 100).unwrap();
+        assert_eq!(
+            batch.rows[0].stack.as_slice(),
+            ["grow (pkg/mod.py:12)", "malloc"]
+        );
+    }
 }

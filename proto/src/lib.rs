@@ -10,6 +10,7 @@
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod ingest;
+pub mod naming;
 
 use std::fmt::Write as _;
 use std::io::{Read, Write as _};

@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side,
-//! then the Python overhead against py-spy (pybench.rs), DWARF unwinding costs and the
-//! collector's ingest and query figures.
+//! then the Python overhead against py-spy (pybench.rs), the allocation probes' cost
+//! (allocbench.rs), DWARF unwinding costs and the collector's ingest and query figures.
 //!
 //! The workload (tests/fixtures/cpu631.c) times its own work loop, so pyrometer's start-up
 //! and symbolization are excluded. Runs alternate alone / under pyrometer, and the figures
@@ -141,6 +141,7 @@ pub fn bench(root: &Path) -> Result<()> {
         samples_total / pairs as u64
     );
     crate::pybench::bench(root, &pyrometer, pairs)?;
+    crate::allocbench::bench(root, &pyrometer, pairs)?;
     unwind_bench(root, &pyrometer, &dir)?;
     collector_bench(root)
 }

@@ -45,35 +45,9 @@ pub fn frame_name(frame: &Frame) -> String {
     name
 }
 
-/// `function (file:line)` for a Python frame, the file without its installation prefix
-/// (`…/site-packages/`, `…/lib/python3.X/`), so library frames stay short.
+/// `function (file:line)` for a Python frame (see [`pyrometer_proto::naming`]).
 pub fn python_label(frame: &Frame) -> String {
-    match (&frame.file, frame.line) {
-        (Some(file), Some(line)) => format!("{} ({}:{line})", frame.function, short_path(file)),
-        (Some(file), None) => format!("{} ({})", frame.function, short_path(file)),
-        (None, _) => frame.function.clone(),
-    }
-}
-
-/// A Python source path without the directory it was installed under.
-pub fn short_path(path: &str) -> &str {
-    for marker in ["/site-packages/", "/dist-packages/"] {
-        if let Some(i) = path.rfind(marker) {
-            return &path[i + marker.len()..];
-        }
-    }
-    // The standard library: `/usr/lib/python3.11/threading.py` -> `threading.py`.
-    if let Some(i) = path.rfind("/lib/python") {
-        let rest = &path[i + "/lib/python".len()..];
-        if let Some(slash) = rest.find('/')
-            && rest[..slash]
-                .bytes()
-                .all(|b| b.is_ascii_digit() || b == b'.')
-        {
-            return &rest[slash + 1..];
-        }
-    }
-    path
+    pyrometer_proto::naming::python_frame_name(&frame.function, frame.file.as_deref(), frame.line)
 }
 
 /// The root frame a sample gets from its process name, if it has one.

@@ -22,7 +22,7 @@ use crate::output::OutputError;
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 /// Pseudo file name of the mapping of Python frames (functions with source files and lines,
 /// no addresses), so a profile read back knows them.
-pub const PYTHON_MAPPING: &str = "[python]";
+pub const PYTHON_MAPPING: &str = pyrometer_proto::naming::PYTHON_MAPPING;
 
 /// Builds the string table: "" at index 0, then strings in order of first use, so the same
 /// profile always gives the same table.
