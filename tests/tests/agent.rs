@@ -275,3 +275,93 @@ fn off_cpu_across_pushes_is_counted_once() {
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(s["batches_pushed"].as_u64().unwrap() >= 4, "{s}");
 }
+
+/// `--alloc-comm`: the agent probes the allocator of a process chosen by name, and its pushes
+/// carry the allocations (each function's estimate within ±20 % of what it allocated) and
+/// what is in use at the push (the leaked blocks, not the freed ones).
+#[test]
+fn allocations_of_a_chosen_process_are_pushed() {
+    if !privileged() {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let dir = scratch("agent-alloc");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    // The fixture waits for a line before it allocates, so the probes are in first.
+    let exe = dir.join("alloc-wl");
+    std::fs::copy(pyrometer_e2e::fixture("allocs"), &exe).unwrap();
+    let mut workload = Command::new(&exe)
+        .args(["pause", "leak"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut agent = Killed(
+        Command::new(pyrometer_bin())
+            .args(["agent", "--node-name", "alloc-node", "--collector"])
+            .arg(collector.url())
+            .args(["--comm", "alloc-wl", "--alloc-comm", "alloc-wl"])
+            .args(["--push-interval", "1s", "--spool-dir"])
+            .arg(dir.join("spool"))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pyrometer agent"),
+    );
+    // Its stderr is read to the end on a thread of its own: a closed pipe would end the agent.
+    let err = agent.0.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let probed = format!("sampling the allocations of pid {}", workload.id());
+    while !seen.last().is_some_and(|l: &String| l.contains(&probed)) {
+        let line = lines
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e}: {seen:?}"));
+        seen.push(line);
+    }
+    workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let out = workload.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let allocated = |f: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{f} ")))
+            .and_then(|rest| rest.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {f} in {text}"))
+    };
+    // Two more pushes after it exits: everything it did is in.
+    std::thread::sleep(Duration::from_secs(3));
+    let q = enc("{node=\"alloc-node\",comm=\"alloc-wl\"}");
+    let folded = |ty: &str| {
+        collector.get(&format!(
+            "/api/v1/profile?format=folded&type={ty}&query={q}&from=now-10m"
+        ))
+    };
+    let sum = |folded: &str, f: &str| -> f64 {
+        folded
+            .lines()
+            .filter(|l| l.split(';').any(|frame| frame.split(' ').next() == Some(f)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let space = folded("alloc_space");
+    for f in ["leak_1k", "tidy"] {
+        let (got, want) = (sum(&space, f), allocated(f));
+        assert!(
+            (got - want).abs() <= 0.2 * want,
+            "{f}: {got:.0} bytes pushed, {want:.0} allocated:\n{space}"
+        );
+    }
+    // In use at each push: the leaked blocks, and nothing of tidy's.
+    let inuse = folded("inuse_space");
+    assert!(sum(&inuse, "leak_1k") > 0.0, "{inuse}");
+    assert_eq!(sum(&inuse, "tidy"), 0.0, "{inuse}");
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    assert!(agent.0.wait().unwrap().success());
+}

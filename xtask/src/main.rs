@@ -33,6 +33,9 @@ const DEPS: &[(&str, &str)] = &[
     ("npm", "/usr/bin/npm"),
     // The CPython offset table is checked against each build's DWARF through gdb.
     ("gdb", "/usr/bin/gdb"),
+    // The separate debug file of Debian's python3.11 (the GIL probes' symbols); installing it
+    // upgrades python3.11 to the matching build.
+    ("python3.11-dbg", "/usr/share/doc/python3.11-dbg"),
     // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),

@@ -406,7 +406,12 @@ fn add_alloc_targets(
         };
         if let Some(probes) = tables.alloc.as_mut() {
             probes.sync(p, sampler);
-            if !probes.has_allocator(pid) {
+            if probes.has_allocator(pid) {
+                eprintln!(
+                    "pyrometer agent: sampling the allocations of pid {pid} ({})",
+                    p.comm
+                );
+            } else {
                 let why = probes.failure(pid).map_or_else(
                     || pyrometer::alloc::no_allocator_message(pid, &p.comm, p.exe.as_deref()),
                     |f| format!("pid {pid} ({}): cannot probe its allocator: {f}", p.comm),
