@@ -38,9 +38,30 @@ pub trait Uprobes {
     fn detach_process_probes(&mut self, pid: u32);
 }
 
+/// A loaded uprobe program of the object.
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, BpfError> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
+        .try_into()
+        .map_err(|e| BpfError::Load(error_chain(&e)))
+}
+
+/// The programs filter by the target set themselves, so a probe for every process costs
+/// the processes that are not targets a trap each; the allocation probes, on functions every
+/// process calls, are attached per process.
 impl Uprobes for Sampler {
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
-        Sampler::attach_uprobe(self, program, path, offset)
+        uprobe(&mut self.ebpf, program)?
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(offset),
+                path,
+                UProbeScope::AllProcesses,
+            )
+            .map(|_| ())
+            .map_err(|e| BpfError::Attach {
+                what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
+                reason: error_chain(&e),
+            })
     }
 
     fn attach_process_probe(
@@ -51,11 +72,38 @@ impl Uprobes for Sampler {
         cookie: u64,
         pid: u32,
     ) -> Result<(), BpfError> {
-        Sampler::attach_process_probe(self, program, path, offset, cookie, pid)
+        let scope = std::num::NonZeroU32::new(pid)
+            .map(UProbeScope::OneProcess)
+            .ok_or_else(|| BpfError::Attach {
+                what: format!("uprobe {program}"),
+                reason: "pid 0".into(),
+            })?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: Some(cookie),
+        };
+        let link = uprobe(&mut self.ebpf, program)?
+            .attach(point, path, scope)
+            .map_err(|e| BpfError::Attach {
+                what: format!(
+                    "uprobe {program} at {}+{offset:#x} for pid {pid}",
+                    path.display()
+                ),
+                reason: error_chain(&e),
+            })?;
+        self.pid_probes
+            .entry(pid)
+            .or_default()
+            .push((program, link));
+        Ok(())
     }
 
     fn detach_process_probes(&mut self, pid: u32) {
-        Sampler::detach_process_probes(self, pid)
+        for (program, link) in self.pid_probes.remove(&pid).unwrap_or_default() {
+            if let Ok(prog) = uprobe(&mut self.ebpf, program) {
+                let _ = prog.detach(link);
+            }
+        }
     }
 }
 
@@ -327,12 +375,8 @@ impl Sampler {
         }
         {
             for name in uprobes {
-                let prog: &mut UProbe = ebpf
-                    .program_mut(name)
-                    .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
-                    .try_into()
-                    .map_err(|e| BpfError::Load(error_chain(&e)))?;
-                prog.load()
+                uprobe(&mut ebpf, name)?
+                    .load()
                     .map_err(|e| BpfError::Load(format!("{name}: {}", error_chain(&e))))?;
             }
         }
@@ -422,87 +466,6 @@ impl Sampler {
             .take()
             .ok_or_else(|| BpfError::Map("py_procs", "already taken".into()))?;
         Ok(crate::python::tracker::PyTracker::new(Some(map)))
-    }
-
-    /// Attaches one of the uprobe programs (`gil_take_enter`, `gil_take_return`, `gil_drop`)
-    /// at `offset` (a file offset) of the binary at `path`, for every process mapping it; the
-    /// programs filter by the target set themselves.
-    pub fn attach_uprobe(
-        &mut self,
-        program: &str,
-        path: &Path,
-        offset: u64,
-    ) -> Result<(), BpfError> {
-        let prog: &mut UProbe = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| BpfError::Load(format!("program {program} missing from object")))?
-            .try_into()
-            .map_err(|e| BpfError::Load(error_chain(&e)))?;
-        prog.attach(
-            UProbeAttachLocation::AbsoluteOffset(offset),
-            path,
-            UProbeScope::AllProcesses,
-        )
-        .map(|_| ())
-        .map_err(|e| BpfError::Attach {
-            what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
-            reason: error_chain(&e),
-        })
-    }
-
-    /// Attaches `program` (`ALLOC_ENTER` or `ALLOC_RETURN`) at file offset `offset` of the
-    /// binary at `path` for process `pid` only, passing `cookie` to the program.
-    pub fn attach_process_probe(
-        &mut self,
-        program: &'static str,
-        path: &Path,
-        offset: u64,
-        cookie: u64,
-        pid: u32,
-    ) -> Result<(), BpfError> {
-        let scope = std::num::NonZeroU32::new(pid)
-            .map(UProbeScope::OneProcess)
-            .ok_or_else(|| BpfError::Attach {
-                what: format!("uprobe {program}"),
-                reason: "pid 0".into(),
-            })?;
-        let prog: &mut UProbe = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| BpfError::Load(format!("program {program} missing from object")))?
-            .try_into()
-            .map_err(|e| BpfError::Load(error_chain(&e)))?;
-        let link = prog
-            .attach(
-                UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(offset),
-                    cookie: Some(cookie),
-                },
-                path,
-                scope,
-            )
-            .map_err(|e| BpfError::Attach {
-                what: format!(
-                    "uprobe {program} at {}+{offset:#x} for pid {pid}",
-                    path.display()
-                ),
-                reason: error_chain(&e),
-            })?;
-        self.pid_probes
-            .entry(pid)
-            .or_default()
-            .push((program, link));
-        Ok(())
-    }
-
-    /// Detaches the probes attached for `pid` (it exited).
-    pub fn detach_process_probes(&mut self, pid: u32) {
-        for (program, link) in self.pid_probes.remove(&pid).unwrap_or_default() {
-            if let Some(Ok(prog)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
-                let _ = prog.detach(link);
-            }
-        }
     }
 
     /// Adds a process to the agent's allocation targets.

@@ -48,6 +48,16 @@ fn record_allocs(
     (result, out)
 }
 
+/// The lines of `record --leaks`'s report, the largest site first.
+fn leak_report(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("pyrometer: leaks:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect()
+}
+
 const FUNCTIONS: [&str; 4] = ["make_200", "make_600", "zeroed_200", "grow_200"];
 
 /// At the default rate (a sample every 512 KiB), each function's estimated bytes are within
@@ -135,12 +145,7 @@ fn leaks_show_only_the_leaking_function() {
         0.0,
         "tidy freed everything"
     );
-    let report: Vec<&str> = err
-        .lines()
-        .skip_while(|l| !l.starts_with("pyrometer: leaks:"))
-        .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        .collect();
+    let report = leak_report(&err);
     assert!(
         report.first().is_some_and(|l| l.contains("leak_1k")),
         "the report leads with leak_1k:\n{err}"
@@ -191,12 +196,7 @@ fn python_leak_names_the_function_and_line() {
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(status.success(), "{err}");
     let line = line_of(&script, "# GROW_LINE");
-    let report: Vec<&str> = err
-        .lines()
-        .skip_while(|l| !l.starts_with("pyrometer: leaks:"))
-        .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        .collect();
+    let report = leak_report(&err);
     let top = report
         .first()
         .unwrap_or_else(|| panic!("no leak report:\n{err}"));

@@ -30,18 +30,24 @@ fn python_shares(stacks: &[FoldedStack], names: &[&str]) -> Vec<f64> {
     counts.iter().map(|&c| c as f64 / total as f64).collect()
 }
 
-fn record(args: &[&str], out: &Path, python: &Interpreter, script_args: &[&str]) -> String {
+/// `pyrometer record -F 499 -o OUT ARGS -- PYTHON PY_ARGS...`, which must succeed; its stderr.
+fn record_python(out: &Path, args: &[&str], python: &Path, py_args: &[&str]) -> String {
     let mut all: Vec<&str> = vec!["record", "-F", "499", "-o", out.to_str().unwrap()];
     all.extend_from_slice(args);
     all.push("--");
-    all.push(python.path.to_str().unwrap());
-    let script = source("py631.py");
-    let script = script.to_str().unwrap().to_string();
-    all.push(&script);
-    all.extend_from_slice(script_args);
+    all.push(python.to_str().unwrap());
+    all.extend_from_slice(py_args);
     let result = pyrometer(&all);
     assert_ok(&result);
     stderr(&result)
+}
+
+/// Records fixtures/py631.py with `script_args`.
+fn record(args: &[&str], out: &Path, python: &Interpreter, script_args: &[&str]) -> String {
+    let script = source("py631.py");
+    let mut py_args = vec![script.to_str().unwrap()];
+    py_args.extend_from_slice(script_args);
+    record_python(out, args, &python.path, &py_args)
 }
 
 /// The 6:3:1 split within ±5 pp, every stack through six/three/one reaching `<module>` on the
@@ -258,17 +264,7 @@ fn native_extension_under_its_python_caller() {
              squeeze()\n",
         )
         .unwrap();
-        let result = pyrometer(&[
-            "record",
-            "-F",
-            "499",
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            python.path.to_str().unwrap(),
-            script.to_str().unwrap(),
-        ]);
-        assert_ok(&result);
+        record_python(&out, &[], &python.path, &[script.to_str().unwrap()]);
         let stacks = read_folded(&out);
         let total: u64 = stacks.iter().map(|s| s.count).sum();
         let mut in_deflate = 0;
@@ -323,19 +319,12 @@ fn unsupported_version_is_named() {
     }
     let dir = scratch("pyframes-37");
     let out = dir.join("out.folded");
-    let result = pyrometer(&[
-        "record",
-        "-F",
-        "499",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        python.to_str().unwrap(),
-        "-c",
-        "x = 0\nfor i in range(3000000): x += i",
-    ]);
-    assert_ok(&result);
-    let err = stderr(&result);
+    let err = record_python(
+        &out,
+        &[],
+        &python,
+        &["-c", "x = 0\nfor i in range(3000000): x += i"],
+    );
     assert!(
         err.contains("Python 3.7.16 is not supported (3.8–3.13 are): native frames only"),
         "{err}"
@@ -370,23 +359,20 @@ fn thread_names_label_samples() {
             python.label.replace(' ', "-")
         ));
         let out = dir.join("out.pb.gz");
-        let result = pyrometer(&[
-            "record",
-            "-F",
-            "499",
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            python.path.to_str().unwrap(),
-            "-c",
-            "import threading\n\
-             def spin():\n\
-             \x20   x = 0\n\
-             \x20   for i in range(3000000): x += i\n\
-             t = threading.Thread(target=spin, name='cruncher-1')\n\
-             t.start(); t.join()\n",
-        ]);
-        assert_ok(&result);
+        record_python(
+            &out,
+            &[],
+            &python.path,
+            &[
+                "-c",
+                "import threading\n\
+                 def spin():\n\
+                 \x20   x = 0\n\
+                 \x20   for i in range(3000000): x += i\n\
+                 t = threading.Thread(target=spin, name='cruncher-1')\n\
+                 t.start(); t.join()\n",
+            ],
+        );
         let p = read_pprof(&out);
         let s = |i: i64| p.string_table[i as usize].as_str();
         let thread_of = |sample: &pyrometer_proto::Sample| {

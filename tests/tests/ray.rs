@@ -7,46 +7,11 @@ use std::process::Command;
 
 use pyrometer_e2e::*;
 
-/// Each sample's labels and function names.
+/// Each sample's labels, function names and sample count.
 fn samples(p: &pyrometer_proto::Profile) -> Vec<(HashMap<String, String>, Vec<String>, i64)> {
-    let s = |i: i64| p.string_table[i as usize].clone();
-    let functions: HashMap<u64, String> = p.function.iter().map(|f| (f.id, s(f.name))).collect();
-    let locations: HashMap<u64, Vec<String>> = p
-        .location
-        .iter()
-        .map(|l| {
-            let names = l
-                .line
-                .iter()
-                .filter_map(|line| functions.get(&line.function_id).cloned())
-                .collect();
-            (l.id, names)
-        })
-        .collect();
-    p.sample
-        .iter()
-        .map(|smp| {
-            let labels = smp
-                .label
-                .iter()
-                .map(|l| {
-                    (
-                        s(l.key),
-                        if l.str != 0 {
-                            s(l.str)
-                        } else {
-                            l.num.to_string()
-                        },
-                    )
-                })
-                .collect();
-            let names = smp
-                .location_id
-                .iter()
-                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
-                .collect();
-            (labels, names, smp.value[0])
-        })
+    pprof_samples(p)
+        .into_iter()
+        .map(|s| (s.labels, s.functions, s.values[0]))
         .collect()
 }
 

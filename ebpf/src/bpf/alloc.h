@@ -274,35 +274,11 @@ int alloc_return(struct pt_regs *ctx)
 	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
 	if (!rec)
 		return 0;
-	rec->hdr.timestamp_ns = now;
-	rec->hdr.pid = tgid;
-	rec->hdr.tid = tid;
-	rec->hdr.cpu = bpf_get_smp_processor_id();
-	rec->hdr.kernel_stack_id = -1;
-	rec->hdr.kernel_frames = 0;
-	rec->hdr.flags = SAMPLE_ALLOC;
-	rec->hdr.py_frames = 0;
+	record_header(&rec->hdr, now, tgid, tid, SAMPLE_ALLOC);
 	rec->hdr.value = size;
 	rec->hdr.aux = addr;
-	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
-	__u32 frames = 0;
-	int walked = dwarf_unwind_regs(ctx, tgid, &rec->hdr, SCRATCH_PROBE);
-	if (walked >= 0) {
-		frames = walked;
-	} else {
-		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
-					   BPF_F_USER_STACK);
-		if (bytes > 0)
-			frames = bytes / sizeof(__u64);
-	}
-	if (frames > MAX_USER_FRAMES)
-		frames = MAX_USER_FRAMES;
-	rec->hdr.user_frames = frames;
-	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_PROBE);
-	__u64 bytes = sizeof(rec->hdr) +
-		      ((__u64)rec->hdr.user_frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
-	if (bytes > sizeof(*rec))
-		bytes = sizeof(*rec);
+	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
+	__u64 bytes = record_size(&rec->hdr, sizeof(*rec));
 	if (bpf_ringbuf_output(&samples, rec, bytes, 0))
 		count(COUNTER_RINGBUF_DROPS);
 	else

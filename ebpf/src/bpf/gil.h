@@ -124,31 +124,8 @@ int gil_take_enter(struct pt_regs *ctx)
 	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
 	if (!rec)
 		return 0;
-	rec->hdr.timestamp_ns = now;
-	rec->hdr.pid = tgid;
-	rec->hdr.tid = tid;
-	rec->hdr.cpu = bpf_get_smp_processor_id();
-	rec->hdr.kernel_stack_id = -1;
-	rec->hdr.kernel_frames = 0;
-	rec->hdr.flags = SAMPLE_GIL_WAIT;
-	rec->hdr.py_frames = 0;
-	rec->hdr.value = 0;
-	rec->hdr.aux = 0;
-	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
-	__u32 frames = 0;
-	int walked = dwarf_unwind_regs(ctx, tgid, &rec->hdr, SCRATCH_PROBE);
-	if (walked >= 0) {
-		frames = walked;
-	} else {
-		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
-					   BPF_F_USER_STACK);
-		if (bytes > 0)
-			frames = bytes / sizeof(__u64);
-	}
-	if (frames > MAX_USER_FRAMES)
-		frames = MAX_USER_FRAMES;
-	rec->hdr.user_frames = frames;
-	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_PROBE);
+	record_header(&rec->hdr, now, tgid, tid, SAMPLE_GIL_WAIT);
+	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
 	if (bpf_map_update_elem(&gil_pending, &tid, rec, BPF_ANY))
 		count(COUNTER_GIL_PENDING_FULL);
 	return 0;
@@ -185,11 +162,7 @@ int gil_take_return(struct pt_regs *ctx)
 		return 0;
 	g->contended += 1;
 	rec->hdr.value = waited;
-	__u64 size = sizeof(rec->hdr) +
-		     ((__u64)rec->hdr.user_frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
-	if (size > sizeof(*rec))
-		size = sizeof(*rec);
-	if (bpf_ringbuf_output(&samples, rec, size, 0))
+	if (bpf_ringbuf_output(&samples, rec, record_size(&rec->hdr, sizeof(*rec)), 0))
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_GIL_WAIT_EVENTS);

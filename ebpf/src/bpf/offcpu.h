@@ -56,16 +56,7 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 	struct offcpu_record *rec = bpf_map_lookup_elem(&offcpu_scratch, &zero);
 	if (!rec)
 		return;
-	rec->hdr.timestamp_ns = bpf_ktime_get_ns();
-	rec->hdr.pid = tgid;
-	rec->hdr.tid = tid;
-	rec->hdr.cpu = bpf_get_smp_processor_id();
-	rec->hdr.flags = SAMPLE_OFFCPU;
-	rec->hdr.kernel_frames = 0;
-	rec->hdr.py_frames = 0;
-	rec->hdr.value = 0;
-	rec->hdr.aux = 0;
-	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
+	record_header(&rec->hdr, bpf_ktime_get_ns(), tgid, tid, SAMPLE_OFFCPU);
 
 	// `prev` is still current here, so these are its stacks. The kernel stack is taken from
 	// inside this program: its two innermost frames are the BPF program and the tracepoint's
@@ -75,22 +66,7 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 	if (kid < 0)
 		count(COUNTER_KERNEL_STACK_ERRORS);
 
-	__u32 frames = 0;
-	int walked = dwarf_unwind_regs(0, tgid, &rec->hdr, SCRATCH_OFFCPU);
-	if (walked >= 0) {
-		frames = walked;
-	} else {
-		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
-					   BPF_F_USER_STACK);
-		if (bytes > 0)
-			frames = bytes / sizeof(__u64);
-		else if (bytes < 0 && bytes != -14)
-			count(COUNTER_USER_STACK_ERRORS);
-	}
-	if (frames > MAX_USER_FRAMES)
-		frames = MAX_USER_FRAMES;
-	rec->hdr.user_frames = frames;
-	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_OFFCPU);
+	record_user_stack(ctx, 0, tgid, tid, &rec->hdr, rec->user, SCRATCH_OFFCPU);
 
 	if (bpf_map_update_elem(&offcpu_pending, &tid, rec, BPF_ANY) != 0)
 		count(COUNTER_OFFCPU_MAP_FULL);
@@ -106,11 +82,7 @@ static __always_inline void offcpu_switch_in(struct task_struct *next)
 	__u64 blocked = now - rec->hdr.timestamp_ns;
 	if (blocked >= offcpu_min_ns) {
 		rec->hdr.value = blocked;
-		__u64 size = sizeof(rec->hdr) +
-			     ((__u64)rec->hdr.user_frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
-		if (size > sizeof(*rec))
-			size = sizeof(*rec);
-		if (bpf_ringbuf_output(&samples, rec, size, 0) != 0)
+		if (bpf_ringbuf_output(&samples, rec, record_size(&rec->hdr, sizeof(*rec)), 0) != 0)
 			count(COUNTER_RINGBUF_DROPS);
 		else
 			count(COUNTER_OFFCPU_EVENTS);

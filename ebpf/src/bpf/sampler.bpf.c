@@ -124,6 +124,7 @@ static __always_inline __u64 *scratch_slots(__u32 which)
 
 #include "unwind.h"
 #include "python.h"
+#include "stacks.h"
 
 static __always_inline int is_target(__u32 tgid)
 {
@@ -153,16 +154,7 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 	if (!rec)
 		return 0;
 
-	rec->hdr.timestamp_ns = bpf_ktime_get_ns();
-	rec->hdr.pid = tgid;
-	rec->hdr.tid = tid;
-	rec->hdr.cpu = bpf_get_smp_processor_id();
-	rec->hdr.flags = 0;
-	rec->hdr.kernel_frames = 0;
-	rec->hdr.value = 0;
-	rec->hdr.aux = 0;
-	bpf_get_current_comm(rec->hdr.comm, sizeof(rec->hdr.comm));
-
+	record_header(&rec->hdr, bpf_ktime_get_ns(), tgid, tid, 0);
 	long kid = bpf_get_stackid(ctx, &kernel_stacks, 0);
 	rec->hdr.kernel_stack_id = (__s32)kid;
 	if (kid == -17 /* EEXIST: bucket holds another stack */) {
@@ -177,40 +169,16 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 		count(COUNTER_KERNEL_STACK_ERRORS);
 	}
 
-	__u32 frames = 0;
-	int walked = dwarf_unwind(ctx, tgid, rec);
-	if (walked >= 0) {
-		frames = walked;
-	} else {
-		// No unwind tables for this process (yet): frame pointers, as perf does.
-		long bytes = bpf_get_stack(ctx, rec->user, FP_MAX_FRAMES * sizeof(__u64),
-					   BPF_F_USER_STACK);
-		if (bytes > 0) {
-			frames = bytes / sizeof(__u64);
-		} else if (bytes < 0 && bytes != -14) {
-			count(COUNTER_USER_STACK_ERRORS);
-		}
-		if (frames >= FP_MAX_FRAMES) {
-			frames = FP_MAX_FRAMES;
-			count(COUNTER_USER_STACK_TRUNCATED);
-		}
-	}
-	if (frames > MAX_USER_FRAMES)
-		frames = MAX_USER_FRAMES;
-	rec->hdr.user_frames = frames;
-	py_walk_current(tgid, tid, &rec->hdr, SCRATCH_SAMPLE);
+	const struct pt_regs *user = (ctx->regs.cs & 3) == 3 ? &ctx->regs : 0;
+	record_user_stack(ctx, user, tgid, tid, &rec->hdr, rec->user, SCRATCH_SAMPLE);
 	if (gil_held(tid))
 		rec->hdr.flags |= SAMPLE_GIL_HELD;
 
 	// Records carry only the slots they use: the user frames and Python frame pairs follow
 	// the header, then the inline kernel frames (if any), all in place in the scratch record.
-	__u64 size = sizeof(rec->hdr) + ((__u64)frames + 2 * (__u64)rec->hdr.py_frames) * sizeof(__u64);
-	if (rec->hdr.flags & SAMPLE_KERNEL_INLINE) {
-		// Inline kernel stacks are rare (bucket collisions): send the whole record.
-		size = sizeof(*rec);
-	}
-	if (size > sizeof(*rec))
-		size = sizeof(*rec);
+	// Inline kernel stacks are rare (bucket collisions): such a record is sent whole.
+	__u64 size = rec->hdr.flags & SAMPLE_KERNEL_INLINE ? sizeof(*rec)
+							    : record_size(&rec->hdr, sizeof(*rec));
 
 	if (bpf_ringbuf_output(&samples, rec, size, 0) != 0) {
 		count(COUNTER_RINGBUF_DROPS);

@@ -338,10 +338,3 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 	hdr->flags |= SAMPLE_DWARF;
 	return st.frames;
 }
-
-static __always_inline int dwarf_unwind(struct bpf_perf_event_data *ctx, __u32 tgid,
-					 struct sample_record *rec)
-{
-	const struct pt_regs *user = (ctx->regs.cs & 3) == 3 ? &ctx->regs : 0;
-	return dwarf_unwind_regs(user, tgid, &rec->hdr, SCRATCH_SAMPLE);
-}

@@ -24,7 +24,6 @@ use pyrometer::symbolize::Symbolizer;
 use pyrometer::tables::Tables;
 use pyrometer::{privileges, signals};
 use pyrometer_proto::ingest::PushRequest;
-use regex::Regex;
 
 use crate::{EXIT_PRIVILEGES, exit_error};
 
@@ -113,17 +112,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         .map(|_| AllocProbes::new(debug_dirs.clone()));
     let mut tables = Tables::new(unwinder, python, alloc_probes);
     let mut registry = ProcessRegistry::new();
-    let mut known: HashSet<u32> = HashSet::new();
-    let mut alloc_known: HashSet<u32> = HashSet::new();
-    if let Some(re) = &cfg.comm {
-        add_matching(
-            &mut sampler,
-            tables.unwinder.as_mut(),
-            &mut registry,
-            re,
-            &mut known,
-        );
-    }
+    let mut known = Known::default();
+    scan(&mut sampler, &mut tables, &mut registry, &cfg, &mut known);
     // Tables for the processes already known, so their first samples unwind fully; with
     // neither --pid nor --comm, new processes get theirs when their first sample arrives.
     for &pid in &cfg.pids {
@@ -131,15 +121,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             tables.sync_process(p, &mut sampler);
         }
     }
-    if let Some(a) = &cfg.alloc {
-        add_alloc_targets(
-            &mut sampler,
-            &mut tables,
-            &mut registry,
-            a,
-            &mut alloc_known,
-        );
-    }
+
     sampler
         .start(cfg.frequency)
         .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
@@ -253,26 +235,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             eprintln!("pyrometer agent: {notice}");
         }
         let stopping = signals::take().is_some();
-        if let Some(re) = &cfg.comm
-            && last_scan.elapsed() >= Duration::from_millis(500)
-        {
+        if last_scan.elapsed() >= Duration::from_millis(500) {
             last_scan = Instant::now();
-            add_matching(
-                &mut sampler,
-                tables.unwinder.as_mut(),
-                &mut registry,
-                re,
-                &mut known,
-            );
-            if let Some(a) = &cfg.alloc {
-                add_alloc_targets(
-                    &mut sampler,
-                    &mut tables,
-                    &mut registry,
-                    a,
-                    &mut alloc_known,
-                );
-            }
+            scan(&mut sampler, &mut tables, &mut registry, &cfg, &mut known);
         }
         let c = sampler.counters();
         metrics
@@ -422,16 +387,37 @@ fn add_alloc_targets(
     }
 }
 
-/// Adds processes whose comm matches and that were not seen before.
-fn add_matching(
+/// Processes already chosen: as sampling targets, and for allocation sampling.
+#[derive(Default)]
+struct Known {
+    targets: HashSet<u32>,
+    alloc: HashSet<u32>,
+}
+
+/// Adds the processes chosen by name (`--comm`, `--alloc-comm`) that were not seen before,
+/// and the `--alloc-pid` ones on the first call.
+fn scan(
     sampler: &mut Sampler,
-    unwinder: Option<&mut pyrometer::unwinder::Unwinder>,
+    tables: &mut Tables,
     registry: &mut ProcessRegistry,
-    re: &Regex,
-    known: &mut HashSet<u32>,
+    cfg: &config::Config,
+    known: &mut Known,
 ) {
-    for e in pyrometer::target::add_comm_matches(sampler, unwinder, registry, re, known, false) {
-        eprintln!("pyrometer agent: {e}");
+    if let Some(re) = &cfg.comm {
+        let unwinder = tables.unwinder.as_mut();
+        for e in pyrometer::target::add_comm_matches(
+            sampler,
+            unwinder,
+            registry,
+            re,
+            &mut known.targets,
+            false,
+        ) {
+            eprintln!("pyrometer agent: {e}");
+        }
+    }
+    if let Some(a) = &cfg.alloc {
+        add_alloc_targets(sampler, tables, registry, a, &mut known.alloc);
     }
 }
 

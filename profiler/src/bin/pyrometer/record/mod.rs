@@ -145,6 +145,21 @@ fn parse_ring_mb(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
+/// Targets the processes named like `re` that were not seen yet (`--comm`).
+fn scan_comm(
+    sampler: &mut Sampler,
+    tables: &mut Tables,
+    registry: &mut ProcessRegistry,
+    re: &regex::Regex,
+    known: &mut std::collections::HashSet<u32>,
+    subprocesses: bool,
+) {
+    let unwinder = tables.unwinder.as_mut();
+    for e in target::add_comm_matches(sampler, unwinder, registry, re, known, subprocesses) {
+        eprintln!("pyrometer: {e}");
+    }
+}
+
 /// The sample type single-type outputs show by default: what the recording is about.
 fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
     let wanted = if leaks {
@@ -347,18 +362,14 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             }
             held = Some(h);
         }
-        Targets::Comm(_, re) => {
-            for e in target::add_comm_matches(
-                &mut sampler,
-                tables.unwinder.as_mut(),
-                &mut registry,
-                re,
-                &mut comm_known,
-                args.subprocesses,
-            ) {
-                eprintln!("pyrometer: {e}");
-            }
-        }
+        Targets::Comm(_, re) => scan_comm(
+            &mut sampler,
+            &mut tables,
+            &mut registry,
+            re,
+            &mut comm_known,
+            args.subprocesses,
+        ),
     }
     sampler
         .start(args.frequency)
@@ -432,16 +443,14 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             && last_scan.elapsed() >= Duration::from_millis(500)
         {
             last_scan = Instant::now();
-            for e in target::add_comm_matches(
+            scan_comm(
                 &mut sampler,
-                tables.unwinder.as_mut(),
+                &mut tables,
                 &mut registry,
                 re,
                 &mut comm_known,
                 args.subprocesses,
-            ) {
-                eprintln!("pyrometer: {e}");
-            }
+            );
         }
         tables.sync(&mut capture.maps_changed, &registry, &mut sampler);
         for notice in tables.python.take_notices() {
