@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
+use pyrometer_e2e::python::pyenv;
 use pyrometer_e2e::*;
 use serde_json::Value;
 
@@ -26,12 +27,6 @@ fn script() -> PathBuf {
 fn line_of(needle: &str) -> u64 {
     let text = std::fs::read_to_string(script()).unwrap();
     text.lines().position(|l| l.contains(needle)).unwrap() as u64 + 1
-}
-
-fn pyenv(version: &str) -> PathBuf {
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    let minor = version.rsplit_once('.').unwrap().0;
-    Path::new(&home).join(format!(".pyenv/versions/{version}/bin/python{minor}"))
 }
 
 /// A child process whose stdout lines arrive on a channel; killed on drop.
@@ -426,4 +421,65 @@ fn pid_namespace() {
     assert_eq!(blocker["python_name"], "waiter-α", "{text}");
     assert_eq!(main["python_name"], "MainThread", "{text}");
     assert!(std::path::Path::new(&format!("/proc/{pid}/task/{}", blocker["tid"])).exists());
+}
+
+/// `dump --native`: the blocked thread's libc frames (the futex wait of its lock) sit above
+/// the Python line that blocked, and the process runs on afterwards.
+#[test]
+fn dump_native_frames() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipping: reading another process's registers needs root (ptrace)");
+        return;
+    }
+    for (label, python) in [
+        ("3.8", pyenv("3.8.18")),
+        ("3.11", pyenv("3.11.7")),
+        ("3.13", pyenv("3.13.0")),
+        ("Debian 3.11", PathBuf::from("/usr/bin/python3.11")),
+    ] {
+        if !python.exists() {
+            println!("skipping {label}: {} is missing", python.display());
+            continue;
+        }
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let target = Target::start(&python, &[script().to_str().unwrap()]);
+        target.wait_for("ready");
+        let pid = target.pid().to_string();
+        let out = pyrometer(&["dump", "--pid", &pid, "--native", "--format", "json"]);
+        assert_ok(&out);
+        let dump: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let blocker = thread_named(&dump, |t| t["name"] == "blocker")
+            .unwrap_or_else(|| panic!("{label}: no blocker: {dump}"));
+        let frames = blocker["frames"].as_array().unwrap();
+        let python_at = frames
+            .iter()
+            .position(|f| f["function"] == "wait_forever")
+            .unwrap_or_else(|| panic!("{label}: no wait_forever: {blocker}"));
+        assert_eq!(frames[python_at]["native"], false);
+        assert_eq!(
+            frames[python_at]["line"].as_u64(),
+            Some(line_of("# WAIT_LINE")),
+            "{label}: {blocker}"
+        );
+        let natives = &frames[..python_at];
+        assert!(
+            !natives.is_empty() && natives.iter().all(|f| f["native"] == true),
+            "{label}: native frames above the Python line: {blocker}"
+        );
+        assert!(
+            natives.iter().any(|f| f["function"]
+                .as_str()
+                .is_some_and(|n| n.contains("futex") || n.contains("sem_wait"))),
+            "{label}: the lock's wait: {blocker}"
+        );
+        // Stopped only for the read: it ticks on.
+        let before = target.wait_for("tick");
+        let after = target.wait_for("tick");
+        assert_ne!(before, after);
+        println!(
+            "{label}: {} native frames above wait_forever",
+            natives.len()
+        );
+    }
 }

@@ -67,9 +67,11 @@
 
 mod build;
 mod cache;
+mod step;
 
 pub use build::{build_id, build_table};
 pub use cache::{CacheKey, CacheStats, DEFAULT_BUDGET_BYTES, TableCache};
+pub use step::{Regs, Step, step};
 
 /// No CFI covers this pc.
 pub const CFA_NONE: u8 = 0;

@@ -8,6 +8,7 @@ pub mod linetable;
 pub mod memory;
 pub mod merge;
 pub mod names;
+pub mod native;
 pub mod offsets;
 pub mod threads;
 pub mod tracker;
@@ -73,6 +74,9 @@ pub struct ThreadDump {
     /// Innermost first.
     pub frames: Vec<PyFrame>,
     pub truncated: bool,
+    /// With native frames asked for: why this thread has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub native_error: Option<String>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -87,8 +91,9 @@ pub struct ProcessDump {
 
 /// The current Python stack of every thread of `pid`. Reads are `process_vm_readv` calls, so
 /// the process is never stopped; a thread whose frames changed mid-read may show frames
-/// marked unreadable.
-pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
+/// marked unreadable. With `native`, each thread's native frames are spliced in (its
+/// registers are read under a ptrace stop that lasts only for the read; see [`native`]).
+pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump, PythonError> {
     let mut registry = ProcessRegistry::with_proc_root(proc_root);
     let process = registry.observe(pid).map_err(|e| match e {
         // Another user's maps are unreadable without ptrace access, like its memory.
@@ -139,9 +144,15 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
                 reason: os.and_then(|o| o.reason),
                 frames: t.frames,
                 truncated: t.truncated,
+                native_error: None,
             }
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let threads = if with_native {
+        add_native_frames(&mut registry, pid, &runtime.path, threads)
+    } else {
+        threads
+    };
     Ok(ProcessDump {
         pid,
         command: version::command_line(proc_root, pid),
@@ -149,6 +160,80 @@ pub fn dump(proc_root: &Path, pid: u32) -> Result<ProcessDump, PythonError> {
         binary: runtime.path,
         threads,
     })
+}
+
+/// Splices each thread's native frames into its Python ones (the mixed view of `record`:
+/// native frames outside the interpreter binary, Python frames at their eval calls).
+fn add_native_frames(
+    registry: &mut ProcessRegistry,
+    pid: u32,
+    interpreter: &str,
+    threads: Vec<ThreadDump>,
+) -> Vec<ThreadDump> {
+    use crate::model::{Frame, FrameKind};
+    let mem = ProcessMemory::new(pid);
+    let mut tables = native::NativeTables::default();
+    let mut symbolizer = crate::symbolize::Symbolizer::new();
+    threads
+        .into_iter()
+        .map(|mut t| {
+            let Some(tid) = t.tid else {
+                t.native_error = Some("its kernel thread id is not known".into());
+                return t;
+            };
+            let regs = match native::thread_registers(tid) {
+                Ok(regs) => regs,
+                Err(e) => {
+                    t.native_error = Some(format!("cannot read its registers: {e}"));
+                    return t;
+                }
+            };
+            let (addrs, complete) = match registry.get(pid) {
+                Some(p) => native::walk(
+                    p,
+                    regs,
+                    |a| memory::Memory::read_u64(&mem, a).ok(),
+                    &mut tables,
+                ),
+                None => (Vec::new(), false),
+            };
+            let natives = symbolizer.user(registry, pid, &addrs);
+            let python: Vec<(Frame, bool)> = t
+                .frames
+                .iter()
+                .map(|f| {
+                    let frame = Frame {
+                        file: f.file.clone(),
+                        line: f.line,
+                        ..Frame::named(
+                            f.function.as_deref().unwrap_or(tracker::UNREADABLE),
+                            FrameKind::Python,
+                        )
+                    };
+                    (frame, f.entry)
+                })
+                .collect();
+            let view = merge::FrameView::Mixed;
+            let merged = merge::merge(natives, &python, view, Some(interpreter), complete);
+            t.frames = merged
+                .into_iter()
+                .map(|f| {
+                    let native = f.kind != FrameKind::Python;
+                    let unreadable = !native && f.function == tracker::UNREADABLE;
+                    PyFrame {
+                        function: (!unreadable).then_some(f.function),
+                        file: f.file.or(f
+                            .module
+                            .map(|m| m.rsplit('/').next().unwrap_or(&m).to_string())),
+                        line: f.line,
+                        native,
+                        entry: false,
+                    }
+                })
+                .collect();
+            t
+        })
+        .collect()
 }
 
 /// `threading.Thread.name` of each thread of a live Python process, by its tid here (mapped

@@ -31,6 +31,12 @@ pub struct PyFrame {
     pub function: Option<String>,
     pub file: Option<String>,
     pub line: Option<u32>,
+    /// A native frame (`dump --native`), not a Python one.
+    pub native: bool,
+    /// The outermost Python frame of one `_PyEval_EvalFrameDefault` call (where native
+    /// frames are spliced in).
+    #[serde(skip)]
+    pub entry: bool,
 }
 
 /// What a frame needs of its code object.
@@ -205,8 +211,12 @@ impl<'a, M: Memory> Walker<'a, M> {
             }
             if o.frame_owner != ABSENT && o.frame_owned_by_cstack != ABSENT {
                 match self.mem.read_u8(frame + u64::from(o.frame_owner)) {
-                    // A shim the C stack pushed to enter the eval loop: no Python code.
+                    // A shim the C stack pushed to enter the eval loop: no Python code, and
+                    // the frame before it was the outermost of that eval call.
                     Ok(owner) if u32::from(owner) == o.frame_owned_by_cstack => {
+                        if let Some(last) = frames.last_mut() {
+                            last.entry = true;
+                        }
                         frame = self.field(frame, o.frame_previous).unwrap_or(0);
                         continue;
                     }
@@ -214,11 +224,24 @@ impl<'a, M: Memory> Walker<'a, M> {
                     Err(_) => return (frames, true),
                 }
             }
-            frames.push(self.frame(frame).unwrap_or(PyFrame {
+            let mut f = self.frame(frame).unwrap_or(PyFrame {
                 function: None,
                 file: None,
                 line: None,
-            }));
+                native: false,
+                entry: false,
+            });
+            f.entry = match o.frame_kind {
+                // One frame per eval call up to 3.10.
+                FrameKind::FrameObject => true,
+                FrameKind::Interpreter if o.frame_is_entry != ABSENT => self
+                    .mem
+                    .read_u8(frame + u64::from(o.frame_is_entry))
+                    .is_ok_and(|e| e != 0),
+                // 3.12+: marked when the shim below it is met.
+                FrameKind::Interpreter => false,
+            };
+            frames.push(f);
             match self.field(frame, o.frame_previous) {
                 Ok(prev) => frame = prev,
                 Err(_) => return (frames, true),
@@ -240,6 +263,8 @@ impl<'a, M: Memory> Walker<'a, M> {
             function: Some(code.function),
             file: Some(code.file),
             line,
+            native: false,
+            entry: false,
         })
     }
 

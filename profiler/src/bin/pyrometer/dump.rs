@@ -1,5 +1,6 @@
 //! `pyrometer dump --pid PID`: the current Python stack of every thread, like `py-spy dump`,
-//! read from the process's memory without stopping it.
+//! read from the process's memory without stopping it (`--native`: with native frames, each
+//! thread stopped for as long as reading its registers takes).
 
 use std::path::PathBuf;
 
@@ -17,25 +18,34 @@ pub struct DumpArgs {
     /// `text` (default) or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
+    /// Also show native frames (C extensions, libraries) where they run, like
+    /// `py-spy dump --native`. Each thread is stopped (ptrace) just long enough to read its
+    /// registers.
+    #[arg(long)]
+    native: bool,
     /// Where `/proc` is (tests, or a host's proc mounted elsewhere).
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: PathBuf,
 }
 
 pub fn run(args: DumpArgs) -> Result<u8> {
-    let dump = python::dump(&args.proc_root, args.pid).map_err(|e| {
+    let dump = python::dump(&args.proc_root, args.pid, args.native).map_err(|e| {
         let code = match e {
             PythonError::Permission(_) => EXIT_PRIVILEGES,
             _ => EXIT_INPUT,
         };
         exit_error(code, e.to_string())
     })?;
-    if args.format == "json" {
-        println!("{}", serde_json::to_string_pretty(&dump)?);
+    let text = if args.format == "json" {
+        serde_json::to_string_pretty(&dump)? + "\n"
     } else {
-        print!("{}", render_text(&dump));
+        render_text(&dump)
+    };
+    // A reader that stops early (`| head`) is not an error.
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
     }
-    Ok(0)
 }
 
 fn render_text(dump: &ProcessDump) -> String {
@@ -72,14 +82,29 @@ fn render_text(dump: &ProcessDump) -> String {
         }
         for f in &t.frames {
             match (&f.function, &f.file) {
-                (Some(func), Some(file)) => {
-                    let line = f.line.map_or_else(|| "?".to_string(), |l| l.to_string());
-                    let _ = writeln!(out, "    {func} ({file}:{line})");
+                (Some(func), Some(file)) => match f.line {
+                    Some(line) => {
+                        let _ = writeln!(out, "    {func} ({file}:{line})");
+                    }
+                    // A native frame without line information: its module.
+                    None if f.native => {
+                        let _ = writeln!(out, "    {func} ({file})");
+                    }
+                    None => {
+                        let _ = writeln!(out, "    {func} ({file}:?)");
+                    }
+                },
+                // A native frame without source information: its module.
+                (Some(func), None) if f.native => {
+                    let _ = writeln!(out, "    {func}");
                 }
                 _ => {
                     let _ = writeln!(out, "    <unreadable frame: changed while read>");
                 }
             }
+        }
+        if let Some(e) = &t.native_error {
+            let _ = writeln!(out, "    (native frames unavailable: {e})");
         }
         if t.truncated {
             let _ = writeln!(out, "    ... (stack cut: too deep, looping or unreadable)");

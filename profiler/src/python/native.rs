@@ -1,0 +1,132 @@
+//! Native stacks for `pyrometer dump --native`: a thread's registers, read under a ptrace stop
+//! that lasts as long as the read (seize, interrupt, read, detach: the thread is never stopped
+//! for longer), then its user stack walked from user space with the same DWARF unwind tables
+//! and rules the kernel unwinder uses, reading the stack through `process_vm_readv`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pyrometer_unwind::{Regs, Step, UnwindRow, lookup, step};
+
+use crate::elfsyms::loads;
+use crate::procs::{BinaryKey, Process};
+
+/// Frames walked at most, as the kernel unwinder.
+pub const MAX_NATIVE_FRAMES: usize = 256;
+
+/// A thread's user registers, read while it is stopped for the read alone. Fails (with the
+/// OS error) when the thread cannot be traced: gone, already traced by a debugger, or no
+/// permission.
+pub fn thread_registers(tid: u32) -> std::io::Result<Regs> {
+    let tid = tid as libc::pid_t;
+    let last = std::io::Error::last_os_error;
+    // SAFETY: ptrace and waitpid on a thread id with valid pointers; every path that seized
+    // the thread detaches it again.
+    unsafe {
+        if libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
+            return Err(last());
+        }
+        let mut signal = 0;
+        let result = (|| {
+            if libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {
+                return Err(last());
+            }
+            let mut status = 0;
+            if libc::waitpid(tid, &mut status, libc::__WALL) != tid {
+                return Err(last());
+            }
+            if !libc::WIFSTOPPED(status) {
+                return Err(std::io::Error::other("the thread exited"));
+            }
+            // A signal arriving just then stops it for delivery instead: it is handed back
+            // at the detach, so the process still gets it.
+            if status >> 16 != libc::PTRACE_EVENT_STOP {
+                signal = libc::WSTOPSIG(status);
+            }
+            let mut regs: libc::user_regs_struct = std::mem::zeroed();
+            if libc::ptrace(libc::PTRACE_GETREGS, tid, 0, &mut regs) != 0 {
+                return Err(last());
+            }
+            Ok(Regs {
+                pc: regs.rip,
+                sp: regs.rsp,
+                bp: regs.rbp,
+            })
+        })();
+        libc::ptrace(libc::PTRACE_DETACH, tid, 0, signal as libc::c_long);
+        result
+    }
+}
+
+/// An object's unwind rows and the segments that turn file offsets into its addresses.
+struct Table {
+    rows: Vec<UnwindRow>,
+    /// (virtual address, file offset, file size) of each PT_LOAD.
+    loads: Vec<(u64, u64, u64)>,
+}
+
+/// Unwind tables of the objects walked through, built once each.
+#[derive(Default)]
+pub struct NativeTables {
+    tables: HashMap<BinaryKey, Option<Arc<Table>>>,
+}
+
+impl NativeTables {
+    fn get(&mut self, process: &Process, addr: u64) -> Option<(Arc<Table>, u64)> {
+        let (m, offset) = process.find(addr)?;
+        let binary = m.binary()?;
+        let table = self
+            .tables
+            .entry(binary.key().clone())
+            .or_insert_with(|| {
+                let bytes = std::fs::read(binary.path()).ok()?;
+                let obj = object::File::parse(&*bytes).ok()?;
+                let loads = loads(&obj);
+                let table = pyrometer_unwind::build_table(&bytes).ok()?;
+                Some(Arc::new(Table {
+                    rows: table.rows,
+                    loads,
+                }))
+            })
+            .clone()?;
+        let vaddr = table
+            .loads
+            .iter()
+            .find(|&&(_, off, size)| off <= offset && offset < off + size)
+            .map(|&(vaddr, off, _)| offset - off + vaddr)?;
+        Some((table, vaddr))
+    }
+}
+
+/// The user stack of a thread of `process` stopped at `regs`, innermost first (the first
+/// address the interrupted instruction, the others return addresses), and whether the walk
+/// reached the outermost frame. `read` reads 8 bytes of the process's memory.
+pub fn walk(
+    process: &Process,
+    regs: Regs,
+    read: impl Fn(u64) -> Option<u64>,
+    tables: &mut NativeTables,
+) -> (Vec<u64>, bool) {
+    let mut regs = regs;
+    let mut out = Vec::new();
+    while out.len() < MAX_NATIVE_FRAMES && regs.pc != 0 {
+        // A return address points after the call; look up the call itself.
+        let lookup_pc = if out.is_empty() { regs.pc } else { regs.pc - 1 };
+        out.push(regs.pc);
+        let Some((table, vaddr)) = tables.get(process, lookup_pc) else {
+            break;
+        };
+        let Some(row) = u32::try_from(vaddr)
+            .ok()
+            .and_then(|pc| lookup(&table.rows, pc))
+        else {
+            break;
+        };
+        match step(row, &mut regs, &read) {
+            Step::Next => {}
+            Step::End => return (out, true),
+            Step::Stop(_) => break,
+        }
+    }
+    (out, false)
+}
