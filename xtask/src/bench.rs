@@ -40,6 +40,9 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
         .with_context(|| format!("no elapsed_ns in output: {err}"))
 }
 
+/// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
+const SECTIONS: [&str; 5] = ["cpu", "python", "alloc", "unwind", "collector"];
+
 pub fn bench(root: &Path) -> Result<()> {
     let dir = root.join("target/bench");
     let workload = crate::build_release_and_workload(root, &dir)?;
@@ -48,9 +51,38 @@ pub fn bench(root: &Path) -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(7);
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let wanted = |section: &str| only.is_empty() || only.split(',').any(|s| s.trim() == section);
+    if let Some(bad) = only
+        .split(',')
+        .map(str::trim)
+        .find(|s| !s.is_empty() && !SECTIONS.contains(s))
+    {
+        bail!("BENCH_ONLY: unknown section '{bad}' (one of {})", SECTIONS.join(", "));
+    }
+    if wanted("cpu") {
+        cpu_bench(&workload, &pyrometer, &dir, pairs)?;
+    }
+    if wanted("python") {
+        crate::pybench::bench(root, &pyrometer, pairs)?;
+    }
+    if wanted("alloc") {
+        crate::allocbench::bench(root, &pyrometer, pairs)?;
+    }
+    if wanted("unwind") {
+        unwind_bench(root, &pyrometer, &dir)?;
+    }
+    if wanted("collector") {
+        collector_bench(root)?;
+    }
+    Ok(())
+}
+
+/// `record`'s overhead on the C workload, and the BPF and agent cost per sample.
+fn cpu_bench(workload: &Path, pyrometer: &Path, dir: &Path, pairs: usize) -> Result<()> {
 
     // Calibrate to about 2 s of work per run.
-    let probe = elapsed_ns(Command::new(&workload).args(["-r", "20"]))?;
+    let probe = elapsed_ns(Command::new(workload).args(["-r", "20"]))?;
     let rounds = ((2e9 / probe) * 20.0).max(20.0) as u64;
     let rounds_s = rounds.to_string();
 
@@ -62,15 +94,15 @@ pub fn bench(root: &Path) -> Result<()> {
     let mut bpf_invocation_ns = Vec::new();
     let mut samples_total = 0u64;
     for i in 0..pairs {
-        let a = elapsed_ns(Command::new(&workload).args(["-r", &rounds_s]))?;
+        let a = elapsed_ns(Command::new(workload).args(["-r", &rounds_s]))?;
         let u = elapsed_ns(
-            Command::new(&pyrometer)
+            Command::new(pyrometer)
                 .args(["record", "-F", "99", "--stats"])
                 .arg(&stats_path)
                 .arg("-o")
                 .arg(dir.join("bench.folded"))
                 .arg("--")
-                .arg(&workload)
+                .arg(workload)
                 .args(["-r", &rounds_s]),
         )?;
         let stats: serde_json::Value =
@@ -140,10 +172,7 @@ pub fn bench(root: &Path) -> Result<()> {
         "  samples per run (mean)             {:>10}",
         samples_total / pairs as u64
     );
-    crate::pybench::bench(root, &pyrometer, pairs)?;
-    crate::allocbench::bench(root, &pyrometer, pairs)?;
-    unwind_bench(root, &pyrometer, &dir)?;
-    collector_bench(root)
+    Ok(())
 }
 
 /// Ingest rate, bytes per sample and query latency of the collector's store

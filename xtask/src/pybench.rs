@@ -89,9 +89,12 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         c.arg(&script).arg(&rounds_s);
         c
     };
+    let stats = dir.join("py-stats.json");
     let under_pyrometer = || {
         let mut c = Command::new(pyrometer);
-        c.args(["record", "-F", "99", "-o"])
+        c.args(["record", "-F", "99", "--stats"])
+            .arg(&stats)
+            .arg("-o")
             .arg(dir.join("py-pyrometer.folded"))
             .arg("--")
             .arg(&python)
@@ -113,6 +116,7 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     let (mut t_alone, mut t_ours, mut t_spy) = (Vec::new(), Vec::new(), Vec::new());
     let (mut r_ours, mut r_spy) = (Vec::new(), Vec::new());
     let (mut cpu_ours, mut cpu_spy) = (Vec::new(), Vec::new());
+    let mut capture_ours = Vec::new();
     for i in 0..pairs {
         // Rotate the order so drift in the machine's state favours no one.
         let mut runs: [(usize, Option<Run>); 3] = [(0, None), (1, None), (2, None)];
@@ -139,6 +143,10 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         r_ours.push(p.elapsed_ns / a.elapsed_ns);
         r_spy.push(s.elapsed_ns / a.elapsed_ns);
         cpu_ours.push((p.total_cpu_ns - p.workload_cpu_ns).max(0.0));
+        let st: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats)?)?;
+        if let Some(ns) = st["agent_capture_cpu_ns"].as_f64() {
+            capture_ours.push(ns);
+        }
         cpu_spy.push((s.total_cpu_ns - s.workload_cpu_ns).max(0.0));
         t_alone.push(a.elapsed_ns);
         t_ours.push(p.elapsed_ns);
@@ -174,5 +182,11 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         "  profiler CPU, py-spy               {:>10.3} s",
         median(&mut cpu_spy) / 1e9
     );
+    if !capture_ours.is_empty() {
+        println!(
+            "  pyrometer CPU while sampling       {:>10.3} s   (without start-up: BPF load, tables)",
+            median(&mut capture_ours) / 1e9
+        );
+    }
     Ok(())
 }
