@@ -34,6 +34,38 @@ pub fn file_offset(loads: &[(u64, u64, u64)], vaddr: u64) -> Option<u64> {
         .map(|&(addr, off, _)| vaddr - addr + off)
 }
 
+/// The libraries `LD_PRELOAD` (as this process sees it, and a command it starts inherits)
+/// names: paths as they are, bare names searched in the usual library directories.
+pub fn preloaded_libraries() -> Vec<PathBuf> {
+    let Some(value) = std::env::var_os("LD_PRELOAD") else {
+        return Vec::new();
+    };
+    value
+        .to_string_lossy()
+        .split([' ', ':'])
+        .filter(|s| !s.is_empty())
+        .filter_map(|lib| {
+            if lib.contains('/') {
+                Some(PathBuf::from(lib)).filter(|p| p.is_file())
+            } else {
+                LIBRARY_DIRS
+                    .iter()
+                    .map(|d| Path::new(d).join(lib))
+                    .find(|p| p.is_file())
+            }
+        })
+        .collect()
+}
+
+/// Where the dynamic loader looks when nothing else says (x86-64 Debian).
+const LIBRARY_DIRS: [&str; 5] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/local/lib",
+    "/lib",
+    "/usr/lib",
+];
+
 /// The shared libraries an executable names (DT_NEEDED) that can be found: along its
 /// RUNPATH/RPATH (`$ORIGIN` expanded), `LD_LIBRARY_PATH` and the usual library directories,
 /// as the dynamic loader would. For probing a command's libraries before it starts.
@@ -81,16 +113,7 @@ pub fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
     if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
         dirs.extend(std::env::split_paths(&paths));
     }
-    dirs.extend(
-        [
-            "/lib/x86_64-linux-gnu",
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/local/lib",
-            "/lib",
-            "/usr/lib",
-        ]
-        .map(PathBuf::from),
-    );
+    dirs.extend(LIBRARY_DIRS.map(PathBuf::from));
     needed
         .iter()
         .filter_map(|lib| dirs.iter().map(|d| d.join(lib)).find(|p| p.is_file()))

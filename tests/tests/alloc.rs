@@ -246,3 +246,47 @@ fn no_allocator_is_a_clear_error() {
     assert_eq!(result.status.code(), Some(2));
     assert!(stderr(&result).contains("'--alloc' cannot be used with '--all'"));
 }
+
+/// A preloaded jemalloc or tcmalloc serves the program's calls instead of glibc: its own
+/// entry points are probed (before the command starts, from LD_PRELOAD), and the estimates
+/// still match what each function allocated.
+#[test]
+fn preloaded_allocators_are_probed() {
+    if !privileged() {
+        return;
+    }
+    for lib in [
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    ] {
+        if !std::path::Path::new(lib).exists() {
+            println!("skipping: {lib} is missing");
+            continue;
+        }
+        let name = lib.rsplit('/').next().unwrap();
+        let dir = scratch(&format!("alloc-{name}"));
+        let out = dir.join("alloc.pb.gz");
+        let bin = fixture("allocs");
+        let result = std::process::Command::new(pyrometer_bin())
+            .args(["record", "--alloc", "-o", out.to_str().unwrap(), "--"])
+            .arg(&bin)
+            .args(["totals", "0.5"])
+            .env("LD_PRELOAD", lib)
+            .output()
+            .unwrap();
+        assert_ok(&result);
+        let truth = fixture_totals(&result.stdout);
+        let p = read_pprof(&out);
+        let samples = pprof_samples(&p);
+        let space = pprof_type(&p, "alloc_space");
+        for f in ["make_200", "make_600"] {
+            let want = truth[f].1;
+            let got = by_function(&samples, space, f);
+            assert!(
+                (got - want).abs() <= 0.2 * want,
+                "{name}: {f}: estimated {got:.0} bytes, allocated {want:.0}\n{}",
+                stderr(&result)
+            );
+        }
+    }
+}

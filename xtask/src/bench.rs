@@ -58,7 +58,10 @@ pub fn bench(root: &Path) -> Result<()> {
         .map(str::trim)
         .find(|s| !s.is_empty() && !SECTIONS.contains(s))
     {
-        bail!("BENCH_ONLY: unknown section '{bad}' (one of {})", SECTIONS.join(", "));
+        bail!(
+            "BENCH_ONLY: unknown section '{bad}' (one of {})",
+            SECTIONS.join(", ")
+        );
     }
     if wanted("cpu") {
         cpu_bench(&workload, &pyrometer, &dir, pairs)?;
@@ -80,7 +83,6 @@ pub fn bench(root: &Path) -> Result<()> {
 
 /// `record`'s overhead on the C workload, and the BPF and agent cost per sample.
 fn cpu_bench(workload: &Path, pyrometer: &Path, dir: &Path, pairs: usize) -> Result<()> {
-
     // Calibrate to about 2 s of work per run.
     let probe = elapsed_ns(Command::new(workload).args(["-r", "20"]))?;
     let rounds = ((2e9 / probe) * 20.0).max(20.0) as u64;

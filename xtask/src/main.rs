@@ -36,6 +36,12 @@ const DEPS: &[(&str, &str)] = &[
     // The separate debug file of Debian's python3.11 (the GIL probes' symbols); installing it
     // upgrades python3.11 to the matching build.
     ("python3.11-dbg", "/usr/share/doc/python3.11-dbg"),
+    // Allocators other than glibc's, preloaded by the allocation tests.
+    ("libjemalloc2", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+    (
+        "libtcmalloc-minimal4",
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    ),
     // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),

@@ -347,6 +347,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             // with no allocator to probe (static and stripped) is refused before it runs.
             if let (Some(a), Some(exe)) = (tables.alloc.as_mut(), exe.as_deref()) {
                 let mut objects = vec![exe.to_path_buf()];
+                objects.extend(pyrometer::elfsyms::preloaded_libraries());
                 objects.extend(pyrometer::elfsyms::needed_libraries(exe));
                 a.prepare(h.pid(), &objects, &mut sampler);
                 if !a.has_allocator(h.pid()) {
