@@ -177,6 +177,32 @@ fn four_spinners_debian_3_11() {
     }
 }
 
+/// A thread that has ended keeps its `threading` name in the table, though the process is
+/// read again for names after it ended (when the next thread starts): relay-0 sleeps and
+/// ends, then relay-1 spins.
+#[test]
+fn ended_threads_keep_their_names() {
+    if !privileged() {
+        return;
+    }
+    let python = Interpreter::pyenv(11);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("gil-relay");
+    let out = dir.join("gil.pb.gz");
+    let err = record_gil(&python, "relay", &out, &["--off-cpu"]);
+    let rows = table(&err);
+    let sleeper = rows
+        .get("relay-0")
+        .unwrap_or_else(|| panic!("no relay-0:\n{err}"));
+    assert!(sleeper.holds < 5.0, "relay-0 {sleeper:?}:\n{err}");
+    let spinner = rows
+        .get("relay-1")
+        .unwrap_or_else(|| panic!("no relay-1:\n{err}"));
+    assert!(spinner.holds > 80.0, "relay-1 {spinner:?}:\n{err}");
+}
+
 /// One spinner and three sleepers: the sleepers are off-CPU in time.sleep, not waiting for
 /// the GIL, and no off-CPU stack is a GIL wait.
 #[test]

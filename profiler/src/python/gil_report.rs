@@ -85,8 +85,12 @@ pub fn rows(
     }
     rows.into_values()
         .map(|mut r| {
-            if r.name.is_empty() {
-                r.name = name_of(r.pid, r.tid).unwrap_or_else(|| "?".into());
+            // A name known now beats the label of the thread's samples, which may be its comm
+            // from before `threading` had registered it.
+            if let Some(name) = name_of(r.pid, r.tid) {
+                r.name = name;
+            } else if r.name.is_empty() {
+                r.name = "?".into();
             }
             r
         })
@@ -155,8 +159,12 @@ mod tests {
         samples.insert(11, (10, "MainThread".to_string(), 3));
         samples.insert(13, (10, "native".to_string(), 1));
         samples.insert(99, (98, "other process".to_string(), 5));
-        let rows = rows(&threads, &samples, 10, 1000, |_, tid| {
-            Some(format!("t{tid}"))
+        // Names known at the end beat the samples' labels (tid 11 was sampled as MainThread
+        // before it was named); tid 13 has only its samples' label.
+        let rows = rows(&threads, &samples, 10, 1000, |_, tid| match tid {
+            11 => Some("worker".to_string()),
+            12 => Some(format!("t{tid}")),
+            _ => None,
         });
         assert_eq!(rows.len(), 3, "{rows:?}");
         assert_eq!(
@@ -166,10 +174,13 @@ mod tests {
                 rows[0].hold_ns,
                 rows[0].on_cpu_ns
             ),
-            (11, "MainThread", 300, 30)
+            (11, "worker", 300, 30)
         );
         assert_eq!((rows[1].name.as_str(), rows[1].wait_ns), ("t12", 150));
-        assert_eq!((rows[2].tid, rows[2].on_cpu_ns), (13, 10));
+        assert_eq!(
+            (rows[2].tid, rows[2].name.as_str(), rows[2].on_cpu_ns),
+            (13, "native", 10)
+        );
         assert_eq!(rows[0].life_ns, Some(500), "still holding: up to now");
         let text = render(&rows, 1000, |_| "python3".into());
         assert!(text.contains("pid 10 (python3):"), "{text}");

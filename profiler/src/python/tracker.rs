@@ -67,13 +67,15 @@ struct Tracked {
     unnamed: HashMap<u32, Instant>,
 }
 
-/// A thread seen for the first time makes its process's names be read again, at most this
-/// often; threads that stay without a name (not started by `threading`) only every
-/// `NAME_REFRESH`.
+/// A thread seen in its first `NAME_REFRESH` without a name makes its process's names be
+/// read again, at most this often; threads that stay without a name (not started by
+/// `threading`) only every `NAME_REFRESH` after that.
 const NAME_REREAD: Duration = Duration::from_millis(20);
 const NAME_REFRESH: Duration = Duration::from_secs(1);
 /// Unnamed threads remembered per process (beyond it the list starts over).
 const MAX_UNNAMED: usize = 4096;
+/// Thread names remembered per process, ended threads' included.
+const MAX_NAMES: usize = 4096;
 
 /// Counters for the record summary and `--stats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -448,10 +450,13 @@ impl PyTracker {
         let first_asked = *t.unnamed.entry(tid).or_insert(now);
         let due = match t.names_read {
             None => true,
-            // A thread new since the last read (it may have started since) or a stale read.
+            // A thread new since the last read (it may have started since), one seen in the
+            // last NAME_REFRESH (`threading` registers a thread a little after it starts
+            // running), or a stale read.
             Some(read) => {
                 let age = now.duration_since(read);
-                (first_asked >= read && age >= NAME_REREAD) || age >= NAME_REFRESH
+                let young = first_asked >= read || now.duration_since(first_asked) < NAME_REFRESH;
+                (young && age >= NAME_REREAD) || age >= NAME_REFRESH
             }
         };
         if !due {
@@ -459,10 +464,18 @@ impl PyTracker {
         }
         t.names_read = Some(now);
         let mem = ProcessMemory::new(pid);
-        t.names = super::thread_names_by_tid(&self.proc_root, pid, &mem, t.offsets, &t.runtime)
-            .into_iter()
-            .map(|(tid, name)| (tid, Arc::from(name.as_str())))
-            .collect();
+        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, t.offsets, &t.runtime);
+        // Names of threads that have ended stay: their samples (and the GIL table at the end
+        // of a recording) still need them, and a read as the process winds down no longer
+        // sees them. Past the bound only the live threads' names are kept.
+        if t.names.len() + fresh.len() > MAX_NAMES {
+            t.names.clear();
+        }
+        t.names.extend(
+            fresh
+                .into_iter()
+                .map(|(tid, name)| (tid, Arc::from(name.as_str()))),
+        );
         let names = &t.names;
         t.unnamed.retain(|tid, _| !names.contains_key(tid));
         t.names.get(&tid).cloned()
