@@ -390,44 +390,28 @@ impl Sampler {
                 .map_err(|e| BpfError::Load(format!("on_cpu_clock: {}", error_chain(&e))))?;
         }
 
-        let ring = RingBuf::try_from(take(&mut ebpf, "samples")?)
-            .map_err(|e| BpfError::Map("samples", e.to_string()))?;
-        let targets = BpfHashMap::try_from(take(&mut ebpf, "targets")?)
-            .map_err(|e| BpfError::Map("targets", e.to_string()))?;
-        let kernel_stacks = StackTraceMap::try_from(take(&mut ebpf, "kernel_stacks")?)
-            .map_err(|e| BpfError::Map("kernel_stacks", e.to_string()))?;
-        let counters = PerCpuArray::try_from(take(&mut ebpf, "counters")?)
-            .map_err(|e| BpfError::Map("counters", e.to_string()))?;
+        let ring = take_as(&mut ebpf, "samples")?;
+        let targets = take_as(&mut ebpf, "targets")?;
+        let kernel_stacks = take_as(&mut ebpf, "kernel_stacks")?;
+        let counters = take_as(&mut ebpf, "counters")?;
         let rows = match take(&mut ebpf, "unwind_rows")? {
             aya::maps::Map::Array(data) => data,
             _ => return Err(BpfError::Map("unwind_rows", "not an array".into())),
         };
-        let procs = BpfHashMap::try_from(take(&mut ebpf, "unwind_procs")?)
-            .map_err(|e| BpfError::Map("unwind_procs", e.to_string()))?;
-        let py_procs = BpfHashMap::try_from(take(&mut ebpf, "py_procs")?)
-            .map_err(|e| BpfError::Map("py_procs", e.to_string()))?;
+        let procs = take_as(&mut ebpf, "unwind_procs")?;
+        let py_procs = take_as(&mut ebpf, "py_procs")?;
         let alloc_targets = if config.alloc.is_some_and(|a| a.own_targets) {
-            Some(
-                BpfHashMap::try_from(take(&mut ebpf, "alloc_targets")?)
-                    .map_err(|e| BpfError::Map("alloc_targets", e.to_string()))?,
-            )
+            Some(take_as(&mut ebpf, "alloc_targets")?)
         } else {
             None
         };
         let gil_threads = if config.gil {
-            Some(
-                BpfHashMap::try_from(take(&mut ebpf, "gil_threads")?)
-                    .map_err(|e| BpfError::Map("gil_threads", e.to_string()))?,
-            )
+            Some(take_as(&mut ebpf, "gil_threads")?)
         } else {
             None
         };
         let offcpu = match config.off_cpu_min_ns {
-            Some(min) => Some((
-                BpfHashMap::try_from(take(&mut ebpf, "offcpu_pending")?)
-                    .map_err(|e| BpfError::Map("offcpu_pending", e.to_string()))?,
-                min,
-            )),
+            Some(min) => Some((take_as(&mut ebpf, "offcpu_pending")?, min)),
             None => None,
         };
         Ok(Self {
@@ -640,6 +624,14 @@ impl Sampler {
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, BpfError> {
     ebpf.take_map(name)
         .ok_or_else(|| BpfError::Map(name, "missing from object".into()))
+}
+
+/// Map `name` taken out of the object as its typed view.
+fn take_as<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    T::try_from(take(ebpf, name)?).map_err(|e| BpfError::Map(name, e.to_string()))
 }
 
 /// Formats an error with its sources, so the verifier's or kernel's reason is not lost.

@@ -60,6 +60,20 @@ pub enum BinaryKey {
     Path(PathBuf),
 }
 
+impl BinaryKey {
+    /// The key of a file no process maps yet (a command about to start), as its mappings
+    /// will carry it.
+    pub fn of_file(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        Ok(Self::Inode {
+            major: libc::major(meta.dev()),
+            minor: libc::minor(meta.dev()),
+            inode: meta.ino(),
+        })
+    }
+}
+
 /// A mapped file, resolved to a path this process (the profiler) can open.
 #[derive(Debug)]
 pub struct Binary {

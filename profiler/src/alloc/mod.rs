@@ -87,15 +87,9 @@ impl AllocProbes {
     /// Probes the objects a command will map (its executable, the C library, a libpython)
     /// in process `pid` before it runs, so its first allocations are seen.
     pub fn prepare(&mut self, pid: u32, paths: &[PathBuf], probes: &mut (dyn Uprobes + '_)) {
-        use std::os::unix::fs::MetadataExt;
         for path in paths {
-            let Ok(meta) = std::fs::metadata(path) else {
+            let Ok(key) = BinaryKey::of_file(path) else {
                 continue;
-            };
-            let key = BinaryKey::Inode {
-                major: libc::major(meta.dev()),
-                minor: libc::minor(meta.dev()),
-                inode: meta.ino(),
             };
             let debug = |dirs: &[PathBuf]| {
                 crate::symbolize::separate_debug_file(
@@ -171,6 +165,19 @@ impl AllocProbes {
         self.failures.get(&pid).map(String::as_str)
     }
 
+    /// Why the allocations of `pid` (named `comm`, running `exe`) are not sampled: its probes
+    /// failed, or no object it maps defines malloc. For a pid whose allocator is probed too,
+    /// so callers check [`AllocProbes::has_allocator`] first.
+    pub fn unprobed_reason(&self, pid: u32, comm: &str, exe: Option<&Path>) -> String {
+        if let Some(f) = self.failure(pid) {
+            return format!("pid {pid} ({comm}): cannot probe its allocator: {f}");
+        }
+        let what = exe.map_or_else(|| comm.to_string(), |e| e.display().to_string());
+        format!(
+            "pid {pid} ({comm}): no allocator to probe: neither {what} nor a library it maps defines malloc (statically linked without symbols?)"
+        )
+    }
+
     /// Pids probed so far.
     pub fn pids(&self) -> Vec<u32> {
         self.probed.keys().copied().collect()
@@ -182,14 +189,6 @@ impl AllocProbes {
         self.with_malloc.remove(&pid);
         self.failures.remove(&pid);
     }
-}
-
-/// The message for a process in which no allocator could be probed.
-pub fn no_allocator_message(pid: u32, comm: &str, exe: Option<&Path>) -> String {
-    let what = exe.map_or_else(|| comm.to_string(), |e| e.display().to_string());
-    format!(
-        "pid {pid} ({comm}): no allocator to probe: neither {what} nor a library it maps defines malloc (statically linked without symbols?)"
-    )
 }
 
 #[cfg(test)]

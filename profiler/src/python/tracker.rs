@@ -213,15 +213,8 @@ impl PyTracker {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let dev = meta.dev();
         let target = GilTarget {
-            key: BinaryKey::Inode {
-                major: libc::major(dev),
-                minor: libc::minor(dev),
-                inode: meta.ino(),
-            },
+            key: BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?,
             path: path.to_path_buf(),
             dir: path.parent().map(Path::to_path_buf),
             seen: path.to_string_lossy().into_owned(),
@@ -427,17 +420,13 @@ impl PyTracker {
                         line,
                     }
                 }
-                None => PyFrameName {
-                    function: Arc::from(UNREADABLE),
-                    file: None,
-                    line: None,
-                },
+                None => unreadable(),
             },
         )
     }
 
     /// The `threading.Thread.name` of thread `tid` of a registered process, read from the
-    /// process (again when a thread without a name is asked for, at most every second).
+    /// process (again when a thread without a name is asked for: see `NAME_REREAD`).
     pub fn thread_name(&mut self, pid: u32, tid: u32) -> Option<Arc<str>> {
         let t = self.procs.get_mut(&pid)?;
         if let Some(name) = t.names.get(&tid) {

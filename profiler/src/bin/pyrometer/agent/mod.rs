@@ -377,10 +377,7 @@ fn add_alloc_targets(
                     p.comm
                 );
             } else {
-                let why = probes.failure(pid).map_or_else(
-                    || pyrometer::alloc::no_allocator_message(pid, &p.comm, p.exe.as_deref()),
-                    |f| format!("pid {pid} ({}): cannot probe its allocator: {f}", p.comm),
-                );
+                let why = probes.unprobed_reason(pid, &p.comm, p.exe.as_deref());
                 eprintln!("pyrometer agent: {why}");
             }
         }

@@ -293,21 +293,16 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     match &targets {
         Targets::All => {}
         Targets::Pids(pids) => {
-            for &pid in pids {
-                sampler.add_target(pid, args.subprocesses)?;
-            }
-            if args.subprocesses {
-                for pid in target::descendants(Path::new("/proc"), pids) {
-                    sampler.add_target(pid, true)?;
-                }
-            }
-            root_pids = pids.clone();
-            // Tables and probes before the first sample, so even the first stacks unwind
-            // fully and carry their Python frames.
             let mut all = pids.clone();
             if args.subprocesses {
                 all.extend(target::descendants(Path::new("/proc"), pids));
             }
+            for &pid in &all {
+                sampler.add_target(pid, args.subprocesses)?;
+            }
+            root_pids = pids.clone();
+            // Tables and probes before the first sample, so even the first stacks unwind
+            // fully and carry their Python frames.
             for pid in all {
                 if let Ok(p) = registry.observe(pid) {
                     tables.sync_process(p, &mut sampler);
@@ -319,10 +314,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 let p = registry.get(pid);
                 let comm = p.map_or("?", |p| p.comm.as_str());
                 let exe = p.and_then(|p| p.exe.as_deref());
-                let why = a.failure(pid).map_or_else(
-                    || pyrometer::alloc::no_allocator_message(pid, comm, exe),
-                    |f| format!("pid {pid} ({comm}): cannot probe its allocator: {f}"),
-                );
+                let why = a.unprobed_reason(pid, comm, exe);
                 return Err(remove_output(exit_error(EXIT_INPUT, why)));
             }
         }
@@ -354,10 +346,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                     let name = exe
                         .file_name()
                         .map_or_else(|| argv[0].clone(), |n| n.to_string_lossy().into_owned());
-                    let why = a.failure(h.pid()).map_or_else(
-                        || pyrometer::alloc::no_allocator_message(h.pid(), &name, Some(exe)),
-                        |f| format!("cannot probe the allocator of {}: {f}", exe.display()),
-                    );
+                    let why = a.unprobed_reason(h.pid(), &name, Some(exe));
                     return Err(remove_output(exit_error(EXIT_INPUT, why)));
                 }
             }
@@ -518,12 +507,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
     let gil = args.gil.then(|| {
-        let period = 1_000_000_000 / args.frequency;
         let python = &mut tables.python;
         let rows = pyrometer::python::gil_report::rows(
             &gil_threads,
             &capture.thread_samples,
-            period,
+            period_ns.unsigned_abs(),
             stopped_ns,
             |pid, tid| {
                 python
@@ -573,14 +561,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             }
             let p = registry.get(pid);
             let comm = p.map_or("?", |p| p.comm.as_str());
-            report.unprobed.push(match probes.failure(pid) {
-                Some(f) => format!("pid {pid} ({comm}): cannot probe its allocator: {f}"),
-                None => pyrometer::alloc::no_allocator_message(
-                    pid,
-                    comm,
-                    p.and_then(|p| p.exe.as_deref()),
-                ),
-            });
+            report.unprobed.push(probes.unprobed_reason(
+                pid,
+                comm,
+                p.and_then(|p| p.exe.as_deref()),
+            ));
         }
     }
     let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
