@@ -82,8 +82,11 @@ impl Capture {
             return;
         }
         let pid = key.pid;
-        let shared = Arc::new(key.clone());
-        let id = self.entry(key).id;
+        // The stack is copied only the first time it is seen, not for every sample.
+        let id = match self.stacks.get(&key) {
+            Some(c) => c.id,
+            None => self.entry(key.clone()).id,
+        };
         let Some(a) = self.alloc.as_mut() else { return };
         let w = crate::alloc::weight(size, a.mean);
         let sums = a.sums.entry(id).or_insert((0.0, 0.0));
@@ -92,7 +95,7 @@ impl Capture {
         a.objects += w;
         a.bytes += w * size as f64;
         a.samples += 1;
-        let stack = a.stacks.entry(id).or_insert(shared).clone();
+        let stack = a.stacks.entry(id).or_insert_with(|| Arc::new(key)).clone();
         if a.live.len() >= MAX_LIVE_BLOCKS {
             let mut ages: Vec<u64> = a.live.values().map(|b| b.timestamp_ns).collect();
             ages.sort_unstable();
