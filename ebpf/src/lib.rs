@@ -33,6 +33,16 @@ pub const COMM_LEN: usize = 16;
 pub const FILTER_ALL: u32 = 0;
 pub const FILTER_TARGETS: u32 = 1;
 
+/// `debug_reject` bits (tests of the degraded paths): the kernel refuses the stage named.
+pub mod reject {
+    pub const DWARF: u32 = 1;
+    pub const OFFCPU: u32 = 2;
+    pub const GIL: u32 = 4;
+    pub const ALLOC: u32 = 8;
+    /// The CPU sampler itself, with or without the DWARF walk.
+    pub const SAMPLER: u32 = 16;
+}
+
 /// `targets` value flags.
 pub const TARGET_SELECTED: u32 = 1;
 pub const TARGET_FOLLOW_CHILDREN: u32 = 2;
@@ -65,6 +75,8 @@ pub const SAMPLE_GIL_WAIT: u32 = 512;
 pub const SAMPLE_ALLOC: u32 = 1024;
 /// `SampleHeader::flags`: a sampled block was freed (header only); `aux` is its address.
 pub const SAMPLE_FREE: u32 = 2048;
+/// `SampleHeader::flags`: the DWARF walk met a pc in no registered mapping.
+pub const SAMPLE_UNKNOWN_MAPPING: u32 = 4096;
 
 /// Allocator entry points, the probe cookie the kernel side dispatches on (`ALLOC_*` in
 /// alloc.h).
@@ -219,6 +231,11 @@ pub mod counter {
     pub const ALLOC_FREES: u32 = 24;
     pub const ALLOC_LIVE_FULL: u32 = 25;
     pub const ALLOC_THREADS_FULL: u32 = 26;
+    /// Nanoseconds `on_cpu_clock` spent on target samples (the program times itself, so
+    /// the figure leaves out the quick exits for other processes).
+    pub const SAMPLE_NS: u32 = 27;
+    /// Nanoseconds spent walking Python frame chains (every program, self-timed).
+    pub const PY_NS: u32 = 28;
     pub const COUNT: u32 = 32;
 }
 

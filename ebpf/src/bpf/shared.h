@@ -18,6 +18,13 @@
 #define FILTER_ALL 0
 #define FILTER_TARGETS 1
 
+// `debug_reject` bits: make the kernel refuse one stage (tests of the degraded paths).
+#define REJECT_DWARF 1
+#define REJECT_OFFCPU 2
+#define REJECT_GIL 4
+#define REJECT_ALLOC 8
+#define REJECT_SAMPLER 16 // the CPU sampler itself, frame pointers too
+
 #define TARGET_SELECTED 1
 #define TARGET_FOLLOW_CHILDREN 2
 
@@ -49,6 +56,9 @@
 #define SAMPLE_ALLOC 1024
 // A sampled block was freed (header only): aux is its address.
 #define SAMPLE_FREE 2048
+// The DWARF walk met a pc in no mapping the agent registered (a new dlopen, a library
+// mapped after the tables were made): the agent re-reads the process's maps.
+#define SAMPLE_UNKNOWN_MAPPING 4096
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -78,6 +88,8 @@
 #define COUNTER_ALLOC_FREES 24       // frees of sampled blocks sent
 #define COUNTER_ALLOC_LIVE_FULL 25   // a sampled block not tracked for frees: alloc_live was full
 #define COUNTER_ALLOC_THREADS_FULL 26 // an allocator call not seen: alloc_threads was full
+#define COUNTER_SAMPLE_NS 27        // ns on_cpu_clock spent on target samples (self-timed)
+#define COUNTER_PY_NS 28            // ns spent walking Python frame chains (self-timed)
 #define COUNTER_COUNT 32
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.

@@ -8,6 +8,7 @@ mod dump;
 mod gpu;
 mod record;
 mod report;
+mod verifier;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +44,9 @@ enum Command {
     Gpu(gpu::GpuArgs),
     /// Print the current Python stack of every thread of a process (no BPF, never stops it).
     Dump(dump::DumpArgs),
+    /// Load every BPF program in every configuration on this kernel and print what the
+    /// verifier spent on each; exit 1 when one is refused or over budget.
+    Verifier(verifier::VerifierArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
         Command::Diff(args) => diff::run(args),
         Command::Gpu(args) => gpu::run(args),
         Command::Dump(args) => dump::run(args),
+        Command::Verifier(args) => verifier::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -94,6 +99,25 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// `--debug-reject` names as `debug_reject` bits.
+pub fn debug_reject_bits(names: &[String]) -> anyhow::Result<u32> {
+    names.iter().try_fold(0, |bits, name| {
+        if name == "sampler" {
+            return Ok(bits | pyrometer_ebpf::reject::SAMPLER);
+        }
+        pyrometer::bpf::Feature::from_key(name)
+            .map(|f| bits | f.reject_bit())
+            .ok_or_else(|| {
+                exit_error(
+                    EXIT_INPUT,
+                    format!(
+                        "--debug-reject {name}: expected dwarf, off_cpu, gil, alloc or sampler"
+                    ),
+                )
+            })
+    })
 }
 
 /// `524288`, `512K`, `1M`, `2G` (powers of 1024), at least 1.

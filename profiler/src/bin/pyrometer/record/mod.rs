@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use clap::Args;
 use pyrometer::alloc::AllocProbes;
-use pyrometer::bpf::{AllocConfig, Filter, Sampler, SamplerConfig};
+use pyrometer::bpf::{AllocConfig, Feature, Filter, Sampler, SamplerConfig};
 use pyrometer::capture::{
     Activity, AllocState, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
     DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns,
@@ -129,6 +129,10 @@ pub struct RecordArgs {
     /// (Python frames only, like py-spy) or `all` (every native frame too).
     #[arg(long, default_value = "mixed", value_parser = ["mixed", "python", "all"])]
     frames: String,
+    /// Make the kernel refuse these stages (dwarf, off_cpu, gil, alloc): tests of the
+    /// degraded paths.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    debug_reject: Vec<String>,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -258,10 +262,46 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             live_entries: args.alloc_live,
             own_targets: false,
         }),
+        dwarf: args.unwind == "dwarf",
+        debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
     };
     let mut sampler = Sampler::load(&config)
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
-    let unwinder = if args.unwind == "dwarf" {
+    // What the kernel refused is off from here on; each says so once.
+    for refusal in sampler.refusals() {
+        eprintln!("pyrometer: {refusal}");
+    }
+    let gil_on = args.gil && !sampler.refused(Feature::Gil);
+    let off_cpu_on = args.off_cpu && !sampler.refused(Feature::OffCpu);
+    let alloc = alloc && !sampler.refused(Feature::Alloc);
+    // The profile holds the types of what runs: a type asked for whose source the kernel
+    // refused falls back to the default (the line above said why).
+    let type_index = if sampler.refusals().is_empty() {
+        type_index
+    } else {
+        let probe = Profile::with_sources(
+            1,
+            Sources {
+                off_cpu: off_cpu_on,
+                gil: gil_on,
+                alloc,
+            },
+        );
+        match args.sample_type.as_deref().map(|t| probe.type_index(t)) {
+            Some(Ok(index)) => index,
+            Some(Err(_)) => {
+                let index = default_type(&probe, args.leaks && alloc, alloc);
+                eprintln!(
+                    "pyrometer: writing {} samples instead of {}",
+                    probe.sample_types[index].name,
+                    args.sample_type.as_deref().unwrap_or_default()
+                );
+                index
+            }
+            None => default_type(&probe, args.leaks && alloc, alloc),
+        }
+    };
+    let unwinder = if sampler.dwarf() {
         Some(
             sampler
                 .unwinder()
@@ -279,7 +319,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .iter()
             .map(PathBuf::from),
     );
-    if args.gil {
+    if gil_on {
         python.enable_gil(debug_dirs.clone());
     }
     let alloc_probes = alloc.then(|| AllocProbes::new(debug_dirs.clone()));
@@ -325,7 +365,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             }
             // The GIL probes go in before the interpreter starts, so its first acquisitions
             // count; a failure is reported when the process shows up.
-            if args.gil
+            if gil_on
                 && let Some(interpreter) = exe
                     .as_deref()
                     .and_then(pyrometer::python::version::interpreter_binary)
@@ -394,8 +434,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     } else {
         Capture::default()
     };
-    capture.off_cpu = args.off_cpu;
-    capture.gil = args.gil;
+    capture.off_cpu = off_cpu_on;
+    capture.gil = gil_on;
     capture.frames = FrameView::parse(&args.frames).expect("clap checked the value");
     if alloc {
         let mut state = AllocState::new(sample_bytes);
@@ -506,7 +546,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let (off_cpu_events, off_cpu_ns) = (capture.off_cpu_events, capture.off_cpu_ns);
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
-    let gil = args.gil.then(|| {
+    let gil = gil_on.then(|| {
         let python = &mut tables.python;
         let rows = pyrometer::python::gil_report::rows(
             &gil_threads,
@@ -645,7 +685,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         unsymbolized,
         output: output_path.clone(),
         counters,
-        off_cpu: args.off_cpu.then(|| {
+        off_cpu: off_cpu_on.then(|| {
             (
                 off_cpu_events,
                 off_cpu_ns,
