@@ -5,9 +5,11 @@
 //! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
 //! - `test`  fmt check, clippy `-D warnings`, the whole suite with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
+//! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
 
 mod allocbench;
 mod bench;
+mod bpfcost;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -59,8 +61,12 @@ fn main() -> Result<()> {
             deps()?;
             bench::bench(&root)
         }
+        Some("verifier") => {
+            deps()?;
+            bpfcost::verifier(&root)
+        }
         _ => {
-            eprintln!("usage: cargo xtask <deps|demo|test|bench>");
+            eprintln!("usage: cargo xtask <deps|demo|test|bench|verifier>");
             std::process::exit(2);
         }
     }
@@ -137,7 +143,7 @@ fn npm_deps() -> Result<()> {
         .args(NPM_DEPS))
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
@@ -186,7 +192,7 @@ fn demo(root: &Path) -> Result<()> {
 
 /// The CPython the Python-side tools are installed for (pyenv's shared 3.11 build, which the
 /// tests and benchmarks profile).
-fn pyenv_python() -> PathBuf {
+pub(crate) fn pyenv_python() -> PathBuf {
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
     Path::new(&home).join(".pyenv/versions/3.11.7/bin/python3.11")
 }
@@ -258,6 +264,8 @@ fn test(extra: &[String]) -> Result<()> {
         "--bin",
         "pyrometer-collector",
     ]))?;
+    // The kernel in front of us: every program in every configuration within budget.
+    run(Command::new(workspace_root().join("target/debug/pyrometer")).arg("verifier"))?;
     let has_nextest = cargo()
         .args(["nextest", "--version"])
         .output()
