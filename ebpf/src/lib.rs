@@ -153,6 +153,37 @@ pub struct ExecMapping {
     pub bias: u64,
     pub row_first: u32,
     pub row_count: u32,
+    /// The table's first bucket in `unwind_index`.
+    pub index_first: u32,
+    /// Its buckets (0: no index, the whole table is searched).
+    pub index_count: u32,
+    /// The ELF address bucket 0 starts at (the table's first row's pc).
+    pub pc_base: u32,
+    pub reserved: u32,
+}
+
+/// Bytes of text per bucket of a table's row index (`UNWIND_BUCKET_SHIFT`).
+pub const UNWIND_BUCKET_SHIFT: u32 = 10;
+
+/// Entry k of a table's bucket index: in the low half, the position (from the table's first
+/// row) of the last row at or before `pc_base + (k << UNWIND_BUCKET_SHIFT)`; in the high half
+/// the same for bucket k + 1, or the last row for the last bucket. `rows` are sorted by pc.
+pub fn bucket_index(rows: &[UnwindRow]) -> Vec<u64> {
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return Vec::new();
+    };
+    let buckets = ((last.pc - first.pc) >> UNWIND_BUCKET_SHIFT) as usize + 1;
+    let mut starts = Vec::with_capacity(buckets + 1);
+    let mut at = 0usize;
+    for k in 0..buckets {
+        let start = first.pc + ((k as u32) << UNWIND_BUCKET_SHIFT);
+        while at + 1 < rows.len() && rows[at + 1].pc <= start {
+            at += 1;
+        }
+        starts.push(at as u64);
+    }
+    starts.push(rows.len() as u64 - 1);
+    starts.windows(2).map(|w| w[0] | (w[1] << 32)).collect()
 }
 
 /// Mirror of `struct py_process`: a registered Python process in `py_procs`.
@@ -412,8 +443,18 @@ mod tests {
         );
         assert_eq!(FULL_RECORD_SIZE, 72 + (512 + 127) * 8);
         assert_eq!(size_of::<UnwindRow>(), 12);
-        assert_eq!(size_of::<ExecMapping>(), 32);
-        assert_eq!(size_of::<ProcessUnwind>(), 8 + 32 * MAX_MAPPINGS);
+        assert_eq!(size_of::<ExecMapping>(), 48);
+        let row = |pc| UnwindRow::bare(pc, 1);
+        // Rows at 0x1000, 0x1100, 0x1500, 0x1d00: buckets start at 0x1000, 0x1400, 0x1800,
+        // 0x1c00; the last row at or before each is row 0, 1, 2, 2, and the table's last 3.
+        let rows = [row(0x1000), row(0x1100), row(0x1500), row(0x1d00)];
+        let pair = |a: u64, b: u64| a | (b << 32);
+        assert_eq!(
+            bucket_index(&rows),
+            vec![pair(0, 1), pair(1, 2), pair(2, 2), pair(2, 3)]
+        );
+        assert!(bucket_index(&[]).is_empty());
+        assert_eq!(size_of::<ProcessUnwind>(), 8 + 48 * MAX_MAPPINGS);
         assert_eq!(size_of::<OffCpuRecord>(), 72 + 512 * 8);
         assert_eq!(size_of::<PyProcess>(), 24 + 4 * PY_OFFSET_FIELDS);
         assert_eq!(size_of::<GilThread>(), 72);

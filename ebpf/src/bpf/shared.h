@@ -115,6 +115,14 @@ struct unwind_row {
 
 #define MAX_MAPPINGS 128 // executable mappings per process (must stay a power of two)
 
+// The row search's first level: a table's rows are bucketed by UNWIND_BUCKET_SHIFT bytes of
+// text from its first row's pc; entry k of a table's index (in `unwind_index`, a u64) holds
+// in its low half the position, relative to row_first, of the last row at or before the
+// start of bucket k, and in its high half the same for bucket k + 1 (the last row for the
+// last bucket). A lookup reads one entry and searches the few rows between the two, instead
+// of binary-searching the whole table: a handful of cache lines a frame, not a dozen pages.
+#define UNWIND_BUCKET_SHIFT 10
+
 // One executable mapping of a process. row_count == 0: no table, walk by frame pointer.
 struct exec_mapping {
 	__u64 start;
@@ -122,6 +130,10 @@ struct exec_mapping {
 	__u64 bias; // ELF virtual address = runtime address - bias
 	__u32 row_first;
 	__u32 row_count;
+	__u32 index_first; // the table's first bucket in unwind_index
+	__u32 index_count; // its buckets; 0: no index, search all rows
+	__u32 pc_base;     // the ELF address bucket 0 starts at (the first row's pc)
+	__u32 reserved;
 };
 
 // A process's executable mappings, sorted by start.

@@ -31,7 +31,17 @@ struct {
 	__type(value, struct unwind_row);
 } unwind_rows SEC(".maps");
 
-// 4096 processes x 4 KiB = 16 MB at most (hash maps allocate on insert).
+// Bucket indexes of the tables (see UNWIND_BUCKET_SHIFT), written like the rows. Sized by
+// the agent (a quarter of the row capacity by default).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << 18);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_index SEC(".maps");
+
+// 4096 processes x 6 KiB = 24 MB at most (hash maps allocate on insert).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -113,6 +123,16 @@ static __always_inline int uretprobe_in_trampoline(__u64 *pc, __u64 *sp)
 	return 1;
 }
 
+// Where a mapping's rows and index are.
+struct table_ref {
+	__u32 row_first;
+	__u32 row_count;
+	__u32 index_first;
+	__u32 index_count;
+	__u32 pc_base;
+	__u32 reserved;
+};
+
 struct unwind_state {
 	__u64 pc;
 	__u64 sp;
@@ -122,8 +142,7 @@ struct unwind_state {
 	__u64 map_start;
 	__u64 map_end;
 	__u64 map_bias;
-	__u32 map_row_first;
-	__u32 map_row_count;
+	struct table_ref table;
 	__u32 pid;
 	__u32 frames;
 	__u32 stop_reason; // a COUNTER_UNWIND_* index, or 0 while walking
@@ -138,8 +157,7 @@ struct mapping_lookup {
 	__u64 start;
 	__u64 end;
 	__u64 bias;
-	__u32 row_first;
-	__u32 row_count;
+	struct table_ref table;
 };
 
 // The executable mapping of process `pid` that holds `pc`. A linear scan with constant
@@ -161,23 +179,46 @@ __attribute__((noinline)) int unwind_find_mapping(__u32 pid, __u64 pc, struct ma
 			out->start = m->start;
 			out->end = m->end;
 			out->bias = m->bias;
-			out->row_first = m->row_first;
-			out->row_count = m->row_count;
+			out->table.row_first = m->row_first;
+			out->table.row_count = m->row_count;
+			out->table.index_first = m->index_first;
+			out->table.index_count = m->index_count;
+			out->table.pc_base = m->pc_base;
 			return 0;
 		}
 	}
 	return -1;
 }
 
-// The rules of the last row at or before `rel` among rows [first, first + count), copied out
-// so the caller's state after the call is the same whatever the search did. Returns 0 when
-// found, -1 when no row covers `rel`.
-__attribute__((noinline)) int unwind_find_row(__u32 first, __u32 count, __u32 rel,
+// The rules of the last row at or before `rel` in the table `t`, copied out so the caller's
+// state after the call is the same whatever the search did: the bucket index narrows the rows
+// to those of one UNWIND_BUCKET_SHIFT-sized stretch of text, then a binary search. Returns 0
+// when found, -1 when no row covers `rel`.
+__attribute__((noinline)) int unwind_find_row(struct table_ref *t, __u32 rel,
 					      struct unwind_row *out)
 {
-	if (!out)
+	if (!t || !out)
 		return -1;
-	__u32 lo = first, hi = first + count;
+	__u32 first = t->row_first;
+	__u32 lo = first, hi = first + t->row_count;
+	if (t->index_count) {
+		if (rel < t->pc_base)
+			return -1;
+		__u32 k = (rel - t->pc_base) >> UNWIND_BUCKET_SHIFT;
+		if (k >= t->index_count)
+			k = t->index_count - 1;
+		__u32 at = t->index_first + k;
+		// Both ends in one entry: the bucket's first candidate row and the next bucket's.
+		__u64 *bounds = bpf_map_lookup_elem(&unwind_index, &at);
+		if (!bounds)
+			return -1;
+		lo = first + (__u32)*bounds;
+		hi = first + (__u32)(*bounds >> 32) + 1;
+		if (lo >= hi || hi > first + t->row_count)
+			return -1;
+		// The row at `lo` starts at or before the bucket, so at or before `rel`.
+		lo += 1;
+	}
 	for (int k = 0; k < 24; k++) {
 		if (lo >= hi)
 			break;
@@ -267,10 +308,9 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 		st->map_start = m.start;
 		st->map_end = m.end;
 		st->map_bias = m.bias;
-		st->map_row_first = m.row_first;
-		st->map_row_count = m.row_count;
+		st->table = m.table;
 	}
-	if (st->map_row_count == 0) {
+	if (st->table.row_count == 0) {
 		st->stop_reason = COUNTER_UNWIND_NO_TABLE;
 		if (frame_pointer_step(st))
 			return 1;
@@ -280,8 +320,7 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 	__u64 rel = lookup - st->map_bias;
 	struct unwind_row r = {};
 	struct unwind_row *row = &r;
-	if (rel > 0xffffffffULL ||
-	    unwind_find_row(st->map_row_first, st->map_row_count, (__u32)rel, row) < 0) {
+	if (rel > 0xffffffffULL || unwind_find_row(&st->table, (__u32)rel, row) < 0) {
 		st->stop_reason = COUNTER_UNWIND_NO_ROW;
 		return 1;
 	}

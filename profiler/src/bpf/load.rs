@@ -268,9 +268,16 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         .map_max_entries("alloc_targets", if alloc.own_targets { 4096 } else { 1 })
         .map_max_entries("samples", config.ring_buffer_bytes)
         .map_max_entries("unwind_rows", config.unwind_rows.max(1))
+        .map_max_entries("unwind_index", index_entries(config.unwind_rows))
         .map_max_entries("offcpu_pending", offcpu_entries)
         .load(shared::SAMPLER_OBJECT)
         .map_err(|e| BpfError::Load(error_chain(&e)))
+}
+
+/// Entries of the tables' bucket indexes for a row capacity: one per KiB of text, where
+/// tables have about 10 rows a KiB; a quarter of the rows leaves ample room.
+pub fn index_entries(unwind_rows: u32) -> u32 {
+    (unwind_rows / 4).max(1)
 }
 
 /// Loads one program of the object.

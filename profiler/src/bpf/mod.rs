@@ -294,6 +294,7 @@ pub struct Sampler {
     perf_prog_id: Option<u32>,
     unwind_maps: Option<(
         MapData,
+        MapData,
         BpfHashMap<MapData, u32, pyrometer_ebpf::ProcessUnwind>,
     )>,
     unwind_rows: u32,
@@ -400,6 +401,10 @@ impl Sampler {
             aya::maps::Map::Array(data) => data,
             _ => return Err(BpfError::Map("unwind_rows", "not an array".into())),
         };
+        let index = match take(&mut ebpf, "unwind_index")? {
+            aya::maps::Map::Array(data) => data,
+            _ => return Err(BpfError::Map("unwind_index", "not an array".into())),
+        };
         let procs = take_as(&mut ebpf, "unwind_procs")?;
         let py_procs = take_as(&mut ebpf, "py_procs")?;
         let alloc_targets =
@@ -426,7 +431,7 @@ impl Sampler {
             kernel_stacks,
             counters,
             perf_prog_id: None,
-            unwind_maps: Some((rows, procs)),
+            unwind_maps: Some((rows, index, procs)),
             unwind_rows: config.unwind_rows.max(1),
             py_procs: Some(py_procs),
             gil_threads,
@@ -462,11 +467,12 @@ impl Sampler {
     /// Hands out the DWARF unwinder's maps (once). Until processes are registered with it,
     /// every user stack is walked by frame pointers.
     pub fn unwinder(&mut self) -> Result<crate::unwinder::Unwinder, BpfError> {
-        let (rows, procs) = self
+        let (rows, index, procs) = self
             .unwind_maps
             .take()
             .ok_or_else(|| BpfError::Map("unwind_rows", "already taken".into()))?;
-        crate::unwinder::Unwinder::new(rows, self.unwind_rows, procs)
+        let index_entries = load::index_entries(self.unwind_rows);
+        crate::unwinder::Unwinder::new(rows, self.unwind_rows, index, index_entries, procs)
             .map_err(|e| BpfError::Map("unwind_rows", e.to_string()))
     }
 
