@@ -15,6 +15,11 @@ use pyrometer_collector::store::Store;
 use pyrometer_collector::tls::TlsListener;
 use std::sync::atomic::Ordering::Relaxed;
 
+// The README's and the book's examples are parsed with `Args` (see the test below).
+#[cfg(test)]
+#[path = "../../profiler/src/bin/pyrometer/doc_examples.rs"]
+mod doc_examples;
+
 #[derive(Parser)]
 #[command(
     name = "pyrometer-collector",
@@ -178,5 +183,41 @@ async fn maintenance(
         if let Ok(Err(e)) = result {
             eprintln!("pyrometer-collector: maintenance failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `pyrometer-collector ...` example in the README and the book parses with `Args`.
+    #[test]
+    fn documented_examples_parse() {
+        let root = doc_examples::workspace_root();
+        let examples = doc_examples::examples(&root, "pyrometer-collector");
+        // The quick start and the deployment page have some; none means the extraction broke.
+        assert!(
+            examples.len() >= 2,
+            "only {} examples found",
+            examples.len()
+        );
+        let failures: Vec<String> = examples
+            .iter()
+            .filter_map(|e| {
+                let err = Args::try_parse_from(&e.args).err()?;
+                let first = err
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                Some(format!("{}: `{}`: {first}", e.location, e.args.join(" ")))
+            })
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "examples that do not parse (write them with concrete values):\n{}",
+            failures.join("\n")
+        );
     }
 }

@@ -3,11 +3,13 @@
 //!
 //! - `deps`  install Debian packages the build and tests need (clang, libbpf-dev, golang-go, …)
 //! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
-//! - `test`  fmt check, clippy `-D warnings`, the whole suite with nextest
+//! - `test`  fmt check, clippy `-D warnings`, the book (links, mdbook build), the whole suite
+//!   with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
 
 mod allocbench;
 mod bench;
+mod book;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -246,6 +248,7 @@ fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    book::check(&workspace_root())?;
     // The end-to-end tests run the real binary.
     run(cargo().args([
         "build",

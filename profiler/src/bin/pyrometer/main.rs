@@ -4,6 +4,8 @@
 
 mod agent;
 mod diff;
+#[cfg(test)]
+mod doc_examples;
 mod dump;
 mod gpu;
 mod record;
@@ -171,5 +173,36 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("3x").is_err());
         assert!(parse_duration("0").is_err());
+    }
+
+    /// Every `pyrometer ...` example in the README and the book parses with this CLI.
+    #[test]
+    fn documented_examples_parse() {
+        let root = doc_examples::workspace_root();
+        let examples = doc_examples::examples(&root, "pyrometer");
+        // The quick starts alone have more; fewer means the extraction broke.
+        assert!(
+            examples.len() >= 15,
+            "only {} examples found",
+            examples.len()
+        );
+        let failures: Vec<String> = examples
+            .iter()
+            .filter_map(|e| {
+                let err = Cli::try_parse_from(&e.args).err()?;
+                let first = err
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                Some(format!("{}: `{}`: {first}", e.location, e.args.join(" ")))
+            })
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "examples that do not parse (write them with concrete values):\n{}",
+            failures.join("\n")
+        );
     }
 }
