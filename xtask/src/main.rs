@@ -47,6 +47,8 @@ const DEPS: &[(&str, &str)] = &[
     // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),
+    // `pyrometer top` is tested in a real terminal: tmux, read back with capture-pane.
+    ("tmux", "/usr/bin/tmux"),
 ];
 
 fn main() -> Result<()> {

@@ -1,6 +1,7 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
 //! `report` converts or summarizes a profile file, `diff` compares two, `gpu` polls the GPUs
-//! alone, `dump` prints a Python process's thread stacks, `agent` is the node daemon.
+//! alone, `dump` prints a Python process's thread stacks, `top` shows the busiest functions
+//! live, `agent` is the node daemon.
 
 mod agent;
 mod diff;
@@ -10,6 +11,7 @@ mod dump;
 mod gpu;
 mod record;
 mod report;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +47,8 @@ enum Command {
     Gpu(gpu::GpuArgs),
     /// Print the current Python stack of every thread of a process (no BPF, never stops it).
     Dump(dump::DumpArgs),
+    /// A live view of the functions the targets spend their time in, refreshed every second.
+    Top(top::TopArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -78,6 +82,7 @@ fn main() -> ExitCode {
         Command::Diff(args) => diff::run(args),
         Command::Gpu(args) => gpu::run(args),
         Command::Dump(args) => dump::run(args),
+        Command::Top(args) => top::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
