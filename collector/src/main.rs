@@ -54,6 +54,10 @@ struct Args {
     /// How often retention and compaction run.
     #[arg(long, default_value = "10m", value_parser = parse_age, hide = true)]
     maintenance_interval: Duration,
+    /// Write the man page (pyrometer-collector.1) into this directory and exit (run by
+    /// `cargo xtask test`).
+    #[arg(long, value_name = "DIR", hide = true)]
+    man_dir: Option<PathBuf>,
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {
@@ -87,6 +91,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(dir) = &args.man_dir {
+        use clap::CommandFactory;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        return clap_mangen::generate_to(Args::command(), dir)
+            .with_context(|| format!("writing the man page into {}", dir.display()));
+    }
     let token = match &args.token_file {
         Some(path) => {
             let t = std::fs::read_to_string(path)

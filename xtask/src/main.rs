@@ -3,13 +3,14 @@
 //!
 //! - `deps`  install Debian packages the build and tests need (clang, libbpf-dev, golang-go, …)
 //! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
-//! - `test`  fmt check, clippy `-D warnings`, the book (links, mdbook build), the whole suite
-//!   with nextest
+//! - `test`  fmt check, clippy `-D warnings`, the book (links, mdbook build), the man pages
+//!   into `man/`, the whole suite with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
 
 mod allocbench;
 mod bench;
 mod book;
+mod man;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,8 @@ const DEPS: &[(&str, &str)] = &[
     ("curl", "/usr/bin/curl"),
     // `pyrometer top` is tested in a real terminal: tmux, read back with capture-pane.
     ("tmux", "/usr/bin/tmux"),
+    // The generated man pages are rendered with groff in a test.
+    ("groff-base", "/usr/bin/groff"),
 ];
 
 fn main() -> Result<()> {
@@ -263,6 +266,7 @@ fn test(extra: &[String]) -> Result<()> {
         "--bin",
         "pyrometer-collector",
     ]))?;
+    man::generate(&workspace_root())?;
     let has_nextest = cargo()
         .args(["nextest", "--version"])
         .output()

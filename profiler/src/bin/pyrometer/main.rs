@@ -4,6 +4,7 @@
 //! live, `agent` is the node daemon.
 
 mod agent;
+mod completions;
 mod diff;
 #[cfg(test)]
 mod doc_examples;
@@ -49,6 +50,11 @@ enum Command {
     Dump(dump::DumpArgs),
     /// A live view of the functions the targets spend their time in, refreshed every second.
     Top(top::TopArgs),
+    /// Print a shell completion script: `pyrometer completions bash > /etc/bash_completion.d/pyrometer`.
+    Completions(completions::CompletionsArgs),
+    /// Write the man pages into a directory (run by `cargo xtask test`).
+    #[command(hide = true)]
+    Man(completions::ManArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -83,6 +89,8 @@ fn main() -> ExitCode {
         Command::Gpu(args) => gpu::run(args),
         Command::Dump(args) => dump::run(args),
         Command::Top(args) => top::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => completions::man(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
