@@ -52,6 +52,13 @@ const DEPS: &[(&str, &str)] = &[
     ("tmux", "/usr/bin/tmux"),
     // The generated man pages are rendered with groff in a test.
     ("groff-base", "/usr/bin/groff"),
+    // The Kubernetes manifests are parsed with PyYAML; the agent image is built and run by a
+    // private dockerd (the test skips, saying why, where no daemon can run).
+    (
+        "python3-yaml",
+        "/usr/lib/python3/dist-packages/yaml/__init__.py",
+    ),
+    ("docker.io", "/usr/sbin/dockerd"),
 ];
 
 fn main() -> Result<()> {
