@@ -117,11 +117,11 @@ fn header_samples(screen: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The OWN and TOTAL counts of `function`'s row.
+/// The OWN and TOTAL counts of the row whose function column is `function`.
 fn row(screen: &str, function: &str) -> Option<(u64, u64)> {
     screen.lines().find_map(|l| {
         let cols: Vec<&str> = l.split_whitespace().collect();
-        (cols.len() >= 5 && cols[cols.len() - 1] == function)
+        (cols.len() >= 5 && l.trim_end().ends_with(&format!("  {function}")))
             .then(|| Some((cols[2].parse().ok()?, cols[3].parse().ok()?)))
             .flatten()
     })
@@ -240,6 +240,68 @@ fn top_shows_the_split_and_restores_the_terminal_on_q() {
 #[test]
 fn top_restores_the_terminal_on_ctrl_c() {
     watch_cpu631_and_quit("top-ctrl-c", "C-c");
+}
+
+/// Python functions, in the `python` view: py631.py's six(), three() and one() do 6:3:1 units
+/// of work in unit(), so their total shares split 6:3:1 and unit() has the own time; the
+/// view keeps no kernel or interpreter frames.
+#[test]
+fn top_shows_python_functions() {
+    if !privileged() {
+        return;
+    }
+    let python = pyrometer_e2e::python::Interpreter::pyenv(11);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("top-python");
+    let Some(tmux) = Tmux::start(&dir) else {
+        return;
+    };
+    let script = pyrometer_e2e::python::source("py631.py");
+    let workload = Workload(
+        Command::new(&python.path)
+            .arg(&script)
+            .arg("100000")
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start py631.py"),
+    );
+    tmux.type_line(&format!(
+        "{} top --pid {} -F 499 --window 30s --frames python",
+        pyrometer_bin().display(),
+        workload.0.id(),
+    ));
+    let screen = tmux.wait_for(Duration::from_secs(60), |s| header_samples(s) >= 400);
+    let samples = header_samples(&screen);
+    assert!(samples >= 400, "too few samples:\n{screen}");
+    let file = script.display();
+    let total = |f: &str| {
+        row(&screen, &format!("{f} ({file})"))
+            .unwrap_or_else(|| panic!("no {f} row:\n{screen}"))
+            .1
+    };
+    let calls = (total("six") + total("three") + total("one")) as f64;
+    for (f, want) in [("six", 0.6), ("three", 0.3), ("one", 0.1)] {
+        let got = total(f) as f64 / calls;
+        assert!(
+            (got - want).abs() <= 0.10,
+            "{f}: {:.1} % of the calls' samples, expected {:.0} % ± 10 pp:\n{screen}",
+            got * 100.0,
+            want * 100.0
+        );
+    }
+    let (unit_own, _) = row(&screen, &format!("unit ({file})")).expect("a unit row");
+    assert!(
+        unit_own as f64 >= 0.8 * samples as f64,
+        "unit() runs the loop: own {unit_own} of {samples}:\n{screen}"
+    );
+    assert!(
+        !screen.contains("[k]") && !screen.contains("_PyEval_EvalFrameDefault"),
+        "the python view keeps Python frames only:\n{screen}"
+    );
+    tmux.cmd(&["send-keys", "q"]);
+    drop(workload);
 }
 
 /// Without a terminal on stdout there is nothing to draw on: a one-line error and exit 2,
