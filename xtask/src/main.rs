@@ -6,6 +6,7 @@
 //! - `test`  fmt check, clippy `-D warnings`, the book (links, mdbook build), the man pages
 //!   into `man/`, the whole suite with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
+//! - `book`  check the book's links and build it into `target/book` (also part of `test`)
 
 mod allocbench;
 mod bench;
@@ -69,12 +70,13 @@ fn main() -> Result<()> {
         Some("deps") => deps(),
         Some("demo") => demo(&root),
         Some("test") => test(&args[1..]),
+        Some("book") => book::check(&root),
         Some("bench") => {
             deps()?;
             bench::bench(&root)
         }
         _ => {
-            eprintln!("usage: cargo xtask <deps|demo|test|bench>");
+            eprintln!("usage: cargo xtask <deps|demo|test|bench|book>");
             std::process::exit(2);
         }
     }
