@@ -3,13 +3,17 @@
 //!
 //! - `deps`  install Debian packages the build and tests need (clang, libbpf-dev, golang-go, …)
 //! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
-//! - `test`  fmt check, clippy `-D warnings`, the whole suite with nextest
+//! - `test`  fmt check, clippy `-D warnings`, the book (links, mdbook build), the man pages
+//!   into `man/`, the whole suite with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
+//! - `book`  check the book's links and build it into `target/book` (also part of `test`)
 //! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
 
 mod allocbench;
 mod bench;
+mod book;
 mod bpfcost;
+mod man;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -47,6 +51,17 @@ const DEPS: &[(&str, &str)] = &[
     // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),
+    // `pyrometer top` is tested in a real terminal: tmux, read back with capture-pane.
+    ("tmux", "/usr/bin/tmux"),
+    // The generated man pages are rendered with groff in a test.
+    ("groff-base", "/usr/bin/groff"),
+    // The Kubernetes manifests are parsed with PyYAML; the agent image is built and run by a
+    // private dockerd (the test skips, saying why, where no daemon can run).
+    (
+        "python3-yaml",
+        "/usr/lib/python3/dist-packages/yaml/__init__.py",
+    ),
+    ("docker.io", "/usr/sbin/dockerd"),
 ];
 
 fn main() -> Result<()> {
@@ -57,6 +72,7 @@ fn main() -> Result<()> {
         Some("deps") => deps(),
         Some("demo") => demo(&root),
         Some("test") => test(&args[1..]),
+        Some("book") => book::check(&root),
         Some("bench") => {
             deps()?;
             bench::bench(&root)
@@ -66,7 +82,7 @@ fn main() -> Result<()> {
             bpfcost::verifier(&root)
         }
         _ => {
-            eprintln!("usage: cargo xtask <deps|demo|test|bench|verifier>");
+            eprintln!("usage: cargo xtask <deps|demo|test|bench|book|verifier>");
             std::process::exit(2);
         }
     }
@@ -252,6 +268,7 @@ fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    book::check(&workspace_root())?;
     // The end-to-end tests run the real binary.
     run(cargo().args([
         "build",
@@ -264,6 +281,7 @@ fn test(extra: &[String]) -> Result<()> {
         "--bin",
         "pyrometer-collector",
     ]))?;
+    man::generate(&workspace_root())?;
     // The kernel in front of us: every program in every configuration within budget.
     run(Command::new(workspace_root().join("target/debug/pyrometer")).arg("verifier"))?;
     let has_nextest = cargo()

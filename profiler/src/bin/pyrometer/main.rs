@@ -1,13 +1,18 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
 //! `report` converts or summarizes a profile file, `diff` compares two, `gpu` polls the GPUs
-//! alone, `dump` prints a Python process's thread stacks, `agent` is the node daemon.
+//! alone, `dump` prints a Python process's thread stacks, `top` shows the busiest functions
+//! live, `agent` is the node daemon.
 
 mod agent;
+mod completions;
 mod diff;
+#[cfg(test)]
+mod doc_examples;
 mod dump;
 mod gpu;
 mod record;
 mod report;
+mod top;
 mod verifier;
 
 use std::path::PathBuf;
@@ -47,6 +52,13 @@ enum Command {
     /// Load every BPF program in every configuration on this kernel and print what the
     /// verifier spent on each; exit 1 when one is refused or over budget.
     Verifier(verifier::VerifierArgs),
+    /// A live view of the functions the targets spend their time in, refreshed every second.
+    Top(top::TopArgs),
+    /// Print a shell completion script: `pyrometer completions bash > /etc/bash_completion.d/pyrometer`.
+    Completions(completions::CompletionsArgs),
+    /// Write the man pages into a directory (run by `cargo xtask test`).
+    #[command(hide = true)]
+    Man(completions::ManArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -81,6 +93,9 @@ fn main() -> ExitCode {
         Command::Gpu(args) => gpu::run(args),
         Command::Dump(args) => dump::run(args),
         Command::Verifier(args) => verifier::run(args),
+        Command::Top(args) => top::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => completions::man(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -195,5 +210,36 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("3x").is_err());
         assert!(parse_duration("0").is_err());
+    }
+
+    /// Every `pyrometer ...` example in the README and the book parses with this CLI.
+    #[test]
+    fn documented_examples_parse() {
+        let root = doc_examples::workspace_root();
+        let examples = doc_examples::examples(&root, "pyrometer");
+        // The quick starts alone have more; fewer means the extraction broke.
+        assert!(
+            examples.len() >= 15,
+            "only {} examples found",
+            examples.len()
+        );
+        let failures: Vec<String> = examples
+            .iter()
+            .filter_map(|e| {
+                let err = Cli::try_parse_from(&e.args).err()?;
+                let first = err
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                Some(format!("{}: `{}`: {first}", e.location, e.args.join(" ")))
+            })
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "examples that do not parse (write them with concrete values):\n{}",
+            failures.join("\n")
+        );
     }
 }

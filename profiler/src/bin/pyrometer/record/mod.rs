@@ -8,7 +8,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Args;
-use pyrometer::alloc::AllocProbes;
 use pyrometer::bpf::{AllocConfig, Feature, Filter, Sampler, SamplerConfig};
 use pyrometer::capture::{
     Activity, AllocState, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
@@ -27,8 +26,9 @@ use pyrometer::{privileges, signals};
 use crate::gpu::NvmlArgs;
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_bytes, parse_duration, resolve_format};
 
+pub mod pipeline;
 mod summary;
-mod targets;
+pub mod targets;
 
 use summary::{AllocReport, GilReport, RunReport, leak_sites, self_cpu_ns, thread_comm};
 use targets::{Targets, command_path, prewarm_command};
@@ -150,7 +150,7 @@ fn parse_ring_mb(s: &str) -> Result<u32, String> {
 }
 
 /// Targets the processes named like `re` that were not seen yet (`--comm`).
-fn scan_comm(
+pub fn scan_comm(
     sampler: &mut Sampler,
     tables: &mut Tables,
     registry: &mut ProcessRegistry,
@@ -265,12 +265,14 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         dwarf: args.unwind == "dwarf",
         debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
     };
-    let mut sampler = Sampler::load(&config)
-        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
-    // What the kernel refused is off from here on; each says so once.
-    for refusal in sampler.refusals() {
-        eprintln!("pyrometer: {refusal}");
-    }
+    let mut debug_dirs = args.debug_dirs.clone();
+    debug_dirs.extend(
+        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
+            .iter()
+            .map(PathBuf::from),
+    );
+    let (mut sampler, mut tables) = pipeline::open(&config, &debug_dirs).map_err(remove_output)?;
+    // What the kernel refused is off from here on (pipeline::open said so, once each).
     let gil_on = args.gil && !sampler.refused(Feature::Gil);
     let off_cpu_on = args.off_cpu && !sampler.refused(Feature::OffCpu);
     let alloc = alloc && !sampler.refused(Feature::Alloc);
@@ -301,29 +303,6 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             None => default_type(&probe, args.leaks && alloc, alloc),
         }
     };
-    let unwinder = if sampler.dwarf() {
-        Some(
-            sampler
-                .unwinder()
-                .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?,
-        )
-    } else {
-        None
-    };
-    let mut python = sampler
-        .python_tracker()
-        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
-    let mut debug_dirs = args.debug_dirs.clone();
-    debug_dirs.extend(
-        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
-            .iter()
-            .map(PathBuf::from),
-    );
-    if gil_on {
-        python.enable_gil(debug_dirs.clone());
-    }
-    let alloc_probes = alloc.then(|| AllocProbes::new(debug_dirs.clone()));
-    let mut tables = Tables::new(unwinder, python, alloc_probes);
     let mut registry = ProcessRegistry::new();
 
     let mut root_pids: Vec<u32> = Vec::new();
@@ -333,21 +312,14 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     match &targets {
         Targets::All => {}
         Targets::Pids(pids) => {
-            let mut all = pids.clone();
-            if args.subprocesses {
-                all.extend(target::descendants(Path::new("/proc"), pids));
-            }
-            for &pid in &all {
-                sampler.add_target(pid, args.subprocesses)?;
-            }
+            pipeline::add_pids(
+                &mut sampler,
+                &mut tables,
+                &mut registry,
+                pids,
+                args.subprocesses,
+            )?;
             root_pids = pids.clone();
-            // Tables and probes before the first sample, so even the first stacks unwind
-            // fully and carry their Python frames.
-            for pid in all {
-                if let Ok(p) = registry.observe(pid) {
-                    tables.sync_process(p, &mut sampler);
-                }
-            }
             if let Some(a) = &tables.alloc
                 && let Some(&pid) = pids.iter().find(|&&pid| !a.has_allocator(pid))
             {
@@ -464,10 +436,16 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut last_alive_check = Instant::now();
     let mut last_scan = Instant::now();
     loop {
-        sampler.wait(Duration::from_millis(100));
-        sampler.drain_into(&mut batch);
-        for rec in batch.drain(..) {
-            capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
+        let notices = pipeline::pump(
+            &mut sampler,
+            &mut tables,
+            &mut registry,
+            &mut capture,
+            &mut batch,
+            Duration::from_millis(100),
+        );
+        for notice in notices {
+            progress.suspend(|| eprintln!("pyrometer: {notice}"));
         }
         if let Targets::Comm(_, re) = &targets
             && last_scan.elapsed() >= Duration::from_millis(500)
@@ -481,10 +459,6 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 &mut comm_known,
                 args.subprocesses,
             );
-        }
-        tables.sync(&mut capture.maps_changed, &registry, &mut sampler);
-        for notice in tables.python.take_notices() {
-            progress.suspend(|| eprintln!("pyrometer: {notice}"));
         }
         let lost = sampler.counters().ringbuf_drops;
         progress.set_message(format!("{} samples, {lost} lost", capture.samples));
