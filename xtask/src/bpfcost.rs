@@ -47,20 +47,20 @@ fn record_stats(pyrometer: &Path, dir: &Path, args: &[&str]) -> Result<serde_jso
 
 /// A Python program whose samples carry ~30 Python frames (a 28-deep recursion under
 /// `<module>` and `main`).
-const DEEP_PY: &str = "import sys\n\
-def rec(n):\n\
-    if n == 0:\n\
-        x = 0\n\
-        for i in range(200000):\n\
-            x += i * i\n\
-        return x\n\
-    return rec(n - 1) + 1\n\
-def main(seconds):\n\
-    import time\n\
-    end = time.time() + seconds\n\
-    while time.time() < end:\n\
-        rec(28)\n\
-main(float(sys.argv[1]))\n";
+const DEEP_PY: &str = r#"import sys, time
+def rec(n):
+    if n == 0:
+        x = 0
+        for i in range(200000):
+            x += i * i
+        return x
+    return rec(n - 1) + 1
+def main(seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        rec(28)
+main(float(sys.argv[1]))
+"#;
 
 /// BPF time per sample at 16, 64 and ~90 native frames (DWARF), with frame pointers, and
 /// the Python walk's share for a ~30-frame Python stack; medians of three runs.
