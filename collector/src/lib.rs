@@ -7,6 +7,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod query;
 pub mod render;
+pub mod series_api;
 pub mod server;
 pub mod sqlite;
 pub mod store;

@@ -50,6 +50,46 @@ pub fn folded_text(stacks: &[Stacked]) -> String {
         .collect()
 }
 
+/// The merged stacks as the web UI's flame graph reads them: frame names interned once in
+/// `names`, and each distinct (process, stack) as `[value, process, frame, ...]` with frames
+/// root first and `process` the index of the sample's `comm` label (-1 when it has none). The
+/// process is kept apart from the frames so a view can root stacks at it or compare code only.
+pub fn flame(stacks: &[Stacked]) -> serde_json::Value {
+    let mut index: HashMap<&str, i64> = HashMap::new();
+    let mut names: Vec<&str> = Vec::new();
+    let mut merged: BTreeMap<Vec<i64>, i64> = BTreeMap::new();
+    let mut key = Vec::new();
+    for s in stacks {
+        key.clear();
+        let comm = s.labels.get("comm").map(String::as_str);
+        for name in comm.into_iter().chain(s.stack.iter().map(String::as_str)) {
+            let next = names.len() as i64;
+            let i = *index.entry(name).or_insert_with(|| {
+                names.push(name);
+                next
+            });
+            key.push(i);
+        }
+        if comm.is_none() {
+            key.insert(0, -1);
+        }
+        *merged.entry(key.clone()).or_insert(0) += s.value;
+    }
+    let mut total = 0i64;
+    let rows: Vec<serde_json::Value> = merged
+        .into_iter()
+        .filter(|&(_, v)| v > 0)
+        .map(|(frames, v)| {
+            total += v;
+            let mut row = Vec::with_capacity(frames.len() + 1);
+            row.push(v);
+            row.extend(frames);
+            serde_json::Value::from(row)
+        })
+        .collect();
+    serde_json::json!({ "total": total, "names": names, "stacks": rows })
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     #[error("nothing matched the query in this time range")]
@@ -244,5 +284,23 @@ mod tests {
         assert_eq!(p.sample.iter().map(|x| x.value[0]).sum::<i64>(), 6);
         assert!(svg(&s, "t", "samples").unwrap().starts_with(b"<?xml"));
         assert!(matches!(svg(&[], "t", "samples"), Err(RenderError::Empty)));
+    }
+
+    #[test]
+    fn flame_interns_names_and_keeps_the_process_apart() {
+        let mut no_comm = st("x", "n1", &["main", "b"], 4);
+        no_comm.labels = Arc::new([("node".to_string(), "n1".to_string())].into());
+        let s = [
+            st("app", "n1", &["main", "a"], 2),
+            st("app", "n2", &["main", "a"], 3),
+            no_comm,
+        ];
+        let f = flame(&s);
+        assert_eq!(f["total"], 9);
+        assert_eq!(f["names"], serde_json::json!(["app", "main", "a", "b"]));
+        assert_eq!(
+            f["stacks"],
+            serde_json::json!([[4, -1, 1, 3], [5, 0, 1, 2]])
+        );
     }
 }

@@ -43,6 +43,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/profile", get(profile))
         .route("/api/v1/diff", get(crate::diff_api::diff))
+        .route("/api/v1/series", get(crate::series_api::series))
         .route("/api/v1/labels", get(label_names))
         .route("/api/v1/label/{name}/values", get(label_values))
         .route("/api/v1/types", get(types))
@@ -68,6 +69,13 @@ pub(crate) fn sample_type<'a>(
     })
 }
 
+async fn index() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("ui/index.html"),
+    )
+}
+
 pub fn now_s() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -75,6 +83,7 @@ pub fn now_s() -> i64 {
 }
 
 /// A JSON error body: `{"error": "...", "code": 400}`.
+#[derive(Debug)]
 pub struct ApiError {
     code: StatusCode,
     message: String,
@@ -100,6 +109,11 @@ impl ApiError {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
     pub(crate) fn internal(message: impl ToString) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message.to_string())
     }
@@ -110,13 +124,6 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({ "error": self.message, "code": self.code.as_u16() });
         (self.code, axum::Json(body)).into_response()
     }
-}
-
-async fn index() -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        include_str!("ui/index.html"),
-    )
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
@@ -188,9 +195,12 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
         Selector::parse(p.query.as_deref().unwrap_or("")).map_err(ApiError::bad_request)?;
     let (from_s, to_s) = p.range.range()?;
     let format = p.format.as_deref().unwrap_or("svg").to_string();
-    if !matches!(format.as_str(), "svg" | "folded" | "pprof" | "top") {
+    if !matches!(
+        format.as_str(),
+        "svg" | "folded" | "pprof" | "top" | "flame"
+    ) {
         return Err(ApiError::bad_request(format!(
-            "unknown format '{format}': use svg, folded, pprof or top"
+            "unknown format '{format}': use svg, folded, pprof, top or flame"
         )));
     }
     let by: Vec<String> =
@@ -250,6 +260,12 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
                 bytes,
             )
                 .into_response())
+        }
+        "flame" => {
+            let mut body = render::flame(&stacks);
+            body["type"] = ty.0.clone().into();
+            body["unit"] = ty.1.clone().into();
+            Ok(axum::Json(body).into_response())
         }
         "top" => {
             let rows = render::top(&stacks, p.limit.unwrap_or(50));
