@@ -12,3 +12,4 @@ pub mod server;
 pub mod sqlite;
 pub mod store;
 pub mod tls;
+pub mod ui;

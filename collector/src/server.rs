@@ -39,7 +39,8 @@ pub struct AppState {
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/", get(index))
+        .route("/", get(crate::ui::index))
+        .route("/ui/{*path}", get(crate::ui::asset))
         .route("/metrics", get(metrics))
         .route("/api/v1/profile", get(profile))
         .route("/api/v1/diff", get(crate::diff_api::diff))
@@ -67,13 +68,6 @@ pub(crate) fn sample_type<'a>(
             have.join(", ")
         ))
     })
-}
-
-async fn index() -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        include_str!("ui/index.html"),
-    )
 }
 
 pub fn now_s() -> i64 {
