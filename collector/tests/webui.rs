@@ -341,6 +341,11 @@ fn flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels(
         r#"{node="n2"}"#
     );
     assert_eq!(url_param(&mut page, "query"), r#"{node="n2"}"#);
+    // The pointer still rests where train_step was: a redrawn graph drops the old tooltip.
+    assert_eq!(
+        page.eval(r##"document.getElementById("tooltip").hidden"##),
+        true
+    );
     assert_eq!(
         page.eval(r##"document.querySelector('#label-list li.value.on').textContent"##),
         "n2"
@@ -447,13 +452,12 @@ fn table_sorts_and_filters_and_the_sandwich_lists_known_callers() {
 
     // The URL is the state: reloading it opens the same sandwich; handle_request's callees
     // are parse and the kernel read.
-    page.eval(&format!(
+    let url = page.eval(&format!(
         r##"(() => {{ const u = new URL(location.href); u.searchParams.set("fn", {});
-            location.href = u.toString(); }})()"##,
+            return u.toString(); }})()"##,
         json!(HANDLE)
     ));
-    // Let the navigation replace the document before asking the new one.
-    std::thread::sleep(Duration::from_millis(500));
+    page.navigate(url.as_str().unwrap());
     let callees = page.wait_for(
         "handle_request's callees after loading the URL",
         &format!(

@@ -213,7 +213,8 @@ function brushed(u) {
   state.from = String(from);
   state.to = String(to);
   syncRange();
-  refresh();
+  // The pickers list the labels of the new range; the views follow even if that fails.
+  loadLabels().catch(() => {}).finally(refresh);
 }
 
 function syncRange() {

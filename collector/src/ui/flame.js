@@ -225,6 +225,8 @@ class FlameGraph {
 
   render() {
     if (!this.root) return;
+    // The frame under the pointer is gone or moved: a tooltip would describe the old one.
+    this.tip.hidden = true;
     this.renderCrumbs();
     const width = this.viewport.clientWidth;
     const boxes = [];

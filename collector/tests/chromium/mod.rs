@@ -144,6 +144,18 @@ impl Chromium {
         c
     }
 
+    /// Loads `url` in the page; returns once the new document has replaced the old one (the
+    /// page's scripts may still be loading).
+    pub fn navigate(&mut self, url: &str) {
+        let r = self.call("Page.navigate", json!({ "url": url }), true);
+        assert!(r["errorText"].is_null(), "navigate to {url}: {r}");
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        while self.eval("document.readyState") != "complete" {
+            assert!(Instant::now() < deadline, "{url} did not load");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Real mouse input at viewport coordinates, as a user's pointer gives it (the page sees
     /// trusted events): `kind` is mouseMoved, mousePressed or mouseReleased.
     fn mouse(&mut self, kind: &str, x: f64, y: f64, pressed: bool) {
