@@ -577,6 +577,28 @@ fn brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label() {
     );
     assert!(span.as_i64().unwrap() > 1, "{span}");
     screenshot(&mut page, &dir, "chart-brushed");
+
+    // Another type keeps the range: CPU time (10 ns a sample), in its unit on the graph and
+    // the chart's axis.
+    page.eval(
+        r##"(() => { const t = document.getElementById("type");
+            t.value = "cpu"; t.dispatchEvent(new Event("change")); })()"##,
+    );
+    let status = page.wait_for(
+        "the CPU time flame graph",
+        r##"(() => { const s = document.querySelector("#flame .fg-status").textContent;
+            return s.includes("µs") ? s : null; })()"##,
+    );
+    assert_eq!(status, "1.5 µs total");
+    assert_eq!(url_param(&mut page, "type"), "cpu");
+    assert_eq!(url_param(&mut page, "from"), from.to_string().as_str());
+    // uPlot draws tick labels on a canvas: ask the axis for the labels it would draw.
+    let ticks = page.wait_for(
+        "the chart's axis in CPU time",
+        r##"document.getElementById("chart").dataset.unit === "nanoseconds"
+            && chart.axes[1].values(chart, [500, 1500, 2e6])"##,
+    );
+    assert_eq!(ticks, json!(["500 ns", "1.5 µs", "2.0 ms"]));
 }
 
 #[test]

@@ -201,6 +201,7 @@ async function loadChart(seq) {
     hooks: { setSelect: [(u) => brushed(u)] },
   }, data, box);
   box.dataset.from = s.from;
+  box.dataset.unit = s.unit;
   box.dataset.to = s.to;
 }
 
@@ -431,7 +432,11 @@ function wire() {
   };
   $("range-back").onclick = () => { $("range").value = "now-1h"; $("range").onchange(); };
   $("type").onchange = () => { state.type = $("type").value; refresh(); };
-  $("by").onchange = () => { state.by = $("by").value; writeURL(); loadChart(loadSeq); };
+  $("by").onchange = () => {
+    state.by = $("by").value;
+    writeURL();
+    loadChart(loadSeq).catch((e) => { $("error").textContent = e.message; });
+  };
   $("search").addEventListener("input", () => { state.search = $("search").value; applySearch(); writeURL(); });
   $("filter").addEventListener("input", () => { state.filter = $("filter").value; drawTable(); writeURL(); });
   for (const th of document.querySelectorAll("#functions th")) {

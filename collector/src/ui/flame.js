@@ -90,8 +90,10 @@ function stacksOf(profile) {
 
 function formatValue(v, unit) {
   if (unit === "nanoseconds") {
-    const s = v / 1e9;
-    return s >= 1 ? `${s.toFixed(2)} s` : s >= 1e-3 ? `${(s * 1e3).toFixed(1)} ms` : `${(s * 1e6).toFixed(0)} µs`;
+    const s = Math.abs(v) / 1e9;
+    if (s >= 1) return `${(v / 1e9).toFixed(2)} s`;
+    if (s >= 1e-3) return `${(v / 1e6).toFixed(1)} ms`;
+    return s >= 1e-6 ? `${(v / 1e3).toFixed(1)} µs` : `${v} ns`;
   }
   if (unit === "bytes") {
     const k = ["B", "KiB", "MiB", "GiB", "TiB"];
