@@ -254,7 +254,8 @@ function drawTable() {
     sort: state.sort, filter: state.filter, total: profile ? profile.total : 0, unit: unit(),
     selected: state.fn, onPick: pickFunction,
   });
-  $("table-count").textContent = `${n} of ${tableRows.length} functions`;
+  $("table-count").textContent = `${n} of ${tableRows.length} functions` +
+    (n > TABLE_MAX_ROWS ? `, the first ${TABLE_MAX_ROWS} shown: filter for the rest` : "");
   for (const th of document.querySelectorAll("#functions th")) {
     th.classList.toggle("sorted", th.dataset.sort === state.sort.key);
     th.classList.toggle("asc", !state.sort.desc);
