@@ -50,44 +50,61 @@ pub fn folded_text(stacks: &[Stacked]) -> String {
         .collect()
 }
 
-/// The merged stacks as the web UI's flame graph reads them: frame names interned once in
-/// `names`, and each distinct (process, stack) as `[value, process, frame, ...]` with frames
-/// root first and `process` the index of the sample's `comm` label (-1 when it has none). The
-/// process is kept apart from the frames so a view can root stacks at it or compare code only.
-pub fn flame(stacks: &[Stacked]) -> serde_json::Value {
+/// The merged stacks as the web UI's flame graph reads them, as JSON text: frame names
+/// interned once in `names`, and each distinct (process, stack) as `[value, process, frame,
+/// ...]` with frames root first and `process` the index of the sample's `comm` label (-1 when
+/// it has none). The process is kept apart from the frames so a view can root stacks at it or
+/// compare code only. Written directly rather than through `serde_json::Value`: a cluster's
+/// hour holds tens of thousands of stacks of dozens of frames.
+pub fn flame_json(stacks: &[Stacked], sample_type: (&str, &str)) -> String {
+    use std::fmt::Write;
     let mut index: HashMap<&str, i64> = HashMap::new();
     let mut names: Vec<&str> = Vec::new();
-    let mut merged: BTreeMap<Vec<i64>, i64> = BTreeMap::new();
+    let mut merged: HashMap<Vec<i64>, i64> = HashMap::new();
     let mut key = Vec::new();
     for s in stacks {
         key.clear();
         let comm = s.labels.get("comm").map(String::as_str);
+        if comm.is_none() {
+            key.push(-1);
+        }
         for name in comm.into_iter().chain(s.stack.iter().map(String::as_str)) {
             let next = names.len() as i64;
-            let i = *index.entry(name).or_insert_with(|| {
+            key.push(*index.entry(name).or_insert_with(|| {
                 names.push(name);
                 next
-            });
-            key.push(i);
+            }));
         }
-        if comm.is_none() {
-            key.insert(0, -1);
+        match merged.get_mut(key.as_slice()) {
+            Some(v) => *v += s.value,
+            None => {
+                merged.insert(key.clone(), s.value);
+            }
         }
-        *merged.entry(key.clone()).or_insert(0) += s.value;
     }
-    let mut total = 0i64;
-    let rows: Vec<serde_json::Value> = merged
-        .into_iter()
-        .filter(|&(_, v)| v > 0)
-        .map(|(frames, v)| {
-            total += v;
-            let mut row = Vec::with_capacity(frames.len() + 1);
-            row.push(v);
-            row.extend(frames);
-            serde_json::Value::from(row)
-        })
-        .collect();
-    serde_json::json!({ "total": total, "names": names, "stacks": rows })
+    // Sorted, so answers are deterministic.
+    let mut rows: Vec<(Vec<i64>, i64)> = merged.into_iter().filter(|&(_, v)| v > 0).collect();
+    rows.sort_unstable();
+    let total: i64 = rows.iter().map(|(_, v)| v).sum();
+    let quoted = |s: &str| serde_json::to_string(s).expect("strings serialize");
+    let mut out = String::with_capacity(64 + rows.len() * 64);
+    let _ = write!(
+        out,
+        r#"{{"type":{},"unit":{},"total":{total},"names":{},"stacks":["#,
+        quoted(sample_type.0),
+        quoted(sample_type.1),
+        serde_json::to_string(&names).expect("strings serialize")
+    );
+    for (i, (frames, value)) in rows.iter().enumerate() {
+        out.push_str(if i == 0 { "[" } else { ",[" });
+        let _ = write!(out, "{value}");
+        for f in frames {
+            let _ = write!(out, ",{f}");
+        }
+        out.push(']');
+    }
+    out.push_str("]}");
+    out
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -295,12 +312,23 @@ mod tests {
             st("app", "n2", &["main", "a"], 3),
             no_comm,
         ];
-        let f = flame(&s);
+        let f: serde_json::Value =
+            serde_json::from_str(&flame_json(&s, ("samples", "count"))).unwrap();
+        assert_eq!(
+            (f["type"].as_str(), f["unit"].as_str()),
+            (Some("samples"), Some("count"))
+        );
         assert_eq!(f["total"], 9);
         assert_eq!(f["names"], serde_json::json!(["app", "main", "a", "b"]));
         assert_eq!(
             f["stacks"],
             serde_json::json!([[4, -1, 1, 3], [5, 0, 1, 2]])
+        );
+        let empty: serde_json::Value =
+            serde_json::from_str(&flame_json(&[], ("cpu", "nanoseconds"))).unwrap();
+        assert_eq!(
+            empty,
+            serde_json::json!({"type": "cpu", "unit": "nanoseconds", "total": 0, "names": [], "stacks": []})
         );
     }
 }

@@ -255,12 +255,11 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
             )
                 .into_response())
         }
-        "flame" => {
-            let mut body = render::flame(&stacks);
-            body["type"] = ty.0.clone().into();
-            body["unit"] = ty.1.clone().into();
-            Ok(axum::Json(body).into_response())
-        }
+        "flame" => Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            render::flame_json(&stacks, (&ty.0, &ty.1)),
+        )
+            .into_response()),
         "top" => {
             let rows = render::top(&stacks, p.limit.unwrap_or(50));
             let body =

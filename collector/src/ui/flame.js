@@ -44,10 +44,10 @@ function newNode(name, parent, kind) {
   return { name, kind, value: 0, self: 0, base: 0, baseSelf: 0, children: new Map(), parent };
 }
 
-function childOf(node, name, kind) {
+function childOf(node, name, isProcess) {
   let c = node.children.get(name);
   if (!c) {
-    c = newNode(name, node, kind);
+    c = newNode(name, node, frameKind(name, isProcess));
     node.children.set(name, c);
   }
   return c;
@@ -60,7 +60,7 @@ function addStack(root, frames, value, field, processAt) {
   let node = root;
   node[field] += value;
   frames.forEach((name, i) => {
-    node = childOf(node, name, frameKind(name, i === processAt));
+    node = childOf(node, name, i === processAt);
     node[field] += value;
   });
   node[selfField] += value;
@@ -69,12 +69,20 @@ function addStack(root, frames, value, field, processAt) {
 // The tree of a `format=flame` answer; with `process` the comm label roots each stack.
 function treeOf(profile, { process = true } = {}, root = newNode("all", null, "root"), field = "value") {
   const names = profile.names;
+  const selfField = field === "value" ? "self" : "baseSelf";
   for (const row of profile.stacks) {
-    const frames = [];
-    const proc = row[1];
-    if (process && proc >= 0) frames.push(names[proc]);
-    for (let i = 2; i < row.length; i++) frames.push(names[row[i]]);
-    addStack(root, frames, row[0], field, process && proc >= 0 ? 0 : -1);
+    const value = row[0];
+    let node = root;
+    node[field] += value;
+    if (process && row[1] >= 0) {
+      node = childOf(node, names[row[1]], true);
+      node[field] += value;
+    }
+    for (let i = 2; i < row.length; i++) {
+      node = childOf(node, names[row[i]], false);
+      node[field] += value;
+    }
+    node[selfField] += value;
   }
   return root;
 }
