@@ -348,11 +348,12 @@ impl Store for SqliteStore {
         let Some((ty, wanted)) = inner.cache.selected(selection) else {
             return Ok(Vec::new());
         };
-        // One row per (bucket, label set) from SQLite; stacks are summed there, where the
-        // primary key's order already groups them.
+        // Summed here, as in `select`: rows of unwanted label sets are skipped before any
+        // grouping (a GROUP BY in SQLite sorted them all first, which cost a one-node chart
+        // more than that node's flame graph).
         let mut stmt = inner.conn.prepare_cached(
-            "SELECT bucket, labelset, SUM(value) FROM samples
-             WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3 GROUP BY bucket, labelset",
+            "SELECT bucket, labelset, value FROM samples
+             WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
         )?;
         let mut sums: HashMap<(i64, i64), i64> = HashMap::new();
         let mut rows = stmt.query(params![ty, selection.from_s, selection.to_s])?;
