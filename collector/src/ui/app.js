@@ -20,6 +20,7 @@ let stacks = [];
 let tableRows = [];
 let chart = null;
 let loadSeq = 0;
+let compareSeq = 0;
 
 async function json(url) {
   const r = await fetch(url);
@@ -338,12 +339,15 @@ function fillDiffTable(id, rows, d) {
 
 async function compare() {
   writeURL();
+  // A comparison started later (the form changed meanwhile) owns the view.
+  const seq = ++compareSeq;
   $("cmp-error").textContent = "";
   $("cmp-summary").textContent = "";
   for (const id of ["grew", "shrank"]) document.querySelector(`#${id} tbody`).innerHTML = "";
   try {
     const [d, base, cand] = await Promise.all([json(diffParams({ format: "json" })), sideProfile("base"),
       sideProfile("new")]);
+    if (seq !== compareSeq) return;
     diffFlame.opts.unit = d.unit;
     diffFlame.setData(diffTree(base, cand), { baseTotal: base.total, newTotal: cand.total });
     const delta = (f) => d.judged === "inclusive" ? f.inclusive_delta_pts : f.self_delta_pts;
@@ -356,7 +360,7 @@ async function compare() {
       text += d.regressions.length ? ` Regressions: ${d.regressions.join(", ")}.` : " No regression.";
     $("cmp-summary").textContent = text;
   } catch (e) {
-    $("cmp-error").textContent = e.message;
+    if (seq === compareSeq) $("cmp-error").textContent = e.message;
   }
 }
 
