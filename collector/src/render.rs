@@ -50,6 +50,63 @@ pub fn folded_text(stacks: &[Stacked]) -> String {
         .collect()
 }
 
+/// The merged stacks as the web UI's flame graph reads them, as JSON text: frame names
+/// interned once in `names`, and each distinct (process, stack) as `[value, process, frame,
+/// ...]` with frames root first and `process` the index of the sample's `comm` label (-1 when
+/// it has none). The process is kept apart from the frames so a view can root stacks at it or
+/// compare code only. Written directly rather than through `serde_json::Value`: a cluster's
+/// hour holds tens of thousands of stacks of dozens of frames.
+pub fn flame_json(stacks: &[Stacked], sample_type: (&str, &str)) -> String {
+    use std::fmt::Write;
+    let mut index: HashMap<&str, i64> = HashMap::new();
+    let mut names: Vec<&str> = Vec::new();
+    let mut merged: HashMap<Vec<i64>, i64> = HashMap::new();
+    let mut key = Vec::new();
+    for s in stacks {
+        key.clear();
+        let comm = s.labels.get("comm").map(String::as_str);
+        if comm.is_none() {
+            key.push(-1);
+        }
+        for name in comm.into_iter().chain(s.stack.iter().map(String::as_str)) {
+            let next = names.len() as i64;
+            key.push(*index.entry(name).or_insert_with(|| {
+                names.push(name);
+                next
+            }));
+        }
+        match merged.get_mut(key.as_slice()) {
+            Some(v) => *v += s.value,
+            None => {
+                merged.insert(key.clone(), s.value);
+            }
+        }
+    }
+    // Sorted, so answers are deterministic.
+    let mut rows: Vec<(Vec<i64>, i64)> = merged.into_iter().filter(|&(_, v)| v > 0).collect();
+    rows.sort_unstable();
+    let total: i64 = rows.iter().map(|(_, v)| v).sum();
+    let quoted = |s: &str| serde_json::to_string(s).expect("strings serialize");
+    let mut out = String::with_capacity(64 + rows.len() * 64);
+    let _ = write!(
+        out,
+        r#"{{"type":{},"unit":{},"total":{total},"names":{},"stacks":["#,
+        quoted(sample_type.0),
+        quoted(sample_type.1),
+        serde_json::to_string(&names).expect("strings serialize")
+    );
+    for (i, (frames, value)) in rows.iter().enumerate() {
+        out.push_str(if i == 0 { "[" } else { ",[" });
+        let _ = write!(out, "{value}");
+        for f in frames {
+            let _ = write!(out, ",{f}");
+        }
+        out.push(']');
+    }
+    out.push_str("]}");
+    out
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     #[error("nothing matched the query in this time range")]
@@ -244,5 +301,34 @@ mod tests {
         assert_eq!(p.sample.iter().map(|x| x.value[0]).sum::<i64>(), 6);
         assert!(svg(&s, "t", "samples").unwrap().starts_with(b"<?xml"));
         assert!(matches!(svg(&[], "t", "samples"), Err(RenderError::Empty)));
+    }
+
+    #[test]
+    fn flame_interns_names_and_keeps_the_process_apart() {
+        let mut no_comm = st("x", "n1", &["main", "b"], 4);
+        no_comm.labels = Arc::new([("node".to_string(), "n1".to_string())].into());
+        let s = [
+            st("app", "n1", &["main", "a"], 2),
+            st("app", "n2", &["main", "a"], 3),
+            no_comm,
+        ];
+        let f: serde_json::Value =
+            serde_json::from_str(&flame_json(&s, ("samples", "count"))).unwrap();
+        assert_eq!(
+            (f["type"].as_str(), f["unit"].as_str()),
+            (Some("samples"), Some("count"))
+        );
+        assert_eq!(f["total"], 9);
+        assert_eq!(f["names"], serde_json::json!(["app", "main", "a", "b"]));
+        assert_eq!(
+            f["stacks"],
+            serde_json::json!([[4, -1, 1, 3], [5, 0, 1, 2]])
+        );
+        let empty: serde_json::Value =
+            serde_json::from_str(&flame_json(&[], ("cpu", "nanoseconds"))).unwrap();
+        assert_eq!(
+            empty,
+            serde_json::json!({"type": "cpu", "unit": "nanoseconds", "total": 0, "names": [], "stacks": []})
+        );
     }
 }

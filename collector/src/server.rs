@@ -39,10 +39,12 @@ pub struct AppState {
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/", get(index))
+        .route("/", get(crate::ui::index))
+        .route("/ui/{*path}", get(crate::ui::asset))
         .route("/metrics", get(metrics))
         .route("/api/v1/profile", get(profile))
         .route("/api/v1/diff", get(crate::diff_api::diff))
+        .route("/api/v1/series", get(crate::series_api::series))
         .route("/api/v1/labels", get(label_names))
         .route("/api/v1/label/{name}/values", get(label_values))
         .route("/api/v1/types", get(types))
@@ -75,6 +77,7 @@ pub fn now_s() -> i64 {
 }
 
 /// A JSON error body: `{"error": "...", "code": 400}`.
+#[derive(Debug)]
 pub struct ApiError {
     code: StatusCode,
     message: String,
@@ -100,6 +103,11 @@ impl ApiError {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
     pub(crate) fn internal(message: impl ToString) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message.to_string())
     }
@@ -110,13 +118,6 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({ "error": self.message, "code": self.code.as_u16() });
         (self.code, axum::Json(body)).into_response()
     }
-}
-
-async fn index() -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        include_str!("ui/index.html"),
-    )
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
@@ -188,9 +189,12 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
         Selector::parse(p.query.as_deref().unwrap_or("")).map_err(ApiError::bad_request)?;
     let (from_s, to_s) = p.range.range()?;
     let format = p.format.as_deref().unwrap_or("svg").to_string();
-    if !matches!(format.as_str(), "svg" | "folded" | "pprof" | "top") {
+    if !matches!(
+        format.as_str(),
+        "svg" | "folded" | "pprof" | "top" | "flame"
+    ) {
         return Err(ApiError::bad_request(format!(
-            "unknown format '{format}': use svg, folded, pprof or top"
+            "unknown format '{format}': use svg, folded, pprof, top or flame"
         )));
     }
     let by: Vec<String> =
@@ -251,6 +255,11 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
             )
                 .into_response())
         }
+        "flame" => Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            render::flame_json(&stacks, (&ty.0, &ty.1)),
+        )
+            .into_response()),
         "top" => {
             let rows = render::top(&stacks, p.limit.unwrap_or(50));
             let body =

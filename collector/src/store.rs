@@ -57,6 +57,15 @@ pub struct Stacked {
     pub value: i64,
 }
 
+/// One label set's total over all stacks in one time step: a point of a time series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Point {
+    pub labels: Arc<LabelSet>,
+    /// Start of the step, a multiple of the step width in seconds since the Unix epoch.
+    pub time_s: i64,
+    pub value: i64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store: {0}")]
@@ -76,6 +85,12 @@ pub trait Store: Send + Sync {
     fn ingest(&self, batch: &Batch) -> Result<Ingested, StoreError>;
     /// Stacks with their summed values, one entry per (label set, stack).
     fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError>;
+    /// The selection's values over time, summed over stacks: one [`Point`] per (label set, step)
+    /// that holds samples, in any order. A stored bucket counts in the step of width `step_s`
+    /// (> 0) that contains the bucket's start, i.e. at `bucket - bucket.rem_euclid(step_s)`.
+    /// Buckets are chosen as by [`Store::select`] (bucket start in `[from_s, to_s)`); a step
+    /// without samples has no point. Memory: one entry per (matching label set, step).
+    fn series(&self, selection: &Selection<'_>, step_s: i64) -> Result<Vec<Point>, StoreError>;
     /// Label names used by samples in the range, sorted.
     fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError>;
     /// Values of one label in the range, sorted.

@@ -308,6 +308,155 @@ async fn diff_of_two_ranges_and_of_two_label_sets() {
     );
 }
 
+/// `/api/v1/series` over real pushes: a regular grid of steps, values summed over stacks,
+/// a split by node, the smaller series folded into "other", and one-line errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_over_time_split_by_label() {
+    let (addr, _state) = start("series").await;
+    // Two pushes from n1 a minute apart (two stacks in the first), one from n2 and one
+    // from n3; all within the last five minutes, on 10 s bucket boundaries.
+    let now = pyrometer_collector::server::now_s();
+    let t0 = now - now.rem_euclid(60) - 240;
+    let pushes = [
+        (
+            "a1",
+            1,
+            "n1",
+            profile_of("app", &[(&["main", "a"], 4), (&["main", "b"], 6)], t0),
+        ),
+        ("a1", 2, "n1", profile("app", &["main", "a"], 5, t0 + 60)),
+        ("a2", 1, "n2", profile("db", &["main", "q"], 7, t0 + 60)),
+        ("a3", 1, "n3", profile("web", &["main", "h"], 1, t0 + 120)),
+    ];
+    for (agent, seq, node, p) in pushes {
+        push(addr, Some(TOKEN), request(agent, seq, node, p))
+            .await
+            .unwrap();
+    }
+    let range = format!("from={}&to={}", t0 - 60, t0 + 179);
+    let (code, body) = get(addr, &format!("/api/v1/series?{range}&step=60")).await;
+    assert_eq!(code, 200, "{body}");
+    let s = json(&body);
+    assert_eq!(
+        (s["type"].as_str(), s["unit"].as_str()),
+        (Some("samples"), Some("count"))
+    );
+    assert_eq!(s["step"], 60);
+    assert_eq!(s["total"], 23);
+    let ts: Vec<i64> = serde_json::from_value(s["timestamps"].clone()).unwrap();
+    assert_eq!(ts, [t0 - 60, t0, t0 + 60, t0 + 120]);
+    assert_eq!(s["series"].as_array().unwrap().len(), 1);
+    assert_eq!(s["series"][0]["values"], serde_json::json!([0, 10, 12, 1]));
+
+    let (_, body) = get(addr, &format!("/api/v1/series?{range}&step=60&by=node")).await;
+    let s = json(&body);
+    let by_node: Vec<(String, serde_json::Value)> = s["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["labels"]["node"].as_str().unwrap().to_string(),
+                x["values"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_node,
+        [
+            ("n1".to_string(), serde_json::json!([0, 10, 5, 0])),
+            ("n2".to_string(), serde_json::json!([0, 0, 7, 0])),
+            ("n3".to_string(), serde_json::json!([0, 0, 0, 1])),
+        ]
+    );
+    // Only the largest series is kept; n2 and n3 become "other".
+    let (_, body) = get(
+        addr,
+        &format!("/api/v1/series?{range}&step=60&by=node&limit=1"),
+    )
+    .await;
+    let s = json(&body);
+    assert_eq!(s["series"][0]["labels"]["node"], "n1");
+    assert_eq!(s["series"][1]["other"], true);
+    assert_eq!(s["series"][1]["values"], serde_json::json!([0, 0, 7, 1]));
+    // A label query and another type: n1's CPU time (10 ns per sample).
+    let q = enc(r#"{node="n1"}"#);
+    let (_, body) = get(
+        addr,
+        &format!("/api/v1/series?{range}&step=60&type=cpu&query={q}"),
+    )
+    .await;
+    let s = json(&body);
+    assert_eq!(s["unit"], "nanoseconds");
+    assert_eq!(s["series"][0]["values"], serde_json::json!([0, 100, 50, 0]));
+    // Without a step the collector picks one from the range.
+    let (code, body) = get(addr, "/api/v1/series?from=now-1h").await;
+    assert_eq!(code, 200, "{body}");
+    let s = json(&body);
+    assert_eq!(s["total"], 23);
+    assert!(s["timestamps"].as_array().unwrap().len() <= 400, "{body}");
+
+    for (bad, says) in [
+        ("step=15", "multiple of the store's 10 s buckets"),
+        ("step=x", "not a number of seconds"),
+        ("step=10&from=now-30d", "use a step of at least"),
+        ("limit=0", "limit"),
+        ("type=nope", "unknown sample type 'nope'"),
+        ("query=%7Bnode%3D", "bad query"),
+        ("from=now&to=now-1h", "empty time range"),
+    ] {
+        let (code, body) = get(addr, &format!("/api/v1/series?{bad}")).await;
+        assert_eq!(code, 400, "{bad}: {body}");
+        let e = json(&body)["error"].as_str().unwrap().to_string();
+        assert!(e.contains(says) && !e.contains('\n'), "{bad}: {e}");
+    }
+}
+
+/// `format=flame`: interned names and `[value, process, frames...]` rows, as the UI reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flame_format_for_the_web_ui() {
+    let (addr, _state) = start("flame").await;
+    let now = pyrometer_collector::server::now_s();
+    for (agent, node, p) in [
+        (
+            "a1",
+            "n1",
+            profile_of("app", &[(&["main", "a"], 4), (&["main", "b"], 6)], now),
+        ),
+        ("a2", "n2", profile("app", &["main", "a"], 5, now)),
+    ] {
+        push(addr, Some(TOKEN), request(agent, 1, node, p))
+            .await
+            .unwrap();
+    }
+    let (code, body) = get(addr, "/api/v1/profile?format=flame").await;
+    assert_eq!(code, 200, "{body}");
+    let f = json(&body);
+    assert_eq!(f["total"], 15);
+    assert_eq!(f["unit"], "count");
+    let names: Vec<String> = serde_json::from_value(f["names"].clone()).unwrap();
+    let rows: Vec<(i64, Vec<&str>)> = f["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let r = r.as_array().unwrap();
+            let frames = r[1..]
+                .iter()
+                .map(|i| names[i.as_u64().unwrap() as usize].as_str());
+            (r[0].as_i64().unwrap(), frames.collect())
+        })
+        .collect();
+    // The two nodes' main;a merge (same process, same stack).
+    assert_eq!(
+        rows,
+        [(9, vec!["app", "main", "a"]), (6, vec!["app", "main", "b"])]
+    );
+    let (code, body) = get(addr, "/api/v1/profile?format=flame&from=now-9h&to=now-8h").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["stacks"], serde_json::json!([]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_pushes_are_refused_and_the_collector_keeps_serving() {
     let (addr, _state) = start("malformed").await;

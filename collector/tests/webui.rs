@@ -1,7 +1,10 @@
-//! The web UI in real headless Chromium against the real `pyrometer-collector` binary, fed
-//! synthetic batches over gRPC: node list, flame graph per query, inferno's click-to-zoom and
-//! the compare view's differential flame graph and tables. Screenshots land in
-//! target/tmp/webui/ (paths printed) for a human to look at.
+//! The web UI in real headless Chromium (1400×900) against the real `pyrometer-collector`
+//! binary, fed recorded profiles over gRPC: the flame graph drawn in the browser with a
+//! 250-frame stack in the selection, zoom, breadcrumbs, search, tooltips and frame kinds; the
+//! label pickers; the function table and the sandwich of a function with known callers; the
+//! chart's brush selecting the range; the compare view; state kept in the URL. Pointer input
+//! (hover, clicks, the brush) is real input through the DevTools protocol. Screenshots land in
+//! target/tmp/webui-*/ (paths printed) for a human to look at.
 
 mod chromium;
 mod common;
@@ -13,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use chromium::Chromium;
 use common::{profile_of, push, request};
-use serde_json::Value;
+use serde_json::{Value, json};
+
+const WIDTH: u32 = 1400;
+const HEIGHT: u32 = 900;
 
 /// The collector binary, killed when dropped.
 struct Collector {
@@ -53,137 +59,82 @@ impl Drop for Collector {
     }
 }
 
-fn scratch() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("webui");
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("webui-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-/// Two nodes with distinct processes and stacks; n1 also an hour and a half ago, with its
-/// time split the other way, for the compare view's default baseline (2 h to 1 h ago).
-fn seed(addr: SocketAddr) {
-    let now = std::time::SystemTime::now()
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64;
-    let batches = [
-        (
-            "agent-n1",
-            1,
-            "n1",
-            profile_of(
-                "trainer",
-                &[
-                    (&["main", "train_step", "matmul"], 300),
-                    (&["main", "train_step", "load_batch"], 500),
-                ],
-                now - 5400,
-            ),
-        ),
-        (
-            "agent-n1",
-            2,
-            "n1",
-            profile_of(
-                "trainer",
-                &[
-                    (&["main", "train_step", "matmul"], 600),
-                    (&["main", "train_step", "load_batch"], 200),
-                ],
-                now - 60,
-            ),
-        ),
-        (
-            "agent-n2",
-            1,
-            "n2",
-            profile_of(
-                "server",
-                &[
-                    (&["main", "handle", "parse_json"], 300),
-                    (&["main", "handle", "render"], 100),
-                ],
-                now - 60,
-            ),
-        ),
-    ];
+        .as_secs() as i64
+}
+
+type Stacks<'a> = Vec<(Vec<&'a str>, i64)>;
+
+/// Pushes `(agent, node, process, stacks, time)` batches over gRPC.
+fn seed(addr: SocketAddr, batches: &[(&str, &str, &str, Stacks<'_>, i64)]) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        for (agent, seq, node, p) in batches {
-            push(addr, None, request(agent, seq, node, p))
+        for (seq, (agent, node, comm, stacks, time_s)) in batches.iter().enumerate() {
+            let stacks: Vec<(&[&str], i64)> =
+                stacks.iter().map(|(s, v)| (s.as_slice(), *v)).collect();
+            let p = profile_of(comm, &stacks, *time_s);
+            push(addr, None, request(agent, seq as u64 + 1, node, p))
                 .await
                 .expect("push accepted");
         }
     });
 }
 
-/// JavaScript: the `<title>`s of an `<object>`'s flame graph frames, once it has loaded.
-fn frames_of(object_id: &str) -> String {
-    format!(
-        r##"(() => {{
-            const d = document.getElementById("{object_id}").contentDocument;
-            const g = d && d.querySelectorAll("#frames > g");
-            return g && g.length ? [...g].map(f => f.querySelector("title").textContent) : null;
-        }})()"##
-    )
+const PARSE: &str = "parse (app/codec.py:12)";
+const HANDLE: &str = "handle_request (app/server.py:40)";
+const LOAD_CONFIG: &str = "load_config (app/config.py:3)";
+const PY_MAIN: &str = "<module> (app/server.py:1)";
+
+/// n1 runs a native trainer with one 250-frame recursive stack beside two shallow ones; n2 a
+/// Python server whose `parse` is called by `handle_request` (300) and `load_config` (100),
+/// and a kernel frame. 1000 samples in all, a minute ago.
+fn seed_profiles(addr: SocketAddr) {
+    let deep: Vec<&str> = std::iter::once("main")
+        .chain(std::iter::repeat_n("walk", 249))
+        .collect();
+    assert_eq!(deep.len(), 250);
+    let t = now_s() - 60;
+    seed(
+        addr,
+        &[
+            (
+                "agent-n1",
+                "n1",
+                "trainer",
+                vec![
+                    (vec!["main", "train_step", "matmul"], 300),
+                    (vec!["main", "train_step", "load_batch"], 200),
+                    (deep, 50),
+                ],
+                t,
+            ),
+            (
+                "agent-n2",
+                "n2",
+                "server",
+                vec![
+                    (vec![PY_MAIN, HANDLE, PARSE], 300),
+                    (vec![PY_MAIN, LOAD_CONFIG, PARSE], 100),
+                    (vec![PY_MAIN, HANDLE, "sys_read_[k]"], 50),
+                ],
+                t,
+            ),
+        ],
+    );
 }
 
-fn titles(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap().to_string())
-        .collect()
-}
-
-fn has_frame(titles: &[String], name: &str) -> bool {
-    titles.iter().any(|t| t.starts_with(&format!("{name} (")))
-}
-
-#[test]
-fn web_ui_lists_nodes_draws_zooms_and_compares() {
-    let dir = scratch();
-    let collector = Collector::start(&dir.join("data"));
-    seed(collector.addr);
-    let mut page = Chromium::launch(&format!("http://{}/", collector.addr), &dir, 1400, 1000);
-
-    let nodes = page.wait_for(
-        "the node list",
-        r##"(() => { const n = [...document.querySelectorAll("#nodes li.node")].map(l => l.textContent);
-                    return n.length ? n : null; })()"##,
-    );
-    assert_eq!(nodes, serde_json::json!(["n1", "n2"]));
-    let all = titles(&page.wait_for("the flame graph", &frames_of("flame")));
-    assert!(
-        has_frame(&all, "matmul") && has_frame(&all, "parse_json"),
-        "{all:?}"
-    );
-
-    // A click on a node narrows the query to it, and the graph to its processes.
-    page.eval(r##"[...document.querySelectorAll("#nodes li.node")].find(l => l.textContent === "n1").click()"##);
-    let n1 = titles(&page.wait_for(
-        "n1's flame graph",
-        &format!(
-            r##"(() => {{ const t = {};
-                return t && !t.some(x => x.startsWith("parse_json")) ? t : null; }})()"##,
-            frames_of("flame")
-        ),
-    ));
-    assert!(
-        has_frame(&n1, "trainer") && has_frame(&n1, "load_batch"),
-        "{n1:?}"
-    );
-    assert_eq!(
-        page.eval(r##"document.getElementById("query").value"##),
-        r##"{node="n1"}"##
-    );
-    let top = page.wait_for(
-        "the top table",
-        r##"document.querySelector("#top tbody tr td")?.textContent"##,
-    );
-    assert_eq!(top, "matmul");
-    let shot = dir.join("flame.png");
+fn screenshot(page: &mut Chromium, dir: &Path, name: &str) {
+    let shot = dir.join(format!("{name}.png"));
     page.screenshot(&shot);
     println!("screenshot: {}", shot.display());
     let png = std::fs::read(&shot).unwrap();
@@ -192,79 +143,556 @@ fn web_ui_lists_nodes_draws_zooms_and_compares() {
         "{} bytes",
         png.len()
     );
+}
 
-    // inferno's script zooms on click: the frame spans the width, unrelated frames hide.
-    let zoomed = page.eval(
-        r##"(() => {
-            const d = document.getElementById("flame").contentDocument;
-            const frame = (name) => [...d.querySelectorAll("#frames > g")]
-                .find(g => g.querySelector("title").textContent.startsWith(name + " ("));
-            const load = frame("load_batch");
-            const before = parseFloat(load.querySelector("rect").getAttribute("width"));
-            load.querySelector("rect").dispatchEvent(new d.defaultView.MouseEvent("click", { bubbles: true }));
-            return {
-                before,
-                after: parseFloat(load.querySelector("rect").getAttribute("width")),
-                sibling_hidden: frame("matmul").classList.contains("hide"),
-                parent_marked: frame("train_step").classList.contains("parent"),
-                unzoom_shown: !d.getElementById("unzoom").classList.contains("hide"),
-            };
-        })()"##,
+/// JavaScript: the drawn frames of the flame graph in `#id` as `{name: {x, w, y, h, kind,
+/// bg}}` (the widest box of each name), once it has some.
+fn frames(id: &str) -> String {
+    format!(
+        r##"(() => {{
+            const out = {{}};
+            for (const b of document.querySelectorAll("#{id} .frame")) {{
+                const r = b.getBoundingClientRect();
+                const prev = out[b.dataset.name];
+                if (prev && prev.w >= r.width) continue;
+                out[b.dataset.name] = {{ x: r.left, w: r.width, y: r.top, h: r.height,
+                    kind: b.dataset.kind, bg: getComputedStyle(b).backgroundColor,
+                    match: b.classList.contains("match"), context: b.classList.contains("context") }};
+            }}
+            return Object.keys(out).length ? out : null;
+        }})()"##
+    )
+}
+
+fn width(f: &Value, name: &str) -> f64 {
+    f[name]["w"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no frame {name} drawn: {f}"))
+}
+
+/// The centre of a drawn frame, for real pointer input.
+fn centre(f: &Value, name: &str) -> (f64, f64) {
+    let x = f[name]["x"].as_f64().unwrap() + width(f, name) / 2.0;
+    let y = f[name]["y"].as_f64().unwrap() + f[name]["h"].as_f64().unwrap() / 2.0;
+    (x, y)
+}
+
+fn close(a: f64, b: f64, tolerance: f64) -> bool {
+    (a - b).abs() <= tolerance
+}
+
+fn url_param(page: &mut Chromium, name: &str) -> Value {
+    page.eval(&format!(
+        r##"new URLSearchParams(location.search).get("{name}")"##
+    ))
+}
+
+#[test]
+fn flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels() {
+    let dir = scratch("flame");
+    let collector = Collector::start(&dir.join("data"));
+    seed_profiles(collector.addr);
+    let mut page = Chromium::launch(&format!("http://{}/", collector.addr), &dir, WIDTH, HEIGHT);
+
+    let f = page.wait_for(
+        "the flame graph with both processes",
+        &format!(
+            r##"(() => {{ const f = {}; return f && f.trainer && f.server && f.walk ? f : null; }})()"##,
+            frames("flame")
+        ),
     );
-    let before = zoomed["before"].as_f64().unwrap();
-    assert!((20.0..30.0).contains(&before), "{zoomed}");
-    assert!(zoomed["after"].as_f64().unwrap() > 99.0, "{zoomed}");
-    assert_eq!(zoomed["sibling_hidden"], true, "{zoomed}");
-    assert_eq!(zoomed["parent_marked"], true, "{zoomed}");
-    assert_eq!(zoomed["unzoom_shown"], true, "{zoomed}");
-    let shot = dir.join("flame-zoomed.png");
-    page.screenshot(&shot);
-    println!("screenshot: {}", shot.display());
+    screenshot(&mut page, &dir, "flame");
+    // The deep stack does not shrink the graph: the root spans the viewport and the shallow
+    // frames keep their shares of it (550, 300 and 450 of 1000 samples).
+    let viewport = page.eval(
+        r##"(() => { const v = document.querySelector("#flame .fg-viewport");
+            return { w: v.clientWidth, h: v.clientHeight, scroll: v.scrollHeight }; })()"##,
+    );
+    let full = viewport["w"].as_f64().unwrap();
+    assert!(full > 1000.0, "{viewport}");
+    assert!(close(width(&f, "all"), full, 1.0), "{f}");
+    for (name, share) in [("trainer", 0.55), ("matmul", 0.30), ("server", 0.45)] {
+        let w = width(&f, name);
+        assert!(close(w / full, share, 0.005), "{name}: {w} of {full}");
+    }
+    // Fixed row height: the 250th frame of the deep stack sits 252 rows down (below "all"
+    // and the process), past the bottom of the viewport, which scrolls instead.
+    for name in ["all", "trainer", "matmul", "walk"] {
+        assert!(close(f[name]["h"].as_f64().unwrap(), 17.0, 0.5), "{f}");
+    }
+    let deepest = page.eval(
+        r##"Math.max(...[...document.querySelectorAll("#flame .frame")].map(b => parseFloat(b.style.top)))"##,
+    );
+    assert_eq!(deepest.as_f64().unwrap(), 251.0 * 18.0);
+    assert!(
+        viewport["scroll"].as_f64().unwrap() >= 252.0 * 18.0
+            && viewport["h"].as_f64().unwrap() < 900.0,
+        "{viewport}"
+    );
+    // Colours by frame kind, with a legend.
+    for (name, kind) in [
+        ("trainer", "process"),
+        ("matmul", "native"),
+        (PARSE, "python"),
+        ("sys_read_[k]", "kernel"),
+    ] {
+        assert_eq!(f[name]["kind"], kind, "{name}: {f}");
+    }
+    assert_ne!(f["matmul"]["bg"], f[PARSE]["bg"]);
+    assert_eq!(
+        page.eval(r##"document.getElementById("legend").textContent"##),
+        "Pythonnativekernelprocess"
+    );
 
-    // Compare: n1 now against n1 an hour before (the form's default ranges).
+    // A tooltip with total, self and percent under the pointer.
+    let (x, y) = centre(&f, "matmul");
+    page.hover(x, y);
+    let tip = page.wait_for(
+        "the tooltip",
+        r##"(() => { const t = document.getElementById("tooltip"); return t.hidden ? null : t.innerText; })()"##,
+    );
+    let tip = tip.as_str().unwrap();
+    for want in [
+        "matmul",
+        "total 300 (30.00 %)",
+        "self 300 (30.00 %)",
+        "kind native",
+    ] {
+        assert!(tip.contains(want), "{want} not in {tip}");
+    }
+
+    // A click zooms: train_step spans the width, its children keep their split, the other
+    // process is not drawn, and breadcrumbs lead back out.
+    let (x, y) = centre(&f, "train_step");
+    page.click_at(x, y);
+    let z = page.wait_for(
+        "the zoomed graph",
+        &format!(
+            r##"(() => {{ const f = {}; return f && !f.server ? f : null; }})()"##,
+            frames("flame")
+        ),
+    );
+    assert!(close(width(&z, "train_step"), full, 1.0), "{z}");
+    assert!(close(width(&z, "matmul") / full, 0.6, 0.005), "{z}");
+    assert_eq!(z["trainer"]["context"], true, "{z}");
+    let crumbs =
+        page.eval(r##"[...document.querySelectorAll("#flame .crumb")].map(c => c.textContent)"##);
+    assert_eq!(crumbs, json!(["all", "trainer", "main", "train_step"]));
+    screenshot(&mut page, &dir, "flame-zoomed");
+    page.eval(r##"document.querySelector("#flame .crumb").click()"##);
+    let back = page.wait_for(
+        "the graph zoomed out by its breadcrumb",
+        &format!(
+            r##"(() => {{ const f = {}; return f && f.server ? f : null; }})()"##,
+            frames("flame")
+        ),
+    );
+    assert!(close(width(&back, "trainer") / full, 0.55, 0.005), "{back}");
+
+    // Search highlights the matching frames and says their share of the total.
     page.eval(
-        r##"document.getElementById("tab-compare").click();
-           document.getElementById("base-query").value = '{node="n1"}';
-           document.getElementById("cmp-threshold").value = "5";
-           document.getElementById("cmp-run").click();"##,
+        r##"(() => { const s = document.getElementById("search");
+            s.value = "matmul|load_batch"; s.dispatchEvent(new Event("input")); })()"##,
+    );
+    let s = page.wait_for("search matches", &frames("flame"));
+    assert_eq!(s["matmul"]["match"], true);
+    assert_eq!(s["load_batch"]["match"], true);
+    assert_eq!(s["train_step"]["match"], false);
+    assert_eq!(
+        page.eval(r##"document.getElementById("match-share").textContent"##),
+        "2 frames match, 50.00 % of the total (500)"
+    );
+    assert_eq!(url_param(&mut page, "search"), "matmul|load_batch");
+    screenshot(&mut page, &dir, "flame-search");
+
+    // The node picker narrows the query, the graph and the URL to one node.
+    page.eval(
+        r##"(() => { const s = document.getElementById("search");
+            s.value = ""; s.dispatchEvent(new Event("input")); })()"##,
+    );
+    let nodes = page.wait_for(
+        "the node picker",
+        r##"(() => { const v = [...document.querySelectorAll('#label-list details[data-label="node"] li.value')]
+            .map(l => l.textContent); return v.length ? v : null; })()"##,
+    );
+    assert_eq!(nodes, json!(["n1", "n2"]));
+    let labels = page.eval(
+        r##"[...document.querySelectorAll("#label-list details")].map(d => d.dataset.label)"##,
+    );
+    assert_eq!(labels, json!(["comm", "node"]));
+    page.eval(
+        r##"[...document.querySelectorAll('#label-list details[data-label="node"] li.value')]
+            .find(l => l.textContent === "n2").click()"##,
+    );
+    let n2 = page.wait_for(
+        "n2's flame graph",
+        &format!(
+            r##"(() => {{ const f = {}; return f && !f.trainer ? f : null; }})()"##,
+            frames("flame")
+        ),
+    );
+    assert!(close(width(&n2, "server"), full, 1.0), "{n2}");
+    assert!(
+        close(width(&n2, HANDLE) / full, 350.0 / 450.0, 0.005),
+        "{n2}"
+    );
+    assert_eq!(
+        page.eval(r##"document.getElementById("query").value"##),
+        r#"{node="n2"}"#
+    );
+    assert_eq!(url_param(&mut page, "query"), r#"{node="n2"}"#);
+    // The pointer still rests where train_step was: a redrawn graph drops the old tooltip
+    // (the browser may show the frame now under the pointer, never the one that is gone).
+    assert_eq!(
+        page.eval(
+            r##"(() => { const t = document.getElementById("tooltip");
+                return t.hidden || !t.innerText.startsWith("train_step"); })()"##
+        ),
+        true
+    );
+    assert_eq!(
+        page.eval(r##"document.querySelector('#label-list li.value.on').textContent"##),
+        "n2"
+    );
+    screenshot(&mut page, &dir, "labels");
+}
+
+#[test]
+fn table_sorts_and_filters_and_the_sandwich_lists_known_callers() {
+    let dir = scratch("table");
+    let collector = Collector::start(&dir.join("data"));
+    seed_profiles(collector.addr);
+    let mut page = Chromium::launch(
+        &format!("http://{}/?view=table", collector.addr),
+        &dir,
+        WIDTH,
+        HEIGHT,
+    );
+    let rows_js = r##"(() => { const r = [...document.querySelectorAll("#functions tbody tr")]
+        .map(tr => [...tr.cells].map(c => c.textContent)); return r.length ? r : null; })()"##;
+    let rows = page.wait_for("the function table", rows_js);
+    // By self, largest first: parse (400), matmul (300); totals count recursion once.
+    assert_eq!(rows[0], json!([PARSE, "400 40.00 %", "400 40.00 %"]));
+    assert_eq!(rows[1][0], "matmul");
+    let walk = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[0] == "walk")
+        .unwrap();
+    assert_eq!(walk, &json!(["walk", "50 5.00 %", "50 5.00 %"]));
+    screenshot(&mut page, &dir, "table");
+    // Sorted by total: trainer's main (550), train_step (500), the Python module (450).
+    page.eval(r##"document.querySelector('#functions th[data-sort="total"]').click()"##);
+    let rows = page.eval(rows_js);
+    assert_eq!(
+        [&rows[0][0], &rows[1][0], &rows[2][0]],
+        ["main", "train_step", PY_MAIN]
+    );
+    // Filtered, ignoring case, and still sorted by total.
+    page.eval(
+        r##"(() => { const f = document.getElementById("filter");
+            f.value = "LOAD_"; f.dispatchEvent(new Event("input")); })()"##,
+    );
+    let rows = page.eval(rows_js);
+    let names: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["load_batch", LOAD_CONFIG]);
+    page.eval(
+        r##"(() => { const f = document.getElementById("filter");
+            f.value = ""; f.dispatchEvent(new Event("input")); })()"##,
+    );
+
+    // Choosing parse shows its sandwich: its known callers and no callees.
+    page.eval(&format!(
+        r##"[...document.querySelectorAll("#functions tbody tr")].find(tr => tr.cells[0].textContent === "{PARSE}").click()"##
+    ));
+    let callers = page.wait_for("the callers graph", &frames("callers"));
+    let callees = page.wait_for("the callees graph", &frames("callees"));
+    let mut names: Vec<&str> = callers
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [PY_MAIN, HANDLE, LOAD_CONFIG, PARSE, "server"],
+        "{callers}"
+    );
+    // The callers graph is inverted: parse at the bottom, its direct callers right above it
+    // with 300:100 of its width.
+    let root_y = callers[PARSE]["y"].as_f64().unwrap();
+    for caller in [HANDLE, LOAD_CONFIG] {
+        assert!(
+            close(callers[caller]["y"].as_f64().unwrap(), root_y - 18.0, 0.5),
+            "{callers}"
+        );
+    }
+    let w = width(&callers, PARSE);
+    assert!(close(width(&callers, HANDLE) / w, 0.75, 0.005), "{callers}");
+    assert!(
+        close(width(&callers, LOAD_CONFIG) / w, 0.25, 0.005),
+        "{callers}"
+    );
+    assert_eq!(
+        callees.as_object().unwrap().keys().collect::<Vec<_>>(),
+        [PARSE]
+    );
+    assert!(
+        page.eval(r##"document.getElementById("sandwich-title").textContent"##)
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{PARSE}: total 400 (40.00 %), self 400 (40.00 %)")),
+    );
+    assert_eq!(url_param(&mut page, "view"), "sandwich");
+    assert_eq!(url_param(&mut page, "fn"), PARSE);
+    screenshot(&mut page, &dir, "sandwich");
+
+    // The URL is the state: reloading it opens the same sandwich; handle_request's callees
+    // are parse and the kernel read.
+    let url = page.eval(&format!(
+        r##"(() => {{ const u = new URL(location.href); u.searchParams.set("fn", {});
+            return u.toString(); }})()"##,
+        json!(HANDLE)
+    ));
+    page.navigate(url.as_str().unwrap());
+    let callees = page.wait_for(
+        "handle_request's callees after loading the URL",
+        &format!(
+            r##"(() => {{ const f = {}; return f && f["{HANDLE}"] ? f : null; }})()"##,
+            frames("callees")
+        ),
+    );
+    let w = width(&callees, HANDLE);
+    assert!(
+        close(width(&callees, PARSE) / w, 300.0 / 350.0, 0.005),
+        "{callees}"
+    );
+    assert!(
+        close(width(&callees, "sys_read_[k]") / w, 50.0 / 350.0, 0.005),
+        "{callees}"
+    );
+    assert_eq!(page.eval(r##"document.body.className"##), "view-sandwich");
+}
+
+#[test]
+fn brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label() {
+    let dir = scratch("chart");
+    let collector = Collector::start(&dir.join("data"));
+    let now = now_s();
+    seed(
+        collector.addr,
+        &[
+            (
+                "agent-n1",
+                "n1",
+                "app",
+                vec![(vec!["main", "early"], 100)],
+                now - 3000,
+            ),
+            (
+                "agent-n1",
+                "n1",
+                "app",
+                vec![(vec!["main", "late"], 100)],
+                now - 300,
+            ),
+            (
+                "agent-n2",
+                "n2",
+                "app",
+                vec![(vec!["main", "late"], 50)],
+                now - 300,
+            ),
+        ],
+    );
+    let mut page = Chromium::launch(
+        &format!("http://{}/?by=node", collector.addr),
+        &dir,
+        WIDTH,
+        HEIGHT,
+    );
+    let f = page.wait_for(
+        "the flame graph of the hour",
+        &format!(
+            r##"(() => {{ const f = {}; return f && f.early && f.late ? f : null; }})()"##,
+            frames("flame")
+        ),
+    );
+    assert!(width(&f, "late") > width(&f, "early"), "{f}");
+    // Split by node: one series per node, each with its samples at its times.
+    let series = page.wait_for(
+        "the chart split by node",
+        r##"chart && chart.series.length === 3 && document.querySelector("#chart .u-over")
+            ? chart.series.slice(1).map((s, i) => [s.label, chart.data[i + 1].reduce((a, b) => a + b, 0)]) : null"##,
+    );
+    assert_eq!(series, json!([["n1", 200], ["n2", 50]]));
+    screenshot(&mut page, &dir, "chart");
+
+    // Brush the last quarter of the hour (real pointer drag on the plot): the flame graph
+    // shows only what ran then, and the URL holds the absolute range.
+    let over = page.eval(
+        r##"(() => { const r = document.querySelector("#chart .u-over").getBoundingClientRect();
+            return [r.left, r.top, r.width, r.height]; })()"##,
+    );
+    let [left, top, w, h] = [0, 1, 2, 3].map(|i| over[i].as_f64().unwrap());
+    page.drag(
+        (left + w * 0.75, top + h / 2.0),
+        (left + w - 2.0, top + h / 2.0),
+    );
+    let f = page.wait_for(
+        "the flame graph of the brushed range",
+        &format!(
+            r##"(() => {{ const f = {}; return f && !f.early ? f : null; }})()"##,
+            frames("flame")
+        ),
+    );
+    assert!(f["late"].is_object(), "{f}");
+    let from: i64 = url_param(&mut page, "from")
+        .as_str()
+        .unwrap()
+        .parse()
+        .expect("an absolute from after brushing");
+    let to: i64 = url_param(&mut page, "to")
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (now - 3000 + 10..=now - 300).contains(&from) && to >= now - 300 && to <= now + 120,
+        "brushed {from}..{to}, now {now}"
+    );
+    assert_eq!(
+        page.eval(r##"document.getElementById("range").value"##),
+        "custom"
+    );
+    // The chart now spans the brushed range.
+    let span = page.wait_for(
+        "the chart of the brushed range",
+        &format!(
+            r##"document.getElementById("chart").dataset.from == {from} && chart.data[0].length"##
+        ),
+    );
+    assert!(span.as_i64().unwrap() > 1, "{span}");
+    screenshot(&mut page, &dir, "chart-brushed");
+
+    // Another type keeps the range: CPU time (10 ns a sample), in its unit on the graph and
+    // the chart's axis.
+    page.eval(
+        r##"(() => { const t = document.getElementById("type");
+            t.value = "cpu"; t.dispatchEvent(new Event("change")); })()"##,
+    );
+    let status = page.wait_for(
+        "the CPU time flame graph",
+        r##"(() => { const s = document.querySelector("#flame .fg-status").textContent;
+            return s.includes("µs") ? s : null; })()"##,
+    );
+    assert_eq!(status, "1.5 µs total");
+    assert_eq!(url_param(&mut page, "type"), "cpu");
+    assert_eq!(url_param(&mut page, "from"), from.to_string().as_str());
+    // uPlot draws tick labels on a canvas: ask the axis for the labels it would draw.
+    let ticks = page.wait_for(
+        "the chart's axis in CPU time",
+        r##"document.getElementById("chart").dataset.unit === "nanoseconds"
+            && chart.axes[1].values(chart, [500, 1500, 2e6])"##,
+    );
+    assert_eq!(ticks, json!(["500 ns", "1.5 µs", "2.0 ms"]));
+}
+
+#[test]
+fn compare_draws_the_differential_flame_graph_and_tables() {
+    let dir = scratch("compare");
+    let collector = Collector::start(&dir.join("data"));
+    let now = now_s();
+    // n1's split turns from 300:500 an hour and a half ago to 600:200 now.
+    seed(
+        collector.addr,
+        &[
+            (
+                "agent-n1",
+                "n1",
+                "trainer",
+                vec![
+                    (vec!["main", "train_step", "matmul"], 300),
+                    (vec!["main", "train_step", "load_batch"], 500),
+                ],
+                now - 5400,
+            ),
+            (
+                "agent-n1",
+                "n1",
+                "trainer",
+                vec![
+                    (vec!["main", "train_step", "matmul"], 600),
+                    (vec!["main", "train_step", "load_batch"], 200),
+                ],
+                now - 60,
+            ),
+            (
+                "agent-n2",
+                "n2",
+                "server",
+                vec![(vec!["main", "handle"], 300)],
+                now - 60,
+            ),
+        ],
+    );
+    let mut page = Chromium::launch(&format!("http://{}/", collector.addr), &dir, WIDTH, HEIGHT);
+    page.wait_for("the flame graph", &frames("flame"));
+    page.eval(
+        r##"(() => {
+            document.querySelector('#tabs button[data-view="compare"]').click();
+            document.getElementById("base-query").value = '{node="n1"}';
+            document.getElementById("cmp-threshold").value = "5";
+            document.getElementById("cmp-run").click(); })()"##,
     );
     assert_eq!(
         page.eval(r##"getComputedStyle(document.querySelector("main")).display"##),
         "none",
         "the profile view stays visible in compare mode"
     );
-    let diff = titles(&page.wait_for("the differential flame graph", &frames_of("diff-flame")));
-    // matmul: 37.5 % -> 75 %; load_batch 62.5 % -> 25 %.
-    assert!(
-        diff.iter()
-            .any(|t| t.starts_with("matmul (") && t.contains("+37.50%")),
-        "{diff:?}"
+    let d = page.wait_for(
+        "the differential flame graph",
+        &format!(
+            r##"(() => {{ const f = {}; return f && f.matmul ? f : null; }})()"##,
+            frames("diff-flame")
+        ),
     );
-    assert!(
-        diff.iter()
-            .any(|t| t.starts_with("load_batch (") && t.contains("-37.50%")),
-        "{diff:?}"
-    );
-    let colours = page.eval(
-        r##"(() => {
-            const d = document.getElementById("diff-flame").contentDocument;
-            const fill = (name) => [...d.querySelectorAll("#frames > g")]
-                .find(g => g.querySelector("title").textContent.startsWith(name + " ("))
-                .querySelector("rect").getAttribute("fill").match(/\d+/g).map(Number);
-            return { matmul: fill("matmul"), load_batch: fill("load_batch") };
-        })()"##,
-    );
-    let rgb = |k: &str| -> Vec<i64> {
-        colours[k]
-            .as_array()
+    // matmul: 37.5 % -> 75 % (drawn at the mean share, 56.25 %), red; load_batch 62.5 % ->
+    // 25 %, blue. Code only: the process is not a frame here.
+    let full = width(&d, "all");
+    assert!(close(width(&d, "matmul") / full, 0.5625, 0.005), "{d}");
+    assert!(close(width(&d, "load_batch") / full, 0.4375, 0.005), "{d}");
+    assert!(d["trainer"].is_null(), "{d}");
+    let rgb = |name: &str| -> Vec<f64> {
+        d[name]["bg"]
+            .as_str()
             .unwrap()
-            .iter()
-            .map(|c| c.as_i64().unwrap())
+            .trim_start_matches("rgb(")
+            .trim_end_matches(')')
+            .split(',')
+            .map(|c| c.trim().parse().unwrap())
             .collect()
     };
     let (m, l) = (rgb("matmul"), rgb("load_batch"));
     assert!(m[0] > m[2], "matmul grew but is not red: {m:?}");
     assert!(l[2] > l[0], "load_batch shrank but is not blue: {l:?}");
+    let (x, y) = centre(&d, "matmul");
+    page.hover(x, y);
+    let tip = page.wait_for(
+        "the diff tooltip",
+        r##"(() => { const t = document.getElementById("tooltip"); return t.hidden ? null : t.innerText; })()"##,
+    );
+    let tip = tip.as_str().unwrap();
+    for want in ["baseline 37.50 %", "candidate 75.00 %", "change +37.50 pts"] {
+        assert!(tip.contains(want), "{want} not in {tip}");
+    }
     let tables = page.wait_for(
         "the grew/shrank tables",
         r##"(() => {
@@ -286,9 +714,9 @@ fn web_ui_lists_nodes_draws_zooms_and_compares() {
             .contains("Regressions: matmul"),
         "{tables}"
     );
-    let shot = dir.join("compare.png");
-    page.screenshot(&shot);
-    println!("screenshot: {}", shot.display());
+    assert_eq!(url_param(&mut page, "view"), "compare");
+    assert_eq!(url_param(&mut page, "base_query"), r#"{node="n1"}"#);
+    screenshot(&mut page, &dir, "compare");
 
     // "vs. previous" fills the compare form from the flame graph view: the selected hour
     // against the hour before it, for the view's query.
@@ -296,7 +724,9 @@ fn web_ui_lists_nodes_draws_zooms_and_compares() {
         r##"(() => {
             document.getElementById("base-from").value = "now-9h";
             document.getElementById("cmp-summary").textContent = "";
-            document.getElementById("tab-profile").click();
+            document.querySelector('#tabs button[data-view="flame"]').click();
+            document.getElementById("query").value = '{node="n1"}';
+            document.getElementById("show").click();
             document.getElementById("vs-earlier").click();
             return ["base-query", "base-from", "base-to", "new-from", "new-to"]
                 .map(id => document.getElementById(id).value);
@@ -304,7 +734,7 @@ fn web_ui_lists_nodes_draws_zooms_and_compares() {
     );
     assert_eq!(
         filled,
-        serde_json::json!([r#"{node="n1"}"#, "now-2h", "now-1h", "now-1h", "now"])
+        json!([r#"{node="n1"}"#, "now-2h", "now-1h", "now-1h", "now"])
     );
     let summary = page.wait_for(
         "the compare summary after vs. previous",

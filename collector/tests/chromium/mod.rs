@@ -52,6 +52,9 @@ impl Chromium {
             "--no-sandbox",
             "--disable-gpu",
             "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
             "--hide-scrollbars",
             "--remote-debugging-pipe",
         ])
@@ -131,7 +134,66 @@ impl Chromium {
             .as_str()
             .expect("a session id")
             .to_string();
+        // The window size leaves the viewport a little smaller; the page is laid out (and
+        // screenshots taken) at exactly width×height.
+        c.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": false }),
+            true,
+        );
         c
+    }
+
+    /// Loads `url` in the page; returns once the new document has replaced the old one (the
+    /// page's scripts may still be loading).
+    pub fn navigate(&mut self, url: &str) {
+        let r = self.call("Page.navigate", json!({ "url": url }), true);
+        assert!(r["errorText"].is_null(), "navigate to {url}: {r}");
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        while self.eval("document.readyState") != "complete" {
+            assert!(Instant::now() < deadline, "{url} did not load");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Real mouse input at viewport coordinates, as a user's pointer gives it (the page sees
+    /// trusted events): `kind` is mouseMoved, mousePressed or mouseReleased.
+    fn mouse(&mut self, kind: &str, x: f64, y: f64, pressed: bool) {
+        let button = if pressed || kind != "mouseMoved" {
+            "left"
+        } else {
+            "none"
+        };
+        self.call(
+            "Input.dispatchMouseEvent",
+            json!({ "type": kind, "x": x, "y": y, "button": button,
+                    "buttons": if pressed { 1 } else { 0 }, "clickCount": 1 }),
+            true,
+        );
+    }
+
+    /// Moves the pointer to (x, y), as hovering does.
+    pub fn hover(&mut self, x: f64, y: f64) {
+        self.mouse("mouseMoved", x, y, false);
+    }
+
+    pub fn click_at(&mut self, x: f64, y: f64) {
+        self.mouse("mouseMoved", x, y, false);
+        self.mouse("mousePressed", x, y, true);
+        self.mouse("mouseReleased", x, y, false);
+    }
+
+    /// Presses the left button at `from`, moves in steps to `to` and releases there.
+    pub fn drag(&mut self, from: (f64, f64), to: (f64, f64)) {
+        self.mouse("mouseMoved", from.0, from.1, false);
+        self.mouse("mousePressed", from.0, from.1, true);
+        for i in 1..=10 {
+            let t = f64::from(i) / 10.0;
+            let x = from.0 + (to.0 - from.0) * t;
+            let y = from.1 + (to.1 - from.1) * t;
+            self.mouse("mouseMoved", x, y, true);
+        }
+        self.mouse("mouseReleased", to.0, to.1, false);
     }
 
     /// Sends one command (to the page's session, or to the browser) and returns its result.
