@@ -5,9 +5,11 @@
 //! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
 //! - `test`  fmt check, clippy `-D warnings`, the whole suite with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
+//! - `kernels [NAME...]` the kernel matrix under qemu, with a summary table (see kernels.rs)
 
 mod allocbench;
 mod bench;
+mod kernels;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -45,6 +47,14 @@ const DEPS: &[(&str, &str)] = &[
     // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),
+    // The kernel matrix (tests/src/kernels): Debian kernels booted under qemu with a busybox
+    // initramfs; depmod, xz and zstd prepare their modules.
+    ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
+    ("seabios", "/usr/share/seabios/bios-256k.bin"),
+    ("busybox-static", "/usr/share/doc/busybox-static"),
+    ("kmod", "/usr/bin/kmod"),
+    ("xz-utils", "/usr/bin/xz"),
+    ("zstd", "/usr/bin/zstd"),
 ];
 
 fn main() -> Result<()> {
@@ -59,8 +69,9 @@ fn main() -> Result<()> {
             deps()?;
             bench::bench(&root)
         }
+        Some("kernels") => kernels::kernels(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <deps|demo|test|bench>");
+            eprintln!("usage: cargo xtask <deps|demo|test|bench|kernels [NAME...]>");
             std::process::exit(2);
         }
     }
