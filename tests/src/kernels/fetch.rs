@@ -13,6 +13,7 @@ use std::process::Command;
 
 use super::Kernel;
 
+/// Debian's archive; PYROMETER_DEBIAN_MIRROR points the matrix at another mirror.
 const MIRROR: &str = "http://deb.debian.org/debian";
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
@@ -57,11 +58,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FetchError + '_ {
 
 /// The cached kernel `kernel`, fetched and unpacked first when absent.
 pub fn prepare(kernel: &Kernel, root: &Path) -> Result<Prepared, FetchError> {
+    let mirror = std::env::var("PYROMETER_DEBIAN_MIRROR").unwrap_or_else(|_| MIRROR.into());
+    prepare_from(kernel, root, &mirror)
+}
+
+fn prepare_from(kernel: &Kernel, root: &Path, mirror: &str) -> Result<Prepared, FetchError> {
     let dir = root.join(kernel.name).join("kernel");
     if let Some(p) = cached(&dir) {
         return Ok(p);
     }
-    let apt = Apt::new(root, kernel.suite)?;
+    let apt = Apt::new(root, kernel.suite, mirror)?;
     apt.update()?;
     let image = apt.newest_image()?;
     if !image
@@ -213,10 +219,11 @@ fn decompress(from: &Path, to: &Path) -> Result<(), FetchError> {
 struct Apt {
     config: PathBuf,
     suite: String,
+    mirror: String,
 }
 
 impl Apt {
-    fn new(root: &Path, suite: &str) -> Result<Apt, FetchError> {
+    fn new(root: &Path, suite: &str, mirror: &str) -> Result<Apt, FetchError> {
         let dir = root.join("apt").join(suite);
         for sub in ["lists/partial", "cache/archives/partial", "empty"] {
             fs::create_dir_all(dir.join(sub)).map_err(io(&dir))?;
@@ -224,7 +231,7 @@ impl Apt {
         let d = dir.display();
         fs::write(
             dir.join("sources.list"),
-            format!("deb [signed-by={KEYRING}] {MIRROR} {suite} main\n"),
+            format!("deb [signed-by={KEYRING}] {mirror} {suite} main\n"),
         )
         .map_err(io(&dir))?;
         fs::write(dir.join("status"), "").map_err(io(&dir))?;
@@ -249,6 +256,7 @@ impl Apt {
         Ok(Apt {
             config: path,
             suite: suite.to_string(),
+            mirror: mirror.to_string(),
         })
     }
 
@@ -280,8 +288,8 @@ impl Apt {
                 .collect::<Vec<_>>()
                 .join(" / ");
             return Err(FetchError::Unavailable(format!(
-                "cannot fetch the {} index from {MIRROR}: {why}",
-                self.suite
+                "cannot fetch the {} index from {}: {why}",
+                self.suite, self.mirror
             )));
         }
         Ok(())
@@ -411,6 +419,22 @@ mod tests {
                 "kernel/fs/9p/9p.ko.xz"
             ]
         );
+    }
+
+    /// An archive that cannot be reached is a skip with apt's reason, not a failure.
+    #[test]
+    fn an_unreachable_archive_is_unavailable() {
+        let root = std::env::temp_dir().join(format!("pyrometer-kernels-{}", std::process::id()));
+        let kernel = &crate::kernels::KERNELS[0];
+        // Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
+        let err = prepare_from(kernel, &root, "http://127.0.0.1:9/debian").unwrap_err();
+        let _ = fs::remove_dir_all(&root);
+        match err {
+            FetchError::Unavailable(why) => {
+                assert!(why.contains("cannot fetch the bookworm index"), "{why}")
+            }
+            other => panic!("want Unavailable, got {other}"),
+        }
     }
 
     #[test]
