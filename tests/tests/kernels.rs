@@ -44,3 +44,37 @@ fn kernel_forky() {
 fn kernel_host() {
     check("host");
 }
+
+/// A guest that never powers off is killed at its limit and reported with its serial console,
+/// never a hang: booted with an /init that prints a line and sleeps.
+#[test]
+fn kernel_hung_guest_is_killed() {
+    if !privileged() {
+        return;
+    }
+    let init = "#!/bin/busybox sh\n\
+                /bin/busybox echo pyrometer-init: hanging on purpose\n\
+                exec /bin/busybox sleep 100000\n";
+    let limit_s = 40;
+    let started = std::time::Instant::now();
+    match kernels::boot_with_init("bookworm-backports-6.12", init, limit_s) {
+        Outcome::Skipped(reason) => println!("skipping: {reason}"),
+        Outcome::Ran(report) => {
+            let waited = started.elapsed().as_secs();
+            let boot = &report.checks[0];
+            println!("{}", report.table());
+            assert_eq!(boot.status, Status::Fail, "{}", report.table());
+            assert!(boot.detail.contains("killed"), "{}", boot.detail);
+            assert!(
+                boot.detail.contains("hanging on purpose"),
+                "the log's tail is missing: {}",
+                boot.detail
+            );
+            assert!(
+                waited < limit_s + 30,
+                "took {waited} s for a {limit_s} s limit"
+            );
+            assert!(!report.ok());
+        }
+    }
+}

@@ -98,12 +98,13 @@ impl Report {
             self.log.display()
         );
         for c in &self.checks {
+            // A multi-line detail (the verifier's table, a log's tail) is indented below.
+            let detail = c.detail.replace('\n', "\n      ");
             out.push_str(&format!(
-                "  {:<9} {:<5} {:>6.1} s  {}\n",
+                "  {:<9} {:<5} {:>6.1} s  {detail}\n",
                 c.name,
                 c.status.word(),
                 c.seconds,
-                c.detail
             ));
         }
         out
@@ -147,6 +148,27 @@ pub fn run(name: &str) -> Outcome {
     };
     let dir = root.join(name);
     let checks = qemu::boot(&prepared, &setup, &dir);
+    Outcome::Ran(report(name, &dir, dir.join("serial.log"), checks, started))
+}
+
+/// Boots kernel `name` as `run` does, but with `init` as the initramfs's /init (no payload)
+/// and qemu killed after `limit_s` seconds: for the tests of the runner itself. Logs go to
+/// `target/kernels/NAME-custom/`.
+pub fn boot_with_init(name: &str, init: &str, limit_s: u64) -> Outcome {
+    let started = Instant::now();
+    let root = cache_root();
+    let kernel = KERNELS
+        .iter()
+        .find(|k| k.name == name)
+        .unwrap_or_else(|| panic!("unknown kernel {name}; known: {:?}", names()));
+    let prepared = match fetch::prepare(kernel, &root) {
+        Ok(p) => p,
+        Err(fetch::FetchError::Unavailable(reason)) => return Outcome::Skipped(reason),
+        Err(e) => panic!("cannot prepare {name}: {e}"),
+    };
+    let dir = root.join(format!("{name}-custom"));
+    let limit = std::time::Duration::from_secs(limit_s);
+    let checks = qemu::boot_with(&prepared, None, init, &dir, limit);
     Outcome::Ran(report(name, &dir, dir.join("serial.log"), checks, started))
 }
 

@@ -17,7 +17,7 @@ pub const VERIFIER_LIMIT_S: u32 = 240;
 pub const RECORD_LIMIT_S: u32 = 240;
 
 /// Seconds of the C workload.
-const NATIVE_SECONDS: u32 = 4;
+const NATIVE_SECONDS: u32 = 8;
 /// How hard the payload samples and how long the Python workload runs.
 #[derive(Debug, Clone, Copy)]
 pub struct Sizes {
@@ -35,7 +35,7 @@ pub const HOST: Sizes = Sizes {
 };
 pub const GUEST: Sizes = Sizes {
     hz: 99,
-    python_rounds: 6,
+    python_rounds: 8,
 };
 
 /// The programs the payload runs, as paths on the machine (the guest sees the same root).
