@@ -94,9 +94,11 @@ fn prepare_from(kernel: &Kernel, root: &Path, mirror: &str) -> Result<Prepared, 
         run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree))?;
     }
     let prepared = keep_what_boots(&tree, &dir)?;
-    // The debs and the unpacked tree are ~0.5 GB a kernel; the kept part is ~15 MB.
+    // The debs and the unpacked tree are ~0.5 GB a kernel, the suite's lists and apt's caches
+    // ~100 MB; the kept part is ~15 MB. A later fetch updates the lists anyway.
     let _ = fs::remove_dir_all(&tree);
     let _ = fs::remove_dir_all(&debs);
+    let _ = fs::remove_dir_all(root.join("apt").join(kernel.suite));
     Ok(prepared)
 }
 
