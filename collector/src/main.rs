@@ -15,6 +15,11 @@ use pyrometer_collector::store::Store;
 use pyrometer_collector::tls::TlsListener;
 use std::sync::atomic::Ordering::Relaxed;
 
+// The README's and the book's examples are parsed with `Args` (see the test below).
+#[cfg(test)]
+#[path = "../../profiler/src/bin/pyrometer/doc_examples.rs"]
+mod doc_examples;
+
 #[derive(Parser)]
 #[command(
     name = "pyrometer-collector",
@@ -49,6 +54,10 @@ struct Args {
     /// How often retention and compaction run.
     #[arg(long, default_value = "10m", value_parser = parse_age, hide = true)]
     maintenance_interval: Duration,
+    /// Write the man page (pyrometer-collector.1) into this directory and exit (run by
+    /// `cargo xtask test`).
+    #[arg(long, value_name = "DIR", hide = true)]
+    man_dir: Option<PathBuf>,
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {
@@ -82,6 +91,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(dir) = &args.man_dir {
+        use clap::CommandFactory;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        return clap_mangen::generate_to(Args::command(), dir)
+            .with_context(|| format!("writing the man page into {}", dir.display()));
+    }
     let token = match &args.token_file {
         Some(path) => {
             let t = std::fs::read_to_string(path)
@@ -178,5 +193,41 @@ async fn maintenance(
         if let Ok(Err(e)) = result {
             eprintln!("pyrometer-collector: maintenance failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `pyrometer-collector ...` example in the README and the book parses with `Args`.
+    #[test]
+    fn documented_examples_parse() {
+        let root = doc_examples::workspace_root();
+        let examples = doc_examples::examples(&root, "pyrometer-collector");
+        // The quick start and the deployment page have some; none means the extraction broke.
+        assert!(
+            examples.len() >= 2,
+            "only {} examples found",
+            examples.len()
+        );
+        let failures: Vec<String> = examples
+            .iter()
+            .filter_map(|e| {
+                let err = Args::try_parse_from(&e.args).err()?;
+                let first = err
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                Some(format!("{}: `{}`: {first}", e.location, e.args.join(" ")))
+            })
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "examples that do not parse (write them with concrete values):\n{}",
+            failures.join("\n")
+        );
     }
 }

@@ -33,6 +33,16 @@ pub const COMM_LEN: usize = 16;
 pub const FILTER_ALL: u32 = 0;
 pub const FILTER_TARGETS: u32 = 1;
 
+/// `debug_reject` bits (tests of the degraded paths): the kernel refuses the stage named.
+pub mod reject {
+    pub const DWARF: u32 = 1;
+    pub const OFFCPU: u32 = 2;
+    pub const GIL: u32 = 4;
+    pub const ALLOC: u32 = 8;
+    /// The CPU sampler itself, with or without the DWARF walk.
+    pub const SAMPLER: u32 = 16;
+}
+
 /// `targets` value flags.
 pub const TARGET_SELECTED: u32 = 1;
 pub const TARGET_FOLLOW_CHILDREN: u32 = 2;
@@ -65,6 +75,8 @@ pub const SAMPLE_GIL_WAIT: u32 = 512;
 pub const SAMPLE_ALLOC: u32 = 1024;
 /// `SampleHeader::flags`: a sampled block was freed (header only); `aux` is its address.
 pub const SAMPLE_FREE: u32 = 2048;
+/// `SampleHeader::flags`: the DWARF walk met a pc in no registered mapping.
+pub const SAMPLE_UNKNOWN_MAPPING: u32 = 4096;
 
 /// Allocator entry points, the probe cookie the kernel side dispatches on (`ALLOC_*` in
 /// alloc.h).
@@ -141,6 +153,37 @@ pub struct ExecMapping {
     pub bias: u64,
     pub row_first: u32,
     pub row_count: u32,
+    /// The table's first bucket in `unwind_index`.
+    pub index_first: u32,
+    /// Its buckets (0: no index, the whole table is searched).
+    pub index_count: u32,
+    /// The ELF address bucket 0 starts at (the table's first row's pc).
+    pub pc_base: u32,
+    pub reserved: u32,
+}
+
+/// Bytes of text per bucket of a table's row index (`UNWIND_BUCKET_SHIFT`).
+pub const UNWIND_BUCKET_SHIFT: u32 = 10;
+
+/// Entry k of a table's bucket index: in the low half, the position (from the table's first
+/// row) of the last row at or before `pc_base + (k << UNWIND_BUCKET_SHIFT)`; in the high half
+/// the same for bucket k + 1, or the last row for the last bucket. `rows` are sorted by pc.
+pub fn bucket_index(rows: &[UnwindRow]) -> Vec<u64> {
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return Vec::new();
+    };
+    let buckets = ((last.pc - first.pc) >> UNWIND_BUCKET_SHIFT) as usize + 1;
+    let mut starts = Vec::with_capacity(buckets + 1);
+    let mut at = 0usize;
+    for k in 0..buckets {
+        let start = first.pc + ((k as u32) << UNWIND_BUCKET_SHIFT);
+        while at + 1 < rows.len() && rows[at + 1].pc <= start {
+            at += 1;
+        }
+        starts.push(at as u64);
+    }
+    starts.push(rows.len() as u64 - 1);
+    starts.windows(2).map(|w| w[0] | (w[1] << 32)).collect()
 }
 
 /// Mirror of `struct py_process`: a registered Python process in `py_procs`.
@@ -219,6 +262,11 @@ pub mod counter {
     pub const ALLOC_FREES: u32 = 24;
     pub const ALLOC_LIVE_FULL: u32 = 25;
     pub const ALLOC_THREADS_FULL: u32 = 26;
+    /// Nanoseconds `on_cpu_clock` spent on target samples (the program times itself, so
+    /// the figure leaves out the quick exits for other processes).
+    pub const SAMPLE_NS: u32 = 27;
+    /// Nanoseconds spent walking Python frame chains (every program, self-timed).
+    pub const PY_NS: u32 = 28;
     pub const COUNT: u32 = 32;
 }
 
@@ -395,8 +443,18 @@ mod tests {
         );
         assert_eq!(FULL_RECORD_SIZE, 72 + (512 + 127) * 8);
         assert_eq!(size_of::<UnwindRow>(), 12);
-        assert_eq!(size_of::<ExecMapping>(), 32);
-        assert_eq!(size_of::<ProcessUnwind>(), 8 + 32 * MAX_MAPPINGS);
+        assert_eq!(size_of::<ExecMapping>(), 48);
+        let row = |pc| UnwindRow::bare(pc, 1);
+        // Rows at 0x1000, 0x1100, 0x1500, 0x1d00: buckets start at 0x1000, 0x1400, 0x1800,
+        // 0x1c00; the last row at or before each is row 0, 1, 2, 2, and the table's last 3.
+        let rows = [row(0x1000), row(0x1100), row(0x1500), row(0x1d00)];
+        let pair = |a: u64, b: u64| a | (b << 32);
+        assert_eq!(
+            bucket_index(&rows),
+            vec![pair(0, 1), pair(1, 2), pair(2, 2), pair(2, 3)]
+        );
+        assert!(bucket_index(&[]).is_empty());
+        assert_eq!(size_of::<ProcessUnwind>(), 8 + 48 * MAX_MAPPINGS);
         assert_eq!(size_of::<OffCpuRecord>(), 72 + 512 * 8);
         assert_eq!(size_of::<PyProcess>(), 24 + 4 * PY_OFFSET_FIELDS);
         assert_eq!(size_of::<GilThread>(), 72);

@@ -33,6 +33,9 @@ pub struct AgentMetrics {
     /// The GPU poller's state, when GPUs are polled: rendered as the `pyrometer_gpu_*`
     /// gauges.
     pub gpu: OnceLock<Arc<Mutex<crate::gpu::GpuState>>>,
+    /// Features the kernel refused at start: (feature, BPF program), each rendered as
+    /// `pyrometer_agent_feature_refused{feature,program} 1`.
+    pub refused: OnceLock<Vec<(&'static str, String)>>,
 }
 
 pub const UNWIND_STOP_REASONS: [&str; 5] =
@@ -107,6 +110,19 @@ impl AgentMetrics {
             "User stacks walked by the in-kernel DWARF unwinder.",
             self.unwind_walks.load(Relaxed),
         );
+        if let Some(refused) = self.refused.get() {
+            let _ = write!(
+                o,
+                "# HELP pyrometer_agent_feature_refused A feature the kernel refused: the agent runs without it.\n\
+                 # TYPE pyrometer_agent_feature_refused gauge\n"
+            );
+            for (feature, program) in refused {
+                let _ = writeln!(
+                    o,
+                    "pyrometer_agent_feature_refused{{feature=\"{feature}\",program=\"{program}\"}} 1"
+                );
+            }
+        }
         let _ = write!(
             o,
             "# HELP pyrometer_agent_samples_lost_total Samples lost before aggregation, by reason.\n\

@@ -6,14 +6,16 @@
 //! Tables are shared: one table per executable (keyed by build-id, else device and inode), so
 //! the same libc is processed and stored once per node however many processes map it. The
 //! row array is the memory budget (`--unwind-rows`, 12 bytes a row); when a new table does not
-//! fit, tables that no live process maps any more are evicted, oldest first.
+//! fit, tables that no live process maps any more are evicted, oldest first. Each table also
+//! gets a bucket index in `unwind_index` (one u64 per KiB of text, see
+//! `pyrometer_ebpf::bucket_index`), so the kernel searches a few rows a frame, not the table.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, UnwindRow};
+use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, UnwindRow, bucket_index};
 
 use crate::procs::{BinaryKey, MappingKind, Process};
 
@@ -38,6 +40,9 @@ enum TableKey {
 struct LoadedTable {
     first: u32,
     count: u32,
+    /// Its bucket index in `unwind_index`: (first entry, entries, pc of bucket 0); none when
+    /// the index array was full (the kernel then searches the whole table).
+    index: Option<(u32, u32, u32)>,
     /// PT_LOAD segments (file offset, vaddr, file size), to turn a mapping into a load bias.
     loads: Vec<(u64, u64, u64)>,
     /// Processes whose mapping table points at these rows.
@@ -61,51 +66,110 @@ pub struct UnwinderStats {
     pub build_ns: u64,
 }
 
-pub struct Unwinder {
-    /// The mapped array: one ROW_SLOT-byte slot per row.
-    rows: *mut u8,
-    mmap_len: usize,
-    procs: BpfHashMap<MapData, u32, ProcessUnwind>,
-    tables: HashMap<TableKey, Option<LoadedTable>>,
-    /// Free row ranges (first, count), kept sorted by first.
-    free: Vec<(u32, u32)>,
-    process_tables: HashMap<u32, Vec<TableKey>>,
-    clock: u64,
-    stats: UnwinderStats,
+/// A BPF_F_MMAPABLE array mapped into our address space, to write without system calls.
+struct Mapped {
+    ptr: *mut u8,
+    len: usize,
 }
 
-impl Unwinder {
-    /// `rows_map` is the BPF_F_MMAPABLE `unwind_rows` array of `capacity` rows.
-    pub fn new(
-        rows_map: MapData,
-        capacity: u32,
-        procs: BpfHashMap<MapData, u32, ProcessUnwind>,
-    ) -> Result<Self, UnwinderError> {
+impl Mapped {
+    fn new(map: MapData, bytes: usize) -> Result<Self, UnwinderError> {
         let page = 4096usize;
-        let bytes = capacity as usize * ROW_SLOT;
-        let mmap_len = bytes.div_ceil(page) * page;
+        let len = bytes.div_ceil(page) * page;
         // SAFETY: maps a BPF array created with BPF_F_MMAPABLE, at its size. The mapping
         // holds its own reference to the map, so the fd may close; it is unmapped on drop.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                mmap_len,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                rows_map.fd().as_fd().as_raw_fd(),
+                map.fd().as_fd().as_raw_fd(),
                 0,
             )
         };
         if ptr == libc::MAP_FAILED {
             return Err(UnwinderError::Mmap(std::io::Error::last_os_error()));
         }
-        drop(rows_map);
+        drop(map);
         Ok(Self {
-            rows: ptr.cast(),
-            mmap_len,
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the region mapped in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Free ranges of an array, (first, count) sorted by first; first fit.
+struct Ranges(Vec<(u32, u32)>);
+
+impl Ranges {
+    fn take(&mut self, count: u32) -> Option<u32> {
+        let i = self.0.iter().position(|&(_, len)| len >= count)?;
+        let (first, len) = self.0[i];
+        if len == count {
+            self.0.remove(i);
+        } else {
+            self.0[i] = (first + count, len - count);
+        }
+        Some(first)
+    }
+
+    fn give_back(&mut self, first: u32, count: u32) {
+        let i = self.0.partition_point(|&(f, _)| f < first);
+        self.0.insert(i, (first, count));
+        // Merge with neighbours so large tables can fit again.
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.0.len());
+        for &(f, l) in &self.0 {
+            if let Some(last) = merged.last_mut()
+                && last.0 + last.1 == f
+            {
+                last.1 += l;
+                continue;
+            }
+            merged.push((f, l));
+        }
+        self.0 = merged;
+    }
+}
+
+pub struct Unwinder {
+    /// The mapped row array: one ROW_SLOT-byte slot per row.
+    rows: Mapped,
+    /// The mapped bucket indexes: one u64 per entry.
+    index: Mapped,
+    procs: BpfHashMap<MapData, u32, ProcessUnwind>,
+    tables: HashMap<TableKey, Option<LoadedTable>>,
+    free: Ranges,
+    index_free: Ranges,
+    process_tables: HashMap<u32, Vec<TableKey>>,
+    clock: u64,
+    stats: UnwinderStats,
+}
+
+impl Unwinder {
+    /// `rows_map` is the BPF_F_MMAPABLE `unwind_rows` array of `capacity` rows, `index_map`
+    /// the `unwind_index` array of `index_capacity` entries.
+    pub fn new(
+        rows_map: MapData,
+        capacity: u32,
+        index_map: MapData,
+        index_capacity: u32,
+        procs: BpfHashMap<MapData, u32, ProcessUnwind>,
+    ) -> Result<Self, UnwinderError> {
+        Ok(Self {
+            rows: Mapped::new(rows_map, capacity as usize * ROW_SLOT)?,
+            index: Mapped::new(index_map, index_capacity as usize * 8)?,
             procs,
             tables: HashMap::new(),
-            free: vec![(0, capacity)],
+            free: Ranges(vec![(0, capacity)]),
+            index_free: Ranges(vec![(0, index_capacity)]),
             process_tables: HashMap::new(),
             clock: 0,
             stats: UnwinderStats {
@@ -145,19 +209,20 @@ impl Unwinder {
             };
             let path = binary.path().to_path_buf();
             let clock = self.clock;
-            let (first, count, bias) = match self.table_for(&key, &path) {
+            let (first, count, index, bias) = match self.table_for(&key, &path) {
                 Some(t) => {
                     t.last_used = clock;
                     let bias = load_bias(&t.loads, m.start, m.offset);
-                    (t.first, t.count, bias)
+                    (t.first, t.count, t.index, bias)
                 }
-                None => (0, 0, None),
+                None => (0, 0, None, None),
             };
-            let (first, count, bias) = match bias {
-                Some(b) => (first, count, b),
+            let (first, count, index, bias) = match bias {
+                Some(b) => (first, count, index, b),
                 // Without a load bias the rows cannot be used: frame pointers for it.
-                None => (0, 0, 0),
+                None => (0, 0, None, 0),
             };
+            let (index_first, index_count, pc_base) = index.unwrap_or((0, 0, 0));
             if count > 0 && !keys.contains(&key) {
                 keys.push(key);
             }
@@ -167,6 +232,10 @@ impl Unwinder {
                 bias,
                 row_first: first,
                 row_count: count,
+                index_first,
+                index_count,
+                pc_base,
+                reserved: 0,
             };
             n += 1;
         }
@@ -263,15 +332,30 @@ impl Unwinder {
             // SAFETY: slot first + i < first + count lies inside the mapped array (allocate
             // only hands out ranges within capacity); slots are 8-byte aligned and 16 bytes.
             unsafe {
-                let slot = self.rows.add((first as usize + i) * ROW_SLOT);
+                let slot = self.rows.ptr.add((first as usize + i) * ROW_SLOT);
                 std::ptr::write(slot.cast::<UnwindRow>(), row);
             }
         }
+        let buckets = bucket_index(&table.rows);
+        let index = u32::try_from(buckets.len())
+            .ok()
+            .and_then(|n| Some((self.index_free.take(n)?, n)))
+            .map(|(at, n)| {
+                for (i, &b) in buckets.iter().enumerate() {
+                    // SAFETY: entry at + i < at + n lies inside the mapped index array
+                    // (take only hands out ranges within capacity); u64-aligned.
+                    unsafe {
+                        std::ptr::write(self.index.ptr.cast::<u64>().add(at as usize + i), b);
+                    }
+                }
+                (at, n, table.rows[0].pc)
+            });
         self.stats.tables_built += 1;
         self.stats.rows_used += u64::from(count);
         Some(LoadedTable {
             first,
             count,
+            index,
             loads,
             users: 0,
             last_used: self.clock,
@@ -281,13 +365,7 @@ impl Unwinder {
     /// First fit in the free list; when nothing fits, evicts unused tables oldest first.
     fn allocate(&mut self, count: u32) -> Option<u32> {
         loop {
-            if let Some(i) = self.free.iter().position(|&(_, len)| len >= count) {
-                let (first, len) = self.free[i];
-                if len == count {
-                    self.free.remove(i);
-                } else {
-                    self.free[i] = (first + count, len - count);
-                }
+            if let Some(first) = self.free.take(count) {
                 return Some(first);
             }
             let victim = self
@@ -300,33 +378,12 @@ impl Unwinder {
             if let Some(Some(t)) = self.tables.remove(&victim) {
                 self.stats.tables_evicted += 1;
                 self.stats.rows_used -= u64::from(t.count);
-                self.free_range(t.first, t.count);
+                self.free.give_back(t.first, t.count);
+                if let Some((at, n, _)) = t.index {
+                    self.index_free.give_back(at, n);
+                }
             }
         }
-    }
-
-    fn free_range(&mut self, first: u32, count: u32) {
-        let i = self.free.partition_point(|&(f, _)| f < first);
-        self.free.insert(i, (first, count));
-        // Merge with neighbours so large tables can fit again.
-        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.free.len());
-        for &(f, l) in &self.free {
-            if let Some(last) = merged.last_mut()
-                && last.0 + last.1 == f
-            {
-                last.1 += l;
-                continue;
-            }
-            merged.push((f, l));
-        }
-        self.free = merged;
-    }
-}
-
-impl Drop for Unwinder {
-    fn drop(&mut self) {
-        // SAFETY: the region mapped in `new`, unmapped once.
-        unsafe { libc::munmap(self.rows.cast(), self.mmap_len) };
     }
 }
 

@@ -41,7 +41,7 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 /// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
-const SECTIONS: [&str; 5] = ["cpu", "python", "alloc", "unwind", "collector"];
+const SECTIONS: [&str; 6] = ["cpu", "python", "alloc", "unwind", "bpf", "collector"];
 
 pub fn bench(root: &Path) -> Result<()> {
     let dir = root.join("target/bench");
@@ -74,6 +74,9 @@ pub fn bench(root: &Path) -> Result<()> {
     }
     if wanted("unwind") {
         unwind_bench(root, &pyrometer, &dir)?;
+    }
+    if wanted("bpf") {
+        crate::bpfcost::bench(root, &pyrometer, &dir)?;
     }
     if wanted("collector") {
         collector_bench(root)?;
@@ -232,7 +235,7 @@ fn unwind_bench(root: &Path, pyrometer: &Path, dir: &Path) -> Result<()> {
         for _ in 0..3 {
             let st = record_stats(&["--", &recurse_s, "2", &depth_s])?;
             let samples = st["kernel_samples"].as_u64().unwrap_or(0).max(1);
-            if let Some(t) = st["bpf_run_time_ns"].as_u64() {
+            if let Some(t) = st["bpf_sample_ns"].as_u64() {
                 per_sample.push(t as f64 / samples as f64);
             }
             let walked = st["unwind_samples"].as_u64().unwrap_or(0).max(1);

@@ -3,13 +3,19 @@
 //!
 //! - `deps`  install Debian packages the build and tests need (clang, libbpf-dev, golang-go, …)
 //! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
-//! - `test`  fmt check, clippy `-D warnings`, the whole suite with nextest
+//! - `test`  fmt check, clippy `-D warnings`, the book (links, mdbook build), the man pages
+//!   into `man/`, the whole suite with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
+//! - `book`  check the book's links and build it into `target/book` (also part of `test`)
+//! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
 //! - `kernels [NAME...]` the kernel matrix under qemu, with a summary table (see kernels.rs)
 
 mod allocbench;
 mod bench;
+mod book;
+mod bpfcost;
 mod kernels;
+mod man;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -47,6 +53,17 @@ const DEPS: &[(&str, &str)] = &[
     // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),
+    // `pyrometer top` is tested in a real terminal: tmux, read back with capture-pane.
+    ("tmux", "/usr/bin/tmux"),
+    // The generated man pages are rendered with groff in a test.
+    ("groff-base", "/usr/bin/groff"),
+    // The Kubernetes manifests are parsed with PyYAML; the agent image is built and run by a
+    // private dockerd (the test skips, saying why, where no daemon can run).
+    (
+        "python3-yaml",
+        "/usr/lib/python3/dist-packages/yaml/__init__.py",
+    ),
+    ("docker.io", "/usr/sbin/dockerd"),
     // The kernel matrix (tests/src/kernels): Debian kernels booted under qemu with a busybox
     // initramfs; depmod, xz and zstd prepare their modules.
     ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
@@ -65,13 +82,18 @@ fn main() -> Result<()> {
         Some("deps") => deps(),
         Some("demo") => demo(&root),
         Some("test") => test(&args[1..]),
+        Some("book") => book::check(&root),
         Some("bench") => {
             deps()?;
             bench::bench(&root)
         }
+        Some("verifier") => {
+            deps()?;
+            bpfcost::verifier(&root)
+        }
         Some("kernels") => kernels::kernels(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <deps|demo|test|bench|kernels [NAME...]>");
+            eprintln!("usage: cargo xtask <deps|demo|test|bench|book|verifier|kernels [NAME...]>");
             std::process::exit(2);
         }
     }
@@ -148,7 +170,7 @@ fn npm_deps() -> Result<()> {
         .args(NPM_DEPS))
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
@@ -197,7 +219,7 @@ fn demo(root: &Path) -> Result<()> {
 
 /// The CPython the Python-side tools are installed for (pyenv's shared 3.11 build, which the
 /// tests and benchmarks profile).
-fn pyenv_python() -> PathBuf {
+pub(crate) fn pyenv_python() -> PathBuf {
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
     Path::new(&home).join(".pyenv/versions/3.11.7/bin/python3.11")
 }
@@ -257,6 +279,7 @@ fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    book::check(&workspace_root())?;
     // The end-to-end tests run the real binary.
     run(cargo().args([
         "build",
@@ -269,6 +292,9 @@ fn test(extra: &[String]) -> Result<()> {
         "--bin",
         "pyrometer-collector",
     ]))?;
+    man::generate(&workspace_root())?;
+    // The kernel in front of us: every program in every configuration within budget.
+    run(Command::new(workspace_root().join("target/debug/pyrometer")).arg("verifier"))?;
     let has_nextest = cargo()
         .args(["nextest", "--version"])
         .output()

@@ -153,7 +153,7 @@ static __always_inline void alloc_forget(__u32 tgid, __u32 tid, __u64 addr)
 	ev.kernel_stack_id = -1;
 	ev.flags = SAMPLE_FREE;
 	ev.aux = addr;
-	if (bpf_ringbuf_output(&samples, &ev, sizeof(ev), 0))
+	if (send_record(&ev, sizeof(ev)))
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_ALLOC_FREES);
@@ -242,6 +242,7 @@ int alloc_enter(struct pt_regs *ctx)
 SEC("uretprobe")
 int alloc_return(struct pt_regs *ctx)
 {
+	REJECT_IF(REJECT_ALLOC);
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	struct alloc_thread *t = bpf_map_lookup_elem(&alloc_threads, &tid);
@@ -279,7 +280,7 @@ int alloc_return(struct pt_regs *ctx)
 	rec->hdr.aux = addr;
 	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
 	__u64 bytes = record_size(&rec->hdr, sizeof(*rec));
-	if (bpf_ringbuf_output(&samples, rec, bytes, 0))
+	if (send_record(rec, bytes))
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_ALLOC_SAMPLES);

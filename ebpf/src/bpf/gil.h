@@ -96,6 +96,7 @@ static __always_inline int gil_locked(__u32 tgid)
 SEC("uprobe")
 int gil_take_enter(struct pt_regs *ctx)
 {
+	REJECT_IF(REJECT_GIL);
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	if (!is_target(tgid))
@@ -162,7 +163,7 @@ int gil_take_return(struct pt_regs *ctx)
 		return 0;
 	g->contended += 1;
 	rec->hdr.value = waited;
-	if (bpf_ringbuf_output(&samples, rec, record_size(&rec->hdr, sizeof(*rec)), 0))
+	if (send_record(rec, record_size(&rec->hdr, sizeof(*rec))))
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_GIL_WAIT_EVENTS);

@@ -82,7 +82,7 @@ static __always_inline void offcpu_switch_in(struct task_struct *next)
 	__u64 blocked = now - rec->hdr.timestamp_ns;
 	if (blocked >= offcpu_min_ns) {
 		rec->hdr.value = blocked;
-		if (bpf_ringbuf_output(&samples, rec, record_size(&rec->hdr, sizeof(*rec)), 0) != 0)
+		if (send_record(rec, record_size(&rec->hdr, sizeof(*rec))) != 0)
 			count(COUNTER_RINGBUF_DROPS);
 		else
 			count(COUNTER_OFFCPU_EVENTS);
@@ -94,6 +94,7 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
+	REJECT_IF(REJECT_OFFCPU);
 	// Switch-in first: when a thread switches to itself nothing is pending for it anyway.
 	offcpu_switch_in(next);
 	if (!preempt && prev_state != TASK_RUNNING_STATE && !(prev_state & TASK_DEAD_STATE))

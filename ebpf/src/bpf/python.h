@@ -248,29 +248,43 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 	return 0;
 }
 
-// Appends the current thread's Python frames after the `hdr->user_frames` native ones in the
-// `which` scratch record, when the process is a registered Python process.
-static __always_inline void py_walk_current(__u32 tgid, __u32 tid, struct sample_header *hdr,
-					    __u32 which)
+// What `py_walk` needs and gives back (on the caller's stack).
+struct py_walk_args {
+	__u32 tgid;
+	__u32 tid;
+	__u32 which; // SCRATCH_*
+	__u32 base;  // first slot of the Python frames (after the native frames)
+	__u32 used;  // out: slot pairs written
+	__u32 flags; // out: SAMPLE_PY_*
+};
+
+// Walks the current thread's Python frames into the scratch record `a->which` names, after
+// `a->base` native slots, when the process is a registered Python process. A global
+// function: verified once, on its own, whichever program samples (see unwind.h).
+__attribute__((noinline)) int py_walk(struct py_walk_args *a)
 {
-	hdr->py_frames = 0;
+	if (!a)
+		return 0;
+	__u32 tgid = a->tgid;
 	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!p)
-		return;
+		return 0;
+	__u64 start = bpf_ktime_get_ns();
 	count(COUNTER_PY_WALKS);
-	__u64 tstate = py_find_tstate(p, tid);
+	__u64 tstate = py_find_tstate(p, a->tid);
 	if (!tstate) {
-		hdr->flags |= SAMPLE_PY_NO_THREAD;
+		a->flags = SAMPLE_PY_NO_THREAD;
 		count(COUNTER_PY_NO_THREAD);
-		return;
+		count_n(COUNTER_PY_NS, bpf_ktime_get_ns() - start);
+		return 0;
 	}
 	__u64 frame = read_user_u64(tstate + p->off.tstate_frame);
 	if (frame && p->off.cframe_current_frame != PY_ABSENT)
 		frame = read_user_u64(frame + p->off.cframe_current_frame);
 	struct py_walk w = {
 		.frame = frame,
-		.which = which,
-		.base = hdr->user_frames,
+		.which = a->which,
+		.base = a->base,
 		.frame_read = p->frame_read,
 		.frame_kind = p->off.frame_kind,
 		.frame_code = p->off.frame_code,
@@ -284,12 +298,31 @@ static __always_inline void py_walk_current(__u32 tgid, __u32 tid, struct sample
 		.lasti_unit = p->off.lasti_unit,
 	};
 	bpf_loop(MAX_PY_FRAMES, py_walk_step, &w, 0);
-	hdr->py_frames = w.used;
+	a->used = w.used;
 	if (w.flags & PY_WALK_READ_ERROR) {
-		hdr->flags |= SAMPLE_PY_READ_ERROR;
+		a->flags = SAMPLE_PY_READ_ERROR;
 		count(COUNTER_PY_READ_ERRORS);
 	} else if (w.frame) {
-		hdr->flags |= SAMPLE_PY_TRUNCATED;
+		a->flags = SAMPLE_PY_TRUNCATED;
 		count(COUNTER_PY_TRUNCATED);
 	}
+	count_n(COUNTER_PY_NS, bpf_ktime_get_ns() - start);
+	return w.used;
+}
+
+// Appends the current thread's Python frames after the `hdr->user_frames` native ones in the
+// `which` scratch record, when the process is a registered Python process.
+static __always_inline void py_walk_current(__u32 tgid, __u32 tid, struct sample_header *hdr,
+					    __u32 which)
+{
+	hdr->py_frames = 0;
+	struct py_walk_args a = {
+		.tgid = tgid,
+		.tid = tid,
+		.which = which,
+		.base = hdr->user_frames,
+	};
+	py_walk(&a);
+	hdr->py_frames = a.used;
+	hdr->flags |= a.flags;
 }

@@ -18,6 +18,13 @@
 #define FILTER_ALL 0
 #define FILTER_TARGETS 1
 
+// `debug_reject` bits: make the kernel refuse one stage (tests of the degraded paths).
+#define REJECT_DWARF 1
+#define REJECT_OFFCPU 2
+#define REJECT_GIL 4
+#define REJECT_ALLOC 8
+#define REJECT_SAMPLER 16 // the CPU sampler itself, frame pointers too
+
 #define TARGET_SELECTED 1
 #define TARGET_FOLLOW_CHILDREN 2
 
@@ -49,6 +56,9 @@
 #define SAMPLE_ALLOC 1024
 // A sampled block was freed (header only): aux is its address.
 #define SAMPLE_FREE 2048
+// The DWARF walk met a pc in no mapping the agent registered (a new dlopen, a library
+// mapped after the tables were made): the agent re-reads the process's maps.
+#define SAMPLE_UNKNOWN_MAPPING 4096
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -78,6 +88,8 @@
 #define COUNTER_ALLOC_FREES 24       // frees of sampled blocks sent
 #define COUNTER_ALLOC_LIVE_FULL 25   // a sampled block not tracked for frees: alloc_live was full
 #define COUNTER_ALLOC_THREADS_FULL 26 // an allocator call not seen: alloc_threads was full
+#define COUNTER_SAMPLE_NS 27        // ns on_cpu_clock spent on target samples (self-timed)
+#define COUNTER_PY_NS 28            // ns spent walking Python frame chains (self-timed)
 #define COUNTER_COUNT 32
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.
@@ -103,6 +115,14 @@ struct unwind_row {
 
 #define MAX_MAPPINGS 128 // executable mappings per process (must stay a power of two)
 
+// The row search's first level: a table's rows are bucketed by UNWIND_BUCKET_SHIFT bytes of
+// text from its first row's pc; entry k of a table's index (in `unwind_index`, a u64) holds
+// in its low half the position, relative to row_first, of the last row at or before the
+// start of bucket k, and in its high half the same for bucket k + 1 (the last row for the
+// last bucket). A lookup reads one entry and searches the few rows between the two, instead
+// of binary-searching the whole table: a handful of cache lines a frame, not a dozen pages.
+#define UNWIND_BUCKET_SHIFT 10
+
 // One executable mapping of a process. row_count == 0: no table, walk by frame pointer.
 struct exec_mapping {
 	__u64 start;
@@ -110,6 +130,10 @@ struct exec_mapping {
 	__u64 bias; // ELF virtual address = runtime address - bias
 	__u32 row_first;
 	__u32 row_count;
+	__u32 index_first; // the table's first bucket in unwind_index
+	__u32 index_count; // its buckets; 0: no index, search all rows
+	__u32 pc_base;     // the ELF address bucket 0 starts at (the first row's pc)
+	__u32 reserved;
 };
 
 // A process's executable mappings, sorted by start.

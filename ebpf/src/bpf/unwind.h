@@ -5,11 +5,19 @@
 // executable mappings into `unwind_procs`; this walks frame by frame with bpf_loop, so the
 // verifier checks one step instead of 256 unrolled ones.
 //
-// Per frame: find the mapping (binary search over the process's mappings), find the row
-// (binary search over the mapping's rows, last row with row.pc <= pc), compute the CFA, read
-// the return address at CFA-8 and the saved rbp where the row says. A mapping without a table
-// falls back to the frame pointer for that frame, as does an address in no known mapping.
-// Every way a walk stops early is counted.
+// Per frame: find the mapping (the walk keeps the last one it used: consecutive frames are
+// mostly in one binary), find the row (binary search over the mapping's rows, last row with
+// row.pc <= pc), compute the CFA, read the return address at CFA-8 and the saved rbp where the
+// row says. A mapping without a table falls back to the frame pointer for that frame, as does
+// an address in no known mapping. Every way a walk stops early is counted.
+//
+// Verification cost is bounded by construction, the same on every kernel: the walk itself
+// (`dwarf_walk`) and the two table searches (`unwind_find_mapping`, `unwind_find_row`) are
+// global functions, which the verifier checks once each, on their own, with unknown
+// arguments; a caller is checked against their signatures only. The searches' loops never sit
+// inside the bpf_loop callback, whose body recent verifiers re-walk until its state converges
+// (inlined, every exit of a search loop was a distinct callback state: 1M instructions on 6.18
+// and no end in sight on 7.2). Nothing here depends on which program calls it.
 
 #pragma once
 
@@ -23,7 +31,17 @@ struct {
 	__type(value, struct unwind_row);
 } unwind_rows SEC(".maps");
 
-// 4096 processes x 4 KiB = 16 MB at most (hash maps allocate on insert).
+// Bucket indexes of the tables (see UNWIND_BUCKET_SHIFT), written like the rows. Sized by
+// the agent (a quarter of the row capacity by default).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << 18);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_index SEC(".maps");
+
+// 4096 processes x 6 KiB = 24 MB at most (hash maps allocate on insert).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -35,6 +53,10 @@ struct {
 // Set by the agent when it attaches uretprobes (record --gil): a return address may then be
 // the uretprobe trampoline, and the real one is in the kernel's list for the thread.
 const volatile __u32 uretprobes_used = 0;
+
+// 0: frame pointers only. Set by the agent (`--unwind fp`, or after a kernel refused the
+// DWARF walk), so the verifier never sees the walk at all.
+const volatile __u32 unwind_dwarf = 1;
 
 struct return_instance___pyro {
 	unsigned long stack;
@@ -73,8 +95,9 @@ static __always_inline __u64 uretprobe_trampoline(void)
 }
 
 // The return address a uretprobe replaced in the stack slot at `slot`: the kernel keeps one
-// instance per pending return (innermost first), each with the slot it hijacked.
-static __always_inline __u64 uretprobe_original(__u64 slot)
+// instance per pending return (innermost first), each with the slot it hijacked. Global: its
+// loop is verified once, not at each of its call sites inside the unwinder's callback.
+__attribute__((noinline)) __u64 uretprobe_original(__u64 slot)
 {
 	struct task_struct___pyro *task = (void *)bpf_get_current_task();
 	struct return_instance___pyro *ri = BPF_CORE_READ(task, utask, return_instances);
@@ -100,11 +123,26 @@ static __always_inline int uretprobe_in_trampoline(__u64 *pc, __u64 *sp)
 	return 1;
 }
 
+// Where a mapping's rows and index are.
+struct table_ref {
+	__u32 row_first;
+	__u32 row_count;
+	__u32 index_first;
+	__u32 index_count;
+	__u32 pc_base;
+	__u32 reserved;
+};
+
 struct unwind_state {
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
 	__u64 trampoline; // uretprobe trampoline of the process, 0 when none
+	// The mapping the previous frame was in (end == 0: none yet).
+	__u64 map_start;
+	__u64 map_end;
+	__u64 map_bias;
+	struct table_ref table;
 	__u32 pid;
 	__u32 frames;
 	__u32 stop_reason; // a COUNTER_UNWIND_* index, or 0 while walking
@@ -115,57 +153,99 @@ struct unwind_state {
 	__u32 reserved;
 };
 
-struct found_mapping {
+struct mapping_lookup {
+	__u64 start;
+	__u64 end;
 	__u64 bias;
-	__u32 row_first;
-	__u32 row_count;
+	struct table_ref table;
 };
 
-// A linear scan with constant indices: a binary search indexes the array with values the
-// verifier must track precisely, and it then explores every path of the search separately.
-// What leaves the loop is copied into `out`, so the states after it are all alike and prune.
-static __always_inline int find_mapping(struct process_unwind *proc, __u64 pc,
-					struct found_mapping *out)
+// The executable mapping of process `pid` that holds `pc`. A linear scan with constant
+// indices: a binary search indexes the array with values the verifier must track precisely.
+// Returns 0 when found (copied to `out`), -1 when the process or the address is unknown.
+__attribute__((noinline)) int unwind_find_mapping(__u32 pid, __u64 pc, struct mapping_lookup *out)
 {
+	if (!out)
+		return -1;
+	struct process_unwind *proc = bpf_map_lookup_elem(&unwind_procs, &pid);
+	if (!proc)
+		return -1;
 	__u32 count = proc->count;
 	for (int k = 0; k < MAX_MAPPINGS; k++) {
 		if (k >= count)
 			break;
 		struct exec_mapping *m = &proc->maps[k];
 		if (m->start <= pc && pc < m->end) {
+			out->start = m->start;
+			out->end = m->end;
 			out->bias = m->bias;
-			out->row_first = m->row_first;
-			out->row_count = m->row_count;
+			out->table.row_first = m->row_first;
+			out->table.row_count = m->row_count;
+			out->table.index_first = m->index_first;
+			out->table.index_count = m->index_count;
+			out->table.pc_base = m->pc_base;
 			return 0;
 		}
 	}
 	return -1;
 }
 
-// The last row at or before `pc` among rows [first, first + count).
-static __always_inline struct unwind_row *find_row(__u32 first, __u32 count, __u32 pc)
+// The rules of the last row at or before `rel` in the table `t`, copied out so the caller's
+// state after the call is the same whatever the search did: the bucket index narrows the rows
+// to those of one UNWIND_BUCKET_SHIFT-sized stretch of text, then a binary search. Returns 0
+// when found, -1 when no row covers `rel`.
+__attribute__((noinline)) int unwind_find_row(struct table_ref *t, __u32 rel,
+					      struct unwind_row *out)
 {
-	__u32 lo = first, hi = first + count;
+	if (!t || !out)
+		return -1;
+	__u32 first = t->row_first;
+	__u32 lo = first, hi = first + t->row_count;
+	if (t->index_count) {
+		if (rel < t->pc_base)
+			return -1;
+		__u32 k = (rel - t->pc_base) >> UNWIND_BUCKET_SHIFT;
+		if (k >= t->index_count)
+			k = t->index_count - 1;
+		__u32 at = t->index_first + k;
+		// Both ends in one entry: the bucket's first candidate row and the next bucket's.
+		__u64 *bounds = bpf_map_lookup_elem(&unwind_index, &at);
+		if (!bounds)
+			return -1;
+		lo = first + (__u32)*bounds;
+		hi = first + (__u32)(*bounds >> 32) + 1;
+		if (lo >= hi || hi > first + t->row_count)
+			return -1;
+		// The row at `lo` starts at or before the bucket, so at or before `rel`.
+		lo += 1;
+	}
 	for (int k = 0; k < 24; k++) {
 		if (lo >= hi)
 			break;
 		__u32 mid = lo + (hi - lo) / 2;
 		struct unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &mid);
 		if (!row)
-			return 0;
-		if (row->pc <= pc)
+			return -1;
+		if (row->pc <= rel)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
 	if (lo == first)
-		return 0;
+		return -1;
 	__u32 idx = lo - 1;
-	return bpf_map_lookup_elem(&unwind_rows, &idx);
+	struct unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &idx);
+	if (!row || row->cfa_type == CFA_NONE)
+		return -1;
+	*out = *row;
+	return 0;
 }
 
-static __always_inline int frame_pointer_step(struct unwind_state *st)
+// One frame by the frame pointer. Global, for the same reason as uretprobe_original.
+__attribute__((noinline)) int frame_pointer_step(struct unwind_state *st)
 {
+	if (!st)
+		return -1;
 	__u64 next_bp = 0, ra = 0;
 	if (st->bp == 0 || bpf_probe_read_user(&next_bp, 8, (void *)st->bp) ||
 	    bpf_probe_read_user(&ra, 8, (void *)(st->bp + 8)))
@@ -211,36 +291,36 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 	user[n & (MAX_SLOTS - 1)] = st->pc;
 	st->frames = n + 1;
 
-	struct process_unwind *proc = bpf_map_lookup_elem(&unwind_procs, &st->pid);
-	if (!proc)
-		return 1;
 	// A return address points after the call; look up the call itself.
 	__u64 lookup = n == 0 ? st->pc : st->pc - 1;
-	struct found_mapping fm;
-	if (find_mapping(proc, lookup, &fm) < 0) {
-		// Code the agent has not seen mapped yet (a fresh dlopen, JIT code): frame
-		// pointers, which the counter records when they fail too.
-		st->stop_reason = COUNTER_UNWIND_NO_MAPPING;
-		if (frame_pointer_step(st))
-			return 1;
-		st->stop_reason = 0;
-		return st->pc == 0;
+	if (lookup < st->map_start || lookup >= st->map_end) {
+		struct mapping_lookup m = {};
+		if (unwind_find_mapping(st->pid, lookup, &m) < 0) {
+			// Code the agent has not seen mapped yet (a fresh dlopen, JIT code): frame
+			// pointers, which the counter records when they fail too.
+			st->map_end = 0;
+			st->stop_reason = COUNTER_UNWIND_NO_MAPPING;
+			if (frame_pointer_step(st))
+				return 1;
+			st->stop_reason = 0;
+			return st->pc == 0;
+		}
+		st->map_start = m.start;
+		st->map_end = m.end;
+		st->map_bias = m.bias;
+		st->table = m.table;
 	}
-	struct found_mapping *m = &fm;
-	if (m->row_count == 0) {
+	if (st->table.row_count == 0) {
 		st->stop_reason = COUNTER_UNWIND_NO_TABLE;
 		if (frame_pointer_step(st))
 			return 1;
 		st->stop_reason = 0;
 		return st->pc == 0;
 	}
-	__u64 rel = lookup - m->bias;
-	if (rel > 0xffffffffULL) {
-		st->stop_reason = COUNTER_UNWIND_NO_ROW;
-		return 1;
-	}
-	struct unwind_row *row = find_row(m->row_first, m->row_count, (__u32)rel);
-	if (!row || row->cfa_type == CFA_NONE) {
+	__u64 rel = lookup - st->map_bias;
+	struct unwind_row r = {};
+	struct unwind_row *row = &r;
+	if (rel > 0xffffffffULL || unwind_find_row(&st->table, (__u32)rel, row) < 0) {
 		st->stop_reason = COUNTER_UNWIND_NO_ROW;
 		return 1;
 	}
@@ -296,31 +376,33 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 	return 0;
 }
 
-// Walks the user stack of the current task into the scratch record `which` names, setting
-// SAMPLE_* flags in `hdr`. `regs` are the user registers when the program interrupted user
-// mode, or NULL: then the ones saved on kernel entry are used (a sample in a system call,
-// or a thread switched out by the scheduler). Returns the number of frames, or -1 when the
-// process has no unwind information (the caller then uses frame pointers).
-static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __u32 tgid,
-					      struct sample_header *hdr, __u32 which)
+// Where a walk starts and what it found (on the caller's stack: the argument of `dwarf_walk`).
+struct dwarf_walk_args {
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	__u32 pid;
+	__u32 which;  // SCRATCH_*
+	__u32 frames; // out: frames written
+	__u32 flags;  // out: SAMPLE_DWARF, SAMPLE_COMPLETE
+};
+
+// Walks a user stack from the registers in `a` into the scratch record `a->which` names.
+// Returns the number of frames, or -1 when the process has no unwind information (the
+// caller then uses frame pointers).
+__attribute__((noinline)) int dwarf_walk(struct dwarf_walk_args *a)
 {
-	if (!bpf_map_lookup_elem(&unwind_procs, &tgid))
+	if (!a)
 		return -1;
-	struct pt_regs regs;
-	if (user_regs) {
-		regs = *user_regs;
-	} else {
-		struct task_struct *task = bpf_get_current_task_btf();
-		struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(task);
-		if (bpf_probe_read_kernel(&regs, sizeof(regs), saved))
-			return 0;
-	}
+	__u32 pid = a->pid;
+	if (!bpf_map_lookup_elem(&unwind_procs, &pid))
+		return -1;
 	struct unwind_state st = {
-		.pc = regs.rip,
-		.sp = regs.rsp,
-		.bp = regs.rbp,
-		.pid = tgid,
-		.which = which,
+		.pc = a->pc,
+		.sp = a->sp,
+		.bp = a->bp,
+		.pid = pid,
+		.which = a->which,
 		.trampoline = uretprobe_trampoline(),
 	};
 	if (st.trampoline && st.pc - st.trampoline < 4096)
@@ -331,10 +413,48 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 	count(COUNTER_UNWIND_SAMPLES);
 	if (st.stop_reason)
 		count(st.stop_reason);
+	__u32 flags = SAMPLE_DWARF;
+	if (st.stop_reason == COUNTER_UNWIND_NO_MAPPING)
+		flags |= SAMPLE_UNKNOWN_MAPPING;
 	if (st.complete) {
 		count(COUNTER_UNWIND_COMPLETE);
-		hdr->flags |= SAMPLE_COMPLETE;
+		flags |= SAMPLE_COMPLETE;
 	}
-	hdr->flags |= SAMPLE_DWARF;
+	a->flags = flags;
+	a->frames = st.frames;
 	return st.frames;
+}
+
+// Walks the user stack of the current task into the scratch record `which` names, setting
+// SAMPLE_* flags in `hdr`. `regs` are the user registers when the program interrupted user
+// mode, or NULL: then the ones saved on kernel entry are used (a sample in a system call,
+// or a thread switched out by the scheduler). Returns the number of frames, or -1 when the
+// process has no unwind information (the caller then uses frame pointers).
+static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __u32 tgid,
+					      struct sample_header *hdr, __u32 which)
+{
+	if (!unwind_dwarf)
+		return -1;
+	REJECT_IF(REJECT_DWARF);
+	struct pt_regs regs;
+	if (user_regs) {
+		regs = *user_regs;
+	} else {
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (bpf_probe_read_kernel(&regs, sizeof(regs), saved))
+			return 0;
+	}
+	struct dwarf_walk_args a = {
+		.pc = regs.rip,
+		.sp = regs.rsp,
+		.bp = regs.rbp,
+		.pid = tgid,
+		.which = which,
+	};
+	int frames = dwarf_walk(&a);
+	if (frames < 0)
+		return -1;
+	hdr->flags |= a.flags;
+	return frames;
 }

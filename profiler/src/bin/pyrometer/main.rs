@@ -1,13 +1,19 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
 //! `report` converts or summarizes a profile file, `diff` compares two, `gpu` polls the GPUs
-//! alone, `dump` prints a Python process's thread stacks, `agent` is the node daemon.
+//! alone, `dump` prints a Python process's thread stacks, `top` shows the busiest functions
+//! live, `agent` is the node daemon.
 
 mod agent;
+mod completions;
 mod diff;
+#[cfg(test)]
+mod doc_examples;
 mod dump;
 mod gpu;
 mod record;
 mod report;
+mod top;
+mod verifier;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +49,16 @@ enum Command {
     Gpu(gpu::GpuArgs),
     /// Print the current Python stack of every thread of a process (no BPF, never stops it).
     Dump(dump::DumpArgs),
+    /// Load every BPF program in every configuration on this kernel and print what the
+    /// verifier spent on each; exit 1 when one is refused or over budget.
+    Verifier(verifier::VerifierArgs),
+    /// A live view of the functions the targets spend their time in, refreshed every second.
+    Top(top::TopArgs),
+    /// Print a shell completion script: `pyrometer completions bash > /etc/bash_completion.d/pyrometer`.
+    Completions(completions::CompletionsArgs),
+    /// Write the man pages into a directory (run by `cargo xtask test`).
+    #[command(hide = true)]
+    Man(completions::ManArgs),
 }
 
 /// An error that knows its exit code; everything else exits with EXIT_INPUT.
@@ -76,6 +92,10 @@ fn main() -> ExitCode {
         Command::Diff(args) => diff::run(args),
         Command::Gpu(args) => gpu::run(args),
         Command::Dump(args) => dump::run(args),
+        Command::Verifier(args) => verifier::run(args),
+        Command::Top(args) => top::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => completions::man(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -94,6 +114,25 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// `--debug-reject` names as `debug_reject` bits.
+pub fn debug_reject_bits(names: &[String]) -> anyhow::Result<u32> {
+    names.iter().try_fold(0, |bits, name| {
+        if name == "sampler" {
+            return Ok(bits | pyrometer_ebpf::reject::SAMPLER);
+        }
+        pyrometer::bpf::Feature::from_key(name)
+            .map(|f| bits | f.reject_bit())
+            .ok_or_else(|| {
+                exit_error(
+                    EXIT_INPUT,
+                    format!(
+                        "--debug-reject {name}: expected dwarf, off_cpu, gil, alloc or sampler"
+                    ),
+                )
+            })
+    })
 }
 
 /// `524288`, `512K`, `1M`, `2G` (powers of 1024), at least 1.
@@ -171,5 +210,36 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("3x").is_err());
         assert!(parse_duration("0").is_err());
+    }
+
+    /// Every `pyrometer ...` example in the README and the book parses with this CLI.
+    #[test]
+    fn documented_examples_parse() {
+        let root = doc_examples::workspace_root();
+        let examples = doc_examples::examples(&root, "pyrometer");
+        // The quick starts alone have more; fewer means the extraction broke.
+        assert!(
+            examples.len() >= 15,
+            "only {} examples found",
+            examples.len()
+        );
+        let failures: Vec<String> = examples
+            .iter()
+            .filter_map(|e| {
+                let err = Cli::try_parse_from(&e.args).err()?;
+                let first = err
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                Some(format!("{}: `{}`: {first}", e.location, e.args.join(" ")))
+            })
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "examples that do not parse (write them with concrete values):\n{}",
+            failures.join("\n")
+        );
     }
 }

@@ -91,6 +91,10 @@ pub struct AgentArgs {
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     pub(super) btf_path: Option<PathBuf>,
+    /// Make the kernel refuse these stages (dwarf, off_cpu, gil, alloc): tests of the
+    /// degraded paths.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub(super) debug_reject: Vec<String>,
 }
 
 /// The config file: the flags' long names, in kebab case.

@@ -13,7 +13,7 @@ use anyhow::Context;
 use prost::Message;
 use pyrometer::agent_metrics::{self, AgentMetrics};
 use pyrometer::alloc::AllocProbes;
-use pyrometer::bpf::{AllocConfig, Filter, Sampler, SamplerConfig};
+use pyrometer::bpf::{AllocConfig, Feature, Filter, Sampler, SamplerConfig};
 use pyrometer::capture::{AllocState, Capture};
 use pyrometer::gpu::{self, Poller};
 use pyrometer::model::Labels;
@@ -53,7 +53,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // First thing: a SIGTERM during start-up (BPF verification takes a while) must stop the
     // agent cleanly, not kill it.
     signals::install();
-    let cfg = resolve(&args)?;
+    let mut cfg = resolve(&args)?;
     let client = PushClient::new(
         &cfg.collector,
         cfg.token.as_deref(),
@@ -83,14 +83,27 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             live_entries: pyrometer::bpf::DEFAULT_ALLOC_LIVE,
             own_targets: true,
         }),
+        dwarf: cfg.dwarf,
+        debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
     })
     .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
+    // What the kernel refused is off from here on; each says so once, and /metrics says
+    // which features the agent runs without.
+    for refusal in sampler.refusals() {
+        eprintln!("pyrometer agent: {refusal}");
+    }
+    if sampler.refused(Feature::Alloc) {
+        cfg.alloc = None;
+    }
+    if sampler.refused(Feature::OffCpu) {
+        cfg.off_cpu_min_ns = None;
+    }
     for &pid in &cfg.pids {
         sampler
             .add_target(pid, true)
             .with_context(|| format!("adding pid {pid}"))?;
     }
-    let unwinder = if cfg.dwarf {
+    let unwinder = if sampler.dwarf() {
         Some(
             sampler
                 .unwinder()
@@ -154,6 +167,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     );
 
     let metrics = Arc::new(AgentMetrics::default());
+    let _ = metrics.refused.set(
+        sampler
+            .refusals()
+            .iter()
+            .map(|r| (r.feature.key(), r.program.clone()))
+            .collect(),
+    );
     // A missing driver or a lost GPU never stops the agent: it samples CPUs without them.
     let poller = match &cfg.gpu {
         Some((interval, lib)) => match crate::gpu::open_or_info(lib, "pyrometer agent") {

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Args;
-use pyrometer::alloc::AllocProbes;
-use pyrometer::bpf::{AllocConfig, Filter, Sampler, SamplerConfig};
+use pyrometer::bpf::{AllocConfig, Feature, Filter, Sampler, SamplerConfig};
 use pyrometer::capture::{
     Activity, AllocState, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
     DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns,
@@ -27,8 +26,9 @@ use pyrometer::{privileges, signals};
 use crate::gpu::NvmlArgs;
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_bytes, parse_duration, resolve_format};
 
+pub mod pipeline;
 mod summary;
-mod targets;
+pub mod targets;
 
 use summary::{AllocReport, GilReport, RunReport, leak_sites, self_cpu_ns, thread_comm};
 use targets::{Targets, command_path, prewarm_command};
@@ -129,6 +129,10 @@ pub struct RecordArgs {
     /// (Python frames only, like py-spy) or `all` (every native frame too).
     #[arg(long, default_value = "mixed", value_parser = ["mixed", "python", "all"])]
     frames: String,
+    /// Make the kernel refuse these stages (dwarf, off_cpu, gil, alloc): tests of the
+    /// degraded paths.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    debug_reject: Vec<String>,
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
@@ -146,7 +150,7 @@ fn parse_ring_mb(s: &str) -> Result<u32, String> {
 }
 
 /// Targets the processes named like `re` that were not seen yet (`--comm`).
-fn scan_comm(
+pub fn scan_comm(
     sampler: &mut Sampler,
     tables: &mut Tables,
     registry: &mut ProcessRegistry,
@@ -258,32 +262,47 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             live_entries: args.alloc_live,
             own_targets: false,
         }),
+        dwarf: args.unwind == "dwarf",
+        debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
     };
-    let mut sampler = Sampler::load(&config)
-        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
-    let unwinder = if args.unwind == "dwarf" {
-        Some(
-            sampler
-                .unwinder()
-                .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?,
-        )
-    } else {
-        None
-    };
-    let mut python = sampler
-        .python_tracker()
-        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
     let mut debug_dirs = args.debug_dirs.clone();
     debug_dirs.extend(
         pyrometer::symbolize::DEFAULT_DEBUG_DIRS
             .iter()
             .map(PathBuf::from),
     );
-    if args.gil {
-        python.enable_gil(debug_dirs.clone());
-    }
-    let alloc_probes = alloc.then(|| AllocProbes::new(debug_dirs.clone()));
-    let mut tables = Tables::new(unwinder, python, alloc_probes);
+    let (mut sampler, mut tables) = pipeline::open(&config, &debug_dirs).map_err(remove_output)?;
+    // What the kernel refused is off from here on (pipeline::open said so, once each).
+    let gil_on = args.gil && !sampler.refused(Feature::Gil);
+    let off_cpu_on = args.off_cpu && !sampler.refused(Feature::OffCpu);
+    let alloc = alloc && !sampler.refused(Feature::Alloc);
+    // The profile holds the types of what runs: a type asked for whose source the kernel
+    // refused falls back to the default (the line above said why).
+    let type_index = if sampler.refusals().is_empty() {
+        type_index
+    } else {
+        let probe = Profile::with_sources(
+            1,
+            Sources {
+                off_cpu: off_cpu_on,
+                gil: gil_on,
+                alloc,
+            },
+        );
+        match args.sample_type.as_deref().map(|t| probe.type_index(t)) {
+            Some(Ok(index)) => index,
+            Some(Err(_)) => {
+                let index = default_type(&probe, args.leaks && alloc, alloc);
+                eprintln!(
+                    "pyrometer: writing {} samples instead of {}",
+                    probe.sample_types[index].name,
+                    args.sample_type.as_deref().unwrap_or_default()
+                );
+                index
+            }
+            None => default_type(&probe, args.leaks && alloc, alloc),
+        }
+    };
     let mut registry = ProcessRegistry::new();
 
     let mut root_pids: Vec<u32> = Vec::new();
@@ -293,21 +312,14 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     match &targets {
         Targets::All => {}
         Targets::Pids(pids) => {
-            let mut all = pids.clone();
-            if args.subprocesses {
-                all.extend(target::descendants(Path::new("/proc"), pids));
-            }
-            for &pid in &all {
-                sampler.add_target(pid, args.subprocesses)?;
-            }
+            pipeline::add_pids(
+                &mut sampler,
+                &mut tables,
+                &mut registry,
+                pids,
+                args.subprocesses,
+            )?;
             root_pids = pids.clone();
-            // Tables and probes before the first sample, so even the first stacks unwind
-            // fully and carry their Python frames.
-            for pid in all {
-                if let Ok(p) = registry.observe(pid) {
-                    tables.sync_process(p, &mut sampler);
-                }
-            }
             if let Some(a) = &tables.alloc
                 && let Some(&pid) = pids.iter().find(|&&pid| !a.has_allocator(pid))
             {
@@ -325,7 +337,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             }
             // The GIL probes go in before the interpreter starts, so its first acquisitions
             // count; a failure is reported when the process shows up.
-            if args.gil
+            if gil_on
                 && let Some(interpreter) = exe
                     .as_deref()
                     .and_then(pyrometer::python::version::interpreter_binary)
@@ -394,8 +406,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     } else {
         Capture::default()
     };
-    capture.off_cpu = args.off_cpu;
-    capture.gil = args.gil;
+    capture.off_cpu = off_cpu_on;
+    capture.gil = gil_on;
     capture.frames = FrameView::parse(&args.frames).expect("clap checked the value");
     if alloc {
         let mut state = AllocState::new(sample_bytes);
@@ -424,10 +436,16 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut last_alive_check = Instant::now();
     let mut last_scan = Instant::now();
     loop {
-        sampler.wait(Duration::from_millis(100));
-        sampler.drain_into(&mut batch);
-        for rec in batch.drain(..) {
-            capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
+        let notices = pipeline::pump(
+            &mut sampler,
+            &mut tables,
+            &mut registry,
+            &mut capture,
+            &mut batch,
+            Duration::from_millis(100),
+        );
+        for notice in notices {
+            progress.suspend(|| eprintln!("pyrometer: {notice}"));
         }
         if let Targets::Comm(_, re) = &targets
             && last_scan.elapsed() >= Duration::from_millis(500)
@@ -441,10 +459,6 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 &mut comm_known,
                 args.subprocesses,
             );
-        }
-        tables.sync(&mut capture.maps_changed, &registry, &mut sampler);
-        for notice in tables.python.take_notices() {
-            progress.suspend(|| eprintln!("pyrometer: {notice}"));
         }
         let lost = sampler.counters().ringbuf_drops;
         progress.set_message(format!("{} samples, {lost} lost", capture.samples));
@@ -506,7 +520,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let (off_cpu_events, off_cpu_ns) = (capture.off_cpu_events, capture.off_cpu_ns);
     let bad = capture.bad_records;
     let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
-    let gil = args.gil.then(|| {
+    let gil = gil_on.then(|| {
         let python = &mut tables.python;
         let rows = pyrometer::python::gil_report::rows(
             &gil_threads,
@@ -645,7 +659,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         unsymbolized,
         output: output_path.clone(),
         counters,
-        off_cpu: args.off_cpu.then(|| {
+        off_cpu: off_cpu_on.then(|| {
             (
                 off_cpu_events,
                 off_cpu_ns,

@@ -237,6 +237,7 @@ impl RunReport {
             "agent_cpu_ns": self_cpu_ns(),
             "agent_capture_cpu_ns": capture_cpu_ns,
             "bpf_run_time_ns": bpf.map(|b| b.run_time_ns),
+            "bpf_sample_ns": c.sample_ns,
             "bpf_run_count": bpf.map(|b| b.run_count),
             "unwind_samples": c.unwind.samples,
             "unwind_complete": c.unwind.complete,
@@ -267,6 +268,7 @@ impl RunReport {
             "alloc_live_full": c.alloc.live_full,
             "alloc_threads_full": c.alloc.threads_full,
         });
+        json["bpf_python_ns"] = c.python_ns.into();
         if let Some(a) = &self.alloc {
             json["alloc_samples"] = a.samples.into();
             json["alloc_frees"] = a.frees.into();

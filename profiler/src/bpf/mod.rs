@@ -10,8 +10,13 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTrace
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
-use aya::{Btf, Ebpf, EbpfLoader, Endianness};
+use aya::{Btf, Ebpf, Endianness};
 use pyrometer_ebpf as shared;
+
+pub mod load;
+pub mod verifier;
+
+pub use load::{Feature, ProgramLoad, Refusal};
 
 /// Default location of the running kernel's BTF.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -135,6 +140,11 @@ pub struct SamplerConfig {
     pub gil: bool,
     /// Allocation sampling: loads the allocator probe programs, attached per process.
     pub alloc: Option<AllocConfig>,
+    /// Walk user stacks with DWARF unwind tables (`--unwind dwarf`); frame pointers only
+    /// otherwise. A kernel that refuses the walk turns it off (see [`Sampler::refusals`]).
+    pub dwarf: bool,
+    /// `debug_reject` bits (tests only): makes the kernel refuse the stages named.
+    pub debug_reject: u32,
 }
 
 /// How allocations are sampled (`record --alloc`, the agent's `--alloc-*`).
@@ -170,6 +180,8 @@ impl Default for SamplerConfig {
             off_cpu_min_ns: None,
             gil: false,
             alloc: None,
+            dwarf: true,
+            debug_reject: 0,
         }
     }
 }
@@ -186,6 +198,11 @@ pub enum BpfError {
     NoRingBuffer(String),
     #[error("cannot load the BPF sampler: {0}")]
     Load(String),
+    #[error(
+        "cannot sample: Linux {} refused the BPF program {} ({}){}; nothing can be sampled on this kernel",
+        .0.kernel, .0.program, .0.reason, .0.log.as_ref().map(|l| format!("; verifier log: {}", l.display())).unwrap_or_default()
+    )]
+    Refused(Refusal),
     #[error("cannot attach {what}: {reason}")]
     Attach { what: String, reason: String },
     #[error("BPF map {0}: {1}")]
@@ -208,6 +225,10 @@ pub struct Counters {
     pub offcpu_map_full: u64,
     pub python: PythonCounters,
     pub alloc: AllocCounters,
+    /// Nanoseconds the sampler spent on target samples, timed by the program itself.
+    pub sample_ns: u64,
+    /// Nanoseconds spent walking Python frame chains (all programs), self-timed.
+    pub python_ns: u64,
 }
 
 /// The kernel's Python frame walker: stacks of registered Python processes.
@@ -273,6 +294,7 @@ pub struct Sampler {
     perf_prog_id: Option<u32>,
     unwind_maps: Option<(
         MapData,
+        MapData,
         BpfHashMap<MapData, u32, pyrometer_ebpf::ProcessUnwind>,
     )>,
     unwind_rows: u32,
@@ -285,6 +307,12 @@ pub struct Sampler {
     pid_probes: std::collections::HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// With off-CPU time: blocked threads' pending intervals, and the minimum reported.
     offcpu: Option<(BpfHashMap<MapData, u32, shared::OffCpuRecord>, u64)>,
+    /// Features the kernel refused (the capture goes on without them).
+    refusals: Vec<Refusal>,
+    /// How each loaded program's load went.
+    loads: Vec<ProgramLoad>,
+    /// Whether the programs walk stacks with DWARF tables.
+    dwarf: bool,
 }
 
 impl Sampler {
@@ -303,91 +331,66 @@ impl Sampler {
         })?;
         raise_memlock_limit();
 
-        let filter_mode = match config.filter {
-            Filter::All => shared::FILTER_ALL,
-            Filter::Targets => shared::FILTER_TARGETS,
+        let mut refusals = Vec::new();
+        let mut loads = Vec::new();
+        let mut dwarf = config.dwarf;
+        // The sampler first: when the kernel refuses the DWARF walk, the object is made again
+        // without it (a load-time constant the verifier prunes by), frame pointers instead.
+        let mut ebpf = loop {
+            let mut ebpf = load::open(config, &btf, dwarf)?;
+            loads.clear();
+            for (name, tracepoint) in load::LIFECYCLE {
+                let done =
+                    load::load_program(&mut ebpf, &btf, name, load::Kind::Tracepoint(tracepoint))
+                        .map_err(|f| BpfError::Refused(f.refusal(Feature::DwarfUnwinding)))?;
+                loads.push(done);
+            }
+            match load::load_program(&mut ebpf, &btf, load::SAMPLER, load::Kind::PerfEvent) {
+                Ok(done) => {
+                    loads.push(done);
+                    break ebpf;
+                }
+                Err(failure) if dwarf => {
+                    refusals.push(failure.refusal(Feature::DwarfUnwinding));
+                    dwarf = false;
+                }
+                Err(failure) => {
+                    return Err(BpfError::Refused(failure.refusal(Feature::DwarfUnwinding)));
+                }
+            }
         };
-        let self_tgid = std::process::id();
-        let offcpu_min_ns = config.off_cpu_min_ns.unwrap_or(u64::MAX);
-        // Without --off-cpu the program is never loaded; the map still exists in the object.
-        let offcpu_entries = if config.off_cpu_min_ns.is_some() {
-            shared::OFFCPU_PENDING_ENTRIES
-        } else {
-            1
-        };
-        let uretprobes_used = u32::from(config.gil || config.alloc.is_some());
-        let alloc = config.alloc.unwrap_or(AllocConfig {
-            sample_bytes: DEFAULT_ALLOC_SAMPLE_BYTES,
-            live_entries: 1,
-            own_targets: false,
-        });
-        let alloc_filter = u32::from(alloc.own_targets);
-        let alloc_entries = |n: u32| if config.alloc.is_some() { n } else { 1 };
-        // Without --gil the GIL maps stay in the object, one entry each.
-        let gil_entries = |n: u32| if config.gil { n } else { 1 };
-        let mut ebpf = EbpfLoader::new()
-            .btf(Some(&btf))
-            .override_global("filter_mode", &filter_mode, true)
-            .override_global("self_tgid", &self_tgid, true)
-            .override_global("offcpu_min_ns", &offcpu_min_ns, true)
-            .override_global("uretprobes_used", &uretprobes_used, true)
-            .map_max_entries("gil_threads", gil_entries(16384))
-            .map_max_entries("gil_pending", gil_entries(4096))
-            .map_max_entries("gil_holders", gil_entries(4096))
-            .override_global("alloc_sample_bytes", &alloc.sample_bytes, true)
-            .override_global("alloc_filter", &alloc_filter, true)
-            .map_max_entries("alloc_live", alloc_entries(alloc.live_entries.max(1)))
-            .map_max_entries("alloc_threads", alloc_entries(16384))
-            .map_max_entries("alloc_targets", if alloc.own_targets { 4096 } else { 1 })
-            .map_max_entries("samples", config.ring_buffer_bytes)
-            .map_max_entries("unwind_rows", config.unwind_rows.max(1))
-            .map_max_entries("offcpu_pending", offcpu_entries)
-            .load(shared::SAMPLER_OBJECT)
-            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+        for (name, tracepoint) in load::LIFECYCLE {
+            attach_tracepoint(&mut ebpf, name, tracepoint)?;
+        }
 
-        let mut tracepoints = vec![
-            ("on_fork", "sched_process_fork"),
-            ("on_exec", "sched_process_exec"),
-            ("on_exit", "sched_process_exit"),
+        // Optional stages: a refused one is switched off, the capture goes on.
+        let wanted = [
+            (Feature::OffCpu, config.off_cpu_min_ns.is_some()),
+            (Feature::Gil, config.gil),
+            (Feature::Alloc, config.alloc.is_some()),
         ];
-        if config.off_cpu_min_ns.is_some() {
-            tracepoints.push(("on_sched_switch", "sched_switch"));
-        }
-        for (name, tracepoint) in tracepoints {
-            let prog: &mut BtfTracePoint = ebpf
-                .program_mut(name)
-                .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
-                .try_into()
-                .map_err(|e| BpfError::Load(error_chain(&e)))?;
-            prog.load(tracepoint, &btf)
-                .map_err(|e| BpfError::Load(format!("{name}: {}", error_chain(&e))))?;
-            prog.attach().map_err(|e| BpfError::Attach {
-                what: format!("tracepoint {tracepoint}"),
-                reason: error_chain(&e),
-            })?;
-        }
-        let mut uprobes: Vec<&str> = Vec::new();
-        if config.gil {
-            uprobes.extend(GIL_PROGRAMS);
-        }
-        if config.alloc.is_some() {
-            uprobes.extend([ALLOC_ENTER, ALLOC_RETURN]);
-        }
-        {
-            for name in uprobes {
-                uprobe(&mut ebpf, name)?
-                    .load()
-                    .map_err(|e| BpfError::Load(format!("{name}: {}", error_chain(&e))))?;
+        let mut enabled = std::collections::HashSet::new();
+        for (feature, on) in wanted {
+            if !on {
+                continue;
+            }
+            let mut ok = true;
+            for (name, kind) in load::feature_programs(feature) {
+                match load::load_program(&mut ebpf, &btf, name, kind) {
+                    Ok(done) => loads.push(done),
+                    Err(failure) => {
+                        refusals.push(failure.refusal(feature));
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                enabled.insert(feature);
             }
         }
-        {
-            let prog: &mut PerfEvent = ebpf
-                .program_mut("on_cpu_clock")
-                .ok_or_else(|| BpfError::Load("program on_cpu_clock missing".into()))?
-                .try_into()
-                .map_err(|e| BpfError::Load(error_chain(&e)))?;
-            prog.load()
-                .map_err(|e| BpfError::Load(format!("on_cpu_clock: {}", error_chain(&e))))?;
+        if enabled.contains(&Feature::OffCpu) {
+            attach_tracepoint(&mut ebpf, load::OFFCPU.0, load::OFFCPU.1)?;
         }
 
         let ring = take_as(&mut ebpf, "samples")?;
@@ -398,21 +401,28 @@ impl Sampler {
             aya::maps::Map::Array(data) => data,
             _ => return Err(BpfError::Map("unwind_rows", "not an array".into())),
         };
+        let index = match take(&mut ebpf, "unwind_index")? {
+            aya::maps::Map::Array(data) => data,
+            _ => return Err(BpfError::Map("unwind_index", "not an array".into())),
+        };
         let procs = take_as(&mut ebpf, "unwind_procs")?;
         let py_procs = take_as(&mut ebpf, "py_procs")?;
-        let alloc_targets = if config.alloc.is_some_and(|a| a.own_targets) {
-            Some(take_as(&mut ebpf, "alloc_targets")?)
-        } else {
-            None
-        };
-        let gil_threads = if config.gil {
+        let alloc_targets =
+            if enabled.contains(&Feature::Alloc) && config.alloc.is_some_and(|a| a.own_targets) {
+                Some(take_as(&mut ebpf, "alloc_targets")?)
+            } else {
+                None
+            };
+        let gil_threads = if enabled.contains(&Feature::Gil) {
             Some(take_as(&mut ebpf, "gil_threads")?)
         } else {
             None
         };
         let offcpu = match config.off_cpu_min_ns {
-            Some(min) => Some((take_as(&mut ebpf, "offcpu_pending")?, min)),
-            None => None,
+            Some(min) if enabled.contains(&Feature::OffCpu) => {
+                Some((take_as(&mut ebpf, "offcpu_pending")?, min))
+            }
+            _ => None,
         };
         Ok(Self {
             ebpf,
@@ -421,24 +431,48 @@ impl Sampler {
             kernel_stacks,
             counters,
             perf_prog_id: None,
-            unwind_maps: Some((rows, procs)),
+            unwind_maps: Some((rows, index, procs)),
             unwind_rows: config.unwind_rows.max(1),
             py_procs: Some(py_procs),
             gil_threads,
             alloc_targets,
             pid_probes: std::collections::HashMap::new(),
             offcpu,
+            refusals,
+            loads,
+            dwarf,
         })
+    }
+
+    /// Features the kernel refused: each was switched off, and the capture went on.
+    pub fn refusals(&self) -> &[Refusal] {
+        &self.refusals
+    }
+
+    /// Whether `feature` runs: asked for and not refused.
+    pub fn refused(&self, feature: Feature) -> bool {
+        self.refusals.iter().any(|r| r.feature == feature)
+    }
+
+    /// Whether user stacks are walked with DWARF tables (asked for and not refused).
+    pub fn dwarf(&self) -> bool {
+        self.dwarf
+    }
+
+    /// How each loaded program's verification went.
+    pub fn program_loads(&self) -> &[ProgramLoad] {
+        &self.loads
     }
 
     /// Hands out the DWARF unwinder's maps (once). Until processes are registered with it,
     /// every user stack is walked by frame pointers.
     pub fn unwinder(&mut self) -> Result<crate::unwinder::Unwinder, BpfError> {
-        let (rows, procs) = self
+        let (rows, index, procs) = self
             .unwind_maps
             .take()
             .ok_or_else(|| BpfError::Map("unwind_rows", "already taken".into()))?;
-        crate::unwinder::Unwinder::new(rows, self.unwind_rows, procs)
+        let index_entries = load::index_entries(self.unwind_rows);
+        crate::unwinder::Unwinder::new(rows, self.unwind_rows, index, index_entries, procs)
             .map_err(|e| BpfError::Map("unwind_rows", e.to_string()))
     }
 
@@ -604,6 +638,8 @@ impl Sampler {
                 live_full: sum(shared::counter::ALLOC_LIVE_FULL),
                 threads_full: sum(shared::counter::ALLOC_THREADS_FULL),
             },
+            sample_ns: sum(shared::counter::SAMPLE_NS),
+            python_ns: sum(shared::counter::PY_NS),
         }
     }
 
@@ -619,6 +655,18 @@ impl Sampler {
                 run_count: p.run_count(),
             })
     }
+}
+
+fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> Result<(), BpfError> {
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
+        .try_into()
+        .map_err(|e| BpfError::Load(error_chain(&e)))?;
+    prog.attach().map(|_| ()).map_err(|e| BpfError::Attach {
+        what: format!("tracepoint {tracepoint}"),
+        reason: error_chain(&e),
+    })
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, BpfError> {
@@ -647,7 +695,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones use memcg and ignore it.
-fn raise_memlock_limit() {
+pub(crate) fn raise_memlock_limit() {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
@@ -742,8 +790,9 @@ mod kernel_tests {
         sampler.add_target(target.id(), false).unwrap();
         sampler.start(199).unwrap();
         let (mut mine, mut foreign, mut with_user) = (0, 0, 0);
-        let deadline = Instant::now() + Duration::from_millis(800);
-        while Instant::now() < deadline {
+        // Until enough samples arrived: on a busy machine the spinner may get little CPU.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline && mine < 60 {
             sampler.wait(Duration::from_millis(50));
             sampler.drain(|bytes| {
                 let s = shared::RawSample::parse(bytes).expect("well-formed record");

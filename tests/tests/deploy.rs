@@ -1,0 +1,400 @@
+//! Deployment files: the Kubernetes manifests must be well-formed objects that give the agent
+//! what it needs (host PID namespace, capabilities, mounts that exist, options the binaries
+//! accept), and, where a Docker daemon can run, an agent image built from a base made here
+//! (no registry is reachable) must record a workload from inside its container.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pyrometer_e2e::*;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The YAML documents of a manifest, parsed by PyYAML (Debian's python3-yaml) into JSON.
+fn load_yaml(path: &Path) -> Vec<Value> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; json.dump(list(yaml.safe_load_all(open(sys.argv[1]))), sys.stdout)",
+        ])
+        .arg(path)
+        .output()
+        .expect("run python3 (cargo xtask deps installs python3-yaml)");
+    assert!(
+        out.status.success(),
+        "{} is not valid YAML: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json from python")
+}
+
+fn str_list(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `--long` options a command's `--help` lists.
+fn help_options(bin: &Path, args: &[&str]) -> BTreeSet<String> {
+    let out = Command::new(bin)
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("run --help");
+    String::from_utf8_lossy(&out.stdout)
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| w.starts_with("--"))
+        .map(|w| w.split(['=', '<']).next().unwrap_or(w).to_string())
+        .collect()
+}
+
+/// Every `--flag` of `args` must be an option `--help` lists.
+fn assert_known_flags(args: &[String], known: &BTreeSet<String>, what: &str) {
+    for arg in args.iter().filter(|a| a.starts_with("--")) {
+        let flag = arg.split('=').next().unwrap_or(arg);
+        assert!(
+            known.contains(flag),
+            "{what}: {flag} is not an option ({known:?})"
+        );
+    }
+}
+
+/// Checks a pod template: mounts name declared volumes, the selector matches the labels.
+fn check_pod(object: &Value, kind: &str) -> Value {
+    let spec = &object["spec"];
+    let labels = &spec["template"]["metadata"]["labels"];
+    for (k, v) in spec["selector"]["matchLabels"]
+        .as_object()
+        .expect("a selector")
+    {
+        assert_eq!(
+            &labels[k], v,
+            "{kind}: selector {k} does not match the pod's labels"
+        );
+    }
+    let pod = spec["template"]["spec"].clone();
+    let mut volumes: BTreeSet<String> = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str().map(String::from))
+        .collect();
+    for claim in spec["volumeClaimTemplates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        volumes.insert(
+            claim["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .into(),
+        );
+    }
+    for c in pod["containers"].as_array().expect("containers") {
+        for m in c["volumeMounts"].as_array().into_iter().flatten() {
+            let name = m["name"].as_str().unwrap_or_default();
+            assert!(volumes.contains(name), "{kind}: mount {name} has no volume");
+            assert!(m["mountPath"].as_str().is_some_and(|p| p.starts_with('/')));
+        }
+    }
+    pod
+}
+
+#[test]
+fn kubernetes_manifests_give_the_agent_what_it_needs() {
+    let dir = root().join("deploy/kubernetes");
+    let mut objects = Vec::new();
+    for name in ["namespace.yaml", "collector.yaml", "agent-daemonset.yaml"] {
+        objects.extend(load_yaml(&dir.join(name)));
+    }
+    for o in &objects {
+        assert!(o["apiVersion"].is_string() && o["kind"].is_string(), "{o}");
+        assert!(o["metadata"]["name"].is_string(), "{o}");
+        if o["kind"] != "Namespace" {
+            assert_eq!(o["metadata"]["namespace"], "pyrometer", "{}", o["kind"]);
+        }
+    }
+    let find = |kind: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+            .clone()
+    };
+    let pyrometer = pyrometer_bin();
+    let collector_bin = pyrometer.with_file_name("pyrometer-collector");
+
+    let ds = find("DaemonSet");
+    let pod = check_pod(&ds, "DaemonSet");
+    assert_eq!(
+        pod["hostPID"], true,
+        "the agent must see the host's processes"
+    );
+    let agent = &pod["containers"][0];
+    let sc = &agent["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    let added: BTreeSet<String> = str_list(&sc["capabilities"]["add"]).into_iter().collect();
+    for cap in ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"] {
+        assert!(added.contains(cap), "the agent needs CAP_{cap}: {added:?}");
+    }
+    assert_eq!(str_list(&sc["capabilities"]["drop"]), ["ALL"]);
+    let args = str_list(&agent["args"]);
+    assert_eq!(args[0], "agent");
+    assert_known_flags(
+        &args[1..],
+        &help_options(&pyrometer, &["agent"]),
+        "agent args",
+    );
+    // The config file's keys are the agent's options without the dashes.
+    let config = find("ConfigMap");
+    let toml = config["data"]["agent.toml"].as_str().expect("agent.toml");
+    let keys: Vec<String> = toml
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| format!("--{}", k.trim())))
+        .collect();
+    assert!(keys.contains(&"--collector".to_string()), "{toml}");
+    assert_known_flags(&keys, &help_options(&pyrometer, &["agent"]), "agent.toml");
+    assert!(
+        toml.contains("pyrometer-collector.pyrometer.svc:4040"),
+        "the agents push to the collector's Service"
+    );
+
+    let sts = find("StatefulSet");
+    let pod = check_pod(&sts, "StatefulSet");
+    let collector = &pod["containers"][0];
+    assert_known_flags(
+        &str_list(&collector["args"]),
+        &help_options(&collector_bin, &[]),
+        "collector args",
+    );
+    let svc = find("Service");
+    assert_eq!(
+        svc["spec"]["selector"],
+        sts["spec"]["template"]["metadata"]["labels"]
+    );
+    let target = svc["spec"]["ports"][0]["targetPort"].clone();
+    assert!(
+        collector["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["name"] == target),
+        "the Service's targetPort {target} names a container port"
+    );
+}
+
+/// A dockerd of this test's own (socket, state and data under its scratch directory, no
+/// bridge or iptables changes), stopped on drop.
+struct Dockerd {
+    pid: u32,
+    socket: String,
+}
+
+impl Dockerd {
+    fn start(dir: &Path) -> Result<Dockerd, String> {
+        if Command::new("dockerd").arg("--version").output().is_err() {
+            return Err("dockerd is not installed (cargo xtask deps installs docker.io)".into());
+        }
+        // exec-root holds unix sockets: keep its path short.
+        let exec_root = format!("/tmp/pyro-dk-{}", std::process::id());
+        let socket = format!("unix://{}/docker.sock", dir.display());
+        let log = std::fs::File::create(dir.join("dockerd.log")).map_err(|e| e.to_string())?;
+        let child = Command::new("dockerd")
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .args(["--exec-root", &exec_root, "--pidfile"])
+            .arg(dir.join("dockerd.pid"))
+            .args([
+                "-H",
+                &socket,
+                "--bridge=none",
+                "--iptables=false",
+                "--ip-masq=false",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start dockerd: {e}"))?;
+        let d = Dockerd {
+            pid: child.id(),
+            socket,
+        };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            if d.docker(&["info"]).status.success() {
+                return Ok(d);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let log = std::fs::read_to_string(dir.join("dockerd.log")).unwrap_or_default();
+        Err(format!(
+            "dockerd did not come up: {}",
+            log.lines().last().unwrap_or("no log")
+        ))
+    }
+
+    fn docker(&self, args: &[&str]) -> std::process::Output {
+        Command::new("docker")
+            .args(args)
+            .env("DOCKER_HOST", &self.socket)
+            .env("DOCKER_BUILDKIT", "0")
+            .output()
+            .expect("run docker")
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) of the dockerd this test started.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20)
+            && Path::new(&format!("/proc/{}", self.pid)).exists()
+        {
+            // Reap it if it is our zombie; ignore otherwise.
+            // SAFETY: waitpid on our own child's pid.
+            unsafe { libc::waitpid(self.pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = std::fs::remove_dir_all(format!("/tmp/pyro-dk-{}", std::process::id()));
+    }
+}
+
+/// The shared libraries a binary loads, from ldd: (path as the loader asks for it, real file).
+fn libraries(bin: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let out = Command::new("ldd").arg(bin).output().expect("run ldd");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let path = match l.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| {
+                let p = PathBuf::from(path);
+                let real = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+                (p, real)
+            })
+        })
+        .collect()
+}
+
+fn copy_into(context: &Path, inside: &Path, from: &Path) {
+    let dest = context.join(inside.strip_prefix("/").unwrap_or(inside));
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::copy(from, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+}
+
+#[test]
+fn agent_image_records_a_workload_in_its_container() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("docker");
+    let dockerd = match Dockerd::start(&dir) {
+        Ok(d) => d,
+        Err(why) => {
+            println!("skipping: {why}");
+            return;
+        }
+    };
+    // The base: the C library, the loader, libgcc_s and a shell (`record -- CMD` holds the
+    // command in `sh` until the kernel filter knows it), FROM scratch.
+    let base = dir.join("base");
+    let pyrometer = pyrometer_bin();
+    let workload = fixture("cpu631");
+    for bin in [
+        pyrometer.as_path(),
+        workload.as_path(),
+        Path::new("/bin/sh"),
+    ] {
+        for (path, real) in libraries(bin) {
+            copy_into(&base, &path, &real);
+        }
+    }
+    copy_into(
+        &base,
+        Path::new("/bin/sh"),
+        &std::fs::canonicalize("/bin/sh").unwrap(),
+    );
+    std::fs::write(base.join("Dockerfile"), "FROM scratch\nCOPY . /\n").unwrap();
+    let tag = format!("pyrometer-e2e-base:{}", std::process::id());
+    let built = dockerd.docker(&["build", "-q", "-t", &tag, base.to_str().unwrap()]);
+    assert!(built.status.success(), "base image: {}", stderr(&built));
+    // The agent image on that base, as deploy/Dockerfile.agent lays it out.
+    let ctx = dir.join("agent");
+    copy_into(&ctx, Path::new("/usr/local/bin/pyrometer"), &pyrometer);
+    copy_into(&ctx, Path::new("/usr/local/bin/cpu631"), &workload);
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        format!("FROM {tag}\nCOPY usr /usr\nENTRYPOINT [\"/usr/local/bin/pyrometer\"]\n"),
+    )
+    .unwrap();
+    let image = format!("pyrometer-e2e-agent:{}", std::process::id());
+    let built = dockerd.docker(&["build", "-q", "-t", &image, ctx.to_str().unwrap()]);
+    assert!(built.status.success(), "agent image: {}", stderr(&built));
+
+    // Debian's Docker (20.10) does not know CAP_BPF and CAP_PERFMON by name: CAP_SYS_ADMIN
+    // grants both. The host PID namespace makes the pids pyrometer sees the kernel's.
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let volume = format!("{}:/out", out.display());
+    let run = dockerd.docker(&[
+        "run",
+        "--rm",
+        "--pid=host",
+        "--network",
+        "none",
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "SYS_ADMIN",
+        "--cap-add",
+        "SYS_PTRACE",
+        "--cap-add",
+        "DAC_READ_SEARCH",
+        "--security-opt",
+        "seccomp=unconfined",
+        "-v",
+        &volume,
+        &image,
+        "record",
+        "-F",
+        "499",
+        "-o",
+        "/out/cpu631.folded",
+        "--",
+        "/usr/local/bin/cpu631",
+        "2",
+    ]);
+    assert!(
+        run.status.success(),
+        "record in the container: {}",
+        stderr(&run)
+    );
+    let stacks = read_folded(&out.join("cpu631.folded"));
+    let shares = relative_shares(&stacks, &["leaf_a", "leaf_b", "leaf_c"]);
+    for (leaf, want) in [("leaf_a", 0.6), ("leaf_b", 0.3), ("leaf_c", 0.1)] {
+        let got = shares[leaf];
+        assert!(
+            (got - want).abs() <= 0.10,
+            "{leaf}: {:.1} % in the container's recording, expected {:.0} % ± 10 pp ({shares:?})",
+            got * 100.0,
+            want * 100.0
+        );
+    }
+    drop(dockerd);
+    let _ = std::fs::remove_dir_all(&dir);
+}
