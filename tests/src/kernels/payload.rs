@@ -79,6 +79,10 @@ pub fn script(setup: &Setup, results: &Path, sizes: Sizes) -> String {
 R={r}
 BIN={bin}
 export HOME=/root
+# pyrometer writes the full log of a program the verifier refused under $TMPDIR: keep them
+# with the results (a guest's /tmp is gone when it powers off).
+mkdir -p "$R/tmp"
+export TMPDIR="$R/tmp"
 date +%s.%N > "$R/started"
 uname -r > "$R/uname"
 step() {{
