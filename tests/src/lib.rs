@@ -2,6 +2,7 @@
 //! privilege probe that prints why a test is skipped, and readers for what `record` writes.
 
 pub mod cluster;
+pub mod kernels;
 pub mod python;
 
 use std::collections::HashMap;

@@ -8,11 +8,13 @@
 //! - `bench` overhead figures measured side by side (see bench.rs)
 //! - `book`  check the book's links and build it into `target/book` (also part of `test`)
 //! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
+//! - `kernels [NAME...]` the kernel matrix under qemu, with a summary table (see kernels.rs)
 
 mod allocbench;
 mod bench;
 mod book;
 mod bpfcost;
+mod kernels;
 mod man;
 mod pybench;
 
@@ -62,6 +64,14 @@ const DEPS: &[(&str, &str)] = &[
         "/usr/lib/python3/dist-packages/yaml/__init__.py",
     ),
     ("docker.io", "/usr/sbin/dockerd"),
+    // The kernel matrix (tests/src/kernels): Debian kernels booted under qemu with a busybox
+    // initramfs; depmod, xz and zstd prepare their modules.
+    ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
+    ("seabios", "/usr/share/seabios/bios-256k.bin"),
+    ("busybox-static", "/usr/share/doc/busybox-static"),
+    ("kmod", "/usr/bin/kmod"),
+    ("xz-utils", "/usr/bin/xz"),
+    ("zstd", "/usr/bin/zstd"),
 ];
 
 fn main() -> Result<()> {
@@ -81,8 +91,9 @@ fn main() -> Result<()> {
             deps()?;
             bpfcost::verifier(&root)
         }
+        Some("kernels") => kernels::kernels(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <deps|demo|test|bench|book|verifier>");
+            eprintln!("usage: cargo xtask <deps|demo|test|bench|book|verifier|kernels [NAME...]>");
             std::process::exit(2);
         }
     }
