@@ -436,22 +436,24 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 	if (!unwind_dwarf)
 		return -1;
 	REJECT_IF(REJECT_DWARF);
-	struct pt_regs regs;
-	if (user_regs) {
-		regs = *user_regs;
-	} else {
-		struct task_struct *task = bpf_get_current_task_btf();
-		struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(task);
-		if (bpf_probe_read_kernel(&regs, sizeof(regs), saved))
-			return 0;
-	}
+	// Three registers, not a copy of pt_regs: 6.1's verifier caps the stack of the whole
+	// call chain (this program, dwarf_walk, its callback, the searches) at 512 bytes.
 	struct dwarf_walk_args a = {
-		.pc = regs.rip,
-		.sp = regs.rsp,
-		.bp = regs.rbp,
 		.pid = tgid,
 		.which = which,
 	};
+	if (user_regs) {
+		a.pc = user_regs->rip;
+		a.sp = user_regs->rsp;
+		a.bp = user_regs->rbp;
+	} else {
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (bpf_probe_read_kernel(&a.pc, sizeof(a.pc), &saved->rip) ||
+		    bpf_probe_read_kernel(&a.sp, sizeof(a.sp), &saved->rsp) ||
+		    bpf_probe_read_kernel(&a.bp, sizeof(a.bp), &saved->rbp))
+			return 0;
+	}
 	int frames = dwarf_walk(&a);
 	if (frames < 0)
 		return -1;
