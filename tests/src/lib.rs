@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod python;
+pub mod ray_cluster;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
