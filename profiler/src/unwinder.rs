@@ -9,7 +9,7 @@
 //! fit, tables that no live process maps any more are evicted, oldest first.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -62,9 +62,10 @@ pub struct UnwinderStats {
 }
 
 pub struct Unwinder {
-    /// The mapped array: one ROW_SLOT-byte slot per row.
-    rows: *mut u8,
-    mmap_len: usize,
+    /// The BPF_F_MMAPABLE row array (one ROW_SLOT-byte slot per row), mapped only while a
+    /// table is written into it: a mapping kept open holds all its pages in the agent's
+    /// resident set, though the rows live in the map's kernel memory either way.
+    rows: OwnedFd,
     procs: BpfHashMap<MapData, u32, ProcessUnwind>,
     tables: HashMap<TableKey, Option<LoadedTable>>,
     /// Free row ranges (first, count), kept sorted by first.
@@ -81,28 +82,17 @@ impl Unwinder {
         capacity: u32,
         procs: BpfHashMap<MapData, u32, ProcessUnwind>,
     ) -> Result<Self, UnwinderError> {
-        let page = 4096usize;
-        let bytes = capacity as usize * ROW_SLOT;
-        let mmap_len = bytes.div_ceil(page) * page;
-        // SAFETY: maps a BPF array created with BPF_F_MMAPABLE, at its size. The mapping
-        // holds its own reference to the map, so the fd may close; it is unmapped on drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mmap_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                rows_map.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(UnwinderError::Mmap(std::io::Error::last_os_error()));
-        }
+        // The duplicate keeps the map alive after `rows_map` closes its own descriptor.
+        let rows = rows_map
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(UnwinderError::Mmap)?;
         drop(rows_map);
+        // Fails here, at load, if the array cannot be mapped at all.
+        RowWindow::map(&rows, 0, 1)?;
         Ok(Self {
-            rows: ptr.cast(),
-            mmap_len,
+            rows,
             procs,
             tables: HashMap::new(),
             free: vec![(0, capacity)],
@@ -240,7 +230,12 @@ impl Unwinder {
 
     fn build(&mut self, path: &Path) -> Option<LoadedTable> {
         let started = std::time::Instant::now();
-        let bytes = std::fs::read(path).ok()?;
+        // Mapped, not read: a copy of a large binary on the heap would keep the allocator's
+        // high-water mark long after the table is built.
+        let file = std::fs::File::open(path).ok()?;
+        // SAFETY: a read-only private mapping; a binary rewritten underneath (not done to
+        // mapped executables) could only make the table wrong, which the walk tolerates.
+        let bytes = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         let loads = load_segments(&bytes);
         let table = pyrometer_unwind::build_table(&bytes);
         self.stats.build_ns += started.elapsed().as_nanos() as u64;
@@ -259,12 +254,12 @@ impl Unwinder {
                 return None;
             }
         };
-        for (i, &row) in table.rows.iter().enumerate() {
-            // SAFETY: slot first + i < first + count lies inside the mapped array (allocate
-            // only hands out ranges within capacity); slots are 8-byte aligned and 16 bytes.
-            unsafe {
-                let slot = self.rows.add((first as usize + i) * ROW_SLOT);
-                std::ptr::write(slot.cast::<UnwindRow>(), row);
+        match RowWindow::map(&self.rows, first, count) {
+            Ok(window) => window.write(&table.rows),
+            Err(_) => {
+                self.free_range(first, count);
+                self.stats.tables_failed += 1;
+                return None;
             }
         }
         self.stats.tables_built += 1;
@@ -323,10 +318,62 @@ impl Unwinder {
     }
 }
 
-impl Drop for Unwinder {
+/// Rows `first..first + count` of the array, mapped read-write until dropped.
+struct RowWindow {
+    base: *mut u8,
+    len: usize,
+    /// Offset of row `first` from `base` (the mapping starts on a page boundary).
+    skip: usize,
+    count: u32,
+}
+
+impl RowWindow {
+    fn map(rows: &OwnedFd, first: u32, count: u32) -> Result<Self, UnwinderError> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = first as usize * ROW_SLOT;
+        let end = start + count as usize * ROW_SLOT;
+        let offset = start / page * page;
+        let len = end.div_ceil(page) * page - offset;
+        // SAFETY: maps pages of a BPF array created with BPF_F_MMAPABLE, within its size
+        // (allocate only hands out rows below capacity); unmapped on drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                rows.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(UnwinderError::Mmap(std::io::Error::last_os_error()));
+        }
+        Ok(Self {
+            base: base.cast(),
+            len,
+            skip: start - offset,
+            count,
+        })
+    }
+
+    fn write(&self, rows: &[UnwindRow]) {
+        for (i, &row) in rows.iter().take(self.count as usize).enumerate() {
+            // SAFETY: slot i < count lies inside the window; slots are 8-byte aligned (the
+            // window starts on a page) and ROW_SLOT bytes long.
+            unsafe {
+                let slot = self.base.add(self.skip + i * ROW_SLOT);
+                std::ptr::write(slot.cast::<UnwindRow>(), row);
+            }
+        }
+    }
+}
+
+impl Drop for RowWindow {
     fn drop(&mut self) {
-        // SAFETY: the region mapped in `new`, unmapped once.
-        unsafe { libc::munmap(self.rows.cast(), self.mmap_len) };
+        // SAFETY: the region mapped in `map`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
