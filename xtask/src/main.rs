@@ -6,6 +6,7 @@
 //! - `test`  fmt check, clippy `-D warnings`, the whole suite with nextest
 //! - `bench` overhead figures measured side by side (see bench.rs)
 
+mod agentbench;
 mod allocbench;
 mod bench;
 mod pybench;
