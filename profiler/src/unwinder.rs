@@ -11,11 +11,11 @@
 //! `pyrometer_ebpf::bucket_index`), so the kernel searches a few rows a frame, not the table.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, UnwindRow, bucket_index};
+use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, bucket_index};
 
 use crate::procs::{BinaryKey, MappingKind, Process};
 
@@ -66,43 +66,93 @@ pub struct UnwinderStats {
     pub build_ns: u64,
 }
 
-/// A BPF_F_MMAPABLE array mapped into our address space, to write without system calls.
-struct Mapped {
-    ptr: *mut u8,
-    len: usize,
+/// A BPF_F_MMAPABLE array, mapped only while something is written into it: a mapping kept
+/// open holds all its pages in the agent's resident set, though the data lives in the map's
+/// kernel memory either way.
+struct MmapArray {
+    fd: OwnedFd,
+    /// Bytes per element (the kernel rounds values up to 8 bytes).
+    slot: usize,
 }
 
-impl Mapped {
-    fn new(map: MapData, bytes: usize) -> Result<Self, UnwinderError> {
-        let page = 4096usize;
-        let len = bytes.div_ceil(page) * page;
-        // SAFETY: maps a BPF array created with BPF_F_MMAPABLE, at its size. The mapping
-        // holds its own reference to the map, so the fd may close; it is unmapped on drop.
-        let ptr = unsafe {
+impl MmapArray {
+    fn new(map: MapData, slot: usize) -> Result<Self, UnwinderError> {
+        // The duplicate keeps the map alive after `map` closes its own descriptor.
+        let fd = map
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(UnwinderError::Mmap)?;
+        drop(map);
+        let array = Self { fd, slot };
+        // Fails here, at load, if the array cannot be mapped at all.
+        array.window(0, 1)?;
+        Ok(array)
+    }
+
+    /// Elements `first..first + count`, mapped read-write until the window is dropped.
+    fn window(&self, first: u32, count: u32) -> Result<Window, UnwinderError> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = first as usize * self.slot;
+        let end = start + count as usize * self.slot;
+        let offset = start / page * page;
+        let len = end.div_ceil(page) * page - offset;
+        // SAFETY: maps pages of a BPF array created with BPF_F_MMAPABLE, within its size
+        // (the allocators only hand out elements below capacity); unmapped on drop.
+        let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
-                0,
+                self.fd.as_raw_fd(),
+                offset as libc::off_t,
             )
         };
-        if ptr == libc::MAP_FAILED {
+        if base == libc::MAP_FAILED {
             return Err(UnwinderError::Mmap(std::io::Error::last_os_error()));
         }
-        drop(map);
-        Ok(Self {
-            ptr: ptr.cast(),
+        Ok(Window {
+            base: base.cast(),
             len,
+            skip: start - offset,
+            count: count as usize,
+            slot: self.slot,
         })
     }
 }
 
-impl Drop for Mapped {
+/// Some elements of an [`MmapArray`], mapped.
+struct Window {
+    base: *mut u8,
+    len: usize,
+    /// Offset of the first element from `base` (the mapping starts on a page boundary).
+    skip: usize,
+    count: usize,
+    slot: usize,
+}
+
+impl Window {
+    /// Writes `values` into the window's elements, in order (at most its count).
+    fn write<T: Copy>(&self, values: &[T]) {
+        debug_assert!(size_of::<T>() <= self.slot);
+        for (i, &v) in values.iter().take(self.count).enumerate() {
+            // SAFETY: element i < count lies inside the window; elements are 8-byte aligned
+            // (the window starts on a page and slots are multiples of 8) and `slot` bytes
+            // long, at least size_of::<T>().
+            unsafe {
+                let at = self.base.add(self.skip + i * self.slot);
+                std::ptr::write(at.cast::<T>(), v);
+            }
+        }
+    }
+}
+
+impl Drop for Window {
     fn drop(&mut self) {
-        // SAFETY: the region mapped in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        // SAFETY: the region mapped in `MmapArray::window`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
@@ -140,10 +190,10 @@ impl Ranges {
 }
 
 pub struct Unwinder {
-    /// The mapped row array: one ROW_SLOT-byte slot per row.
-    rows: Mapped,
-    /// The mapped bucket indexes: one u64 per entry.
-    index: Mapped,
+    /// The row array: one ROW_SLOT-byte slot per row.
+    rows: MmapArray,
+    /// The bucket indexes: one u64 per entry.
+    index: MmapArray,
     procs: BpfHashMap<MapData, u32, ProcessUnwind>,
     tables: HashMap<TableKey, Option<LoadedTable>>,
     free: Ranges,
@@ -164,8 +214,8 @@ impl Unwinder {
         procs: BpfHashMap<MapData, u32, ProcessUnwind>,
     ) -> Result<Self, UnwinderError> {
         Ok(Self {
-            rows: Mapped::new(rows_map, capacity as usize * ROW_SLOT)?,
-            index: Mapped::new(index_map, index_capacity as usize * 8)?,
+            rows: MmapArray::new(rows_map, ROW_SLOT)?,
+            index: MmapArray::new(index_map, 8)?,
             procs,
             tables: HashMap::new(),
             free: Ranges(vec![(0, capacity)]),
@@ -309,7 +359,12 @@ impl Unwinder {
 
     fn build(&mut self, path: &Path) -> Option<LoadedTable> {
         let started = std::time::Instant::now();
-        let bytes = std::fs::read(path).ok()?;
+        // Mapped, not read: a copy of a large binary on the heap would keep the allocator's
+        // high-water mark long after the table is built.
+        let file = std::fs::File::open(path).ok()?;
+        // SAFETY: a read-only private mapping; a binary rewritten underneath (not done to
+        // mapped executables) could only make the table wrong, which the walk tolerates.
+        let bytes = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         let loads = load_segments(&bytes);
         let table = pyrometer_unwind::build_table(&bytes);
         self.stats.build_ns += started.elapsed().as_nanos() as u64;
@@ -328,27 +383,28 @@ impl Unwinder {
                 return None;
             }
         };
-        for (i, &row) in table.rows.iter().enumerate() {
-            // SAFETY: slot first + i < first + count lies inside the mapped array (allocate
-            // only hands out ranges within capacity); slots are 8-byte aligned and 16 bytes.
-            unsafe {
-                let slot = self.rows.ptr.add((first as usize + i) * ROW_SLOT);
-                std::ptr::write(slot.cast::<UnwindRow>(), row);
+        match self.rows.window(first, count) {
+            Ok(window) => window.write(&table.rows),
+            Err(_) => {
+                self.free.give_back(first, count);
+                self.stats.tables_failed += 1;
+                return None;
             }
         }
         let buckets = bucket_index(&table.rows);
         let index = u32::try_from(buckets.len())
             .ok()
             .and_then(|n| Some((self.index_free.take(n)?, n)))
-            .map(|(at, n)| {
-                for (i, &b) in buckets.iter().enumerate() {
-                    // SAFETY: entry at + i < at + n lies inside the mapped index array
-                    // (take only hands out ranges within capacity); u64-aligned.
-                    unsafe {
-                        std::ptr::write(self.index.ptr.cast::<u64>().add(at as usize + i), b);
-                    }
+            .and_then(|(at, n)| match self.index.window(at, n) {
+                Ok(window) => {
+                    window.write(&buckets);
+                    Some((at, n, table.rows[0].pc))
                 }
-                (at, n, table.rows[0].pc)
+                Err(_) => {
+                    // Without its index the kernel searches the whole table.
+                    self.index_free.give_back(at, n);
+                    None
+                }
             });
         self.stats.tables_built += 1;
         self.stats.rows_used += u64::from(count);

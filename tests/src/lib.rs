@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod kernels;
 pub mod python;
+pub mod ray_cluster;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -12,12 +12,17 @@ use pyrometer_e2e::*;
 /// One line of the GIL table.
 #[derive(Debug, Clone)]
 struct Row {
+    /// The thread's time in seconds (its first GIL event to its last).
+    time: f64,
     on_cpu: f64,
     holds: f64,
     waits: f64,
+    /// Runnable but not running; None when the scheduler's statistics were not readable.
+    preempted: Option<f64>,
 }
 
-/// The table's thread lines: `name tid time on-CPU% holds% waits% contended/acquisitions`.
+/// The table's thread lines:
+/// `name tid time on-CPU% holds% waits% preempted% contended/acquisitions`.
 fn table(stderr: &str) -> HashMap<String, Row> {
     let mut rows = HashMap::new();
     let mut inside = false;
@@ -34,17 +39,19 @@ fn table(stderr: &str) -> HashMap<String, Row> {
         }
         let fields: Vec<&str> = line.split_whitespace().collect();
         let n = fields.len();
-        if n < 7 {
+        if n < 8 {
             continue;
         }
         let pct = |s: &str| s.trim_end_matches('%').parse::<f64>().unwrap();
-        let name = fields[..n - 6].join(" ");
+        let name = fields[..n - 7].join(" ");
         rows.insert(
             name,
             Row {
-                on_cpu: pct(fields[n - 4]),
-                holds: pct(fields[n - 3]),
-                waits: pct(fields[n - 2]),
+                time: fields[n - 6].trim_end_matches('s').parse().unwrap(),
+                on_cpu: pct(fields[n - 5]),
+                holds: pct(fields[n - 4]),
+                waits: pct(fields[n - 3]),
+                preempted: (fields[n - 2] != "-").then(|| pct(fields[n - 2])),
             },
         );
     }
@@ -67,8 +74,21 @@ fn record_gil(python: &Interpreter, mode: &str, out: &Path, extra: &[&str]) -> S
     stderr(&result)
 }
 
-/// Four spinners: each holds ~25 % and waits ~75 % (±10 pp) of its time; the contended waits
-/// are in the gil_wait type under spin().
+/// Four spinners: each holds ~25 % and waits ~75 % (±10 pp) of its time on an idle machine;
+/// the contended waits are in the gil_wait type under spin().
+///
+/// On a busy machine the scheduler decides much of it: a preempted holder holds longer, and a
+/// thread that dropped the GIL waits for a CPU (in drop_gil, then on its way back to
+/// take_gil) neither holding nor waiting. So what is checked is what stays true however busy
+/// the machine is, scaled by each thread's measured run-queue share `p` (the table's
+/// `preempted`, ~0 when idle, where the checks are as tight as before):
+/// - one holder at a time: the spinners' holds add up to the time they spun, and the three
+///   others wait (or hand over) meanwhile: their waits add up to 1.5–3.05 times it;
+/// - hold and wait never overlap, and together cover the thread's time but for run-queue
+///   waits, which are a part of its hand-overs only: max(90 − p, 50) ≤ holds + waits ≤ 101;
+/// - a thread holding the GIL in spin() never sleeps: holds ≤ on-CPU + p (+10 pp sampling);
+/// - fair shares: |holds − 25| ≤ 10 + p/2 (preemption shifts wall time between holding and
+///   waiting at the scheduler's whim).
 fn check_four_spinners(python: &Interpreter) {
     if !python.present() {
         return;
@@ -78,27 +98,42 @@ fn check_four_spinners(python: &Interpreter) {
     let out = dir.join("gil.pb.gz");
     let err = record_gil(python, "cpu4", &out, &[]);
     let rows = table(&err);
+    let (mut held_s, mut waited_s, mut spun_s) = (0.0, 0.0, 0.0f64);
     for k in 0..4 {
         let name = format!("spinner-{k}");
         let r = rows
             .get(&name)
             .unwrap_or_else(|| panic!("{label}: no {name} in the table:\n{err}"));
+        let p = r.preempted.unwrap_or(0.0);
+        held_s += r.holds / 100.0 * r.time;
+        waited_s += r.waits / 100.0 * r.time;
+        spun_s = spun_s.max(r.time);
         assert!(
-            (r.holds - 25.0).abs() <= 10.0,
-            "{label}: {name} holds {:.1} %:\n{err}",
+            (r.holds - 25.0).abs() <= 10.0 + p / 2.0,
+            "{label}: {name} holds {:.1} % (preempted {p:.1} %):\n{err}",
             r.holds
         );
+        let covered = r.holds + r.waits;
         assert!(
-            (r.waits - 75.0).abs() <= 10.0,
-            "{label}: {name} waits {:.1} %:\n{err}",
+            covered <= 101.0 && covered >= (90.0 - p).max(50.0),
+            "{label}: {name} holds {:.1} % and waits {:.1} % (preempted {p:.1} %):\n{err}",
+            r.holds,
             r.waits
         );
         assert!(
-            r.on_cpu > 10.0,
-            "{label}: {name} on-CPU {:.1} %:\n{err}",
+            r.on_cpu > 0.0 && r.holds <= r.on_cpu + p + 10.0,
+            "{label}: {name} holds {:.1} %, on-CPU {:.1} %, preempted {p:.1} %:\n{err}",
+            r.holds,
             r.on_cpu
         );
     }
+    // Someone spins, so someone holds: all the time but the hand-overs, never more.
+    let (held, waited) = (held_s / spun_s, waited_s / spun_s);
+    assert!(
+        (0.8..=1.02).contains(&held) && (1.5..=3.05).contains(&waited),
+        "{label}: the spinners held the GIL {held:.2}x and waited {waited:.2}x of their \
+         {spun_s:.2}s:\n{err}"
+    );
     // The wait flame graph: contended waits by the Python line that waited.
     let folded = dir.join("wait.folded");
     let report = pyrometer(&[
@@ -112,14 +147,27 @@ fn check_four_spinners(python: &Interpreter) {
     assert_ok(&report);
     let stacks = read_folded(&folded);
     let total: u64 = stacks.iter().map(|s| s.count).sum();
-    let in_spin: u64 = stacks
-        .iter()
-        .filter(|s| s.frames.iter().any(|f| f.starts_with("spin (")))
-        .map(|s| s.count)
-        .sum();
+    // The spinners wait in spin(); the main thread's waits (starting them, under
+    // Thread.start) count in the total but not here: on a busy machine they are a fifth of it.
+    let p = read_pprof(&out);
+    let wait = pprof_type(&p, "gil_wait");
+    let (mut spinners, mut in_spin) = (0i64, 0i64);
+    for s in pprof_samples(&p) {
+        if !s
+            .labels
+            .get("thread")
+            .is_some_and(|t| t.starts_with("spinner-"))
+        {
+            continue;
+        }
+        spinners += s.values[wait];
+        if s.functions.iter().any(|f| f.starts_with("spin")) {
+            in_spin += s.values[wait];
+        }
+    }
     assert!(
-        in_spin as f64 >= 0.8 * total as f64,
-        "{label}: {in_spin} of {total} ns of GIL wait under spin()"
+        in_spin as f64 >= 0.8 * spinners as f64,
+        "{label}: {in_spin} of the spinners' {spinners} ns of GIL wait under spin()"
     );
     // 4 threads x 2 s x ~75 %: several seconds of waiting.
     assert!(total > 2_000_000_000, "{label}: {total} ns of GIL wait");
@@ -204,7 +252,10 @@ fn ended_threads_keep_their_names() {
 }
 
 /// One spinner and three sleepers: the sleepers are off-CPU in time.sleep, not waiting for
-/// the GIL, and no off-CPU stack is a GIL wait.
+/// the GIL, and no off-CPU stack is a GIL wait. A sleeper that wakes waits for the spinner to
+/// drop the GIL, which takes the spinner a CPU: on a busy machine its run-queue time stretches
+/// those waits, so the sleepers' bound (5 % when idle) grows by a quarter of the spinner's
+/// preempted share (sleep counted as waiting would be ~95 %).
 #[test]
 fn sleepers_are_off_cpu_not_waiting() {
     if !privileged() {
@@ -219,13 +270,15 @@ fn sleepers_are_off_cpu_not_waiting() {
         let out = dir.join("gil.pb.gz");
         let err = record_gil(&python, "sleepers", &out, &["--off-cpu"]);
         let rows = table(&err);
+        let spinner = &rows["spinner-0"];
+        let bound = 5.0 + spinner.preempted.unwrap_or(0.0) / 4.0;
         for k in 0..3 {
             let name = format!("sleeper-{k}");
             let r = rows
                 .get(&name)
                 .unwrap_or_else(|| panic!("{label}: no {name}:\n{err}"));
             assert!(
-                r.waits < 5.0,
+                r.waits < bound,
                 "{label}: {name} waits {:.1} %:\n{err}",
                 r.waits
             );
@@ -235,7 +288,6 @@ fn sleepers_are_off_cpu_not_waiting() {
                 r.on_cpu
             );
         }
-        let spinner = &rows["spinner-0"];
         assert!(spinner.holds > 85.0, "{label}: {spinner:?}\n{err}");
 
         let p = read_pprof(&out);

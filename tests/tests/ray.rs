@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::process::Command;
 
+use pyrometer_e2e::ray_cluster::{self, Cluster};
 use pyrometer_e2e::*;
 
 /// Each sample's labels, function names and sample count.
@@ -71,119 +72,6 @@ fn ray_task_labels_follow_the_title_at_sample_time() {
     );
 }
 
-/// The Ray venv `cargo xtask test` makes (`target/ray-venv`, ray from the Python registry).
-fn ray_venv() -> Option<std::path::PathBuf> {
-    let venv = std::env::var_os("PYROMETER_RAY_VENV")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ray-venv")
-        });
-    if venv.join("bin/ray").exists() {
-        Some(venv)
-    } else {
-        println!(
-            "skipping: no Ray at {} (cargo xtask test installs it from the Python registry)",
-            venv.display()
-        );
-        None
-    }
-}
-
-/// A private local Ray cluster: `ray start --head` in a session of its own, all of whose
-/// processes (GCS, raylet, workers) are killed on drop, so nothing outlives the test.
-struct Cluster {
-    session: i32,
-    address: String,
-    temp: std::path::PathBuf,
-}
-
-impl Cluster {
-    fn start(venv: &std::path::Path) -> Cluster {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        // Short: Ray's Unix socket paths under it must stay below 108 bytes.
-        let temp = std::path::PathBuf::from(format!("/tmp/pyro-ray-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&temp);
-        std::fs::create_dir_all(&temp).unwrap();
-        let child = Command::new("setsid")
-            .arg(venv.join("bin/ray"))
-            .args([
-                "start",
-                "--head",
-                &format!("--port={port}"),
-                "--num-cpus=2",
-                "--include-dashboard=false",
-                "--disable-usage-stats",
-                "--object-store-memory=100000000",
-            ])
-            .arg(format!("--temp-dir={}", temp.display()))
-            // Without this Ray prestarts workers before the driver connects, and those keep
-            // the nil job id for life.
-            .env("RAY_prestart_worker_first_driver", "0")
-            .env("RAY_USAGE_STATS_ENABLED", "0")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("ray start");
-        // setsid runs `ray start` as the leader of a new session: its id is the child's pid,
-        // and the daemons it starts (and their workers) stay in that session.
-        let cluster = Cluster {
-            session: child.id() as i32,
-            address: format!("127.0.0.1:{port}"),
-            temp,
-        };
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "ray start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        cluster
-    }
-
-    /// Processes of the cluster's session.
-    fn members(&self) -> Vec<i32> {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
-                    // state ppid pgrp session
-                    rest.split_whitespace().nth(3) == Some(&self.session.to_string())
-                })
-            })
-            .collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for _ in 0..100 {
-            let members = self.members();
-            if members.is_empty() {
-                break;
-            }
-            for pid in members {
-                // SAFETY: plain kill(2) of processes this test started.
-                unsafe { libc_kill(pid, 9) };
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        let _ = std::fs::remove_dir_all(&self.temp);
-    }
-}
-
-unsafe extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
-}
-
 /// A real local Ray cluster (ray from the Python registry): two remote task types and an
 /// actor method doing 3:2:1 units of pure-Python work on reused workers
 /// (fixtures/ray_workload.py). The profile's ray_task/ray_actor/ray_job labels must split
@@ -193,12 +81,17 @@ fn real_ray_cluster_tasks_and_actor() {
     if !privileged() {
         return;
     }
-    let Some(venv) = ray_venv() else {
+    let Some(venv) = ray_cluster::venv() else {
         return;
     };
     let dir = scratch("ray-real");
     let out = dir.join("ray.pb.gz");
     let cluster = Cluster::start(&venv);
+    let exposed = cluster.non_loopback_listeners();
+    assert!(
+        exposed.is_empty(),
+        "Ray listens beyond loopback: {exposed:?}"
+    );
     // Every Ray worker, those running and those Ray starts later (comm `ray::IDLE`, ...).
     let mut record = Command::new(pyrometer_bin())
         .args([
@@ -234,14 +127,15 @@ fn real_ray_cluster_tasks_and_actor() {
             break;
         }
     }
-    let workload = Command::new(venv.join("bin/python"))
+    let mut driver = Command::new(venv.join("bin/python"));
+    driver
         .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/ray_workload.py"))
-        .args(["--rounds", "12"])
-        .env("RAY_ADDRESS", &cluster.address)
-        .output()
-        .expect("the Ray driver");
+        .args(["--rounds", "12"]);
+    cluster.driver(&mut driver);
+    let workload = driver.output().expect("the Ray driver");
+    let exposed = cluster.non_loopback_listeners();
     // SAFETY: plain kill(2) of our child: SIGINT ends the recording and writes the profile.
-    unsafe { libc_kill(record.id() as i32, 2) };
+    unsafe { libc::kill(record.id() as i32, libc::SIGINT) };
     let status = record.wait().unwrap();
     log.extend(stderr_lines.try_iter());
     let text = String::from_utf8_lossy(&workload.stdout).into_owned();
@@ -252,6 +146,10 @@ fn real_ray_cluster_tasks_and_actor() {
     );
     drop(cluster);
     assert!(status.success(), "record: {}", log.join("\n"));
+    assert!(
+        exposed.is_empty(),
+        "Ray listens beyond loopback: {exposed:?}"
+    );
 
     // The workload's own account: job, pids per task type, the CPU split it measured.
     let field = |line: &str, key: &str| -> String {

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side,
 //! then the Python overhead against py-spy (pybench.rs), the allocation probes' cost
-//! (allocbench.rs), DWARF unwinding costs and the collector's ingest and query figures.
+//! (allocbench.rs), DWARF unwinding costs, the always-on agent's footprint (agentbench.rs) and
+//! the collector's ingest and query figures.
 //!
 //! The workload (tests/fixtures/cpu631.c) times its own work loop, so pyrometer's start-up
 //! and symbolization are excluded. Runs alternate alone / under pyrometer, and the figures
@@ -41,7 +42,15 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 /// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
-const SECTIONS: [&str; 6] = ["cpu", "python", "alloc", "unwind", "bpf", "collector"];
+const SECTIONS: [&str; 7] = [
+    "cpu",
+    "python",
+    "alloc",
+    "unwind",
+    "bpf",
+    "agent",
+    "collector",
+];
 
 pub fn bench(root: &Path) -> Result<()> {
     let dir = root.join("target/bench");
@@ -77,6 +86,9 @@ pub fn bench(root: &Path) -> Result<()> {
     }
     if wanted("bpf") {
         crate::bpfcost::bench(root, &pyrometer, &dir)?;
+    }
+    if wanted("agent") {
+        crate::agentbench::bench(root, &pyrometer)?;
     }
     if wanted("collector") {
         collector_bench(root)?;

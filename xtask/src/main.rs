@@ -10,6 +10,7 @@
 //! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
 //! - `kernels [NAME...]` the kernel matrix under qemu, with a summary table (see kernels.rs)
 
+mod agentbench;
 mod allocbench;
 mod bench;
 mod book;

@@ -4,6 +4,11 @@
 //! first take_gil to its last GIL event (to the end of the recording while it still holds or
 //! waits), so threads that start late or end early are not diluted by the rest of the run; a
 //! thread that never took the GIL is measured against the whole recording.
+//!
+//! `preempted` is the thread's run-queue delay (`run_delay::RunDelays`): time it was runnable
+//! but had no CPU. On a busy machine that time hides inside "holds" (a holder preempted) and
+//! "waits" (a thread handed the GIL, waiting for a CPU), and a thread that dropped the GIL waits
+//! in drop_gil, neither holding nor waiting, until its successor gets a CPU.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
@@ -23,17 +28,21 @@ pub struct GilRow {
     pub contended: u64,
     /// The thread's time with the GIL probes (first take_gil to its last event), if any.
     pub life_ns: Option<u64>,
+    /// Time runnable but not running, when its scheduler statistics could be read.
+    pub preempted_ns: Option<u64>,
 }
 
 /// The rows: every thread the GIL probes saw, and every sampled thread of the same processes
 /// (a native thread that never takes the GIL still shows its CPU). Waits and holds still open
-/// at `now_ns` count up to it. `samples` is (pid, name, on-CPU samples) by tid.
+/// at `now_ns` count up to it. `samples` is (pid, name, on-CPU samples) by tid;
+/// `preempted_of` gives a thread's run-queue delay.
 pub fn rows(
     threads: &[(u32, GilThread)],
     samples: &HashMap<u32, (u32, String, u64)>,
     period_ns: u64,
     now_ns: u64,
     mut name_of: impl FnMut(u32, u32) -> Option<String>,
+    preempted_of: impl Fn(u32, u32) -> Option<u64>,
 ) -> Vec<GilRow> {
     let open = |start: u64| {
         if start != 0 && now_ns > start {
@@ -61,6 +70,7 @@ pub fn rows(
                 acquisitions: g.acquisitions,
                 contended: g.contended,
                 life_ns: (g.first_ns != 0 && end > g.first_ns).then(|| end - g.first_ns),
+                preempted_ns: None,
             },
         );
     }
@@ -79,6 +89,7 @@ pub fn rows(
             acquisitions: 0,
             contended: 0,
             life_ns: None,
+            preempted_ns: None,
         });
         row.on_cpu_ns = n.saturating_mul(period_ns);
         row.name = name.clone();
@@ -92,6 +103,7 @@ pub fn rows(
             } else if r.name.is_empty() {
                 r.name = "?".into();
             }
+            r.preempted_ns = preempted_of(r.pid, r.tid);
             r
         })
         .collect()
@@ -114,22 +126,33 @@ pub fn render(rows: &[GilRow], duration_ns: u64, comm_of: impl Fn(u32) -> String
             let _ = writeln!(out, "  pid {} ({}):", r.pid, comm_of(r.pid));
             let _ = writeln!(
                 out,
-                "    {:<width$} {:>8} {:>8} {:>8} {:>10} {:>14} {:>12}",
-                "thread", "tid", "time", "on-CPU", "holds GIL", "waits for GIL", "contended"
+                "    {:<width$} {:>8} {:>8} {:>8} {:>10} {:>14} {:>10} {:>12}",
+                "thread",
+                "tid",
+                "time",
+                "on-CPU",
+                "holds GIL",
+                "waits for GIL",
+                "preempted",
+                "contended"
             );
         }
         let life = r.life_ns.unwrap_or(duration_ns).max(1);
         let pct = |ns: u64| 100.0 * ns as f64 / life as f64;
         let name: String = r.name.chars().take(width).collect();
+        let preempted = r
+            .preempted_ns
+            .map_or_else(|| "-".to_string(), |ns| format!("{:.1}%", pct(ns)));
         let _ = writeln!(
             out,
-            "    {:<width$} {:>8} {:>7.2}s {:>7.1}% {:>9.1}% {:>13.1}% {:>12}",
+            "    {:<width$} {:>8} {:>7.2}s {:>7.1}% {:>9.1}% {:>13.1}% {:>10} {:>12}",
             name,
             r.tid,
             life as f64 / 1e9,
             pct(r.on_cpu_ns),
             pct(r.hold_ns),
             pct(r.wait_ns),
+            preempted,
             format!("{}/{}", r.contended, r.acquisitions),
         );
     }
@@ -161,11 +184,18 @@ mod tests {
         samples.insert(99, (98, "other process".to_string(), 5));
         // Names known at the end beat the samples' labels (tid 11 was sampled as MainThread
         // before it was named); tid 13 has only its samples' label.
-        let rows = rows(&threads, &samples, 10, 1000, |_, tid| match tid {
-            11 => Some("worker".to_string()),
-            12 => Some(format!("t{tid}")),
-            _ => None,
-        });
+        let rows = rows(
+            &threads,
+            &samples,
+            10,
+            1000,
+            |_, tid| match tid {
+                11 => Some("worker".to_string()),
+                12 => Some(format!("t{tid}")),
+                _ => None,
+            },
+            |_, tid| (tid == 11).then_some(125),
+        );
         assert_eq!(rows.len(), 3, "{rows:?}");
         assert_eq!(
             (
@@ -187,5 +217,10 @@ mod tests {
         // 300 ns held of the 500 ns it lived; the native thread's 10 ns of the 1000 recorded.
         assert!(text.contains("60.0%") && text.contains("4/10"), "{text}");
         assert!(text.contains("1.0%"), "{text}");
+        // 125 ns runnable of the 500 ns; no statistics for the others.
+        assert_eq!(rows[0].preempted_ns, Some(125));
+        assert!(text.contains("25.0%"), "{text}");
+        let line = |tid: &str| text.lines().find(|l| l.contains(tid)).unwrap();
+        assert_eq!(line("t12").split_whitespace().nth(6), Some("-"), "{text}");
     }
 }

@@ -10,6 +10,7 @@ pub mod merge;
 pub mod names;
 pub mod native;
 pub mod offsets;
+pub mod run_delay;
 pub mod threads;
 pub mod tracker;
 pub mod version;

@@ -31,6 +31,9 @@ pub use perfmap::{PerfMapEntry, parse_perf_map};
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 pub const UNKNOWN: &str = "[unknown]";
 
+/// Results kept at most (bounded memory); past it the cache starts over.
+pub const MAX_RESULTS: usize = 1 << 18;
+
 /// Directories searched for separate debug files unless configured otherwise.
 pub const DEFAULT_DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
 
@@ -99,8 +102,8 @@ impl Default for Symbolizer {
 }
 
 impl Symbolizer {
-    pub fn new() -> Self {
-        let blaze = blazesym::symbolize::Symbolizer::builder()
+    fn blaze() -> blazesym::symbolize::Symbolizer {
+        blazesym::symbolize::Symbolizer::builder()
             // Files do not change under a capture, and reload checks cost a stat per lookup.
             .enable_auto_reload(false)
             .enable_code_info(true)
@@ -108,9 +111,12 @@ impl Symbolizer {
             .enable_demangling(true)
             // We find debug files ourselves (by build-id too, which blazesym does not).
             .set_debug_dirs(Some(Vec::<PathBuf>::new()))
-            .build();
+            .build()
+    }
+
+    pub fn new() -> Self {
         Self {
-            blaze,
+            blaze: Self::blaze(),
             debug_dirs: DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect(),
             kallsyms_path: PathBuf::from("/proc/kallsyms"),
             perf_map_interval: crate::procs::DEFAULT_REFRESH_INTERVAL,
@@ -144,6 +150,14 @@ impl Symbolizer {
 
     pub fn stats(&self) -> SymbolizerStats {
         self.stats
+    }
+
+    /// Lets go of the files blazesym holds (mapped, with the symbol and DWARF tables parsed
+    /// from them), keeping the results and what is known of each binary. A long-running agent
+    /// calls it after each push: otherwise every binary a profile ever touched stays in its
+    /// resident set, on a busy node hundreds of MB. A later miss opens its file again.
+    pub fn release_files(&mut self) {
+        self.blaze = Self::blaze();
     }
 
     /// Symbolizes a user stack of `pid`: `addrs` are leaf first, the first the sampled IP, the
@@ -301,6 +315,9 @@ impl Symbolizer {
             return r.clone();
         }
         self.stats.cache_misses += 1;
+        if self.results.len() >= MAX_RESULTS {
+            self.results.clear();
+        }
         let r = info(self).and_then(|i| self.resolve(&i, lookup_offset));
         self.results.insert(key, r.clone());
         r

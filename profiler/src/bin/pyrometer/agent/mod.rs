@@ -53,6 +53,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // First thing: a SIGTERM during start-up (BPF verification takes a while) must stop the
     // agent cleanly, not kill it.
     signals::install();
+    // Large buffers (a binary parsed for its Python version, an encoded batch) come from
+    // mmap and go back to the kernel when freed. glibc's default raises that threshold after
+    // the first such free, and from then on they land in the heap, which never shrinks below
+    // its high-water mark: an always-on agent would keep its worst minute's memory for good.
+    // SAFETY: mallopt only tunes the allocator; no other thread runs yet.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
     let mut cfg = resolve(&args)?;
     let client = PushClient::new(
         &cfg.collector,
@@ -323,6 +329,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                     eprintln!("pyrometer agent: cannot spool a batch: {e:#}");
                 }
             }
+            symbolizer.release_files();
+            // The interval's profile and symbolization scratch are freed now: hand the pages
+            // back rather than keep the heap at its peak until the next push.
+            // SAFETY: malloc_trim only releases free memory of the allocator.
+            unsafe { libc::malloc_trim(0) };
         }
         if stopping {
             break;

@@ -435,7 +435,19 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut last_alive_check = Instant::now();
     let mut last_scan = Instant::now();
+    // The GIL table's preempted column: each Python thread's run-queue delay, read while the
+    // threads live (a `-- CMD`'s are gone by the time the table is made).
+    let mut run_delays = gil_on.then(pyrometer::python::run_delay::RunDelays::default);
+    let mut last_delay_poll: Option<Instant> = None;
     loop {
+        if let Some(d) = run_delays.as_mut()
+            && last_delay_poll.is_none_or(|t| t.elapsed() >= Duration::from_millis(50))
+        {
+            last_delay_poll = Some(Instant::now());
+            for pid in tables.python.pids() {
+                d.poll(pid);
+            }
+        }
         let notices = pipeline::pump(
             &mut sampler,
             &mut tables,
@@ -492,6 +504,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         }
     }
     let elapsed = started.elapsed();
+    if let Some(d) = run_delays.as_mut() {
+        for pid in tables.python.pids() {
+            d.poll(pid);
+        }
+    }
     let mut gpu_state = poller.map(Poller::stop);
     let capture_cpu_ns = self_cpu_ns().saturating_sub(cpu_at_start);
     // Samples taken just before the stop may still be in flight to the ring buffer.
@@ -533,6 +550,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                     .map(|n| n.to_string())
                     .or_else(|| thread_comm(pid, tid))
             },
+            |pid, tid| run_delays.as_ref()?.preempted_ns(pid, tid),
         );
         let comm = |pid: u32| {
             registry

@@ -1,0 +1,159 @@
+//! `cargo xtask bench` part `agent`: the always-on footprint. The release agent samples every
+//! process of the node at 19 Hz for a minute (BENCH_AGENT_SECONDS) while one CPU burner per
+//! CPU keeps the node busy, pushing to a collector on loopback; printed are its CPU share of
+//! one core after start-up and its resident memory, peak and steady (the median of the
+//! second half). A figure, not a pass/fail. BENCH_AGENT_COLLECTOR names a collector binary
+//! to push to instead of building the release one (its own cost is not measured).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// Kills and reaps the children it holds when dropped, on error paths too.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
+    let seconds: u64 = std::env::var("BENCH_AGENT_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let collector_bin = match std::env::var_os("BENCH_AGENT_COLLECTOR") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => {
+            crate::run(crate::cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "pyrometer-collector",
+                "--bin",
+                "pyrometer-collector",
+            ]))?;
+            pyrometer.with_file_name("pyrometer-collector")
+        }
+    };
+    let dir = root.join("target/bench/agent");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut children = Children(Vec::new());
+    children.0.push(
+        Command::new(&collector_bin)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(dir.join("collector"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", collector_bin.display()))?,
+    );
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for _ in 0..cpus {
+        children.0.push(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .context("starting a CPU burner")?,
+        );
+    }
+    let mut agent = Command::new(pyrometer)
+        .args(["agent", "-F", "19", "--node-name", "bench", "--no-gpu"])
+        .arg("--collector")
+        .arg(format!("http://127.0.0.1:{port}"))
+        .arg("--spool-dir")
+        .arg(dir.join("spool"))
+        .arg("--stats")
+        .arg(dir.join("stats.json"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the agent")?;
+    let pid = agent.id();
+    let stderr = agent.stderr.take().expect("piped");
+    children.0.push(agent);
+    // Start-up (BPF verification, the first scan) is over when it says where it pushes.
+    let mut lines = BufReader::new(stderr).lines();
+    let started = Instant::now();
+    loop {
+        let Some(line) = lines.next().transpose()? else {
+            bail!("the agent exited during start-up");
+        };
+        if line.contains("pushing every") {
+            break;
+        }
+    }
+    let startup_s = started.elapsed().as_secs_f64();
+    std::thread::spawn(move || lines.for_each(drop));
+    let cpu0 = cpu_ns(pid)?;
+    let t0 = Instant::now();
+    let mut rss_kb = Vec::new();
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        std::thread::sleep(Duration::from_secs(1));
+        rss_kb.push(status_kb(pid, "VmRSS:")?);
+    }
+    let cpu = (cpu_ns(pid)? - cpu0) as f64 / t0.elapsed().as_nanos() as f64;
+    let peak_kb = status_kb(pid, "VmHWM:")?;
+    let mut steady: Vec<f64> = rss_kb[rss_kb.len() / 2..]
+        .iter()
+        .map(|&k| k as f64)
+        .collect();
+    let steady_kb = crate::bench::median(&mut steady);
+    // SAFETY: kill(2) of our own child: SIGTERM makes it push what it has and write --stats.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let agent = children.0.last_mut().expect("the agent");
+    let _ = agent.wait();
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json"))?)?;
+    println!();
+    println!(
+        "agent footprint: {seconds} s at 19 Hz, every process, {cpus} CPUs busy ({cpus} burners); \
+         start-up {startup_s:.1} s"
+    );
+    println!(
+        "  CPU {:.3} % of one core; RSS peak {:.1} MB (start-up included), steady {:.1} MB; \
+         {} samples, {} pushed",
+        cpu * 100.0,
+        peak_kb as f64 / 1024.0,
+        steady_kb / 1024.0,
+        stats["samples"],
+        stats["samples_pushed"]
+    );
+    Ok(())
+}
+
+/// CPU time of every thread of `pid` (schedstat's on-CPU nanoseconds; the clock-tick
+/// counters of /proc/PID/stat are too coarse for a tenth of a percent over a minute).
+fn cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let text = std::fs::read_to_string(e?.path().join("schedstat")).unwrap_or_default();
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
+fn status_kb(pid: u32, key: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("the agent (pid {pid}) is gone"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no {key} in /proc/{pid}/status"))
+}
