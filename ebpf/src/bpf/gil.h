@@ -163,7 +163,7 @@ int gil_take_return(struct pt_regs *ctx)
 		return 0;
 	g->contended += 1;
 	rec->hdr.value = waited;
-	if (send_record(rec, record_size(&rec->hdr, sizeof(*rec))))
+	if (send_record_wake(rec, record_size(&rec->hdr, sizeof(*rec)), 1))
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_GIL_WAIT_EVENTS);

@@ -82,7 +82,9 @@ static __always_inline void offcpu_switch_in(struct task_struct *next)
 	__u64 blocked = now - rec->hdr.timestamp_ns;
 	if (blocked >= offcpu_min_ns) {
 		rec->hdr.value = blocked;
-		if (send_record(rec, record_size(&rec->hdr, sizeof(*rec))) != 0)
+		// Woken at once: the thread may end right after it wakes (a sleeper that exits),
+		// and the agent reads a thread's name while the thread is still there.
+		if (send_record_wake(rec, record_size(&rec->hdr, sizeof(*rec)), 1) != 0)
 			count(COUNTER_RINGBUF_DROPS);
 		else
 			count(COUNTER_OFFCPU_EVENTS);
