@@ -15,7 +15,7 @@ use crate::run;
 pub fn verifier(root: &Path) -> Result<()> {
     run(crate::cargo().args(["build", "-p", "pyrometer", "--bin", "pyrometer"]))?;
     let json = root.join("target/verifier.json");
-    let status = Command::new(root.join("target/debug/pyrometer"))
+    let status = Command::new(crate::debug_dir().join("pyrometer"))
         .arg("verifier")
         .arg("--json")
         .arg(&json)

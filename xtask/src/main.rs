@@ -171,6 +171,14 @@ fn npm_deps() -> Result<()> {
         .args(NPM_DEPS))
 }
 
+/// Where cargo puts debug binaries: `$CARGO_TARGET_DIR/debug` when set, else `target/debug`.
+pub(crate) fn debug_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("debug")
+}
+
 pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
@@ -295,7 +303,7 @@ fn test(extra: &[String]) -> Result<()> {
     ]))?;
     man::generate(&workspace_root())?;
     // The kernel in front of us: every program in every configuration within budget.
-    run(Command::new(workspace_root().join("target/debug/pyrometer")).arg("verifier"))?;
+    run(Command::new(debug_dir().join("pyrometer")).arg("verifier"))?;
     let has_nextest = cargo()
         .args(["nextest", "--version"])
         .output()

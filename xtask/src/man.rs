@@ -9,7 +9,7 @@ use anyhow::Result;
 
 pub fn generate(root: &Path) -> Result<()> {
     let dir = root.join("man");
-    let bin = root.join("target/debug");
+    let bin = crate::debug_dir();
     crate::run(
         Command::new(bin.join("pyrometer"))
             .args(["man", "--out-dir"])
