@@ -77,6 +77,7 @@ fn check_split(python: &Interpreter) {
     let script = source("py631.py");
     let six = "six (";
     let six_line = format!(":{})", line_of(&script, "# SIX_LINE"));
+    let six_def_line = format!(":{})", line_of(&script, "# SIX_LINE") - 1);
     let mut checked = 0;
     let mut unreadable = 0;
     for s in &stacks {
@@ -117,7 +118,10 @@ fn check_split(python: &Interpreter) {
             "{label}: {:?}",
             s.frames
         );
-        if s.frames[at].starts_with(six) {
+        // A sample can land on a frame that was pushed but has not run its first
+        // instruction yet: its line is then the `def` line, and nothing is above it.
+        let entering = at + 1 == s.frames.len() && s.frames[at].ends_with(&six_def_line);
+        if s.frames[at].starts_with(six) && !entering {
             assert!(
                 s.frames[at].ends_with(&six_line),
                 "{label}: six on line {six_line}: {:?}",

@@ -233,6 +233,10 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 		__u64 start = code + w->code_adaptive;
 		if (instr >= start && instr - start < PY_ADDR_UNKNOWN)
 			addr = instr - start;
+		else if (instr + 2 == start)
+			// 3.11/3.12 push a frame with prev_instr one code unit before its first
+			// instruction: the frame is entering, at its first line.
+			addr = 0;
 		if (w->frame_is_entry != PY_ABSENT && buf_u8(fb->bytes, w->frame_is_entry))
 			entry = PY_ENTRY_BIT;
 	}

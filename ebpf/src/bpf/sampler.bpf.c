@@ -99,7 +99,7 @@ static __always_inline void count(__u32 index)
 
 // Bytes waiting in the ring buffer past which a record wakes the agent (set at load time to
 // a quarter of the buffer). Below it records are sent without a wakeup and the agent reads
-// them on its next poll (every 100 ms at most): a wakeup is an irq_work, a self-interrupt,
+// them on its next poll (every 10-20 ms): a wakeup is an irq_work, a self-interrupt,
 // which costs ~3 us a sample in a virtual machine, more than the rest of a sample together.
 const volatile __u64 ringbuf_wakeup_bytes = 2 << 20;
 

@@ -251,7 +251,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut samples_total = 0u64;
     loop {
-        sampler.wait(Duration::from_millis(100));
+        sampler.wait(Duration::from_millis(20));
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);

@@ -454,7 +454,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             &mut registry,
             &mut capture,
             &mut batch,
-            Duration::from_millis(100),
+            Duration::from_millis(10),
         );
         for notice in notices {
             progress.suspend(|| eprintln!("pyrometer: {notice}"));
