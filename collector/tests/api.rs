@@ -1,5 +1,6 @@
 //! The collector in-process on a random port, driven over real gRPC and HTTP: auth, dedup,
-//! queries, errors, and malformed pushes that must never take it down.
+//! queries, errors, and malformed pushes that must never take it down. Each test runs
+//! against both stores (SQLite, and a private ClickHouse server).
 
 mod common;
 
@@ -7,21 +8,45 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{enc, get, profile, profile_of, push, request};
+use common::{Kind, TestStore, enc, get, profile, profile_of, push, request, test_store};
 use proptest::prelude::*;
 use pyrometer_collector::ingest::{self, Limits};
 use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::server::{AppState, router};
-use pyrometer_collector::sqlite::SqliteStore;
 
 const TOKEN: &str = "t0ken-for-tests";
 
-async fn start(name: &str) -> (SocketAddr, Arc<AppState>) {
-    let dir =
-        std::env::temp_dir().join(format!("pyrometer-collector-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+/// Runs the async test body `$f(kind)` once per store, each as its own test.
+macro_rules! for_each_store {
+    ($f:ident) => {
+        mod $f {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$f(super::Kind::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn clickhouse() {
+                super::$f(super::Kind::ClickHouse).await
+            }
+        }
+    };
+}
+
+for_each_store!(auth_dedup_queries_and_errors);
+for_each_store!(diff_of_two_ranges_and_of_two_label_sets);
+for_each_store!(malformed_pushes_are_refused_and_the_collector_keeps_serving);
+
+/// The collector on a random port over a fresh store of `kind` (kept alive by the guard).
+async fn start(name: &str, kind: Kind) -> (SocketAddr, Arc<AppState>, TestStore) {
+    let dir = std::env::temp_dir().join(format!(
+        "pyrometer-collector-{name}-{kind:?}-{}",
+        std::process::id()
+    ));
+    let guard = tokio::task::spawn_blocking(move || test_store(kind, &dir))
+        .await
+        .unwrap();
     let state = Arc::new(AppState {
-        store: Arc::new(SqliteStore::open(&dir).unwrap()),
+        store: guard.store.clone(),
         token: Some(TOKEN.into()),
         limits: Limits::default(),
         max_message_bytes: 1 << 20,
@@ -31,12 +56,11 @@ async fn start(name: &str) -> (SocketAddr, Arc<AppState>) {
     let addr = listener.local_addr().unwrap();
     let app = router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, state)
+    (addr, state, guard)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auth_dedup_queries_and_errors() {
-    let (addr, state) = start("api").await;
+async fn auth_dedup_queries_and_errors(kind: Kind) {
+    let (addr, state, _store) = start("api", kind).await;
     let now = pyrometer_collector::server::now_s();
     let body = request(
         "agent-1",
@@ -159,9 +183,8 @@ fn row<'a>(d: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
         .unwrap_or_else(|| panic!("no {function} in {d}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn diff_of_two_ranges_and_of_two_label_sets() {
-    let (addr, _state) = start("diff").await;
+async fn diff_of_two_ranges_and_of_two_label_sets(kind: Kind) {
+    let (addr, _state, _store) = start("diff", kind).await;
     let now = pyrometer_collector::server::now_s();
     let (old, new) = (now - 600, now - 60);
     // slow: 50 % of the samples, then 66.7 % (z ~ 13); a kernel frame under it is charged
@@ -308,9 +331,8 @@ async fn diff_of_two_ranges_and_of_two_label_sets() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_pushes_are_refused_and_the_collector_keeps_serving() {
-    let (addr, _state) = start("malformed").await;
+async fn malformed_pushes_are_refused_and_the_collector_keeps_serving(kind: Kind) {
+    let (addr, _state, _store) = start("malformed", kind).await;
     let valid = request(
         "a",
         1,

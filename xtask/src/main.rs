@@ -45,6 +45,9 @@ const DEPS: &[(&str, &str)] = &[
     // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),
+    // The collector's shared store: the tests start it by hand on loopback with a private
+    // data directory (no system service runs it).
+    ("clickhouse-server", "/usr/sbin/clickhouse-server"),
 ];
 
 fn main() -> Result<()> {
