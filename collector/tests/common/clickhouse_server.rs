@@ -164,3 +164,20 @@ impl Drop for ClickHouse {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+impl ClickHouse {
+    /// Runs one SQL statement as the test user (through curl) and returns the answer.
+    pub fn sql(&self, sql: &str) -> String {
+        let out = Command::new("curl")
+            .args(["-sS", "--fail-with-body", "-u"])
+            .arg(format!("{USER}:{PASSWORD}"))
+            .arg("--data-binary")
+            .arg(sql)
+            .arg(format!("http://127.0.0.1:{}/", self.port))
+            .output()
+            .expect("run curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{sql}: {text}");
+        text
+    }
+}
