@@ -2,6 +2,9 @@
 //! its own config and data directory, HTTP on a free loopback port, no system service. Stopped
 //! (and its directory removed) when dropped. Shared by the collector's tests and the e2e tests.
 
+// Each user (collector tests, e2e tests, the store benchmark) needs only part of it.
+#![allow(dead_code)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -179,5 +182,12 @@ impl ClickHouse {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{sql}: {text}");
         text
+    }
+}
+
+impl ClickHouse {
+    /// The server's process id (0 while stopped).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 }
