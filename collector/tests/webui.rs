@@ -1,7 +1,7 @@
 //! The web UI in real headless Chromium against the real `pyrometer-collector` binary, fed
 //! synthetic batches over gRPC: node list, flame graph per query, inferno's click-to-zoom and
 //! the compare view's differential flame graph and tables. Screenshots land in
-//! target/tmp/webui/ (paths printed) for a human to look at.
+//! target/tmp/webui-<store>/ (paths printed) for a human to look at. Runs against both stores.
 
 mod chromium;
 mod common;
@@ -12,31 +12,49 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chromium::Chromium;
-use common::{profile_of, push, request};
+use common::clickhouse_server::ClickHouse;
+use common::{Kind, profile_of, push, request};
 use serde_json::Value;
 
-/// The collector binary, killed when dropped.
+/// The collector binary, killed when dropped (before its ClickHouse server, if any).
 struct Collector {
     child: Child,
     addr: SocketAddr,
+    _clickhouse: Option<ClickHouse>,
 }
 
 impl Collector {
-    fn start(data_dir: &Path) -> Collector {
+    fn start(data_dir: &Path, kind: Kind) -> Collector {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_pyrometer-collector"))
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--data-dir")
-            .arg(data_dir)
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pyrometer-collector"));
+        cmd.arg("--listen").arg(addr.to_string());
+        let clickhouse = match kind {
+            Kind::Sqlite => {
+                cmd.arg("--data-dir").arg(data_dir);
+                None
+            }
+            Kind::ClickHouse => {
+                let server = ClickHouse::start(data_dir);
+                cmd.arg("--store")
+                    .arg(server.url("webui"))
+                    .arg("--store-credentials")
+                    .arg(server.credentials_file());
+                Some(server)
+            }
+        };
+        let child = cmd
             .stdin(Stdio::null())
             .spawn()
             .expect("start pyrometer-collector");
-        let c = Collector { child, addr };
+        let c = Collector {
+            child,
+            addr,
+            _clickhouse: clickhouse,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(addr).is_err() {
             assert!(Instant::now() < deadline, "collector not up on {addr}");
@@ -53,8 +71,8 @@ impl Drop for Collector {
     }
 }
 
-fn scratch() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("webui");
+fn scratch(kind: Kind) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("webui-{kind:?}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -142,9 +160,18 @@ fn has_frame(titles: &[String], name: &str) -> bool {
 }
 
 #[test]
-fn web_ui_lists_nodes_draws_zooms_and_compares() {
-    let dir = scratch();
-    let collector = Collector::start(&dir.join("data"));
+fn web_ui_lists_nodes_draws_zooms_and_compares_sqlite() {
+    web_ui_lists_nodes_draws_zooms_and_compares(Kind::Sqlite);
+}
+
+#[test]
+fn web_ui_lists_nodes_draws_zooms_and_compares_clickhouse() {
+    web_ui_lists_nodes_draws_zooms_and_compares(Kind::ClickHouse);
+}
+
+fn web_ui_lists_nodes_draws_zooms_and_compares(kind: Kind) {
+    let dir = scratch(kind);
+    let collector = Collector::start(&dir.join("data"), kind);
     seed(collector.addr);
     let mut page = Chromium::launch(&format!("http://{}/", collector.addr), &dir, 1400, 1000);
 
