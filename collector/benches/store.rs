@@ -234,6 +234,14 @@ fn main() {
     let nodes = env("BENCH_NODES", 100);
     let buckets = env("BENCH_BUCKETS", 360) as i64;
     let rows = env("BENCH_ROWS", 100);
+    // Queries only, over a SQLite store an earlier run left (its directory), e.g. to compare
+    // query changes without ingesting again.
+    if let Ok(dir) = std::env::var("BENCH_QUERY_SQLITE") {
+        let path = std::path::PathBuf::from(dir);
+        let store = SqliteStore::open(&path).expect("open the store");
+        queries(&Kind::Sqlite(path), &store, buckets);
+        return;
+    }
     let base =
         std::env::temp_dir().join(format!("pyrometer-collector-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
@@ -325,7 +333,14 @@ fn run(kind: &Kind, store: &dyn Store, nodes: usize, buckets: i64, rows: usize) 
         wire_bytes as f64 / samples as f64
     );
 
-    let from_s = first_bucket * BUCKET_SECONDS;
+    queries(kind, store, buckets);
+}
+
+/// An hour's queries over the store (the last `buckets` buckets before the cluster's "now").
+fn queries(kind: &Kind, store: &dyn Store, buckets: i64) {
+    let name = kind.name();
+    let now_s = 2_000_000_000;
+    let from_s = (now_s / BUCKET_SECONDS - buckets) * BUCKET_SECONDS;
     let to_s = now_s + 1;
     for (what, query) in [
         ("whole cluster", "{}"),

@@ -58,9 +58,9 @@ pub struct SqliteStore {
 struct Cache {
     frames: HashMap<String, i64>,
     stacks: HashMap<Vec<u8>, i64>,
-    stack_by_id: HashMap<i64, Arc<Vec<String>>>,
+    stack_by_id: IdMap<i64, Arc<Vec<String>>>,
     labelsets: HashMap<String, i64>,
-    labelset_by_id: HashMap<i64, Arc<LabelSet>>,
+    labelset_by_id: IdMap<i64, Arc<LabelSet>>,
     types: HashMap<(String, String), i64>,
 }
 
@@ -425,38 +425,65 @@ impl Store for SqliteStore {
         let mut stmt = inner.conn.prepare_cached(
             "SELECT data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
         )?;
-        let mut sums: IdMap<(i64, i64), i64> = IdMap::default();
+        // Keyed by label set and stack packed into one integer (row ids stay far below 2^32:
+        // one is used per distinct label set or stack ever stored).
+        let pack = |labelset: i64, stack: i64| -> Result<u64, chunk::Corrupt> {
+            match (u32::try_from(labelset), u32::try_from(stack)) {
+                (Ok(l), Ok(s)) => Ok((u64::from(l) << 32) | u64::from(s)),
+                _ => Err(chunk::Corrupt("an id beyond 2^32")),
+            }
+        };
+        let mut sums: IdMap<u64, i64> = IdMap::default();
         let mut rows = stmt.query(params![ty, selection.from_s, selection.to_s])?;
         while let Some(r) = rows.next()? {
             let data = r.get_ref(0)?.as_blob()?;
             chunk::each_group(data, |labelset, entries| {
                 if all || wanted.contains(&labelset) {
-                    chunk::each_entry(entries, |stack, value| {
-                        *sums.entry((labelset, stack)).or_default() += value;
+                    let mut bad = false;
+                    chunk::each_entry(entries, |stack, value| match pack(labelset, stack) {
+                        Ok(k) => *sums.entry(k).or_default() += value,
+                        Err(_) => bad = true,
                     })?;
+                    if bad {
+                        return Err(chunk::Corrupt("an id beyond 2^32"));
+                    }
                 }
                 Ok(())
             })?;
         }
-        // The order GROUP BY gave, so answers stay deterministic.
-        let mut sums: Vec<((i64, i64), i64)> = sums.into_iter().filter(|&(_, v)| v != 0).collect();
+        // Sorted by (label set, stack), so answers stay deterministic.
+        let mut sums: Vec<(u64, i64)> = sums.into_iter().filter(|&(_, v)| v != 0).collect();
         sums.sort_unstable_by_key(|&(k, _)| k);
         let mut out = Vec::with_capacity(sums.len());
-        for ((labelset, stack), value) in sums {
-            let labels = inner.cache.labelset_by_id.get(&labelset).cloned();
-            let frames = inner.cache.stack_by_id.get(&stack).cloned();
-            match (labels, frames) {
-                (Some(labels), Some(stack)) => out.push(Stacked {
-                    labels,
-                    stack,
-                    value,
-                }),
+        let mut labels: Option<(i64, Arc<LabelSet>)> = None;
+        for (key, value) in sums {
+            let (labelset, stack) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
+            let corrupt = || StoreError::Corrupt(format!("sample row {labelset}/{stack}"));
+            // Entries of one label set are adjacent: one lookup per label set.
+            let set = match &labels {
+                Some((id, set)) if *id == labelset => set.clone(),
                 _ => {
-                    return Err(StoreError::Corrupt(format!(
-                        "sample row {labelset}/{stack}"
-                    )));
+                    let set = inner
+                        .cache
+                        .labelset_by_id
+                        .get(&labelset)
+                        .cloned()
+                        .ok_or_else(corrupt)?;
+                    labels = Some((labelset, set.clone()));
+                    set
                 }
-            }
+            };
+            let stack = inner
+                .cache
+                .stack_by_id
+                .get(&stack)
+                .cloned()
+                .ok_or_else(corrupt)?;
+            out.push(Stacked {
+                labels: set,
+                stack,
+                value,
+            });
         }
         Ok(out)
     }

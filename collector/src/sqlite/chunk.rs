@@ -13,7 +13,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt chunk: {0}")]
-pub struct Corrupt(&'static str);
+pub struct Corrupt(pub(super) &'static str);
 
 fn put(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
