@@ -62,6 +62,9 @@ const DEPS: &[(&str, &str)] = &[
         "/usr/lib/python3/dist-packages/yaml/__init__.py",
     ),
     ("docker.io", "/usr/sbin/dockerd"),
+    // The collector's shared store: the tests start it by hand on loopback with a private
+    // data directory (no system service runs it).
+    ("clickhouse-server", "/usr/sbin/clickhouse-server"),
 ];
 
 fn main() -> Result<()> {
