@@ -1,6 +1,6 @@
 //! The ClickHouse store against a private clickhouse-server (Debian's 18.16): two
 //! collectors sharing it, the server killed and restarted under a stream of pushes, schema
-//! versions, credentials and retention.
+//! versions, credentials and retention, and its time series against SQLite's.
 
 mod common;
 
@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::clickhouse_server::{self, ClickHouse};
-use common::{clickhouse_store, get, profile, push, request};
+use common::{Kind, clickhouse_store, get, profile, push, request, test_store};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
 use pyrometer_collector::ingest::Limits;
 use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::server::{AppState, now_s, router};
-use pyrometer_collector::store::{Store, StoreError};
+use pyrometer_collector::store::{Batch, LabelSet, Row, Selection, Store, StoreError};
 
 fn scratch(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("pyrometer-ch-{name}-{}", std::process::id()))
@@ -116,6 +116,11 @@ async fn two_collectors_share_one_store_and_store_each_batch_once() {
             folded, "app;main;idle 5\napp;main;work 7\ndb;main;query 3\n",
             "collector {c}"
         );
+        // The series counts each batch once too (the same first-attempt rule as the profile).
+        let (code, series) = get(c, "/api/v1/series?from=now-5m&step=10").await;
+        assert_eq!(code, 200, "{series}");
+        let series: serde_json::Value = serde_json::from_str(&series).unwrap();
+        assert_eq!(series["total"], 15, "collector {c}: {series}");
         let (_, values) = get(c, "/api/v1/label/node/values").await;
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&values).unwrap()["values"],
@@ -307,4 +312,97 @@ fn schema_versions_credentials_and_retention() {
     assert!(e.is_unavailable(), "{e}");
     assert!(started.elapsed() < Duration::from_secs(4));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A batch of one stack per `(node, value)` at `time_s`.
+fn batch(agent: &str, sequence: u64, time_s: i64, rows: &[(&str, i64)]) -> Batch {
+    Batch {
+        agent_id: agent.into(),
+        sequence,
+        time_s,
+        sample_types: vec![("samples".into(), "count".into())],
+        rows: rows
+            .iter()
+            .enumerate()
+            .map(|(i, &(node, value))| Row {
+                labels: Arc::new(LabelSet::from([("node".to_string(), node.to_string())])),
+                stack: Arc::new(vec!["main".to_string(), format!("f{i}")]),
+                sample_type: 0,
+                value,
+            })
+            .collect(),
+    }
+}
+
+/// `Store::series` on ClickHouse answers what it answers on SQLite for the same batches:
+/// steps that do not divide the buckets' times (the step's start is `bucket - bucket
+/// mod step`, rounded down also for times before the epoch), a label filter, a range that
+/// cuts buckets off, and a batch stored twice counted once.
+#[test]
+fn series_matches_sqlite_for_the_same_batches() {
+    let batches = [
+        batch("a", 1, -25, &[("n1", 4)]),
+        batch("a", 2, 1000, &[("n1", 3), ("n1", 2), ("n2", 9)]),
+        batch("a", 3, 1012, &[("n1", 5)]),
+        batch("b", 1, 1020, &[("n2", 7)]),
+        batch("b", 2, 1100, &[("n2", 1), ("n1", 6)]),
+    ];
+    let stores: Vec<_> = [Kind::Sqlite, Kind::ClickHouse]
+        .into_iter()
+        .map(|kind| {
+            let t = test_store(kind, &scratch(&format!("series-{kind:?}")));
+            for b in &batches {
+                assert!(!t.store.ingest(b).unwrap().duplicate);
+            }
+            assert!(t.store.ingest(&batches[1]).unwrap().duplicate);
+            t
+        })
+        .collect();
+    let all = |_: &LabelSet| true;
+    let n1 = |l: &LabelSet| l.get("node").is_some_and(|n| n == "n1");
+    let filters: [&(dyn Fn(&LabelSet) -> bool + Sync); 2] = [&all, &n1];
+    let points = |store: &dyn Store, from_s, to_s, step, labels| {
+        let selection = Selection {
+            from_s,
+            to_s,
+            sample_type: "samples",
+            labels,
+        };
+        let mut p: Vec<(String, i64, i64)> = store
+            .series(&selection, step)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.labels["node"].clone(), p.time_s, p.value))
+            .collect();
+        p.sort();
+        p
+    };
+    for (from_s, to_s) in [(-100, 2000), (1010, 1100), (0, 1000)] {
+        for step in [10, 30, 70, 3600] {
+            for labels in filters {
+                let want = points(&*stores[0].store, from_s, to_s, step, labels);
+                let got = points(&*stores[1].store, from_s, to_s, step, labels);
+                assert_eq!(got, want, "range {from_s}..{to_s}, step {step}");
+            }
+        }
+    }
+    // The ground truth itself, so both stores cannot agree on a wrong answer.
+    assert_eq!(
+        points(&*stores[1].store, -100, 2000, 30, &all),
+        [
+            ("n1".to_string(), -30, 4),
+            ("n1".to_string(), 990, 10),
+            ("n1".to_string(), 1080, 6),
+            ("n2".to_string(), 990, 9),
+            ("n2".to_string(), 1020, 7),
+            ("n2".to_string(), 1080, 1),
+        ]
+    );
+    let unknown = Selection {
+        from_s: 0,
+        to_s: 2000,
+        sample_type: "cpu",
+        labels: &all,
+    };
+    assert!(stores[1].store.series(&unknown, 10).unwrap().is_empty());
 }
