@@ -80,8 +80,8 @@ pub fn each_entry(entries: &[u8], mut f: impl FnMut(i64, i64)) -> Result<(), Cor
     Ok(())
 }
 
-/// A fast hasher for integer keys (the multiply-rotate of rustc's FxHash): summing a query's
-/// rows is most of its time, and SipHash would double it. Keys are row ids, not attacker
+/// A fast hasher for integer keys (the multiply-rotate of rustc's FxHash, then a finalizer):
+/// summing a query's rows is most of its time, and SipHash would double it. Keys are row ids, not attacker
 /// controlled.
 #[derive(Default, Clone, Copy)]
 pub struct IdHasher(u64);
@@ -101,8 +101,16 @@ impl Hasher for IdHasher {
         self.write_u64(v as u64);
     }
 
+    /// Mixed down (MurmurHash3's finalizer): a product alone carries the key's high bits
+    /// only upward, and the table indexes by the low bits, so keys that differ in their high
+    /// half (the label set) would all collide.
     fn finish(&self) -> u64 {
-        self.0
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
     }
 }
 
