@@ -382,9 +382,12 @@ fn queries(kind: &Kind, store: &dyn Store, buckets: i64) {
         // The web UI's chart over the same selection: one point per label set and 20 s step
         // (the step the UI asks for over an hour).
         let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
         let mut points = 0;
         for _ in 0..5 {
             let started = Instant::now();
+            let cpu_started = thread_cpu();
+            let server_started = kind.server_cpu_s();
             let series = store
                 .series(
                     &Selection {
@@ -398,10 +401,15 @@ fn queries(kind: &Kind, store: &dyn Store, buckets: i64) {
                 .expect("series");
             points = series.len();
             times.push(started.elapsed());
+            cpu_times.push(
+                thread_cpu() - cpu_started
+                    + Duration::from_secs_f64((kind.server_cpu_s() - server_started).max(0.0)),
+            );
         }
         println!(
-            "  series 1 h, {what:<17}      {:>10.1} ms median of 5 ({points} points, 20 s steps)",
-            median(times).as_secs_f64() * 1e3
+            "  {name:<10} series 1 h, {what:<16}{:>10.1} ms median of 5 ({:.1} ms CPU; {points} points, 20 s steps)",
+            median(times).as_secs_f64() * 1e3,
+            median(cpu_times).as_secs_f64() * 1e3
         );
     }
 }
