@@ -554,6 +554,23 @@ impl Store for ClickHouseStore {
         while !r.is_empty() {
             sums.push((r.u64()?, r.u64()?, r.i64()?));
         }
+        // A batch stored between the two queries can bring label sets the first did not
+        // see (only when no label filter was sent): resolve them and apply the selection.
+        let mut late: Vec<u64> = sums
+            .iter()
+            .map(|s| s.0)
+            .filter(|l| !present.contains_key(l))
+            .collect();
+        late.sort_unstable();
+        late.dedup();
+        let late = self.labelsets(&late)?;
+        let mut labelsets = present;
+        for (id, labels) in late {
+            if (selection.labels)(&labels) {
+                labelsets.insert(id, labels);
+            }
+        }
+        sums.retain(|s| labelsets.contains_key(&s.0));
         // Deterministic answers, whatever order ClickHouse's threads produced.
         sums.sort_unstable();
         let mut stack_ids: Vec<u64> = sums.iter().map(|s| s.1).collect();
@@ -562,7 +579,7 @@ impl Store for ClickHouseStore {
         let stacks = self.stacks(&stack_ids)?;
         sums.into_iter()
             .map(
-                |(lid, sid, value)| match (present.get(&lid), stacks.get(&sid)) {
+                |(lid, sid, value)| match (labelsets.get(&lid), stacks.get(&sid)) {
                     (Some(labels), Some(stack)) => Ok(Stacked {
                         labels: labels.clone(),
                         stack: stack.clone(),
