@@ -460,6 +460,27 @@ impl ClickHouseStore {
             filter,
         }))
     }
+
+    /// `present` plus the label sets among `answered` that it lacks and the selection matches:
+    /// a batch stored between a query's two statements can bring label sets the first did
+    /// not see (only when no label filter was sent). Rows of label sets missing from the
+    /// answer are to be dropped (they are new ones the selection does not match).
+    fn with_late(
+        &self,
+        selection: &Selection<'_>,
+        mut present: HashMap<u64, Arc<LabelSet>>,
+        answered: impl Iterator<Item = u64>,
+    ) -> Result<HashMap<u64, Arc<LabelSet>>, StoreError> {
+        let mut late: Vec<u64> = answered.filter(|l| !present.contains_key(l)).collect();
+        late.sort_unstable();
+        late.dedup();
+        for (id, labels) in self.labelsets(&late)? {
+            if (selection.labels)(&labels) {
+                present.insert(id, labels);
+            }
+        }
+        Ok(present)
+    }
 }
 
 impl Store for ClickHouseStore {
@@ -554,22 +575,7 @@ impl Store for ClickHouseStore {
         while !r.is_empty() {
             sums.push((r.u64()?, r.u64()?, r.i64()?));
         }
-        // A batch stored between the two queries can bring label sets the first did not
-        // see (only when no label filter was sent): resolve them and apply the selection.
-        let mut late: Vec<u64> = sums
-            .iter()
-            .map(|s| s.0)
-            .filter(|l| !present.contains_key(l))
-            .collect();
-        late.sort_unstable();
-        late.dedup();
-        let late = self.labelsets(&late)?;
-        let mut labelsets = present;
-        for (id, labels) in late {
-            if (selection.labels)(&labels) {
-                labelsets.insert(id, labels);
-            }
-        }
+        let labelsets = self.with_late(selection, present, sums.iter().map(|s| s.0))?;
         sums.retain(|s| labelsets.contains_key(&s.0));
         // Deterministic answers, whatever order ClickHouse's threads produced.
         sums.sort_unstable();
@@ -620,19 +626,22 @@ impl Store for ClickHouseStore {
             winners = self.winners(from_s, to_s)
         ))?;
         let mut r = Reader::new(&raw);
-        let mut out = Vec::with_capacity(raw.len() / 24);
+        let mut sums = Vec::with_capacity(raw.len() / 24);
         while !r.is_empty() {
-            let (lid, time_s, value) = (r.u64()?, r.i64()?, r.i64()?);
-            let labels = present.get(&lid).cloned().ok_or_else(|| {
-                StoreError::Corrupt(format!("sample row of label set {lid} without it"))
-            })?;
-            out.push(Point {
-                labels,
-                time_s,
-                value,
-            });
+            sums.push((r.u64()?, r.i64()?, r.i64()?));
         }
-        Ok(out)
+        let labelsets = self.with_late(selection, present, sums.iter().map(|s| s.0))?;
+        Ok(sums
+            .into_iter()
+            .filter_map(|(lid, time_s, value)| {
+                let labels = labelsets.get(&lid)?.clone();
+                Some(Point {
+                    labels,
+                    time_s,
+                    value,
+                })
+            })
+            .collect())
     }
 
     fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
