@@ -1,6 +1,7 @@
-//! Collector throughput, printed by `cargo xtask bench`: ingest rate (decode + store, one
-//! thread, so per core), bytes stored per sample, and query latency over one hour of 10 s
-//! buckets from simulated nodes. Profiles are synthetic but shaped like an agent's: a few
+//! Collector throughput, printed by `cargo xtask bench` for both stores side by side on the
+//! same synthetic cluster: ingest rate (decode + store, one thread, so per core; for
+//! ClickHouse also the server's own CPU), bytes stored per sample, and query latency over one
+//! hour of 10 s buckets from simulated nodes. Profiles are synthetic but shaped like an agent's: a few
 //! processes with threads per node, stacks 15 to 45 frames deep drawn from a shared pool (the
 //! same code runs on every node), a few hundred samples per 10 s batch.
 //!
@@ -11,6 +12,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use prost::Message;
+#[path = "../tests/common/clickhouse_server.rs"]
+mod clickhouse_server;
+
+use clickhouse_server::ClickHouse;
+use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
 use pyrometer_collector::ingest::{self, Limits};
 use pyrometer_collector::query::Selector;
 use pyrometer_collector::render;
@@ -166,9 +172,61 @@ fn batch(
     (req.encode_to_vec(), total)
 }
 
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into ts.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
+}
+
+/// A fresh store of each kind: SQLite in a temporary directory, and ClickHouse on a private
+/// server (Debian's clickhouse-server, started here; skipped with a note when missing).
+enum Kind {
+    Sqlite(std::path::PathBuf),
+    ClickHouse(ClickHouse),
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Sqlite(_) => "SQLite",
+            Kind::ClickHouse(_) => "ClickHouse",
+        }
+    }
+
+    /// CPU seconds the ClickHouse server has used so far (0 for SQLite, which runs in the
+    /// collector's thread and is already in its time).
+    fn server_cpu_s(&self) -> f64 {
+        let Kind::ClickHouse(server) = self else {
+            return 0.0;
+        };
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", server.pid())).unwrap_or_default();
+        // Fields after the command's closing parenthesis; utime and stime are 14th and 15th.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (ticks(11) + ticks(12)) / hz
+    }
 }
 
 fn main() {
@@ -176,11 +234,55 @@ fn main() {
     let nodes = env("BENCH_NODES", 100);
     let buckets = env("BENCH_BUCKETS", 360) as i64;
     let rows = env("BENCH_ROWS", 100);
-    let dir =
+    // Queries only, over a SQLite store an earlier run left (its directory), e.g. to compare
+    // query changes without ingesting again.
+    if let Ok(dir) = std::env::var("BENCH_QUERY_SQLITE") {
+        let path = std::path::PathBuf::from(dir);
+        let store = SqliteStore::open(&path).expect("open the store");
+        queries(&Kind::Sqlite(path), &store, buckets);
+        return;
+    }
+    let base =
         std::env::temp_dir().join(format!("pyrometer-collector-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let store = SqliteStore::open(&dir).expect("open the store");
+    let _ = std::fs::remove_dir_all(&base);
+    let mut kinds = vec![Kind::Sqlite(base.join("sqlite"))];
+    if std::path::Path::new(clickhouse_server::SERVER).exists() {
+        kinds.push(Kind::ClickHouse(ClickHouse::start(
+            &base.join("clickhouse"),
+        )));
+    } else {
+        println!(
+            "(no {}: ClickHouse figures skipped; cargo xtask deps installs it)",
+            clickhouse_server::SERVER
+        );
+    }
+    println!(
+        "collector stores ({nodes} nodes x {buckets} buckets of 10 s, {rows} rows a batch, ingest on one thread)"
+    );
+    for kind in &kinds {
+        let store: Box<dyn Store> = match kind {
+            Kind::Sqlite(dir) => Box::new(SqliteStore::open(dir).expect("open the store")),
+            Kind::ClickHouse(server) => Box::new(
+                ClickHouseStore::open(
+                    &Location::parse(&server.url("bench")).expect("url"),
+                    Some((
+                        clickhouse_server::USER.into(),
+                        clickhouse_server::PASSWORD.into(),
+                    )),
+                    Duration::from_secs(60),
+                )
+                .expect("open the ClickHouse store"),
+            ),
+        };
+        run(kind, store.as_ref(), nodes, buckets, rows);
+    }
+    drop(kinds);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+fn run(kind: &Kind, store: &dyn Store, nodes: usize, buckets: i64, rows: usize) {
     let limits = Limits::default();
+    // The same seed for every store: the same cluster.
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let pool = stack_pool(&mut rng);
     let now_s = 2_000_000_000;
@@ -188,37 +290,57 @@ fn main() {
 
     let (mut busy, mut samples, mut stored_rows, mut wire_bytes) =
         (Duration::ZERO, 0i64, 0u64, 0usize);
+    let mut cpu = Duration::ZERO;
+    let cpu_before = kind.server_cpu_s();
     for b in 0..buckets {
         for n in 0..nodes {
             let (bytes, total) = batch(&mut rng, &pool, n, first_bucket + b, rows);
             let started = Instant::now();
+            let cpu_started = thread_cpu();
             let decoded = ingest::decode(&bytes, &limits, now_s).expect("valid batch");
             let r = store.ingest(&decoded).expect("ingest");
+            cpu += thread_cpu() - cpu_started;
             busy += started.elapsed();
             samples += total;
             stored_rows += r.rows;
             wire_bytes += bytes.len();
         }
     }
+    let server_cpu = kind.server_cpu_s() - cpu_before;
     let size = store.size_bytes().expect("size");
     let batches = nodes as u64 * buckets as u64;
+    let name = kind.name();
     println!(
-        "collector ingest ({nodes} nodes x {buckets} buckets of 10 s, {rows} rows a batch, one thread)"
+        "  {name:<10} ingest (decode + store)   {:>10.0} samples/s per collector core (its CPU time; {:.0} rows/s)",
+        samples as f64 / cpu.as_secs_f64(),
+        stored_rows as f64 / cpu.as_secs_f64(),
     );
     println!(
-        "  ingest rate (decode + store)       {:>10.0} samples/s per core ({:.0} rows/s, {:.0} batches/s)",
+        "  {name:<10} ingest, one thread        {:>10.0} samples/s wall clock ({:.0} batches/s, waits for fsync or HTTP included)",
         samples as f64 / busy.as_secs_f64(),
-        stored_rows as f64 / busy.as_secs_f64(),
         batches as f64 / busy.as_secs_f64()
     );
+    if server_cpu > 0.0 {
+        println!(
+            "  {name:<10} server CPU while ingesting {:>10.0} samples/s per server core ({server_cpu:.1} s of CPU)",
+            samples as f64 / server_cpu
+        );
+    }
     println!(
-        "  stored                             {:>10.1} bytes per sample ({:.1} MiB for {samples} samples; {:.0} bytes a sample on the wire)",
+        "  {name:<10} stored                    {:>10.1} bytes per sample ({:.1} MiB for {samples} samples; {:.0} bytes a sample on the wire)",
         size as f64 / samples as f64,
         size as f64 / (1 << 20) as f64,
         wire_bytes as f64 / samples as f64
     );
 
-    let from_s = first_bucket * BUCKET_SECONDS;
+    queries(kind, store, buckets);
+}
+
+/// An hour's queries over the store (the last `buckets` buckets before the cluster's "now").
+fn queries(kind: &Kind, store: &dyn Store, buckets: i64) {
+    let name = kind.name();
+    let now_s = 2_000_000_000;
+    let from_s = (now_s / BUCKET_SECONDS - buckets) * BUCKET_SECONDS;
     let to_s = now_s + 1;
     for (what, query) in [
         ("whole cluster", "{}"),
@@ -228,9 +350,12 @@ fn main() {
         let selector = Selector::parse(query).expect("query");
         let predicate = |l: &pyrometer_collector::store::LabelSet| selector.matches(l);
         let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
         let mut stacks = 0;
         for _ in 0..5 {
             let started = Instant::now();
+            let cpu_started = thread_cpu();
+            let server_started = kind.server_cpu_s();
             let selected = store
                 .select(&Selection {
                     from_s,
@@ -242,17 +367,27 @@ fn main() {
             let folded = render::folded(&selected);
             stacks = folded.len();
             times.push(started.elapsed());
+            cpu_times.push(
+                thread_cpu() - cpu_started
+                    + Duration::from_secs_f64((kind.server_cpu_s() - server_started).max(0.0)),
+            );
         }
+        // CPU time (the collector's thread and the ClickHouse server's) beside the wall
+        // clock: on a shared machine the latter mostly measures the neighbours.
         println!(
-            "  query 1 h, {what:<17}       {:>10.1} ms median of 5 ({stacks} stacks, folded)",
-            median(times).as_secs_f64() * 1e3
+            "  {name:<10} query 1 h, {what:<17}{:>10.1} ms median of 5 ({:.1} ms CPU; {stacks} stacks, folded)",
+            median(times).as_secs_f64() * 1e3,
+            median(cpu_times).as_secs_f64() * 1e3
         );
         // The web UI's chart over the same selection: one point per label set and 20 s step
         // (the step the UI asks for over an hour).
         let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
         let mut points = 0;
         for _ in 0..5 {
             let started = Instant::now();
+            let cpu_started = thread_cpu();
+            let server_started = kind.server_cpu_s();
             let series = store
                 .series(
                     &Selection {
@@ -266,11 +401,15 @@ fn main() {
                 .expect("series");
             points = series.len();
             times.push(started.elapsed());
+            cpu_times.push(
+                thread_cpu() - cpu_started
+                    + Duration::from_secs_f64((kind.server_cpu_s() - server_started).max(0.0)),
+            );
         }
         println!(
-            "  series 1 h, {what:<17}      {:>10.1} ms median of 5 ({points} points, 20 s steps)",
-            median(times).as_secs_f64() * 1e3
+            "  {name:<10} series 1 h, {what:<16}{:>10.1} ms median of 5 ({:.1} ms CPU; {points} points, 20 s steps)",
+            median(times).as_secs_f64() * 1e3,
+            median(cpu_times).as_secs_f64() * 1e3
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::query::Selector;
 use crate::render;
 use crate::server::{ApiError, AppState, RangeParams};
-use crate::store::{LabelSet, Selection, Stacked, Store};
+use crate::store::{LabelSet, Selection, Stacked};
 
 /// How folded output and the ingest path mark kernel frames.
 const KERNEL_SUFFIX: &str = "_[k]";
@@ -170,17 +170,19 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
     let (options, fail_above) = options(&p)?;
     let wanted = p.sample_type.clone().unwrap_or_else(|| "samples".into());
 
-    let store = state.store.clone();
+    let st = state.clone();
     let (ty, base, new, sides) = tokio::task::spawn_blocking(move || {
-        let types = store.sample_types().map_err(ApiError::internal)?;
+        let store = &st.store;
+        let types = store
+            .sample_types()
+            .map_err(|e| ApiError::store(&st.metrics, e))?;
         let ty = crate::server::sample_type(&types, &wanted)?.clone();
         // The z-test counts samples; a type that is not itself a count (cpu time) takes its
         // counts from `samples` of the same stacks, as `pyrometer diff` does with a profile's
         // count type.
         let counts_from_samples =
             ty.1 != "count" && types.iter().any(|(n, u)| n == "samples" && u == "count");
-        let selected =
-            [&base, &new].map(|side| select(store.as_ref(), side, &ty.0, counts_from_samples));
+        let selected = [&base, &new].map(|side| select(&st, side, &ty.0, counts_from_samples));
         let [b, n] = selected;
         Ok((ty, b?, n?, (base, new)))
     })
@@ -295,21 +297,22 @@ fn utc(secs: i64) -> String {
 }
 
 fn select(
-    store: &dyn Store,
+    state: &AppState,
     side: &Side,
     sample_type: &str,
     counts_from_samples: bool,
 ) -> Result<Selected, ApiError> {
     let matcher = |l: &LabelSet| side.selector.matches(l);
     let of_type = |sample_type: &str| {
-        store
+        state
+            .store
             .select(&Selection {
                 from_s: side.from_s,
                 to_s: side.to_s,
                 sample_type,
                 labels: &matcher,
             })
-            .map_err(ApiError::internal)
+            .map_err(|e| ApiError::store(&state.metrics, e))
     };
     let stacks = of_type(sample_type)?;
     let samples = if counts_from_samples {

@@ -2,6 +2,7 @@
 //! an embedded store, and answers queries (flame graphs, pprof, folded, top, group totals)
 //! and diffs over HTTP on the same port, with a web UI and its own `/metrics`.
 
+pub mod clickhouse;
 pub mod diff_api;
 pub mod ingest;
 pub mod metrics;

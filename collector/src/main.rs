@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use pyrometer_collector::clickhouse::{ClickHouseStore, Location, read_credentials};
 use pyrometer_collector::ingest::Limits;
 use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::server::{self, AppState};
@@ -30,9 +31,19 @@ struct Args {
     /// Address for both gRPC ingest and HTTP (API, web UI, /metrics).
     #[arg(long, default_value = "0.0.0.0:4040")]
     listen: SocketAddr,
-    /// Directory of the SQLite store.
+    /// Directory of the SQLite store (the same as --store sqlite:DIR).
     #[arg(long, default_value = "/var/lib/pyrometer-collector")]
     data_dir: PathBuf,
+    /// Where profiles are kept: sqlite:DIR (embedded, the default, in --data-dir) or
+    /// clickhouse://HOST:PORT/DATABASE (shared by any number of collectors).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// File holding USER:PASSWORD for the ClickHouse store (never on the command line).
+    #[arg(long, value_name = "FILE")]
+    store_credentials: Option<PathBuf>,
+    /// How long a request to ClickHouse may take before it counts as unavailable.
+    #[arg(long, default_value = "4s", value_parser = parse_age)]
+    store_timeout: Duration,
     /// File holding the bearer token agents must send; without it every push is accepted.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -111,10 +122,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(pyrometer_collector::tls::server_config(cert, key)?),
         _ => None,
     };
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&args.data_dir)
-            .with_context(|| format!("opening the store in {}", args.data_dir.display()))?,
-    );
+    let (store, store_name) = open_store(&args)?;
     let state = Arc::new(AppState {
         store: store.clone(),
         token,
@@ -130,10 +138,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         eprintln!(
-            "pyrometer-collector: listening on {} with {} (store {})",
+            "pyrometer-collector: listening on {} with {} (store {store_name})",
             listener.local_addr()?,
             if tls.is_some() { "TLS" } else { "plain text" },
-            args.data_dir.display()
         );
         tokio::spawn(maintenance(
             store,
@@ -163,6 +170,38 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         .context("serving")
     })
+}
+
+/// The store `--store` (or `--data-dir`) names, and how to name it in messages.
+fn open_store(args: &Args) -> anyhow::Result<(Arc<dyn Store>, String)> {
+    let spec = args.store.clone().unwrap_or_default();
+    if spec.starts_with("clickhouse://") {
+        let location = Location::parse(&spec).map_err(anyhow::Error::msg)?;
+        let credentials = match &args.store_credentials {
+            Some(path) => Some(read_credentials(path).map_err(anyhow::Error::msg)?),
+            None => None,
+        };
+        let store = ClickHouseStore::open(&location, credentials, args.store_timeout)
+            .with_context(|| format!("opening the store {spec}"))?;
+        return Ok((Arc::new(store), spec));
+    }
+    anyhow::ensure!(
+        args.store_credentials.is_none(),
+        "--store-credentials is for a clickhouse:// store"
+    );
+    let dir = match spec.strip_prefix("sqlite:") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        Some(_) => {
+            anyhow::bail!("--store sqlite: needs a directory, e.g. sqlite:/var/lib/pyrometer")
+        }
+        None if spec.is_empty() => args.data_dir.clone(),
+        None => anyhow::bail!(
+            "unknown store '{spec}': use sqlite:DIR or clickhouse://HOST:PORT/DATABASE"
+        ),
+    };
+    let store = SqliteStore::open(&dir)
+        .with_context(|| format!("opening the store in {}", dir.display()))?;
+    Ok((Arc::new(store), dir.display().to_string()))
 }
 
 async fn shutdown() {

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub refused_invalid: AtomicU64,
     pub store_errors: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
+    /// Queries answered 503 because the store was unavailable.
+    pub queries_unavailable: AtomicU64,
     ingest_ns: AtomicU64,
     ingest_count: AtomicU64,
     query_ns: AtomicU64,
@@ -105,6 +107,12 @@ impl Metrics {
             "pyrometer_collector_query_errors_total",
             "Profile queries answered with an error.",
             self.query_errors.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "pyrometer_collector_queries_store_unavailable_total",
+            "Queries answered 503 because the store was unreachable or overloaded.",
+            self.queries_unavailable.load(Relaxed),
         );
         if let Some(bytes) = store_bytes {
             let _ = write!(

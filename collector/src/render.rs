@@ -23,13 +23,29 @@ pub fn folded_code_text(stacks: &[Stacked]) -> String {
 }
 
 fn fold(stacks: &[Stacked], comm_root: bool) -> Vec<(String, i64)> {
-    let mut merged: BTreeMap<String, i64> = BTreeMap::new();
+    // Summed per (process, stack) first: a cluster-wide answer has one entry per label set
+    // and stack, many times more than distinct lines, and the stores hand out one shared
+    // `Arc` per stack, so its address is the key and each line is built once.
+    type Key<'a> = (Option<&'a str>, *const Vec<String>);
+    let mut by_stack: HashMap<Key<'_>, (&[String], i64)> = HashMap::new();
     for s in stacks {
+        let comm = if comm_root {
+            s.labels.get("comm").map(String::as_str)
+        } else {
+            None
+        };
+        by_stack
+            .entry((comm, std::sync::Arc::as_ptr(&s.stack)))
+            .or_insert((s.stack.as_slice(), 0))
+            .1 += s.value;
+    }
+    let mut merged: BTreeMap<String, i64> = BTreeMap::new();
+    for ((comm, _), (frames, value)) in by_stack {
         let mut line = String::new();
-        if comm_root && let Some(comm) = s.labels.get("comm") {
+        if let Some(comm) = comm {
             line.push_str(&comm.replace(';', ":"));
         }
-        for f in s.stack.iter() {
+        for f in frames {
             if !line.is_empty() {
                 line.push(';');
             }
@@ -38,7 +54,7 @@ fn fold(stacks: &[Stacked], comm_root: bool) -> Vec<(String, i64)> {
         if line.is_empty() {
             line.push_str("[unknown]");
         }
-        *merged.entry(line).or_insert(0) += s.value;
+        *merged.entry(line).or_insert(0) += value;
     }
     merged.into_iter().filter(|&(_, v)| v > 0).collect()
 }

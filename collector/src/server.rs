@@ -25,7 +25,7 @@ use crate::ingest::{self, Limits};
 use crate::metrics::Metrics;
 use crate::query::{Selector, parse_time};
 use crate::render;
-use crate::store::{Selection, Store};
+use crate::store::{Selection, Store, StoreError};
 
 pub struct AppState {
     pub store: Arc<dyn Store>,
@@ -110,6 +110,17 @@ impl ApiError {
 
     pub(crate) fn internal(message: impl ToString) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message.to_string())
+    }
+
+    /// 503 with the reason when the store is unavailable (counted on `/metrics`), 500
+    /// otherwise.
+    pub(crate) fn store(metrics: &Metrics, e: StoreError) -> Self {
+        if e.is_unavailable() {
+            metrics.queries_unavailable.fetch_add(1, Relaxed);
+            Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        } else {
+            Self::internal(e)
+        }
     }
 }
 
@@ -217,11 +228,11 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
             sample_type: &name,
             labels: &matcher,
         })?;
-        Ok::<_, crate::store::StoreError>((types, stacks))
+        Ok::<_, StoreError>((types, stacks))
     })
     .await
     .map_err(ApiError::internal)?
-    .map_err(ApiError::internal)?;
+    .map_err(|e| ApiError::store(&state.metrics, e))?;
     let name = p.sample_type.as_deref().unwrap_or("samples");
     let ty = sample_type(&types, name)?;
     let total: i64 = stacks.iter().map(|s| s.value).sum();
@@ -294,7 +305,7 @@ async fn label_names(
     let names = tokio::task::spawn_blocking(move || store.label_names(from, to))
         .await
         .map_err(ApiError::internal)?
-        .map_err(ApiError::internal)?;
+        .map_err(|e| ApiError::store(&state.metrics, e))?;
     Ok(axum::Json(serde_json::json!({ "names": names })).into_response())
 }
 
@@ -308,7 +319,7 @@ async fn label_values(
     let values = tokio::task::spawn_blocking(move || store.label_values(&name, from, to))
         .await
         .map_err(ApiError::internal)?
-        .map_err(ApiError::internal)?;
+        .map_err(|e| ApiError::store(&state.metrics, e))?;
     Ok(axum::Json(serde_json::json!({ "values": values })).into_response())
 }
 
@@ -317,7 +328,7 @@ async fn types(State(state): State<Arc<AppState>>) -> Result<Response, ApiError>
     let types = tokio::task::spawn_blocking(move || store.sample_types())
         .await
         .map_err(ApiError::internal)?
-        .map_err(ApiError::internal)?;
+        .map_err(|e| ApiError::store(&state.metrics, e))?;
     let types: Vec<serde_json::Value> = types
         .into_iter()
         .map(|(name, unit)| serde_json::json!({ "name": name, "unit": unit }))
@@ -416,6 +427,8 @@ impl tonic::server::UnaryService<Bytes> for Push {
                         &state.metrics.store_errors
                     };
                     counter.fetch_add(1, Relaxed);
+                    // Every store failure is retryable for the agent (Unavailable): it keeps
+                    // the batch in its spool and pushes it again later.
                     Err(status)
                 }
             }

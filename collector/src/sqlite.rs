@@ -1,13 +1,18 @@
 //! The embedded store: one SQLite file in WAL mode. Frame names, stacks, label sets and sample
-//! types are interned once in their own tables (and cached in memory), so a sample row is five
-//! integers keyed by (time bucket, label set, stack, type). A batch is one transaction that
-//! also records its (agent id, sequence): a replayed batch is recognized and adds nothing,
-//! and a crash mid-batch leaves nothing half-stored.
+//! types are interned once in their own tables (and cached in memory). A batch's values are
+//! stored as one chunk per sample type ([`chunk`]: (stack, value) pairs grouped by label
+//! set, indexed by (type, bucket)), so a query reads a few rows per batch instead of one per
+//! stack, skips unwanted label sets' groups without decoding them, and sums in memory. A
+//! batch is one transaction that also records its (agent id, sequence): a replayed batch is
+//! recognized and adds nothing, and a crash mid-batch leaves nothing half-stored.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+mod chunk;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use chunk::{IdMap, IdSet};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::{
@@ -27,15 +32,21 @@ CREATE TABLE IF NOT EXISTS labelsets (id INTEGER PRIMARY KEY, labels TEXT NOT NU
 CREATE TABLE IF NOT EXISTS types (
     id INTEGER PRIMARY KEY, name TEXT NOT NULL, unit TEXT NOT NULL, UNIQUE (name, unit)
 );
-CREATE TABLE IF NOT EXISTS samples (
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
     bucket INTEGER NOT NULL,
-    labelset INTEGER NOT NULL,
-    stack INTEGER NOT NULL,
     type INTEGER NOT NULL,
-    value INTEGER NOT NULL,
-    PRIMARY KEY (bucket, labelset, stack, type)
-) WITHOUT ROWID;
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_time ON chunks (type, bucket);
 ";
+
+/// `PRAGMA user_version` of this layout. 0 is a new file, or one of the first layout (a
+/// `samples` table of one row per (bucket, label set, stack, type)), converted on open.
+const LAYOUT_VERSION: i64 = 2;
+
+/// Entries per chunk written by compaction and conversion, so no blob grows unbounded.
+const CHUNK_ENTRIES: usize = 1 << 16;
 
 pub struct SqliteStore {
     path: PathBuf,
@@ -47,9 +58,9 @@ pub struct SqliteStore {
 struct Cache {
     frames: HashMap<String, i64>,
     stacks: HashMap<Vec<u8>, i64>,
-    stack_by_id: HashMap<i64, Arc<Vec<String>>>,
+    stack_by_id: IdMap<i64, Arc<Vec<String>>>,
     labelsets: HashMap<String, i64>,
-    labelset_by_id: HashMap<i64, Arc<LabelSet>>,
+    labelset_by_id: IdMap<i64, Arc<LabelSet>>,
     types: HashMap<(String, String), i64>,
 }
 
@@ -66,13 +77,24 @@ impl SqliteStore {
             source,
         })?;
         let path = dir.join("pyrometer.sqlite");
-        let conn = Connection::open(&path)?;
+        let mut conn = Connection::open(&path)?;
         // FULL: a batch is acknowledged only after its commit is on disk, so an agent that
         // deleted it from its spool cannot lose it to a power cut either.
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;",
         )?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version > LAYOUT_VERSION {
+            return Err(StoreError::Schema(format!(
+                "{} has layout version {version}, newer than this collector's \
+                 {LAYOUT_VERSION}: upgrade pyrometer-collector",
+                path.display()
+            )));
+        }
         conn.execute_batch(SCHEMA)?;
+        if version < LAYOUT_VERSION {
+            convert_samples(&mut conn)?;
+        }
         let cache = load_cache(&conn)?;
         Ok(Self {
             path,
@@ -136,13 +158,13 @@ fn load_cache(conn: &Connection) -> Result<Cache, StoreError> {
 impl Cache {
     /// The id of the selection's sample type and the ids of the label sets it matches; `None`
     /// when nothing can match.
-    fn selected(&self, selection: &Selection<'_>) -> Option<(i64, HashSet<i64>)> {
+    fn selected(&self, selection: &Selection<'_>) -> Option<(i64, IdSet<i64>)> {
         let ty = self
             .types
             .iter()
             .find(|((name, _), _)| name == selection.sample_type)
             .map(|(_, &id)| id)?;
-        let wanted: HashSet<i64> = self
+        let wanted: IdSet<i64> = self
             .labelset_by_id
             .iter()
             .filter(|(_, labels)| (selection.labels)(labels))
@@ -166,6 +188,92 @@ fn decode_stack(blob: &[u8]) -> Vec<i64> {
 
 fn bucket_of(time_s: i64) -> i64 {
     time_s - time_s.rem_euclid(BUCKET_SECONDS)
+}
+
+impl From<rusqlite::types::FromSqlError> for StoreError {
+    fn from(e: rusqlite::types::FromSqlError) -> Self {
+        StoreError::Corrupt(format!("a chunk is not a blob: {e}"))
+    }
+}
+
+impl From<chunk::Corrupt> for StoreError {
+    fn from(e: chunk::Corrupt) -> Self {
+        StoreError::Corrupt(e.to_string())
+    }
+}
+
+/// `(type, label set, stack) -> value` of one bucket.
+type Sums = IdMap<(i64, i64, i64), i64>;
+
+/// Writes `sums` as chunks of at most [`CHUNK_ENTRIES`] entries, one type per chunk.
+fn write_chunks(tx: &rusqlite::Transaction<'_>, bucket: i64, sums: Sums) -> Result<(), StoreError> {
+    let mut by_type: BTreeMap<i64, BTreeMap<i64, BTreeMap<i64, i64>>> = BTreeMap::new();
+    for ((ty, labelset, stack), value) in sums {
+        if value != 0 {
+            *by_type
+                .entry(ty)
+                .or_default()
+                .entry(labelset)
+                .or_default()
+                .entry(stack)
+                .or_default() += value;
+        }
+    }
+    let mut insert =
+        tx.prepare_cached("INSERT INTO chunks (bucket, type, data) VALUES (?1, ?2, ?3)")?;
+    for (ty, groups) in by_type {
+        let mut part: BTreeMap<i64, BTreeMap<i64, i64>> = BTreeMap::new();
+        let mut entries = 0;
+        for (labelset, stacks) in groups {
+            entries += stacks.len();
+            part.insert(labelset, stacks);
+            if entries >= CHUNK_ENTRIES {
+                insert.execute(params![bucket, ty, chunk::encode(&part)])?;
+                part.clear();
+                entries = 0;
+            }
+        }
+        if !part.is_empty() {
+            insert.execute(params![bucket, ty, chunk::encode(&part)])?;
+        }
+    }
+    Ok(())
+}
+
+/// Converts a first-layout `samples` table into chunks, one bucket at a time.
+fn convert_samples(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction()?;
+    let old: bool = tx
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'samples'",
+            [],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if old {
+        let buckets: Vec<i64> = tx
+            .prepare("SELECT DISTINCT bucket FROM samples")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for bucket in buckets {
+            let mut sums = Sums::default();
+            let mut stmt =
+                tx.prepare("SELECT type, labelset, stack, value FROM samples WHERE bucket = ?1")?;
+            let mut rows = stmt.query([bucket])?;
+            while let Some(r) = rows.next()? {
+                *sums.entry((r.get(0)?, r.get(1)?, r.get(2)?)).or_default() +=
+                    r.get::<_, i64>(3)?;
+            }
+            drop(rows);
+            drop(stmt);
+            write_chunks(&tx, bucket, sums)?;
+        }
+        tx.execute_batch("DROP TABLE samples")?;
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {LAYOUT_VERSION}"))?;
+    tx.commit()?;
+    Ok(())
 }
 
 /// Interns within the open transaction; new entries go to `fresh` and reach the cache only
@@ -268,20 +376,33 @@ impl Store for SqliteStore {
         for (name, unit) in &batch.sample_types {
             types.push(interner.sample_type(name, unit)?);
         }
-        {
-            let mut upsert = tx.prepare_cached(
-                "INSERT INTO samples (bucket, labelset, stack, type, value) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT DO UPDATE SET value = value + excluded.value",
-            )?;
-            for row in &batch.rows {
-                let labelset = interner.labelset(&row.labels)?;
-                let stack = interner.stack(&row.stack)?;
-                let ty = *types
-                    .get(row.sample_type)
-                    .ok_or_else(|| StoreError::Corrupt("row names a missing sample type".into()))?;
-                upsert.execute(params![bucket, labelset, stack, ty, row.value])?;
-            }
+        let mut sums = Sums::default();
+        // Label sets and stacks arrive as shared Arcs: intern each once per batch.
+        let mut labelsets: HashMap<*const LabelSet, i64> = HashMap::new();
+        let mut stacks: HashMap<*const Vec<String>, i64> = HashMap::new();
+        for row in &batch.rows {
+            let labelset = match labelsets.get(&Arc::as_ptr(&row.labels)) {
+                Some(&id) => id,
+                None => {
+                    let id = interner.labelset(&row.labels)?;
+                    labelsets.insert(Arc::as_ptr(&row.labels), id);
+                    id
+                }
+            };
+            let stack = match stacks.get(&Arc::as_ptr(&row.stack)) {
+                Some(&id) => id,
+                None => {
+                    let id = interner.stack(&row.stack)?;
+                    stacks.insert(Arc::as_ptr(&row.stack), id);
+                    id
+                }
+            };
+            let ty = *types
+                .get(row.sample_type)
+                .ok_or_else(|| StoreError::Corrupt("row names a missing sample type".into()))?;
+            *sums.entry((ty, labelset, stack)).or_default() += row.value;
         }
+        write_chunks(&tx, bucket, sums)?;
         let fresh = interner.fresh;
         tx.commit()?;
         cache.frames.extend(fresh.frames);
@@ -302,41 +423,72 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         };
         // Summed here rather than by GROUP BY: SQLite groups through a sorter, which costs
-        // several times a hash map over the same rows, and rows of unwanted label sets are
-        // skipped before any grouping.
+        // several times a hash map over the same rows, and groups of unwanted label sets are
+        // skipped undecoded.
+        // Every label set wanted: no lookup per group.
+        let all = wanted.len() == inner.cache.labelset_by_id.len();
         let mut stmt = inner.conn.prepare_cached(
-            "SELECT labelset, stack, value FROM samples
-             WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
+            "SELECT data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
         )?;
-        let mut sums: HashMap<(i64, i64), i64> = HashMap::new();
+        // Keyed by label set and stack packed into one integer (row ids stay far below 2^32:
+        // one is used per distinct label set or stack ever stored).
+        let pack = |labelset: i64, stack: i64| -> Result<u64, chunk::Corrupt> {
+            match (u32::try_from(labelset), u32::try_from(stack)) {
+                (Ok(l), Ok(s)) => Ok((u64::from(l) << 32) | u64::from(s)),
+                _ => Err(chunk::Corrupt("an id beyond 2^32")),
+            }
+        };
+        let mut sums: IdMap<u64, i64> = IdMap::default();
         let mut rows = stmt.query(params![ty, selection.from_s, selection.to_s])?;
         while let Some(r) = rows.next()? {
-            let labelset: i64 = r.get(0)?;
-            if !wanted.contains(&labelset) {
-                continue;
-            }
-            let value: i64 = r.get(2)?;
-            *sums.entry((labelset, r.get(1)?)).or_default() += value;
+            let data = r.get_ref(0)?.as_blob()?;
+            chunk::each_group(data, |labelset, entries| {
+                if all || wanted.contains(&labelset) {
+                    let mut bad = false;
+                    chunk::each_entry(entries, |stack, value| match pack(labelset, stack) {
+                        Ok(k) => *sums.entry(k).or_default() += value,
+                        Err(_) => bad = true,
+                    })?;
+                    if bad {
+                        return Err(chunk::Corrupt("an id beyond 2^32"));
+                    }
+                }
+                Ok(())
+            })?;
         }
-        // The order GROUP BY gave, so answers stay deterministic.
-        let mut sums: Vec<((i64, i64), i64)> = sums.into_iter().collect();
+        // Sorted by (label set, stack), so answers stay deterministic.
+        let mut sums: Vec<(u64, i64)> = sums.into_iter().filter(|&(_, v)| v != 0).collect();
         sums.sort_unstable_by_key(|&(k, _)| k);
         let mut out = Vec::with_capacity(sums.len());
-        for ((labelset, stack), value) in sums {
-            let labels = inner.cache.labelset_by_id.get(&labelset).cloned();
-            let frames = inner.cache.stack_by_id.get(&stack).cloned();
-            match (labels, frames) {
-                (Some(labels), Some(stack)) => out.push(Stacked {
-                    labels,
-                    stack,
-                    value,
-                }),
+        let mut labels: Option<(i64, Arc<LabelSet>)> = None;
+        for (key, value) in sums {
+            let (labelset, stack) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
+            let corrupt = || StoreError::Corrupt(format!("sample row {labelset}/{stack}"));
+            // Entries of one label set are adjacent: one lookup per label set.
+            let set = match &labels {
+                Some((id, set)) if *id == labelset => set.clone(),
                 _ => {
-                    return Err(StoreError::Corrupt(format!(
-                        "sample row {labelset}/{stack}"
-                    )));
+                    let set = inner
+                        .cache
+                        .labelset_by_id
+                        .get(&labelset)
+                        .cloned()
+                        .ok_or_else(corrupt)?;
+                    labels = Some((labelset, set.clone()));
+                    set
                 }
-            }
+            };
+            let stack = inner
+                .cache
+                .stack_by_id
+                .get(&stack)
+                .cloned()
+                .ok_or_else(corrupt)?;
+            out.push(Stacked {
+                labels: set,
+                stack,
+                value,
+            });
         }
         Ok(out)
     }
@@ -348,25 +500,26 @@ impl Store for SqliteStore {
         let Some((ty, wanted)) = inner.cache.selected(selection) else {
             return Ok(Vec::new());
         };
-        // Summed here, as in `select`: rows of unwanted label sets are skipped before any
-        // grouping (a GROUP BY in SQLite sorted them all first, which cost a one-node chart
-        // more than that node's flame graph).
+        let all = wanted.len() == inner.cache.labelset_by_id.len();
+        // Summed here, as in `select`: groups of unwanted label sets are skipped undecoded and
+        // only values are added (a chunk's stacks do not matter to a series).
         let mut stmt = inner.conn.prepare_cached(
-            "SELECT bucket, labelset, value FROM samples
-             WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
+            "SELECT bucket, data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
         )?;
-        let mut sums: HashMap<(i64, i64), i64> = HashMap::new();
+        let mut sums: IdMap<(i64, i64), i64> = IdMap::default();
         let mut rows = stmt.query(params![ty, selection.from_s, selection.to_s])?;
         while let Some(r) = rows.next()? {
-            let labelset: i64 = r.get(1)?;
-            if !wanted.contains(&labelset) {
-                continue;
-            }
             let bucket: i64 = r.get(0)?;
-            let value: i64 = r.get(2)?;
-            *sums
-                .entry((bucket - bucket.rem_euclid(step_s), labelset))
-                .or_default() += value;
+            let step = bucket - bucket.rem_euclid(step_s);
+            let data = r.get_ref(1)?.as_blob()?;
+            chunk::each_group(data, |labelset, entries| {
+                if all || wanted.contains(&labelset) {
+                    let mut total = 0i64;
+                    chunk::each_entry(entries, |_, value| total += value)?;
+                    *sums.entry((step, labelset)).or_default() += total;
+                }
+                Ok(())
+            })?;
         }
         let mut out = Vec::with_capacity(sums.len());
         for ((time_s, labelset), value) in sums {
@@ -419,7 +572,7 @@ impl Store for SqliteStore {
         let inner = self.lock();
         let removed = inner
             .conn
-            .execute("DELETE FROM samples WHERE bucket < ?1", [before_s])?;
+            .execute("DELETE FROM chunks WHERE bucket < ?1", [before_s])?;
         // Replays older than the retention would be stored again, but their samples would be
         // expired at once, so the dedup keys can go with them.
         inner
@@ -433,17 +586,37 @@ impl Store for SqliteStore {
         let before_s = before_s - before_s.rem_euclid(coarse_s);
         let mut inner = self.lock();
         let tx = inner.conn.transaction()?;
-        tx.execute(
-            "INSERT INTO samples (bucket, labelset, stack, type, value)
-             SELECT bucket - (bucket % ?2), labelset, stack, type, SUM(value) FROM samples
-             WHERE bucket < ?1 AND bucket % ?2 != 0 GROUP BY 1, 2, 3, 4
-             ON CONFLICT DO UPDATE SET value = value + excluded.value",
-            params![before_s, coarse_s],
-        )?;
-        let removed = tx.execute(
-            "DELETE FROM samples WHERE bucket < ?1 AND bucket % ?2 != 0",
-            params![before_s, coarse_s],
-        )?;
+        let coarse: Vec<i64> = tx
+            .prepare(
+                "SELECT DISTINCT bucket - (bucket % ?2) FROM chunks
+                 WHERE bucket < ?1 AND bucket % ?2 != 0",
+            )?
+            .query_map(params![before_s, coarse_s], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let mut removed = 0;
+        // One coarse bucket at a time, so memory holds one bucket's stacks, not the range's.
+        for start in coarse {
+            let mut sums = Sums::default();
+            {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT type, data FROM chunks WHERE bucket > ?1 AND bucket < ?2",
+                )?;
+                let mut rows = stmt.query(params![start, start + coarse_s])?;
+                while let Some(r) = rows.next()? {
+                    let ty: i64 = r.get(0)?;
+                    chunk::each_group(r.get_ref(1)?.as_blob()?, |labelset, entries| {
+                        chunk::each_entry(entries, |stack, value| {
+                            *sums.entry((ty, labelset, stack)).or_default() += value;
+                        })
+                    })?;
+                }
+            }
+            removed += tx.execute(
+                "DELETE FROM chunks WHERE bucket > ?1 AND bucket < ?2",
+                params![start, start + coarse_s],
+            )?;
+            write_chunks(&tx, start, sums)?;
+        }
         tx.commit()?;
         Ok(removed as u64)
     }
@@ -452,12 +625,17 @@ impl Store for SqliteStore {
 impl SqliteStore {
     fn labelsets_in(&self, from_s: i64, to_s: i64) -> Result<Vec<Arc<LabelSet>>, StoreError> {
         let inner = self.lock();
-        let mut stmt = inner.conn.prepare_cached(
-            "SELECT DISTINCT labelset FROM samples WHERE bucket >= ?1 AND bucket < ?2",
-        )?;
-        let ids = stmt
-            .query_map(params![from_s, to_s], |r| r.get::<_, i64>(0))?
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut stmt = inner
+            .conn
+            .prepare_cached("SELECT data FROM chunks WHERE bucket >= ?1 AND bucket < ?2")?;
+        let mut ids: IdSet<i64> = IdSet::default();
+        let mut rows = stmt.query(params![from_s, to_s])?;
+        while let Some(r) = rows.next()? {
+            chunk::each_group(r.get_ref(0)?.as_blob()?, |labelset, _| {
+                ids.insert(labelset);
+                Ok(())
+            })?;
+        }
         Ok(ids
             .into_iter()
             .filter_map(|id| inner.cache.labelset_by_id.get(&id).cloned())
@@ -480,142 +658,4 @@ impl SqliteStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::Row;
-
-    fn batch(agent: &str, seq: u64, time_s: i64, node: &str, stack: &[&str], v: i64) -> Batch {
-        let labels: LabelSet = [("node".to_string(), node.to_string())].into();
-        Batch {
-            agent_id: agent.into(),
-            sequence: seq,
-            time_s,
-            sample_types: vec![("samples".into(), "count".into())],
-            rows: vec![Row {
-                labels: Arc::new(labels),
-                stack: Arc::new(stack.iter().map(|s| s.to_string()).collect()),
-                sample_type: 0,
-                value: v,
-            }],
-        }
-    }
-
-    fn total(store: &SqliteStore, from: i64, to: i64) -> i64 {
-        let all = |_: &LabelSet| true;
-        store
-            .select(&Selection {
-                from_s: from,
-                to_s: to,
-                sample_type: "samples",
-                labels: &all,
-            })
-            .unwrap()
-            .iter()
-            .map(|s| s.value)
-            .sum()
-    }
-
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("pyrometer-store-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
-    }
-
-    #[test]
-    fn replay_counts_once_and_survives_reopen() {
-        let dir = tmp("replay");
-        let store = SqliteStore::open(&dir).unwrap();
-        let b = batch("a", 1, 1000, "n1", &["main", "work"], 7);
-        assert!(!store.ingest(&b).unwrap().duplicate);
-        assert!(store.ingest(&b).unwrap().duplicate);
-        store
-            .ingest(&batch("a", 2, 1003, "n1", &["main", "work"], 5))
-            .unwrap();
-        assert_eq!(total(&store, 0, 2000), 12);
-        drop(store);
-        let store = SqliteStore::open(&dir).unwrap();
-        assert!(store.ingest(&b).unwrap().duplicate);
-        assert_eq!(total(&store, 0, 2000), 12);
-        assert!(store.has_batch("a", 2).unwrap());
-        assert_eq!(store.label_values("node", 0, 2000).unwrap(), vec!["n1"]);
-        // The time range selects buckets: 1000 and 1003 share the bucket starting at 1000.
-        assert_eq!(total(&store, 1010, 2000), 0);
-    }
-
-    #[test]
-    fn series_sums_stacks_per_step_and_label_set() {
-        let store = SqliteStore::open(&tmp("series")).unwrap();
-        // Two nodes; n1 has two stacks in the bucket at 1000 and one at 1010, n2 one at 1020.
-        let mut b = batch("a", 1, 1000, "n1", &["main", "a"], 3);
-        b.rows.push(Row {
-            stack: Arc::new(vec!["main".into(), "b".into()]),
-            ..b.rows[0].clone()
-        });
-        store.ingest(&b).unwrap();
-        store
-            .ingest(&batch("a", 2, 1012, "n1", &["main", "a"], 5))
-            .unwrap();
-        store
-            .ingest(&batch("b", 1, 1020, "n2", &["main", "a"], 7))
-            .unwrap();
-        let all = |_: &LabelSet| true;
-        let sel = |from_s, to_s| Selection {
-            from_s,
-            to_s,
-            sample_type: "samples",
-            labels: &all,
-        };
-        let points = |sel: Selection<'_>, step| {
-            let mut p: Vec<(String, i64, i64)> = store
-                .series(&sel, step)
-                .unwrap()
-                .into_iter()
-                .map(|p| (p.labels["node"].clone(), p.time_s, p.value))
-                .collect();
-            p.sort();
-            p
-        };
-        assert_eq!(
-            points(sel(0, 2000), 10),
-            [
-                ("n1".into(), 1000, 6),
-                ("n1".into(), 1010, 5),
-                ("n2".into(), 1020, 7)
-            ]
-        );
-        // A 30 s step holds the buckets at 990..1020 in one point (990 is a multiple of 30).
-        assert_eq!(
-            points(sel(0, 2000), 30),
-            [("n1".into(), 990, 11), ("n2".into(), 1020, 7)]
-        );
-        assert_eq!(points(sel(1010, 1020), 10), [("n1".into(), 1010, 5)]);
-        let n2 = |l: &LabelSet| l.get("node").is_some_and(|n| n == "n2");
-        let only_n2 = Selection {
-            labels: &n2,
-            ..sel(0, 2000)
-        };
-        assert_eq!(points(only_n2, 10), [("n2".into(), 1020, 7)]);
-        let missing_type = Selection {
-            sample_type: "cpu",
-            ..sel(0, 2000)
-        };
-        assert!(store.series(&missing_type, 10).unwrap().is_empty());
-    }
-
-    #[test]
-    fn compaction_keeps_totals_and_expiry_removes() {
-        let dir = tmp("compact");
-        let store = SqliteStore::open(&dir).unwrap();
-        for i in 0..60 {
-            store
-                .ingest(&batch("a", i, 3000 + i as i64 * 10, "n1", &["x"], 1))
-                .unwrap();
-        }
-        assert!(store.compact(3600, 300).unwrap() > 0);
-        assert_eq!(total(&store, 0, 10_000), 60);
-        // 3000..3300 became one bucket at 3000.
-        assert_eq!(total(&store, 3000, 3001), 30);
-        store.expire(3300).unwrap();
-        assert_eq!(total(&store, 0, 10_000), 30);
-    }
-}
+mod tests;

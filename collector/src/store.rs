@@ -1,5 +1,7 @@
 //! What the collector keeps, independent of where: the [`Store`] trait the HTTP and gRPC layers
-//! use, so a distributed backend can replace the embedded SQLite one ([`crate::sqlite`]).
+//! use, implemented by the embedded SQLite store ([`crate::sqlite`]) and the shared ClickHouse
+//! one ([`crate::clickhouse`]). Every method may fail with [`StoreError::Unavailable`] when
+//! the store is remote: callers answer it with a retryable status, never as "no data".
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -77,6 +79,29 @@ pub enum StoreError {
     },
     #[error("store: corrupt {0}")]
     Corrupt(String),
+    /// The store cannot be reached or is overloaded right now; the same request may succeed
+    /// later (agents keep the batch and retry; queries answer 503).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The shared store refused a request.
+    #[error("store: {0}")]
+    ClickHouse(String),
+    #[error("store schema: {0}")]
+    Schema(String),
+}
+
+impl StoreError {
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            // Another process holds the write lock past the busy timeout.
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ),
+            _ => false,
+        }
+    }
 }
 
 pub trait Store: Send + Sync {

@@ -1,5 +1,6 @@
 //! The collector in-process on a random port, driven over real gRPC and HTTP: auth, dedup,
-//! queries, errors, and malformed pushes that must never take it down.
+//! queries, errors, and malformed pushes that must never take it down. Each test runs
+//! against both stores (SQLite, and a private ClickHouse server).
 
 mod common;
 
@@ -7,21 +8,47 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{enc, get, profile, profile_of, push, request};
+use common::{Kind, TestStore, enc, get, profile, profile_of, push, request, test_store};
 use proptest::prelude::*;
 use pyrometer_collector::ingest::{self, Limits};
 use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::server::{AppState, router};
-use pyrometer_collector::sqlite::SqliteStore;
 
 const TOKEN: &str = "t0ken-for-tests";
 
-async fn start(name: &str) -> (SocketAddr, Arc<AppState>) {
-    let dir =
-        std::env::temp_dir().join(format!("pyrometer-collector-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+/// Runs the async test body `$f(kind)` once per store, each as its own test.
+macro_rules! for_each_store {
+    ($f:ident) => {
+        mod $f {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$f(super::Kind::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn clickhouse() {
+                super::$f(super::Kind::ClickHouse).await
+            }
+        }
+    };
+}
+
+for_each_store!(auth_dedup_queries_and_errors);
+for_each_store!(diff_of_two_ranges_and_of_two_label_sets);
+for_each_store!(malformed_pushes_are_refused_and_the_collector_keeps_serving);
+for_each_store!(series_over_time_split_by_label);
+for_each_store!(flame_format_for_the_web_ui);
+
+/// The collector on a random port over a fresh store of `kind` (kept alive by the guard).
+async fn start(name: &str, kind: Kind) -> (SocketAddr, Arc<AppState>, TestStore) {
+    let dir = std::env::temp_dir().join(format!(
+        "pyrometer-collector-{name}-{kind:?}-{}",
+        std::process::id()
+    ));
+    let guard = tokio::task::spawn_blocking(move || test_store(kind, &dir))
+        .await
+        .unwrap();
     let state = Arc::new(AppState {
-        store: Arc::new(SqliteStore::open(&dir).unwrap()),
+        store: guard.store.clone(),
         token: Some(TOKEN.into()),
         limits: Limits::default(),
         max_message_bytes: 1 << 20,
@@ -31,12 +58,11 @@ async fn start(name: &str) -> (SocketAddr, Arc<AppState>) {
     let addr = listener.local_addr().unwrap();
     let app = router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, state)
+    (addr, state, guard)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auth_dedup_queries_and_errors() {
-    let (addr, state) = start("api").await;
+async fn auth_dedup_queries_and_errors(kind: Kind) {
+    let (addr, state, _store) = start("api", kind).await;
     let now = pyrometer_collector::server::now_s();
     let body = request(
         "agent-1",
@@ -159,9 +185,8 @@ fn row<'a>(d: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
         .unwrap_or_else(|| panic!("no {function} in {d}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn diff_of_two_ranges_and_of_two_label_sets() {
-    let (addr, _state) = start("diff").await;
+async fn diff_of_two_ranges_and_of_two_label_sets(kind: Kind) {
+    let (addr, _state, _store) = start("diff", kind).await;
     let now = pyrometer_collector::server::now_s();
     let (old, new) = (now - 600, now - 60);
     // slow: 50 % of the samples, then 66.7 % (z ~ 13); a kernel frame under it is charged
@@ -310,9 +335,8 @@ async fn diff_of_two_ranges_and_of_two_label_sets() {
 
 /// `/api/v1/series` over real pushes: a regular grid of steps, values summed over stacks,
 /// a split by node, the smaller series folded into "other", and one-line errors.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn series_over_time_split_by_label() {
-    let (addr, _state) = start("series").await;
+async fn series_over_time_split_by_label(kind: Kind) {
+    let (addr, _state, _store) = start("series", kind).await;
     // Two pushes from n1 a minute apart (two stacks in the first), one from n2 and one
     // from n3; all within the last five minutes, on 10 s bucket boundaries.
     let now = pyrometer_collector::server::now_s();
@@ -413,9 +437,8 @@ async fn series_over_time_split_by_label() {
 }
 
 /// `format=flame`: interned names and `[value, process, frames...]` rows, as the UI reads them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flame_format_for_the_web_ui() {
-    let (addr, _state) = start("flame").await;
+async fn flame_format_for_the_web_ui(kind: Kind) {
+    let (addr, _state, _store) = start("flame", kind).await;
     let now = pyrometer_collector::server::now_s();
     for (agent, node, p) in [
         (
@@ -457,9 +480,8 @@ async fn flame_format_for_the_web_ui() {
     assert_eq!(json(&body)["stacks"], serde_json::json!([]));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_pushes_are_refused_and_the_collector_keeps_serving() {
-    let (addr, _state) = start("malformed").await;
+async fn malformed_pushes_are_refused_and_the_collector_keeps_serving(kind: Kind) {
+    let (addr, _state, _store) = start("malformed", kind).await;
     let valid = request(
         "a",
         1,

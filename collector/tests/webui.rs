@@ -4,7 +4,8 @@
 //! label pickers; the function table and the sandwich of a function with known callers; the
 //! chart's brush selecting the range; the compare view; state kept in the URL. Pointer input
 //! (hover, clicks, the brush) is real input through the DevTools protocol. Screenshots land in
-//! target/tmp/webui-*/ (paths printed) for a human to look at.
+//! target/tmp/webui-*/ (paths printed) for a human to look at. Each test runs against both
+//! stores (SQLite, and the collector binary on a private ClickHouse server).
 
 mod chromium;
 mod common;
@@ -15,34 +16,52 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chromium::Chromium;
-use common::{profile_of, push, request};
+use common::clickhouse_server::ClickHouse;
+use common::{Kind, profile_of, push, request};
 use serde_json::{Value, json};
 
 const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 900;
 
-/// The collector binary, killed when dropped.
+/// The collector binary, killed when dropped (before its ClickHouse server, if any).
 struct Collector {
     child: Child,
     addr: SocketAddr,
+    _clickhouse: Option<ClickHouse>,
 }
 
 impl Collector {
-    fn start(data_dir: &Path) -> Collector {
+    fn start(data_dir: &Path, kind: Kind) -> Collector {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_pyrometer-collector"))
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--data-dir")
-            .arg(data_dir)
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pyrometer-collector"));
+        cmd.arg("--listen").arg(addr.to_string());
+        let clickhouse = match kind {
+            Kind::Sqlite => {
+                cmd.arg("--data-dir").arg(data_dir);
+                None
+            }
+            Kind::ClickHouse => {
+                let server = ClickHouse::start(data_dir);
+                cmd.arg("--store")
+                    .arg(server.url("webui"))
+                    .arg("--store-credentials")
+                    .arg(server.credentials_file());
+                Some(server)
+            }
+        };
+        let child = cmd
             .stdin(Stdio::null())
             .spawn()
             .expect("start pyrometer-collector");
-        let c = Collector { child, addr };
+        let c = Collector {
+            child,
+            addr,
+            _clickhouse: clickhouse,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(addr).is_err() {
             assert!(Instant::now() < deadline, "collector not up on {addr}");
@@ -59,8 +78,8 @@ impl Drop for Collector {
     }
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("webui-{name}"));
+fn scratch(name: &str, kind: Kind) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("webui-{name}-{kind:?}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -188,9 +207,18 @@ fn url_param(page: &mut Chromium, name: &str) -> Value {
 }
 
 #[test]
-fn flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels() {
-    let dir = scratch("flame");
-    let collector = Collector::start(&dir.join("data"));
+fn flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels_sqlite() {
+    flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels(Kind::Sqlite);
+}
+
+#[test]
+fn flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels_clickhouse() {
+    flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels(Kind::ClickHouse);
+}
+
+fn flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels(kind: Kind) {
+    let dir = scratch("flame", kind);
+    let collector = Collector::start(&dir.join("data"), kind);
     seed_profiles(collector.addr);
     let mut page = Chromium::launch(&format!("http://{}/", collector.addr), &dir, WIDTH, HEIGHT);
 
@@ -358,9 +386,18 @@ fn flame_graph_stays_readable_with_a_deep_stack_zooms_searches_and_picks_labels(
 }
 
 #[test]
-fn table_sorts_and_filters_and_the_sandwich_lists_known_callers() {
-    let dir = scratch("table");
-    let collector = Collector::start(&dir.join("data"));
+fn table_sorts_and_filters_and_the_sandwich_lists_known_callers_sqlite() {
+    table_sorts_and_filters_and_the_sandwich_lists_known_callers(Kind::Sqlite);
+}
+
+#[test]
+fn table_sorts_and_filters_and_the_sandwich_lists_known_callers_clickhouse() {
+    table_sorts_and_filters_and_the_sandwich_lists_known_callers(Kind::ClickHouse);
+}
+
+fn table_sorts_and_filters_and_the_sandwich_lists_known_callers(kind: Kind) {
+    let dir = scratch("table", kind);
+    let collector = Collector::start(&dir.join("data"), kind);
     seed_profiles(collector.addr);
     let mut page = Chromium::launch(
         &format!("http://{}/?view=table", collector.addr),
@@ -482,9 +519,18 @@ fn table_sorts_and_filters_and_the_sandwich_lists_known_callers() {
 }
 
 #[test]
-fn brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label() {
-    let dir = scratch("chart");
-    let collector = Collector::start(&dir.join("data"));
+fn brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label_sqlite() {
+    brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label(Kind::Sqlite);
+}
+
+#[test]
+fn brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label_clickhouse() {
+    brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label(Kind::ClickHouse);
+}
+
+fn brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label(kind: Kind) {
+    let dir = scratch("chart", kind);
+    let collector = Collector::start(&dir.join("data"), kind);
     let now = now_s();
     seed(
         collector.addr,
@@ -606,9 +652,18 @@ fn brushing_the_chart_selects_the_flame_graphs_range_and_splits_by_label() {
 }
 
 #[test]
-fn compare_draws_the_differential_flame_graph_and_tables() {
-    let dir = scratch("compare");
-    let collector = Collector::start(&dir.join("data"));
+fn compare_draws_the_differential_flame_graph_and_tables_sqlite() {
+    compare_draws_the_differential_flame_graph_and_tables(Kind::Sqlite);
+}
+
+#[test]
+fn compare_draws_the_differential_flame_graph_and_tables_clickhouse() {
+    compare_draws_the_differential_flame_graph_and_tables(Kind::ClickHouse);
+}
+
+fn compare_draws_the_differential_flame_graph_and_tables(kind: Kind) {
+    let dir = scratch("compare", kind);
+    let collector = Collector::start(&dir.join("data"), kind);
     let now = now_s();
     // n1's split turns from 300:500 an hour and a half ago to 600:200 now.
     seed(

@@ -36,18 +36,24 @@ pub fn free_port() -> u16 {
 pub struct Collector {
     pub child: Child,
     pub addr: SocketAddr,
-    pub data_dir: PathBuf,
+    /// The store arguments (`--data-dir DIR`, or `--store URL --store-credentials FILE`).
+    pub store_args: Vec<String>,
     pub token_file: Option<PathBuf>,
 }
 
 impl Collector {
     pub fn start(data_dir: &Path, port: u16, token_file: Option<&Path>) -> Collector {
+        let store = vec!["--data-dir".into(), data_dir.display().to_string()];
+        Collector::start_with(&store, port, token_file)
+    }
+
+    /// A collector with the store `store_args` name.
+    pub fn start_with(store_args: &[String], port: u16, token_file: Option<&Path>) -> Collector {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let mut cmd = Command::new(collector_bin());
         cmd.arg("--listen")
             .arg(addr.to_string())
-            .arg("--data-dir")
-            .arg(data_dir)
+            .args(store_args)
             .stdin(Stdio::null());
         if let Some(t) = token_file {
             cmd.arg("--token-file").arg(t);
@@ -56,7 +62,7 @@ impl Collector {
         let c = Collector {
             child,
             addr,
-            data_dir: data_dir.to_path_buf(),
+            store_args: store_args.to_vec(),
             token_file: token_file.map(Path::to_path_buf),
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -82,8 +88,8 @@ impl Collector {
     pub fn restart(&mut self) {
         self.kill9();
         let port = self.addr.port();
-        *self = Collector::start(
-            &self.data_dir.clone(),
+        *self = Collector::start_with(
+            &self.store_args.clone(),
             port,
             self.token_file.clone().as_deref(),
         );

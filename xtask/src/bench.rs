@@ -192,8 +192,10 @@ fn cpu_bench(workload: &Path, pyrometer: &Path, dir: &Path, pairs: usize) -> Res
     Ok(())
 }
 
-/// Ingest rate, bytes per sample and query latency of the collector's store
-/// (collector/benches/store.rs, sized by BENCH_NODES, BENCH_BUCKETS, BENCH_ROWS).
+/// Ingest rate, bytes per sample and query latency of the collector's stores, SQLite and
+/// ClickHouse (a private clickhouse-server the benchmark starts) side by side on the same
+/// synthetic cluster (collector/benches/store.rs, sized by BENCH_NODES, BENCH_BUCKETS,
+/// BENCH_ROWS).
 fn collector_bench(root: &Path) -> Result<()> {
     println!();
     run(Command::new("cargo").current_dir(root).args([

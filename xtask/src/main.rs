@@ -73,6 +73,9 @@ const DEPS: &[(&str, &str)] = &[
     ("kmod", "/usr/bin/kmod"),
     ("xz-utils", "/usr/bin/xz"),
     ("zstd", "/usr/bin/zstd"),
+    // The collector's shared store: the tests start it by hand on loopback with a private
+    // data directory (no system service runs it).
+    ("clickhouse-server", "/usr/sbin/clickhouse-server"),
 ];
 
 fn main() -> Result<()> {

@@ -180,3 +180,57 @@ pub fn enc(s: &str) -> String {
         })
         .collect()
 }
+
+#[path = "clickhouse_server.rs"]
+pub mod clickhouse_server;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use clickhouse_server::ClickHouse;
+use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
+use pyrometer_collector::sqlite::SqliteStore;
+use pyrometer_collector::store::Store;
+
+/// The stores every API-level test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Sqlite,
+    ClickHouse,
+}
+
+/// A store of `kind` in `dir`, with the ClickHouse server behind it (dropped last).
+pub struct TestStore {
+    pub store: Arc<dyn Store>,
+    pub server: Option<ClickHouse>,
+}
+
+pub fn test_store(kind: Kind, dir: &Path) -> TestStore {
+    let _ = std::fs::remove_dir_all(dir);
+    match kind {
+        Kind::Sqlite => TestStore {
+            store: Arc::new(SqliteStore::open(dir).unwrap()),
+            server: None,
+        },
+        Kind::ClickHouse => {
+            let server = ClickHouse::start(dir);
+            let store = clickhouse_store(&server, "pyrometer");
+            TestStore {
+                store: Arc::new(store),
+                server: Some(server),
+            }
+        }
+    }
+}
+
+pub fn clickhouse_store(server: &ClickHouse, db: &str) -> ClickHouseStore {
+    ClickHouseStore::open(
+        &Location::parse(&server.url(db)).unwrap(),
+        Some((
+            clickhouse_server::USER.into(),
+            clickhouse_server::PASSWORD.into(),
+        )),
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap()
+}

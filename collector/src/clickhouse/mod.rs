@@ -1,0 +1,710 @@
+//! The shared store: ClickHouse over its HTTP interface, for any number of stateless
+//! collectors. Label sets, stacks and sample types are interned by a hash of their content
+//! (see [`ids`]), so collectors agree on ids without coordination and cache them only to
+//! save round trips. Schema, versioning and the exactly-once rule: [`schema`].
+
+mod http;
+mod ids;
+mod rowbinary;
+pub mod schema;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::{Client, HttpError};
+use rowbinary::{Reader, Writer};
+
+use crate::store::{
+    BUCKET_SECONDS, Batch, Ingested, LabelSet, Point, Selection, Stacked, Store, StoreError,
+};
+
+/// Where the store is: `clickhouse://HOST[:PORT]/DATABASE` (HTTP interface, port 8123 by
+/// default). Credentials never appear in it; they come from a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+}
+
+impl Location {
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let rest = url
+            .strip_prefix("clickhouse://")
+            .ok_or_else(|| format!("'{url}' is not clickhouse://HOST:PORT/DATABASE"))?;
+        let (authority, database) = rest.split_once('/').ok_or_else(|| {
+            format!("'{url}' names no database: use clickhouse://HOST:PORT/DATABASE")
+        })?;
+        if authority.contains('@') {
+            return Err(format!(
+                "'{url}' carries credentials: put USER:PASSWORD in a file and pass \
+                 --store-credentials FILE instead"
+            ));
+        }
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| format!("bad port '{p}' in '{url}'"))?,
+            ),
+            None => (authority, 8123),
+        };
+        if host.is_empty() {
+            return Err(format!("'{url}' names no host"));
+        }
+        let valid = database
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+        if database.is_empty() || !valid {
+            return Err(format!(
+                "bad database name '{database}' in '{url}': use letters, digits and _"
+            ));
+        }
+        Ok(Self {
+            host: host.to_string(),
+            port,
+            database: database.to_string(),
+        })
+    }
+}
+
+/// Reads `USER:PASSWORD` (one line) from a credentials file.
+pub fn read_credentials(path: &Path) -> Result<(String, String), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the credentials file {}: {e}", path.display()))?;
+    let line = text.lines().next().unwrap_or("").trim();
+    match line.split_once(':') {
+        Some((user, password)) if !user.is_empty() => Ok((user.to_string(), password.to_string())),
+        _ => Err(format!(
+            "the credentials file {} must hold USER:PASSWORD on its first line",
+            path.display()
+        )),
+    }
+}
+
+/// Requests to ClickHouse that take longer fail as unavailable: under the agents' 5 s push
+/// timeout, so an agent hears "retry" rather than nothing.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(4);
+/// Largest answer read from ClickHouse (memory stays bounded whatever a query selects).
+const MAX_ANSWER: usize = 1 << 30;
+/// Ids remembered per cache before it is emptied (they are only round-trip savers).
+const CACHE_ENTRIES: usize = 1 << 20;
+/// Ids per `IN (...)` list sent in one query.
+const IN_CHUNK: usize = 20_000;
+
+#[derive(Default)]
+struct Caches {
+    /// Interned entries known to be in ClickHouse (written by us or read back).
+    stored_types: HashSet<u64>,
+    labelsets: HashMap<u64, Arc<LabelSet>>,
+    stacks: HashMap<u64, Arc<Vec<String>>>,
+}
+
+impl Caches {
+    fn bound(&mut self) {
+        if self.labelsets.len() > CACHE_ENTRIES {
+            self.labelsets.clear();
+        }
+        if self.stacks.len() > CACHE_ENTRIES {
+            self.stacks.clear();
+        }
+    }
+}
+
+pub struct ClickHouseStore {
+    client: Client,
+    db: String,
+    caches: Mutex<Caches>,
+}
+
+impl From<HttpError> for StoreError {
+    fn from(e: HttpError) -> Self {
+        if e.is_unavailable() {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::ClickHouse(e.to_string())
+        }
+    }
+}
+
+impl From<rowbinary::Malformed> for StoreError {
+    fn from(e: rowbinary::Malformed) -> Self {
+        StoreError::Corrupt(e.to_string())
+    }
+}
+
+impl From<schema::SchemaError> for StoreError {
+    fn from(e: schema::SchemaError) -> Self {
+        match e {
+            schema::SchemaError::Http(e) => e.into(),
+            other => StoreError::Schema(other.to_string()),
+        }
+    }
+}
+
+fn bucket_of(time_s: i64) -> i64 {
+    time_s - time_s.rem_euclid(BUCKET_SECONDS)
+}
+
+/// `a, b, c` of integers, for `IN (...)`.
+fn list(ids: &[u64]) -> String {
+    let mut s = String::with_capacity(ids.len() * 21);
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{id}");
+    }
+    s
+}
+
+impl ClickHouseStore {
+    /// Connects, creates or upgrades the schema, and fails with the reason when ClickHouse
+    /// cannot be reached or its schema is newer than this collector's.
+    pub fn open(
+        location: &Location,
+        credentials: Option<(String, String)>,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let client = Client::new(
+            &location.host,
+            location.port,
+            credentials,
+            timeout,
+            MAX_ANSWER,
+        )?;
+        schema::migrate(&client, &location.database)?;
+        Ok(Self {
+            client,
+            db: location.database.clone(),
+            caches: Mutex::default(),
+        })
+    }
+
+    fn caches(&self) -> MutexGuard<'_, Caches> {
+        // The caches hold only what ClickHouse holds too: a poisoned one is still right.
+        self.caches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A SELECT whose answer is RowBinary. Long `IN` lists go in the body, so the query
+    /// size limit is raised to fit.
+    fn select_raw(&self, query: &str) -> Result<Vec<u8>, StoreError> {
+        let text = format!("{query} FORMAT RowBinary");
+        let size = (text.len() + 1024).max(262_144).to_string();
+        // wait_end_of_query: an exception after the first rows still arrives as an error
+        // status, not as a 200 with a message glued to the rows.
+        Ok(self.client.post(
+            &[
+                ("database", &self.db),
+                ("max_query_size", &size),
+                ("wait_end_of_query", "1"),
+            ],
+            text.as_bytes(),
+        )?)
+    }
+
+    fn select_ids(&self, query: &str) -> Result<Vec<u64>, StoreError> {
+        let raw = self.select_raw(query)?;
+        let mut r = Reader::new(&raw);
+        let mut out = Vec::with_capacity(raw.len() / 8);
+        while !r.is_empty() {
+            out.push(r.u64()?);
+        }
+        Ok(out)
+    }
+
+    fn insert(&self, table_and_columns: &str, rows: &[u8], count: usize) -> Result<(), StoreError> {
+        let query = format!(
+            "INSERT INTO {}.{table_and_columns} FORMAT RowBinary",
+            self.db
+        );
+        // One block, so one part: an insert is then all or nothing.
+        let block = (count + 1).max(1_048_576).to_string();
+        self.client.post(
+            &[("query", &query), ("max_insert_block_size", &block)],
+            rows,
+        )?;
+        Ok(())
+    }
+
+    /// The condition that keeps the rows of each batch's first stored attempt in
+    /// `[from_s, to_s)` (see [`schema`]).
+    fn winners(&self, from_s: i64, to_s: i64) -> String {
+        format!(
+            "batch IN (SELECT min(batch) FROM {db}.samples
+                       WHERE type = 0 AND bucket >= {from_s} AND bucket < {to_s}
+                       GROUP BY agent, sequence)",
+            db = self.db
+        )
+    }
+
+    fn has_marker(&self, bucket: i64, agent: u64, sequence: u64) -> Result<bool, StoreError> {
+        let raw = self.select_raw(&format!(
+            "SELECT count() FROM {}.samples
+             WHERE type = 0 AND bucket = {bucket} AND agent = {agent} AND sequence = {sequence}",
+            self.db
+        ))?;
+        Ok(Reader::new(&raw).u64()? > 0)
+    }
+
+    /// Label sets of `ids`, from the cache or ClickHouse.
+    fn labelsets(&self, ids: &[u64]) -> Result<HashMap<u64, Arc<LabelSet>>, StoreError> {
+        let mut out = HashMap::with_capacity(ids.len());
+        let mut missing = Vec::new();
+        {
+            let caches = self.caches();
+            for &id in ids {
+                match caches.labelsets.get(&id) {
+                    Some(l) => {
+                        out.insert(id, l.clone());
+                    }
+                    None => missing.push(id),
+                }
+            }
+        }
+        for chunk in missing.chunks(IN_CHUNK) {
+            let raw = self.select_raw(&format!(
+                "SELECT id, any(labels) FROM {}.labelsets WHERE id IN ({}) GROUP BY id",
+                self.db,
+                list(chunk)
+            ))?;
+            let mut r = Reader::new(&raw);
+            let mut fetched = Vec::new();
+            while !r.is_empty() {
+                let id = r.u64()?;
+                let json = r.str()?;
+                let labels: LabelSet = serde_json::from_str(&json)
+                    .map_err(|e| StoreError::Corrupt(format!("label set {id}: {e}")))?;
+                fetched.push((id, Arc::new(labels)));
+            }
+            let mut caches = self.caches();
+            caches.bound();
+            for (id, l) in fetched {
+                caches.labelsets.insert(id, l.clone());
+                out.insert(id, l);
+            }
+        }
+        Ok(out)
+    }
+
+    fn stacks(&self, ids: &[u64]) -> Result<HashMap<u64, Arc<Vec<String>>>, StoreError> {
+        let mut out = HashMap::with_capacity(ids.len());
+        let mut missing = Vec::new();
+        {
+            let caches = self.caches();
+            for &id in ids {
+                match caches.stacks.get(&id) {
+                    Some(s) => {
+                        out.insert(id, s.clone());
+                    }
+                    None => missing.push(id),
+                }
+            }
+        }
+        for chunk in missing.chunks(IN_CHUNK) {
+            let raw = self.select_raw(&format!(
+                "SELECT id, any(frames) FROM {}.stacks WHERE id IN ({}) GROUP BY id",
+                self.db,
+                list(chunk)
+            ))?;
+            let mut r = Reader::new(&raw);
+            let mut fetched = Vec::new();
+            while !r.is_empty() {
+                let id = r.u64()?;
+                fetched.push((id, Arc::new(r.strs()?)));
+            }
+            let mut caches = self.caches();
+            caches.bound();
+            for (id, s) in fetched {
+                caches.stacks.insert(id, s.clone());
+                out.insert(id, s);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Label sets used by sample rows of the range (of type `ty`, or of any type).
+    fn labelsets_in(
+        &self,
+        from_s: i64,
+        to_s: i64,
+        ty: Option<u64>,
+    ) -> Result<HashMap<u64, Arc<LabelSet>>, StoreError> {
+        let ty = match ty {
+            Some(t) => format!("type = {t}"),
+            None => "type != 0".into(),
+        };
+        let ids = self.select_ids(&format!(
+            "SELECT DISTINCT labelset FROM {}.samples
+             WHERE {ty} AND bucket >= {from_s} AND bucket < {to_s}",
+            self.db
+        ))?;
+        self.labelsets(&ids)
+    }
+
+    fn types(&self) -> Result<Vec<(u64, String, String)>, StoreError> {
+        let raw = self.select_raw(&format!(
+            "SELECT id, any(name), any(unit) FROM {}.types GROUP BY id",
+            self.db
+        ))?;
+        let mut r = Reader::new(&raw);
+        let mut out = Vec::new();
+        while !r.is_empty() {
+            out.push((r.u64()?, r.str()?, r.str()?));
+        }
+        out.sort_by(|a, b| (&a.1, &a.2).cmp(&(&b.1, &b.2)));
+        Ok(out)
+    }
+
+    /// Writes interned entries the store may lack: before the samples that use them, so a
+    /// reader never meets an id it cannot resolve.
+    fn intern(
+        &self,
+        batch: &Batch,
+        types: &[u64],
+        labelsets: &HashMap<u64, &Arc<LabelSet>>,
+        stacks: &HashMap<u64, &Arc<Vec<String>>>,
+    ) -> Result<(), StoreError> {
+        let (new_types, new_labelsets, new_stacks) = {
+            let caches = self.caches();
+            let new_types: Vec<usize> = (0..types.len())
+                .filter(|&i| !caches.stored_types.contains(&types[i]))
+                .collect();
+            let new_labelsets: Vec<(u64, Arc<LabelSet>)> = labelsets
+                .iter()
+                .filter(|(id, _)| !caches.labelsets.contains_key(id))
+                .map(|(&id, &l)| (id, l.clone()))
+                .collect();
+            let new_stacks: Vec<(u64, Arc<Vec<String>>)> = stacks
+                .iter()
+                .filter(|(id, _)| !caches.stacks.contains_key(id))
+                .map(|(&id, &s)| (id, s.clone()))
+                .collect();
+            (new_types, new_labelsets, new_stacks)
+        };
+        if !new_types.is_empty() {
+            let mut w = Writer::default();
+            for &i in &new_types {
+                let (name, unit) = &batch.sample_types[i];
+                w.u64(types[i]);
+                w.str(name);
+                w.str(unit);
+            }
+            self.insert("types (id, name, unit)", &w.0, new_types.len())?;
+        }
+        if !new_labelsets.is_empty() {
+            let mut w = Writer::default();
+            for (id, labels) in &new_labelsets {
+                w.u64(*id);
+                w.str(&ids::labelset_json(labels));
+            }
+            self.insert("labelsets (id, labels)", &w.0, new_labelsets.len())?;
+        }
+        if !new_stacks.is_empty() {
+            let mut w = Writer::default();
+            for (id, frames) in &new_stacks {
+                w.u64(*id);
+                w.strs(frames);
+            }
+            self.insert("stacks (id, frames)", &w.0, new_stacks.len())?;
+        }
+        let mut caches = self.caches();
+        caches.bound();
+        for i in new_types {
+            caches.stored_types.insert(types[i]);
+        }
+        caches.labelsets.extend(new_labelsets);
+        caches.stacks.extend(new_stacks);
+        Ok(())
+    }
+}
+
+/// What a selection reads: its sample type's id, the label sets of the range that hold that
+/// type, and the `AND labelset IN (...)` condition keeping the matching ones (empty when all
+/// match).
+struct Selected {
+    ty: u64,
+    present: HashMap<u64, Arc<LabelSet>>,
+    filter: String,
+}
+
+impl ClickHouseStore {
+    /// `None` when nothing can match: the type is unknown or no label set of the range matches.
+    fn selected(&self, selection: &Selection<'_>) -> Result<Option<Selected>, StoreError> {
+        let types = self.types()?;
+        let Some(&(ty, _, _)) = types.iter().find(|t| t.1 == selection.sample_type) else {
+            return Ok(None);
+        };
+        let present = self.labelsets_in(selection.from_s, selection.to_s, Some(ty))?;
+        let mut wanted: Vec<u64> = present
+            .iter()
+            .filter(|(_, l)| (selection.labels)(l))
+            .map(|(&id, _)| id)
+            .collect();
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        wanted.sort_unstable();
+        let filter = if wanted.len() == present.len() {
+            String::new()
+        } else {
+            format!("AND labelset IN ({})", list(&wanted))
+        };
+        Ok(Some(Selected {
+            ty,
+            present,
+            filter,
+        }))
+    }
+
+    /// `present` plus the label sets among `answered` that it lacks and the selection matches:
+    /// a batch stored between a query's two statements can bring label sets the first did
+    /// not see (only when no label filter was sent). Rows of label sets missing from the
+    /// answer are to be dropped (they are new ones the selection does not match).
+    fn with_late(
+        &self,
+        selection: &Selection<'_>,
+        mut present: HashMap<u64, Arc<LabelSet>>,
+        answered: impl Iterator<Item = u64>,
+    ) -> Result<HashMap<u64, Arc<LabelSet>>, StoreError> {
+        let mut late: Vec<u64> = answered.filter(|l| !present.contains_key(l)).collect();
+        late.sort_unstable();
+        late.dedup();
+        for (id, labels) in self.labelsets(&late)? {
+            if (selection.labels)(&labels) {
+                present.insert(id, labels);
+            }
+        }
+        Ok(present)
+    }
+}
+
+impl Store for ClickHouseStore {
+    fn ingest(&self, batch: &Batch) -> Result<Ingested, StoreError> {
+        let bucket = bucket_of(batch.time_s);
+        let agent = ids::agent(&batch.agent_id);
+        if self.has_marker(bucket, agent, batch.sequence)? {
+            return Ok(Ingested {
+                duplicate: true,
+                rows: 0,
+            });
+        }
+        let types: Vec<u64> = batch
+            .sample_types
+            .iter()
+            .map(|(n, u)| ids::sample_type(n, u))
+            .collect();
+        // Rows of one (type, label set, stack) summed here: fewer rows to store and read.
+        let mut stack_ids: HashMap<*const Vec<String>, u64> = HashMap::new();
+        let mut labelset_ids: HashMap<*const LabelSet, u64> = HashMap::new();
+        let mut merged: HashMap<(u64, u64, u64), i64> = HashMap::new();
+        let mut labelsets = HashMap::new();
+        let mut stacks = HashMap::new();
+        for row in &batch.rows {
+            let ty = *types
+                .get(row.sample_type)
+                .ok_or_else(|| StoreError::Corrupt("row names a missing sample type".into()))?;
+            let sid = *stack_ids
+                .entry(Arc::as_ptr(&row.stack))
+                .or_insert_with(|| ids::stack(&row.stack));
+            let lid = *labelset_ids
+                .entry(Arc::as_ptr(&row.labels))
+                .or_insert_with(|| ids::labelset(&row.labels));
+            labelsets.insert(lid, &row.labels);
+            stacks.insert(sid, &row.stack);
+            *merged.entry((ty, lid, sid)).or_default() += row.value;
+        }
+        self.intern(batch, &types, &labelsets, &stacks)?;
+        let attempt = ids::attempt(&batch.agent_id, batch.sequence);
+        let mut w = Writer::default();
+        for (&(ty, lid, sid), &value) in &merged {
+            w.i64(bucket);
+            w.u64(ty);
+            w.u64(lid);
+            w.u64(sid);
+            w.i64(value);
+            w.u64(attempt);
+            w.u64(0);
+            w.u64(0);
+        }
+        // The marker last: should a block ever be split, rows without their marker are
+        // not counted.
+        w.i64(bucket);
+        w.u64(0);
+        w.u64(0);
+        w.u64(0);
+        w.i64(batch.rows.len() as i64);
+        w.u64(attempt);
+        w.u64(agent);
+        w.u64(batch.sequence);
+        self.insert(
+            "samples (bucket, type, labelset, stack, value, batch, agent, sequence)",
+            &w.0,
+            merged.len() + 1,
+        )?;
+        Ok(Ingested {
+            duplicate: false,
+            rows: batch.rows.len() as u64,
+        })
+    }
+
+    fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError> {
+        let Some(Selected {
+            ty,
+            present,
+            filter,
+        }) = self.selected(selection)?
+        else {
+            return Ok(Vec::new());
+        };
+        let (from_s, to_s) = (selection.from_s, selection.to_s);
+        let raw = self.select_raw(&format!(
+            "SELECT labelset, stack, sum(value) FROM {db}.samples
+             WHERE type = {ty} AND bucket >= {from_s} AND bucket < {to_s} {filter}
+               AND {winners}
+             GROUP BY labelset, stack",
+            db = self.db,
+            winners = self.winners(from_s, to_s)
+        ))?;
+        let mut r = Reader::new(&raw);
+        let mut sums = Vec::with_capacity(raw.len() / 24);
+        while !r.is_empty() {
+            sums.push((r.u64()?, r.u64()?, r.i64()?));
+        }
+        let labelsets = self.with_late(selection, present, sums.iter().map(|s| s.0))?;
+        sums.retain(|s| labelsets.contains_key(&s.0));
+        // Deterministic answers, whatever order ClickHouse's threads produced.
+        sums.sort_unstable();
+        let mut stack_ids: Vec<u64> = sums.iter().map(|s| s.1).collect();
+        stack_ids.sort_unstable();
+        stack_ids.dedup();
+        let stacks = self.stacks(&stack_ids)?;
+        sums.into_iter()
+            .map(
+                |(lid, sid, value)| match (labelsets.get(&lid), stacks.get(&sid)) {
+                    (Some(labels), Some(stack)) => Ok(Stacked {
+                        labels: labels.clone(),
+                        stack: stack.clone(),
+                        value,
+                    }),
+                    _ => Err(StoreError::Corrupt(format!(
+                        "sample row of label set {lid} and stack {sid} without them"
+                    ))),
+                },
+            )
+            .collect()
+    }
+
+    fn series(&self, selection: &Selection<'_>, step_s: i64) -> Result<Vec<Point>, StoreError> {
+        // The API validates steps; a non-positive one here is read as the finest.
+        let step_s = step_s.max(1);
+        let Some(Selected {
+            ty,
+            present,
+            filter,
+        }) = self.selected(selection)?
+        else {
+            return Ok(Vec::new());
+        };
+        let (from_s, to_s) = (selection.from_s, selection.to_s);
+        // The step's start as `bucket - bucket.rem_euclid(step)`, written with `%` twice since
+        // ClickHouse's `%` (and `intDiv`) truncate toward zero; no `toStartOfInterval`, whose
+        // arbitrary-seconds form 18.16 lacks and which works on DateTime, not Int64 buckets.
+        let raw = self.select_raw(&format!(
+            "SELECT labelset,
+                    toInt64(bucket - ((bucket % {step_s}) + {step_s}) % {step_s}) AS step_start,
+                    sum(value)
+             FROM {db}.samples
+             WHERE type = {ty} AND bucket >= {from_s} AND bucket < {to_s} {filter}
+               AND {winners}
+             GROUP BY labelset, step_start",
+            db = self.db,
+            winners = self.winners(from_s, to_s)
+        ))?;
+        let mut r = Reader::new(&raw);
+        let mut sums = Vec::with_capacity(raw.len() / 24);
+        while !r.is_empty() {
+            sums.push((r.u64()?, r.i64()?, r.i64()?));
+        }
+        let labelsets = self.with_late(selection, present, sums.iter().map(|s| s.0))?;
+        Ok(sums
+            .into_iter()
+            .filter_map(|(lid, time_s, value)| {
+                let labels = labelsets.get(&lid)?.clone();
+                Some(Point {
+                    labels,
+                    time_s,
+                    value,
+                })
+            })
+            .collect())
+    }
+
+    fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+        let sets = self.labelsets_in(from_s, to_s, None)?;
+        let names: std::collections::BTreeSet<String> =
+            sets.values().flat_map(|s| s.keys().cloned()).collect();
+        Ok(names.into_iter().collect())
+    }
+
+    fn label_values(&self, name: &str, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+        let sets = self.labelsets_in(from_s, to_s, None)?;
+        let values: std::collections::BTreeSet<String> =
+            sets.values().filter_map(|s| s.get(name).cloned()).collect();
+        Ok(values.into_iter().collect())
+    }
+
+    fn sample_types(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut types: Vec<(String, String)> =
+            self.types()?.into_iter().map(|(_, n, u)| (n, u)).collect();
+        types.dedup();
+        Ok(types)
+    }
+
+    fn size_bytes(&self) -> Result<u64, StoreError> {
+        let raw = self.select_raw(&format!(
+            "SELECT toUInt64(sum(bytes_on_disk)) FROM system.parts
+             WHERE database = '{}' AND active",
+            self.db
+        ))?;
+        Ok(Reader::new(&raw).u64()?)
+    }
+
+    /// Drops whole days: a partition goes once every bucket in it is older than `before_s`
+    /// (so up to a day more than the retention is kept).
+    fn expire(&self, before_s: i64) -> Result<u64, StoreError> {
+        let raw = self.select_raw(&format!(
+            "SELECT partition, toUInt64(sum(rows)) FROM system.parts
+             WHERE database = '{}' AND table = 'samples' AND active GROUP BY partition",
+            self.db
+        ))?;
+        let mut r = Reader::new(&raw);
+        let mut removed = 0;
+        while !r.is_empty() {
+            let partition = r.str()?;
+            let rows = r.u64()?;
+            let day: i64 = partition
+                .trim_matches('\'')
+                .parse()
+                .map_err(|_| StoreError::Corrupt(format!("partition '{partition}'")))?;
+            if (day + 1) * 86_400 <= before_s {
+                let sql = format!("ALTER TABLE {}.samples DROP PARTITION {day}", self.db);
+                self.client.post(&[], sql.as_bytes())?;
+                removed += rows;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Nothing to do: ClickHouse compresses columns and merges parts itself, so the table
+    /// keeps full 10 s resolution until retention drops the day. (Rewriting buckets would
+    /// need an atomic swap of partitions that collectors ingesting at the same time could
+    /// race with.)
+    fn compact(&self, _before_s: i64, _coarse_s: i64) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}

@@ -1,0 +1,99 @@
+//! The ClickHouse schema, versioned: `schema_version` holds one row per applied version, and
+//! a collector applies the versions it knows that are missing (every statement is idempotent,
+//! so collectors starting together cannot break each other), and refuses a store whose
+//! version is newer than its own.
+//!
+//! One schema for Debian's 18.16 and current releases, so it avoids what 18.16 lacks or
+//! treats differently: no `Map` (labels are a JSON string in an interned table), no column
+//! codecs and no `TTL` (retention drops whole day partitions instead), no projections (the
+//! sort key serves the queries), no `DateTime64` (buckets are Int64 seconds, no time zone),
+//! no `LowCardinality` (needs an experimental setting on 18.16; interning by id does the
+//! same job), and no server-side query parameters (queries carry only integers the
+//! collector formats itself). Queries use at most one JOIN (18.16's limit); in fact none.
+//!
+//! Exactly-once without transactions: a batch's sample rows and its marker row (type 0,
+//! carrying the agent and sequence) are one INSERT into one partition, which ClickHouse
+//! writes as one part, all or nothing. Each insert attempt has its own random `batch` id;
+//! readers count only rows of the smallest `batch` id of each (agent, sequence) marker.
+//! A replay after a lost acknowledgement, the same batch through two collectors at once, or
+//! an insert cut short by a crash therefore never counts twice or half.
+
+use super::http::{Client, HttpError};
+
+/// The version this collector writes and reads.
+pub const VERSION: u32 = 1;
+
+/// `(version, statements)`, in order; `{db}` is the database.
+const MIGRATIONS: &[(u32, &[&str])] = &[(
+    1,
+    &[
+        // One row per (bucket, type, label set, stack) of one insert attempt; markers have
+        // type 0. Sorted so a query reads one type's contiguous time range; a partition a
+        // day, so retention is DROP PARTITION.
+        "CREATE TABLE IF NOT EXISTS {db}.samples (
+            bucket Int64, type UInt64, labelset UInt64, stack UInt64, value Int64,
+            batch UInt64, agent UInt64, sequence UInt64
+        ) ENGINE = MergeTree() PARTITION BY intDiv(bucket, 86400)
+          ORDER BY (type, bucket, labelset, stack)",
+        // Interned by a hash of their content, so collectors agree on ids without talking;
+        // a row inserted twice collapses in a merge, and readers take any one copy.
+        "CREATE TABLE IF NOT EXISTS {db}.labelsets (id UInt64, labels String)
+          ENGINE = ReplacingMergeTree() ORDER BY id",
+        "CREATE TABLE IF NOT EXISTS {db}.stacks (id UInt64, frames Array(String))
+          ENGINE = ReplacingMergeTree() ORDER BY id",
+        "CREATE TABLE IF NOT EXISTS {db}.types (id UInt64, name String, unit String)
+          ENGINE = ReplacingMergeTree() ORDER BY id",
+    ],
+)];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(
+        "the store's schema is version {found}, newer than this collector's {VERSION}: \
+         upgrade pyrometer-collector"
+    )]
+    Newer { found: u32 },
+    #[error("unreadable schema version '{0}'")]
+    Version(String),
+}
+
+fn sql(client: &Client, text: &str) -> Result<String, HttpError> {
+    let answer = client.post(&[], text.as_bytes())?;
+    Ok(String::from_utf8_lossy(&answer).trim().to_string())
+}
+
+/// Creates the database and brings its schema to [`VERSION`]; returns the version found.
+pub fn migrate(client: &Client, db: &str) -> Result<u32, SchemaError> {
+    sql(client, &format!("CREATE DATABASE IF NOT EXISTS {db}"))?;
+    sql(
+        client,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {db}.schema_version
+             (version UInt32, applied_at DateTime DEFAULT now())
+             ENGINE = ReplacingMergeTree() ORDER BY version"
+        ),
+    )?;
+    let text = sql(
+        client,
+        &format!("SELECT max(version) FROM {db}.schema_version"),
+    )?;
+    let found: u32 = text.parse().map_err(|_| SchemaError::Version(text))?;
+    if found > VERSION {
+        return Err(SchemaError::Newer { found });
+    }
+    for &(version, statements) in MIGRATIONS {
+        if version <= found {
+            continue;
+        }
+        for s in statements {
+            sql(client, &s.replace("{db}", db))?;
+        }
+        sql(
+            client,
+            &format!("INSERT INTO {db}.schema_version (version) VALUES ({version})"),
+        )?;
+    }
+    Ok(found)
+}

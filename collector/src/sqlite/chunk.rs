@@ -1,0 +1,143 @@
+//! The encoding of one stored chunk: a batch's (or a compacted bucket's) values of one sample
+//! type, grouped by label set so a query skips the groups of label sets it does not want
+//! without reading their entries:
+//!
+//! ```text
+//! chunk  = group*
+//! group  = labelset:varint  byte_length:varint  entry*
+//! entry  = stack:varint  value:zigzag-varint
+//! ```
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt chunk: {0}")]
+pub struct Corrupt(pub(super) &'static str);
+
+fn put(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get(data: &[u8], at: &mut usize) -> Result<u64, Corrupt> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *data.get(*at).ok_or(Corrupt("truncated varint"))?;
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(Corrupt("varint too long"))
+}
+
+/// Encodes `(label set, [(stack, value)])` groups.
+pub fn encode(groups: &BTreeMap<i64, BTreeMap<i64, i64>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut entries = Vec::new();
+    for (&labelset, stacks) in groups {
+        entries.clear();
+        for (&stack, &value) in stacks {
+            put(&mut entries, stack as u64);
+            put(&mut entries, ((value << 1) ^ (value >> 63)) as u64);
+        }
+        put(&mut out, labelset as u64);
+        put(&mut out, entries.len() as u64);
+        out.extend_from_slice(&entries);
+    }
+    out
+}
+
+/// Calls `f(labelset, entries)` for each group; `entries` are read with [`each_entry`].
+pub fn each_group<'a>(
+    data: &'a [u8],
+    mut f: impl FnMut(i64, &'a [u8]) -> Result<(), Corrupt>,
+) -> Result<(), Corrupt> {
+    let mut at = 0;
+    while at < data.len() {
+        let labelset = get(data, &mut at)? as i64;
+        let len = usize::try_from(get(data, &mut at)?).map_err(|_| Corrupt("length"))?;
+        let end = at.checked_add(len).filter(|&e| e <= data.len());
+        let end = end.ok_or(Corrupt("group longer than the chunk"))?;
+        f(labelset, &data[at..end])?;
+        at = end;
+    }
+    Ok(())
+}
+
+pub fn each_entry(entries: &[u8], mut f: impl FnMut(i64, i64)) -> Result<(), Corrupt> {
+    let mut at = 0;
+    while at < entries.len() {
+        let stack = get(entries, &mut at)? as i64;
+        let z = get(entries, &mut at)?;
+        f(stack, ((z >> 1) as i64) ^ -((z & 1) as i64));
+    }
+    Ok(())
+}
+
+/// A fast hasher for integer keys (the multiply-rotate of rustc's FxHash, then a finalizer):
+/// summing a query's rows is most of its time, and SipHash would double it. Keys are row ids, not attacker
+/// controlled.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_i64(&mut self, v: i64) {
+        self.write_u64(v as u64);
+    }
+
+    /// Mixed down (MurmurHash3's finalizer): a product alone carries the key's high bits
+    /// only upward, and the table indexes by the low bits, so keys that differ in their high
+    /// half (the label set) would all collide.
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+pub type IdMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub type IdSet<K> = std::collections::HashSet<K, BuildHasherDefault<IdHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let mut groups = BTreeMap::new();
+        groups.insert(3, BTreeMap::from([(1, 5), (70_000, -2)]));
+        groups.insert(1 << 40, BTreeMap::from([(2, i64::MAX)]));
+        let data = encode(&groups);
+        let mut back: BTreeMap<i64, BTreeMap<i64, i64>> = BTreeMap::new();
+        each_group(&data, |l, entries| {
+            each_entry(entries, |s, v| {
+                back.entry(l).or_default().insert(s, v);
+            })
+        })
+        .unwrap();
+        assert_eq!(back, groups);
+        for cut in 0..data.len() {
+            let _ = each_group(&data[..cut], |_, e| each_entry(e, |_, _| {}));
+        }
+        assert!(each_group(&[0x05, 0x7f], |_, _| Ok(())).is_err());
+    }
+}

@@ -1,0 +1,408 @@
+//! The ClickHouse store against a private clickhouse-server (Debian's 18.16): two
+//! collectors sharing it, the server killed and restarted under a stream of pushes, schema
+//! versions, credentials and retention, and its time series against SQLite's.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::clickhouse_server::{self, ClickHouse};
+use common::{Kind, clickhouse_store, get, profile, push, request, test_store};
+use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
+use pyrometer_collector::ingest::Limits;
+use pyrometer_collector::metrics::Metrics;
+use pyrometer_collector::server::{AppState, now_s, router};
+use pyrometer_collector::store::{Batch, LabelSet, Row, Selection, Store, StoreError};
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("pyrometer-ch-{name}-{}", std::process::id()))
+}
+
+async fn collector(store: Arc<dyn Store>) -> SocketAddr {
+    let state = Arc::new(AppState {
+        store,
+        token: None,
+        limits: Limits::default(),
+        max_message_bytes: 1 << 20,
+        metrics: Metrics::default(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(state);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+async fn open(server: &ClickHouse) -> Arc<dyn Store> {
+    let url = server.url("shared");
+    tokio::task::spawn_blocking(move || {
+        Arc::new(
+            ClickHouseStore::open(
+                &Location::parse(&url).unwrap(),
+                Some((
+                    clickhouse_server::USER.into(),
+                    clickhouse_server::PASSWORD.into(),
+                )),
+                Duration::from_secs(4),
+            )
+            .unwrap(),
+        ) as Arc<dyn Store>
+    })
+    .await
+    .unwrap()
+}
+
+fn folded_total(folded: &str) -> i64 {
+    folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<i64>().unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_collectors_share_one_store_and_store_each_batch_once() {
+    let dir = scratch("shared");
+    let server = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || ClickHouse::start(&dir)
+    })
+    .await
+    .unwrap();
+    let (a, b) = (
+        collector(open(&server).await).await,
+        collector(open(&server).await).await,
+    );
+    let now = now_s();
+    let b1 = request(
+        "agent-1",
+        1,
+        "n1",
+        profile("app", &["main", "work"], 7, now),
+    );
+    assert!(!push(a, None, b1.clone()).await.unwrap().duplicate);
+    // The same batch replayed through the other collector (a lost acknowledgement behind a
+    // load balancer) is recognized.
+    assert!(push(b, None, b1).await.unwrap().duplicate);
+    let b2 = request(
+        "agent-2",
+        1,
+        "n2",
+        profile("db", &["main", "query"], 3, now),
+    );
+    assert!(!push(b, None, b2).await.unwrap().duplicate);
+    // One batch sent to both at once, several times: stored once whatever interleaving.
+    let b3 = request(
+        "agent-1",
+        2,
+        "n1",
+        profile("app", &["main", "idle"], 5, now),
+    );
+    let racers: Vec<_> = (0..6)
+        .map(|i| {
+            let body = b3.clone();
+            let to = if i % 2 == 0 { a } else { b };
+            tokio::spawn(async move { push(to, None, body).await.unwrap() })
+        })
+        .collect();
+    for r in racers {
+        r.await.unwrap();
+    }
+    for c in [a, b] {
+        let (code, folded) = get(c, "/api/v1/profile?format=folded").await;
+        assert_eq!(code, 200, "{folded}");
+        assert_eq!(
+            folded, "app;main;idle 5\napp;main;work 7\ndb;main;query 3\n",
+            "collector {c}"
+        );
+        // The series counts each batch once too (the same first-attempt rule as the profile).
+        let (code, series) = get(c, "/api/v1/series?from=now-5m&step=10").await;
+        assert_eq!(code, 200, "{series}");
+        let series: serde_json::Value = serde_json::from_str(&series).unwrap();
+        assert_eq!(series["total"], 15, "collector {c}: {series}");
+        let (_, values) = get(c, "/api/v1/label/node/values").await;
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&values).unwrap()["values"],
+            serde_json::json!(["n1", "n2"])
+        );
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_killed_mid_run_loses_and_doubles_nothing() {
+    let dir = scratch("outage");
+    let mut server = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || ClickHouse::start(&dir)
+    })
+    .await
+    .unwrap();
+    let addr = collector(open(&server).await).await;
+    let now = now_s();
+    // A pusher that behaves as an agent's spool: each batch is sent until acknowledged.
+    let batches = 60u64;
+    let pusher = tokio::spawn(async move {
+        let mut refused = 0u64;
+        let mut sent = 0i64;
+        for seq in 1..=batches {
+            let samples = 1 + (seq as i64 % 4);
+            let body = request(
+                "agent-o",
+                seq,
+                "n-o",
+                profile("app", &["main", "work"], samples, now - 300 + seq as i64),
+            );
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match push(addr, None, body.clone()).await {
+                    Ok(_) => break,
+                    Err(s) => {
+                        assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                        assert!(Instant::now() < deadline, "never stored: {s:?}");
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            sent += samples;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        (sent, refused)
+    });
+    // Kill the server while batches stream in, check the collector says so, restart it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| server.kill());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (code, body) = get(addr, "/api/v1/profile?format=folded").await;
+    assert_eq!(code, 503, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let message = error["error"].as_str().unwrap();
+    assert!(
+        message.contains("unavailable") && !message.contains('\n'),
+        "{message}"
+    );
+    let (_, metrics) = get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("pyrometer_collector_queries_store_unavailable_total 1"),
+        "{metrics}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::task::block_in_place(|| server.resume());
+    let (sent, refused) = pusher.await.unwrap();
+    assert!(refused > 0, "the outage was not noticed by the pusher");
+    let (code, folded) = get(addr, "/api/v1/profile?format=folded").await;
+    assert_eq!(code, 200, "{folded}");
+    assert_eq!(folded_total(&folded), sent, "{folded}");
+    // Replaying everything (an agent that lost all acknowledgements) adds nothing.
+    for seq in 1..=batches {
+        let samples = 1 + (seq as i64 % 4);
+        let body = request(
+            "agent-o",
+            seq,
+            "n-o",
+            profile("app", &["main", "work"], samples, now - 300 + seq as i64),
+        );
+        assert!(push(addr, None, body).await.unwrap().duplicate, "{seq}");
+    }
+    let (_, folded) = get(addr, "/api/v1/profile?format=folded").await;
+    assert_eq!(folded_total(&folded), sent);
+    let (_, metrics) = get(addr, "/metrics").await;
+    let store_errors: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("pyrometer_collector_pushes_refused_total{reason=\"store_error\"} ")
+        })
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(store_errors, refused, "{metrics}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn schema_versions_credentials_and_retention() {
+    let dir = scratch("schema");
+    let server = ClickHouse::start(&dir);
+    let location = Location::parse(&server.url("versioned")).unwrap();
+    let creds = || {
+        Some((
+            clickhouse_server::USER.to_string(),
+            clickhouse_server::PASSWORD.to_string(),
+        ))
+    };
+    let store = clickhouse_store(&server, "versioned");
+    assert_eq!(
+        server
+            .sql("SELECT max(version) FROM versioned.schema_version")
+            .trim(),
+        pyrometer_collector::clickhouse::schema::VERSION.to_string()
+    );
+    // Opening again (a second collector) changes nothing.
+    drop(clickhouse_store(&server, "versioned"));
+    assert_eq!(
+        server
+            .sql("SELECT count() FROM versioned.schema_version")
+            .trim(),
+        "1"
+    );
+
+    // Retention drops whole days older than the cut.
+    let now = now_s();
+    let day = 86_400;
+    let old = now - 3 * day;
+    for (seq, t) in [(1, old), (2, now)] {
+        let bytes = request("a", seq, "n", profile("app", &["main"], 4, t));
+        let batch = pyrometer_collector::ingest::decode(&bytes, &Limits::default(), now).unwrap();
+        store.ingest(&batch).unwrap();
+    }
+    let total = |from: i64| -> i64 {
+        let all = |_: &pyrometer_collector::store::LabelSet| true;
+        store
+            .select(&pyrometer_collector::store::Selection {
+                from_s: from,
+                to_s: now + 1,
+                sample_type: "samples",
+                labels: &all,
+            })
+            .unwrap()
+            .iter()
+            .map(|s| s.value)
+            .sum()
+    };
+    assert_eq!(total(old - day), 8);
+    assert!(store.expire(now - day).unwrap() > 0);
+    assert_eq!(total(old - day), 4);
+    assert!(store.size_bytes().unwrap() > 0);
+
+    // A store written by a newer collector is refused with what to do.
+    server.sql("INSERT INTO versioned.schema_version (version) VALUES (99)");
+    let e = ClickHouseStore::open(&location, creds(), Duration::from_secs(4))
+        .err()
+        .expect("a newer schema is refused");
+    assert!(matches!(e, StoreError::Schema(_)), "{e}");
+    assert!(e.to_string().contains("upgrade pyrometer-collector"), "{e}");
+
+    // Wrong credentials: one line, not the password, and not "unavailable".
+    let e = ClickHouseStore::open(
+        &Location::parse(&server.url("other")).unwrap(),
+        Some((clickhouse_server::USER.into(), "wrong-pw".into())),
+        Duration::from_secs(4),
+    )
+    .err()
+    .expect("wrong password is refused");
+    let text = e.to_string();
+    assert!(!text.contains("wrong-pw") && !text.contains('\n'), "{text}");
+    assert!(!e.is_unavailable(), "{text}");
+
+    // Nothing listening: unavailable, quickly.
+    let port = server.port;
+    drop(server);
+    let started = Instant::now();
+    let e = ClickHouseStore::open(
+        &Location::parse(&format!("clickhouse://127.0.0.1:{port}/x")).unwrap(),
+        creds(),
+        Duration::from_secs(4),
+    )
+    .err()
+    .expect("nothing listens");
+    assert!(e.is_unavailable(), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A batch of one stack per `(node, value)` at `time_s`.
+fn batch(agent: &str, sequence: u64, time_s: i64, rows: &[(&str, i64)]) -> Batch {
+    Batch {
+        agent_id: agent.into(),
+        sequence,
+        time_s,
+        sample_types: vec![("samples".into(), "count".into())],
+        rows: rows
+            .iter()
+            .enumerate()
+            .map(|(i, &(node, value))| Row {
+                labels: Arc::new(LabelSet::from([("node".to_string(), node.to_string())])),
+                stack: Arc::new(vec!["main".to_string(), format!("f{i}")]),
+                sample_type: 0,
+                value,
+            })
+            .collect(),
+    }
+}
+
+/// `Store::series` on ClickHouse answers what it answers on SQLite for the same batches:
+/// steps that do not divide the buckets' times (the step's start is `bucket - bucket
+/// mod step`, rounded down also for times before the epoch), a label filter, a range that
+/// cuts buckets off, and a batch stored twice counted once.
+#[test]
+fn series_matches_sqlite_for_the_same_batches() {
+    let batches = [
+        batch("a", 1, -25, &[("n1", 4)]),
+        batch("a", 2, 1000, &[("n1", 3), ("n1", 2), ("n2", 9)]),
+        batch("a", 3, 1012, &[("n1", 5)]),
+        batch("b", 1, 1020, &[("n2", 7)]),
+        batch("b", 2, 1100, &[("n2", 1), ("n1", 6)]),
+    ];
+    let stores: Vec<_> = [Kind::Sqlite, Kind::ClickHouse]
+        .into_iter()
+        .map(|kind| {
+            let t = test_store(kind, &scratch(&format!("series-{kind:?}")));
+            for b in &batches {
+                assert!(!t.store.ingest(b).unwrap().duplicate);
+            }
+            assert!(t.store.ingest(&batches[1]).unwrap().duplicate);
+            t
+        })
+        .collect();
+    let all = |_: &LabelSet| true;
+    let n1 = |l: &LabelSet| l.get("node").is_some_and(|n| n == "n1");
+    let filters: [&(dyn Fn(&LabelSet) -> bool + Sync); 2] = [&all, &n1];
+    let points = |store: &dyn Store, from_s, to_s, step, labels| {
+        let selection = Selection {
+            from_s,
+            to_s,
+            sample_type: "samples",
+            labels,
+        };
+        let mut p: Vec<(String, i64, i64)> = store
+            .series(&selection, step)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.labels["node"].clone(), p.time_s, p.value))
+            .collect();
+        p.sort();
+        p
+    };
+    for (from_s, to_s) in [(-100, 2000), (1010, 1100), (0, 1000)] {
+        for step in [10, 30, 70, 3600] {
+            for labels in filters {
+                let want = points(&*stores[0].store, from_s, to_s, step, labels);
+                let got = points(&*stores[1].store, from_s, to_s, step, labels);
+                assert_eq!(got, want, "range {from_s}..{to_s}, step {step}");
+            }
+        }
+    }
+    // The ground truth itself, so both stores cannot agree on a wrong answer.
+    assert_eq!(
+        points(&*stores[1].store, -100, 2000, 30, &all),
+        [
+            ("n1".to_string(), -30, 4),
+            ("n1".to_string(), 990, 10),
+            ("n1".to_string(), 1080, 6),
+            ("n2".to_string(), 990, 9),
+            ("n2".to_string(), 1020, 7),
+            ("n2".to_string(), 1080, 1),
+        ]
+    );
+    let unknown = Selection {
+        from_s: 0,
+        to_s: 2000,
+        sample_type: "cpu",
+        labels: &all,
+    };
+    assert!(stores[1].store.series(&unknown, 10).unwrap().is_empty());
+}
