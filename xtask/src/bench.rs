@@ -55,7 +55,7 @@ const SECTIONS: [&str; 7] = [
 pub fn bench(root: &Path) -> Result<()> {
     let dir = root.join("target/bench");
     let workload = crate::build_release_and_workload(root, &dir)?;
-    let pyrometer = root.join("target/release/pyrometer");
+    let pyrometer = crate::release_dir().join("pyrometer");
     let pairs: usize = std::env::var("BENCH_PAIRS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -174,12 +174,21 @@ fn npm_deps() -> Result<()> {
         .args(NPM_DEPS))
 }
 
-/// Where cargo puts debug binaries: `$CARGO_TARGET_DIR/debug` when set, else `target/debug`.
-pub(crate) fn debug_dir() -> PathBuf {
+/// Where cargo puts its builds: `$CARGO_TARGET_DIR` when set, else `target/`.
+fn build_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
-        .join("debug")
+}
+
+/// Where cargo puts debug binaries.
+pub(crate) fn debug_dir() -> PathBuf {
+    build_dir().join("debug")
+}
+
+/// Where cargo puts release binaries.
+pub(crate) fn release_dir() -> PathBuf {
+    build_dir().join("release")
 }
 
 pub(crate) fn cargo() -> Command {
@@ -219,7 +228,7 @@ fn demo(root: &Path) -> Result<()> {
     let out = root.join("target/demo");
     let workload = build_release_and_workload(root, &out)?;
     let svg = out.join("flame.svg");
-    run(Command::new(root.join("target/release/pyrometer"))
+    run(Command::new(release_dir().join("pyrometer"))
         .args(["record", "-F", "199", "-o"])
         .arg(&svg)
         .arg("--")
