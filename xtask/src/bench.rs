@@ -219,25 +219,7 @@ fn unwind_bench(root: &Path, pyrometer: &Path, dir: &Path) -> Result<()> {
         .arg(&recurse))?;
     let previous = std::fs::read_to_string(STATS_SYSCTL).unwrap_or_else(|_| "0".into());
     let _ = std::fs::write(STATS_SYSCTL, "1");
-    let stats_path = dir.join("unwind-stats.json");
-    let record_stats = |args: &[&str]| -> Result<serde_json::Value> {
-        let out = Command::new(pyrometer)
-            .args(["record", "-F", "499", "--stats"])
-            .arg(&stats_path)
-            .arg("-o")
-            .arg(dir.join("unwind.folded"))
-            .args(args)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "pyrometer record failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(serde_json::from_str(&std::fs::read_to_string(
-            &stats_path,
-        )?)?)
-    };
+    let record_stats = |args: &[&str]| crate::bpfcost::record_stats(pyrometer, dir, args);
     println!();
     println!("DWARF unwinding (recurse.c -O2 -fomit-frame-pointer, 499 Hz, 2 s each)");
     // The stack is main + rec * depth + bottom, plus libc's start frames.

@@ -27,7 +27,12 @@ pub fn verifier(root: &Path) -> Result<()> {
     Ok(())
 }
 
-fn record_stats(pyrometer: &Path, dir: &Path, args: &[&str]) -> Result<serde_json::Value> {
+/// `pyrometer record -F 499 --stats` with `args`; returns the stats it wrote.
+pub(crate) fn record_stats(
+    pyrometer: &Path,
+    dir: &Path,
+    args: &[&str],
+) -> Result<serde_json::Value> {
     let stats = dir.join("bpfcost-stats.json");
     let out = Command::new(pyrometer)
         .args(["record", "-F", "499", "--stats"])

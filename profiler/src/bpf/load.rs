@@ -205,6 +205,18 @@ pub const LIFECYCLE: [(&str, &str); 3] = [
 pub const SAMPLER: &str = "on_cpu_clock";
 pub const OFFCPU: (&str, &str) = ("on_sched_switch", "sched_switch");
 
+/// The optional stages `config` asks for, in the order they are loaded.
+pub fn requested(config: &SamplerConfig) -> Vec<Feature> {
+    [
+        (Feature::OffCpu, config.off_cpu_min_ns.is_some()),
+        (Feature::Gil, config.gil),
+        (Feature::Alloc, config.alloc.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(feature, on)| on.then_some(feature))
+    .collect()
+}
+
 /// The programs of an optional feature.
 pub fn feature_programs(feature: Feature) -> Vec<(&'static str, Kind)> {
     match feature {
@@ -222,7 +234,7 @@ pub fn feature_programs(feature: Feature) -> Vec<(&'static str, Kind)> {
 }
 
 /// Makes the object with its maps for `config`, nothing loaded yet. `dwarf` says whether the
-/// programs carry the DWARF walk; `reject` holds `debug_reject` bits.
+/// programs carry the DWARF walk.
 pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfError> {
     let filter_mode = match config.filter {
         super::Filter::All => shared::FILTER_ALL,

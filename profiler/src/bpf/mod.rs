@@ -364,16 +364,8 @@ impl Sampler {
         }
 
         // Optional stages: a refused one is switched off, the capture goes on.
-        let wanted = [
-            (Feature::OffCpu, config.off_cpu_min_ns.is_some()),
-            (Feature::Gil, config.gil),
-            (Feature::Alloc, config.alloc.is_some()),
-        ];
         let mut enabled = std::collections::HashSet::new();
-        for (feature, on) in wanted {
-            if !on {
-                continue;
-            }
+        for feature in load::requested(config) {
             let mut ok = true;
             for (name, kind) in load::feature_programs(feature) {
                 match load::load_program(&mut ebpf, &btf, name, kind) {
@@ -449,7 +441,7 @@ impl Sampler {
         &self.refusals
     }
 
-    /// Whether `feature` runs: asked for and not refused.
+    /// Whether the kernel refused `feature` (it was switched off).
     pub fn refused(&self, feature: Feature) -> bool {
         self.refusals.iter().any(|r| r.feature == feature)
     }

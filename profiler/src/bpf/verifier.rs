@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use aya::{Btf, Endianness};
 
-use super::load::{self, Feature, Kind, LoadFailure, ProgramLoad, VERIFIER_BUDGET, VERIFIER_LIMIT};
+use super::load::{self, Kind, LoadFailure, ProgramLoad, VERIFIER_BUDGET, VERIFIER_LIMIT};
 use super::{
     AllocConfig, BpfError, DEFAULT_ALLOC_LIVE, DEFAULT_ALLOC_SAMPLE_BYTES, Filter, SamplerConfig,
 };
@@ -128,15 +128,8 @@ pub fn verify_all(btf_path: &Path) -> Result<Vec<Row>, BpfError> {
             .map(|&(p, tp)| (p, Kind::Tracepoint(tp)))
             .collect();
         programs.push((load::SAMPLER, Kind::PerfEvent));
-        let optional = [
-            (Feature::OffCpu, c.config.off_cpu_min_ns.is_some()),
-            (Feature::Gil, c.config.gil),
-            (Feature::Alloc, c.config.alloc.is_some()),
-        ];
-        for (feature, on) in optional {
-            if on {
-                programs.extend(load::feature_programs(feature));
-            }
+        for feature in load::requested(&c.config) {
+            programs.extend(load::feature_programs(feature));
         }
         for (program, kind) in programs {
             rows.push(Row {
