@@ -127,6 +127,14 @@ impl TitleCache {
         }
         let dir = self.proc_root.join(pid.to_string());
         let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+        // A process that has exited (gone, or a zombie with an empty cmdline) keeps the title
+        // it last had: its final samples are often delivered after it is gone.
+        if cmdline.is_empty()
+            && let Some(e) = self.entries.get_mut(&pid)
+        {
+            e.read_at = Instant::now();
+            return e.labels.clone();
+        }
         let is_ray = cmdline.starts_with(b"ray::");
         let entry = self.entries.entry(pid).or_insert(Entry {
             read_at: Instant::now(),
@@ -232,6 +240,10 @@ mod tests {
             None,
             "not re-read within OTHER_REFRESH"
         );
+        assert_eq!(cache.labels(44, "ray::f").unwrap().task, "f");
+        // Its last samples, delivered after it exited, keep the title it last had.
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::thread::sleep(RAY_REFRESH * 2);
         assert_eq!(cache.labels(44, "ray::f").unwrap().task, "f");
         let _ = std::fs::remove_dir_all(&root);
     }
