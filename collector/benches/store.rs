@@ -290,7 +290,7 @@ fn run(kind: &Kind, store: &dyn Store, nodes: usize, buckets: i64, rows: usize) 
 
     let (mut busy, mut samples, mut stored_rows, mut wire_bytes) =
         (Duration::ZERO, 0i64, 0u64, 0usize);
-    let mut cpu = Duration::ZERO;
+    let (mut cpu, mut decode_cpu) = (Duration::ZERO, Duration::ZERO);
     let cpu_before = kind.server_cpu_s();
     for b in 0..buckets {
         for n in 0..nodes {
@@ -298,6 +298,8 @@ fn run(kind: &Kind, store: &dyn Store, nodes: usize, buckets: i64, rows: usize) 
             let started = Instant::now();
             let cpu_started = thread_cpu();
             let decoded = ingest::decode(&bytes, &limits, now_s).expect("valid batch");
+            let decoded_at = thread_cpu();
+            decode_cpu += decoded_at - cpu_started;
             let r = store.ingest(&decoded).expect("ingest");
             cpu += thread_cpu() - cpu_started;
             busy += started.elapsed();
@@ -307,13 +309,18 @@ fn run(kind: &Kind, store: &dyn Store, nodes: usize, buckets: i64, rows: usize) 
         }
     }
     let server_cpu = kind.server_cpu_s() - cpu_before;
-    let size = store.size_bytes().expect("size");
     let batches = nodes as u64 * buckets as u64;
+    let size = store.size_bytes().expect("size");
     let name = kind.name();
     println!(
         "  {name:<10} ingest (decode + store)   {:>10.0} samples/s per collector core (its CPU time; {:.0} rows/s)",
         samples as f64 / cpu.as_secs_f64(),
         stored_rows as f64 / cpu.as_secs_f64(),
+    );
+    println!(
+        "  {name:<10} ingest CPU per batch      {:>10.0} us decoding + {:.0} us storing",
+        decode_cpu.as_secs_f64() * 1e6 / batches as f64,
+        (cpu - decode_cpu).as_secs_f64() * 1e6 / batches as f64,
     );
     println!(
         "  {name:<10} ingest, one thread        {:>10.0} samples/s wall clock ({:.0} batches/s, waits for fsync or HTTP included)",
@@ -333,7 +340,29 @@ fn run(kind: &Kind, store: &dyn Store, nodes: usize, buckets: i64, rows: usize) 
         wire_bytes as f64 / samples as f64
     );
 
+    if let Kind::ClickHouse(server) = kind {
+        settle(server);
+    }
     queries(kind, store, buckets);
+}
+
+/// Waits (up to a minute) until ClickHouse has merged the parts the ingest wrote, as it
+/// does on its own some seconds after inserts, so query times and the server's CPU measure
+/// the queries rather than background merges.
+fn settle(server: &ClickHouse) {
+    let started = Instant::now();
+    let sql = "SELECT count() FROM system.merges WHERE database = 'bench'";
+    while server.sql(sql).trim() != "0" && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let parts = server.sql(
+        "SELECT count() FROM system.parts WHERE database = 'bench' AND table = 'samples' AND active",
+    );
+    println!(
+        "  ClickHouse merges settled after {:.1} s; {} active parts",
+        started.elapsed().as_secs_f64(),
+        parts.trim()
+    );
 }
 
 /// An hour's queries over the store (the last `buckets` buckets before the cluster's "now").
@@ -349,36 +378,50 @@ fn queries(kind: &Kind, store: &dyn Store, buckets: i64) {
     ] {
         let selector = Selector::parse(query).expect("query");
         let predicate = |l: &pyrometer_collector::store::LabelSet| selector.matches(l);
-        let mut times = Vec::new();
-        let mut cpu_times = Vec::new();
-        let mut stacks = 0;
-        for _ in 0..5 {
-            let started = Instant::now();
-            let cpu_started = thread_cpu();
-            let server_started = kind.server_cpu_s();
-            let selected = store
-                .select(&Selection {
-                    from_s,
-                    to_s,
-                    sample_type: "samples",
-                    labels: &predicate,
-                })
-                .expect("select");
-            let folded = render::folded(&selected);
-            stacks = folded.len();
-            times.push(started.elapsed());
-            cpu_times.push(
-                thread_cpu() - cpu_started
-                    + Duration::from_secs_f64((kind.server_cpu_s() - server_started).max(0.0)),
+        let selection = Selection {
+            from_s,
+            to_s,
+            sample_type: "samples",
+            labels: &predicate,
+        };
+        // The flame graph the API and web UI draw (label sets merged down to `comm`, which
+        // is all a flame graph reads), then the same selection with every label kept, as a
+        // pprof download needs it.
+        let merged = || {
+            render::folded(
+                &store
+                    .select_merged(&selection, &["comm"])
+                    .expect("select_merged"),
+            )
+            .len()
+        };
+        let full = || render::folded(&store.select(&selection).expect("select")).len();
+        for (how, f) in [
+            ("flame graph", &merged as &dyn Fn() -> usize),
+            ("every label", &full),
+        ] {
+            let mut times = Vec::new();
+            let mut cpu_times = Vec::new();
+            let mut stacks = 0;
+            for _ in 0..5 {
+                let started = Instant::now();
+                let cpu_started = thread_cpu();
+                let server_started = kind.server_cpu_s();
+                stacks = f();
+                times.push(started.elapsed());
+                cpu_times.push(
+                    thread_cpu() - cpu_started
+                        + Duration::from_secs_f64((kind.server_cpu_s() - server_started).max(0.0)),
+                );
+            }
+            // CPU time (the collector's thread and the ClickHouse server's) beside the wall
+            // clock: on a shared machine the latter mostly measures the neighbours.
+            println!(
+                "  {name:<10} query 1 h, {what:<17}{:>10.1} ms median of 5 ({:.1} ms CPU; {stacks} stacks, folded; {how})",
+                median(times).as_secs_f64() * 1e3,
+                median(cpu_times).as_secs_f64() * 1e3
             );
         }
-        // CPU time (the collector's thread and the ClickHouse server's) beside the wall
-        // clock: on a shared machine the latter mostly measures the neighbours.
-        println!(
-            "  {name:<10} query 1 h, {what:<17}{:>10.1} ms median of 5 ({:.1} ms CPU; {stacks} stacks, folded)",
-            median(times).as_secs_f64() * 1e3,
-            median(cpu_times).as_secs_f64() * 1e3
-        );
         // The web UI's chart over the same selection: one point per label set and 20 s step
         // (the step the UI asks for over an hour).
         let mut times = Vec::new();

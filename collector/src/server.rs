@@ -216,18 +216,36 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
             .filter(|s| !s.is_empty())
             .map(String::from)
             .collect();
+    // The labels the answer reads: the stores merge label sets that differ only in others,
+    // so an hour of a cluster is a few entries per stack (pprof keeps every label).
+    let keep: Option<Vec<String>> = if !by.is_empty() {
+        Some(by.clone())
+    } else {
+        match format.as_str() {
+            "pprof" => None,
+            "top" => Some(Vec::new()),
+            _ => Some(vec!["comm".to_string()]),
+        }
+    };
     let store = state.store.clone();
     let wanted = p.sample_type.clone();
     let (types, stacks) = tokio::task::spawn_blocking(move || {
         let types = store.sample_types()?;
         let name = wanted.unwrap_or_else(|| "samples".into());
         let matcher = |l: &crate::store::LabelSet| selector.matches(l);
-        let stacks = store.select(&Selection {
+        let selection = Selection {
             from_s,
             to_s,
             sample_type: &name,
             labels: &matcher,
-        })?;
+        };
+        let stacks = match &keep {
+            Some(keep) => {
+                let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+                store.select_merged(&selection, &keep)?
+            }
+            None => store.select(&selection)?,
+        };
         Ok::<_, StoreError>((types, stacks))
     })
     .await

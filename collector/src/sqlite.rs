@@ -7,6 +7,7 @@
 //! recognized and adds nothing, and a crash mid-batch leaves nothing half-stored.
 
 mod chunk;
+mod merged;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -54,14 +55,77 @@ pub struct SqliteStore {
 }
 
 /// The interning tables, mirrored in memory so ingest does not look names up in SQL.
+/// Stacks and label sets are found by a hash of their content (then compared), so a known
+/// stack costs one pass over its names, not a lookup per frame and an encoded key.
 #[derive(Default)]
 struct Cache {
     frames: HashMap<String, i64>,
-    stacks: HashMap<Vec<u8>, i64>,
+    stack_index: IdMap<u64, Vec<i64>>,
     stack_by_id: IdMap<i64, Arc<Vec<String>>>,
-    labelsets: HashMap<String, i64>,
+    labelset_index: IdMap<u64, Vec<i64>>,
     labelset_by_id: IdMap<i64, Arc<LabelSet>>,
     types: HashMap<(String, String), i64>,
+}
+
+/// XXH64 of length-prefixed strings: the key of [`Cache`]'s content indexes.
+fn content_hash<'a>(parts: impl Iterator<Item = &'a str>) -> u64 {
+    use std::hash::Hasher;
+    let mut h = twox_hash::XxHash64::with_seed(0);
+    for p in parts {
+        h.write_u64(p.len() as u64);
+        h.write(p.as_bytes());
+    }
+    h.finish()
+}
+
+fn stack_hash(frames: &[String]) -> u64 {
+    content_hash(frames.iter().map(String::as_str))
+}
+
+fn labels_hash(labels: &LabelSet) -> u64 {
+    content_hash(labels.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]))
+}
+
+impl Cache {
+    fn find_stack(&self, hash: u64, frames: &[String]) -> Option<i64> {
+        let ids = self.stack_index.get(&hash)?;
+        ids.iter().copied().find(|id| {
+            self.stack_by_id
+                .get(id)
+                .is_some_and(|s| s.as_slice() == frames)
+        })
+    }
+
+    fn add_stack(&mut self, hash: u64, id: i64, frames: Arc<Vec<String>>) {
+        self.stack_index.entry(hash).or_default().push(id);
+        self.stack_by_id.insert(id, frames);
+    }
+
+    fn find_labelset(&self, hash: u64, labels: &LabelSet) -> Option<i64> {
+        let ids = self.labelset_index.get(&hash)?;
+        ids.iter()
+            .copied()
+            .find(|id| self.labelset_by_id.get(id).is_some_and(|l| **l == *labels))
+    }
+
+    fn add_labelset(&mut self, hash: u64, id: i64, labels: Arc<LabelSet>) {
+        self.labelset_index.entry(hash).or_default().push(id);
+        self.labelset_by_id.insert(id, labels);
+    }
+
+    /// Takes in what a committed batch interned.
+    fn extend(&mut self, fresh: Cache) {
+        self.frames.extend(fresh.frames);
+        for (hash, ids) in fresh.stack_index {
+            self.stack_index.entry(hash).or_default().extend(ids);
+        }
+        self.stack_by_id.extend(fresh.stack_by_id);
+        for (hash, ids) in fresh.labelset_index {
+            self.labelset_index.entry(hash).or_default().extend(ids);
+        }
+        self.labelset_by_id.extend(fresh.labelset_by_id);
+        self.types.extend(fresh.types);
+    }
 }
 
 struct Inner {
@@ -130,16 +194,14 @@ fn load_cache(conn: &Connection) -> Result<Cache, StoreError> {
                     .ok_or_else(|| StoreError::Corrupt(format!("stack {id} names frame {f}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        cache.stacks.insert(blob, id);
-        cache.stack_by_id.insert(id, Arc::new(frames));
+        cache.add_stack(stack_hash(&frames), id, Arc::new(frames));
     }
     let mut stmt = conn.prepare("SELECT id, labels FROM labelsets")?;
     for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
         let (id, json) = row?;
         let labels: LabelSet = serde_json::from_str(&json)
             .map_err(|e| StoreError::Corrupt(format!("label set {id}: {e}")))?;
-        cache.labelsets.insert(json, id);
-        cache.labelset_by_id.insert(id, Arc::new(labels));
+        cache.add_labelset(labels_hash(&labels), id, Arc::new(labels));
     }
     let mut stmt = conn.prepare("SELECT id, name, unit FROM types")?;
     for row in stmt.query_map([], |r| {
@@ -290,49 +352,49 @@ impl Interner<'_> {
             return Ok(id);
         }
         self.tx
-            .execute("INSERT INTO frames (name) VALUES (?1)", [name])?;
+            .prepare_cached("INSERT INTO frames (name) VALUES (?1)")?
+            .execute([name])?;
         let id = self.tx.last_insert_rowid();
         self.fresh.frames.insert(name.to_string(), id);
         Ok(id)
     }
 
     fn stack(&mut self, frames: &Arc<Vec<String>>) -> Result<i64, StoreError> {
+        let hash = stack_hash(frames);
+        if let Some(id) = self
+            .cache
+            .find_stack(hash, frames)
+            .or_else(|| self.fresh.find_stack(hash, frames))
+        {
+            return Ok(id);
+        }
         let ids = frames
             .iter()
             .map(|f| self.frame(f))
             .collect::<Result<Vec<_>, _>>()?;
-        let blob = encode_stack(&ids);
-        if let Some(&id) = self
-            .cache
-            .stacks
-            .get(&blob)
-            .or(self.fresh.stacks.get(&blob))
-        {
-            return Ok(id);
-        }
         self.tx
-            .execute("INSERT INTO stacks (frames) VALUES (?1)", [&blob])?;
+            .prepare_cached("INSERT INTO stacks (frames) VALUES (?1)")?
+            .execute([encode_stack(&ids)])?;
         let id = self.tx.last_insert_rowid();
-        self.fresh.stacks.insert(blob, id);
-        self.fresh.stack_by_id.insert(id, frames.clone());
+        self.fresh.add_stack(hash, id, frames.clone());
         Ok(id)
     }
 
     fn labelset(&mut self, labels: &Arc<LabelSet>) -> Result<i64, StoreError> {
-        let json = serde_json::to_string(labels.as_ref()).expect("string maps serialize");
-        if let Some(&id) = self
+        let hash = labels_hash(labels);
+        if let Some(id) = self
             .cache
-            .labelsets
-            .get(&json)
-            .or(self.fresh.labelsets.get(&json))
+            .find_labelset(hash, labels)
+            .or_else(|| self.fresh.find_labelset(hash, labels))
         {
             return Ok(id);
         }
+        let json = serde_json::to_string(labels.as_ref()).expect("string maps serialize");
         self.tx
-            .execute("INSERT INTO labelsets (labels) VALUES (?1)", [&json])?;
+            .prepare_cached("INSERT INTO labelsets (labels) VALUES (?1)")?
+            .execute([&json])?;
         let id = self.tx.last_insert_rowid();
-        self.fresh.labelsets.insert(json, id);
-        self.fresh.labelset_by_id.insert(id, labels.clone());
+        self.fresh.add_labelset(hash, id, labels.clone());
         Ok(id)
     }
 
@@ -341,10 +403,9 @@ impl Interner<'_> {
         if let Some(&id) = self.cache.types.get(&key).or(self.fresh.types.get(&key)) {
             return Ok(id);
         }
-        self.tx.execute(
-            "INSERT INTO types (name, unit) VALUES (?1, ?2)",
-            params![name, unit],
-        )?;
+        self.tx
+            .prepare_cached("INSERT INTO types (name, unit) VALUES (?1, ?2)")?
+            .execute(params![name, unit])?;
         let id = self.tx.last_insert_rowid();
         self.fresh.types.insert(key, id);
         Ok(id)
@@ -357,10 +418,11 @@ impl Store for SqliteStore {
         let Inner { conn, cache } = &mut *inner;
         let tx = conn.transaction()?;
         let bucket = bucket_of(batch.time_s);
-        let inserted = tx.execute(
-            "INSERT OR IGNORE INTO batches (agent_id, sequence, bucket) VALUES (?1, ?2, ?3)",
-            params![batch.agent_id, batch.sequence as i64, bucket],
-        )?;
+        let inserted = tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO batches (agent_id, sequence, bucket) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![batch.agent_id, batch.sequence as i64, bucket])?;
         if inserted == 0 {
             return Ok(Ingested {
                 duplicate: true,
@@ -405,12 +467,7 @@ impl Store for SqliteStore {
         write_chunks(&tx, bucket, sums)?;
         let fresh = interner.fresh;
         tx.commit()?;
-        cache.frames.extend(fresh.frames);
-        cache.stacks.extend(fresh.stacks);
-        cache.stack_by_id.extend(fresh.stack_by_id);
-        cache.labelsets.extend(fresh.labelsets);
-        cache.labelset_by_id.extend(fresh.labelset_by_id);
-        cache.types.extend(fresh.types);
+        cache.extend(fresh);
         Ok(Ingested {
             duplicate: false,
             rows: batch.rows.len() as u64,
@@ -491,6 +548,14 @@ impl Store for SqliteStore {
             });
         }
         Ok(out)
+    }
+
+    fn select_merged(
+        &self,
+        selection: &Selection<'_>,
+        keep: &[&str],
+    ) -> Result<Vec<Stacked>, StoreError> {
+        self.merged(selection, keep)
     }
 
     fn series(&self, selection: &Selection<'_>, step_s: i64) -> Result<Vec<Point>, StoreError> {

@@ -110,6 +110,18 @@ pub trait Store: Send + Sync {
     fn ingest(&self, batch: &Batch) -> Result<Ingested, StoreError>;
     /// Stacks with their summed values, one entry per (label set, stack).
     fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError>;
+    /// [`Store::select`] with each label set cut down to its `keep` labels and the entries of
+    /// equal (cut label set, stack) summed; entries that sum to zero are left out. What a
+    /// flame graph (which reads only `comm`) or a per-label total needs: over many nodes it
+    /// is a few entries per stack where [`Store::select`] has one per label set and stack,
+    /// and the stores sum it without building those. Equal to [`merge`] of `select`'s answer.
+    fn select_merged(
+        &self,
+        selection: &Selection<'_>,
+        keep: &[&str],
+    ) -> Result<Vec<Stacked>, StoreError> {
+        Ok(merge(self.select(selection)?, keep))
+    }
     /// The selection's values over time, summed over stacks: one [`Point`] per (label set, step)
     /// that holds samples, in any order. A stored bucket counts in the step of width `step_s`
     /// (> 0) that contains the bucket's start, i.e. at `bucket - bucket.rem_euclid(step_s)`.
@@ -129,4 +141,39 @@ pub trait Store: Send + Sync {
     /// Merges buckets starting before `before_s` into buckets of `coarse_s` seconds (totals
     /// unchanged, time resolution lost); returns the rows removed.
     fn compact(&self, before_s: i64, coarse_s: i64) -> Result<u64, StoreError>;
+}
+
+/// `labels` without the labels not named in `keep`.
+pub fn project(labels: &LabelSet, keep: &[&str]) -> LabelSet {
+    labels
+        .iter()
+        .filter(|(k, _)| keep.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// `stacks` with label sets cut to `keep` and equal (label set, stack) entries summed, zero
+/// sums left out, sorted by label set and stack: the meaning of [`Store::select_merged`].
+pub fn merge(stacks: Vec<Stacked>, keep: &[&str]) -> Vec<Stacked> {
+    let mut sums: BTreeMap<(LabelSet, Arc<Vec<String>>), i64> = BTreeMap::new();
+    for s in stacks {
+        *sums.entry((project(&s.labels, keep), s.stack)).or_default() += s.value;
+    }
+    let mut out: Vec<Stacked> = Vec::with_capacity(sums.len());
+    for ((labels, stack), value) in sums {
+        if value == 0 {
+            continue;
+        }
+        // One shared label set per group, as the stores hand out.
+        let labels = match out.last() {
+            Some(prev) if *prev.labels == labels => prev.labels.clone(),
+            _ => Arc::new(labels),
+        };
+        out.push(Stacked {
+            labels,
+            stack,
+            value,
+        });
+    }
+    out
 }

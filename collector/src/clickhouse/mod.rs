@@ -5,6 +5,7 @@
 
 mod http;
 mod ids;
+mod merged;
 mod rowbinary;
 pub mod schema;
 
@@ -597,6 +598,14 @@ impl Store for ClickHouseStore {
                 },
             )
             .collect()
+    }
+
+    fn select_merged(
+        &self,
+        selection: &Selection<'_>,
+        keep: &[&str],
+    ) -> Result<Vec<Stacked>, StoreError> {
+        self.merged(selection, keep)
     }
 
     fn series(&self, selection: &Selection<'_>, step_s: i64) -> Result<Vec<Point>, StoreError> {
