@@ -1,8 +1,9 @@
 //! Turns pushed bytes into a [`Batch`], checking every index and limit on the way: whatever
 //! arrives, the answer is a batch or an error, never a panic.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use prost::Message;
 use pyrometer_proto::ingest::PushRequest;
@@ -92,7 +93,8 @@ pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, Ingest
 
     let mut label_cache: HashMap<Vec<(i64, i64, i64)>, Arc<LabelSet>> = HashMap::new();
     let mut stack_cache: HashMap<&[u64], Arc<Vec<String>>> = HashMap::new();
-    let mut rows = Vec::new();
+    let mut names: Vec<&str> = Vec::new();
+    let mut rows = Vec::with_capacity(profile.sample.len() * sample_types.len());
     for sample in &profile.sample {
         if sample.value.len() != sample_types.len() {
             return Err(invalid(
@@ -109,15 +111,15 @@ pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, Ingest
         let stack = match stack_cache.get(sample.location_id.as_slice()) {
             Some(st) => st.clone(),
             None => {
-                let mut names = Vec::new();
+                names.clear();
                 // location_id is leaf first; inlined lines within a location innermost first.
                 for id in sample.location_id.iter().rev() {
                     let lines = frames
                         .get(id)
                         .ok_or_else(|| invalid(format!("location id {id} not in the profile")))?;
-                    names.extend(lines.iter().rev().cloned());
+                    names.extend(lines.iter().rev().map(|n| n.as_ref()));
                 }
-                let st = Arc::new(names);
+                let st = shared_stack(&names);
                 stack_cache.insert(&sample.location_id, st.clone());
                 st
             }
@@ -142,11 +144,43 @@ pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, Ingest
     })
 }
 
+/// Stacks decoded before, by a hash of their frame names: the same code runs on every node
+/// and in every push, so most stacks of a batch were seen before, and sharing them saves
+/// building (and the store hashing and dropping) dozens of strings per stack. Process-wide,
+/// since every push is decoded alike; bounded by [`SHARED_STACKS`].
+static STACKS: OnceLock<Mutex<SharedStacks>> = OnceLock::new();
+
+/// Stacks by content hash; a hash names several only when they collide.
+type SharedStacks = HashMap<u64, Vec<Arc<Vec<String>>>>;
+
+/// Stacks [`STACKS`] holds before it starts over.
+const SHARED_STACKS: usize = 1 << 16;
+
+/// The shared stack of these frame names (root first), made and remembered if new.
+fn shared_stack(names: &[&str]) -> Arc<Vec<String>> {
+    let hash = crate::store::content_hash(names.iter().copied());
+    let cache = STACKS.get_or_init(Mutex::default);
+    // Holds only immutable Arcs, so a poisoned lock is still consistent.
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = cache.get(&hash).and_then(|same| {
+        same.iter()
+            .find(|s| s.len() == names.len() && s.iter().zip(names).all(|(a, b)| a == b))
+    }) {
+        return found.clone();
+    }
+    if cache.len() >= SHARED_STACKS {
+        cache.clear();
+    }
+    let stack = Arc::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+    cache.entry(hash).or_default().push(stack.clone());
+    stack
+}
+
 /// Frame names per location id, innermost inlined function first.
 fn location_names<'p>(
     profile: &'p Profile,
     s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
-) -> Result<HashMap<u64, Vec<String>>, IngestError> {
+) -> Result<HashMap<u64, Vec<Cow<'p, str>>>, IngestError> {
     let functions: HashMap<u64, (&str, &str)> = profile
         .function
         .iter()
@@ -178,13 +212,13 @@ fn location_names<'p>(
                 // As the node's own outputs name them: `function (file:line)`.
                 let line = u32::try_from(line.line).ok().filter(|&l| l > 0);
                 let label = pyrometer_proto::naming::python_frame_name(name, Some(file), line);
-                names.push(frame_name(&label, false));
+                names.push(Cow::Owned(frame_name(&label, false).into_owned()));
             } else {
                 names.push(frame_name(name, kernel));
             }
         }
         if names.is_empty() {
-            names.push(format!("0x{:x}", loc.address));
+            names.push(Cow::Owned(format!("0x{:x}", loc.address)));
         }
         out.insert(loc.id, names);
     }
@@ -192,7 +226,16 @@ fn location_names<'p>(
 }
 
 /// The name as folded output spells it: `;` separates frames, so it cannot appear in one.
-fn frame_name(name: &str, kernel: bool) -> String {
+/// Borrowed when the name is already so (the common case: no copy).
+fn frame_name(name: &str, kernel: bool) -> Cow<'_, str> {
+    let clean = !name.is_empty()
+        && !name.starts_with(char::is_whitespace)
+        && !name.ends_with(char::is_whitespace)
+        && !name.chars().any(|c| c == ';' || c.is_control())
+        && (!kernel || name.ends_with(KERNEL_SUFFIX));
+    if clean {
+        return Cow::Borrowed(name);
+    }
     let mut n: String = name
         .chars()
         .map(|c| match c {
@@ -210,7 +253,7 @@ fn frame_name(name: &str, kernel: bool) -> String {
     if kernel && !n.ends_with(KERNEL_SUFFIX) {
         n.push_str(KERNEL_SUFFIX);
     }
-    n
+    Cow::Owned(n)
 }
 
 fn labels<'p>(
@@ -334,5 +377,29 @@ mod tests {
             batch.rows[0].stack.as_slice(),
             ["grow (pkg/mod.py:12)", "malloc"]
         );
+    }
+
+    /// Names are cleaned as folded output needs them, whether or not they need it.
+    #[test]
+    fn frame_names_are_cleaned() {
+        assert!(matches!(frame_name("main", false), Cow::Borrowed("main")));
+        assert_eq!(frame_name("a;b", false), "a:b");
+        assert_eq!(frame_name("  pad\t", false), "pad");
+        assert_eq!(frame_name("x\ny", false), "x y");
+        assert_eq!(frame_name(" ", false), "[unknown]");
+        assert_eq!(frame_name("", false), "[unknown]");
+        assert_eq!(frame_name("schedule", true), "schedule_[k]");
+        assert!(matches!(frame_name("schedule_[k]", true), Cow::Borrowed(_)));
+    }
+
+    /// The same stack decoded from two pushes is one shared allocation; a different one is not.
+    #[test]
+    fn stacks_are_shared_across_batches() {
+        let a = shared_stack(&["main", "ingest-test-shared", "leaf"]);
+        let b = shared_stack(&["main", "ingest-test-shared", "leaf"]);
+        let c = shared_stack(&["main", "ingest-test-shared"]);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(c.as_slice(), ["main", "ingest-test-shared"]);
     }
 }

@@ -18,6 +18,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::{
     BUCKET_SECONDS, Batch, Ingested, LabelSet, Point, Selection, Stacked, Store, StoreError,
+    content_hash,
 };
 
 const SCHEMA: &str = "
@@ -65,17 +66,6 @@ struct Cache {
     labelset_index: IdMap<u64, Vec<i64>>,
     labelset_by_id: IdMap<i64, Arc<LabelSet>>,
     types: HashMap<(String, String), i64>,
-}
-
-/// XXH64 of length-prefixed strings: the key of [`Cache`]'s content indexes.
-fn content_hash<'a>(parts: impl Iterator<Item = &'a str>) -> u64 {
-    use std::hash::Hasher;
-    let mut h = twox_hash::XxHash64::with_seed(0);
-    for p in parts {
-        h.write_u64(p.len() as u64);
-        h.write(p.as_bytes());
-    }
-    h.finish()
 }
 
 fn stack_hash(frames: &[String]) -> u64 {
