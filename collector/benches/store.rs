@@ -6,7 +6,7 @@
 //! same code runs on every node), a few hundred samples per 10 s batch.
 //!
 //! Sizes: BENCH_NODES (default 100), BENCH_BUCKETS (default 360 = 1 h), BENCH_ROWS (distinct
-//! (labels, stack) rows per batch, default 100).
+//! (labels, stack) rows per batch, default 100); BENCH_STORES=sqlite or clickhouse runs one.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -245,12 +245,18 @@ fn main() {
     let base =
         std::env::temp_dir().join(format!("pyrometer-collector-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
-    let mut kinds = vec![Kind::Sqlite(base.join("sqlite"))];
-    if std::path::Path::new(clickhouse_server::SERVER).exists() {
+    // BENCH_STORES=sqlite (or clickhouse) runs one store only.
+    let stores = std::env::var("BENCH_STORES").unwrap_or_else(|_| "sqlite,clickhouse".into());
+    let mut kinds = Vec::new();
+    if stores.contains("sqlite") {
+        kinds.push(Kind::Sqlite(base.join("sqlite")));
+    }
+    let clickhouse = stores.contains("clickhouse");
+    if clickhouse && std::path::Path::new(clickhouse_server::SERVER).exists() {
         kinds.push(Kind::ClickHouse(ClickHouse::start(
             &base.join("clickhouse"),
         )));
-    } else {
+    } else if clickhouse {
         println!(
             "(no {}: ClickHouse figures skipped; cargo xtask deps installs it)",
             clickhouse_server::SERVER

@@ -9,6 +9,7 @@ use prost::Message;
 use pyrometer_proto::ingest::PushRequest;
 use pyrometer_proto::{Profile, Sample};
 
+use crate::idmap::IdMap;
 use crate::store::{Batch, LabelSet, Row};
 
 /// Limits on one batch; beyond them it is refused as a whole.
@@ -115,7 +116,7 @@ pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, Ingest
                 // location_id is leaf first; inlined lines within a location innermost first.
                 for id in sample.location_id.iter().rev() {
                     let lines = frames
-                        .get(id)
+                        .get(*id)
                         .ok_or_else(|| invalid(format!("location id {id} not in the profile")))?;
                     names.extend(lines.iter().rev().map(|n| n.as_ref()));
                 }
@@ -176,12 +177,28 @@ fn shared_stack(names: &[&str]) -> Arc<Vec<String>> {
     stack
 }
 
+/// Frame names of every location: one list for all, so a batch's hundreds of locations do
+/// not each allocate their own.
+struct Locations<'p> {
+    /// Location id to its `[start, end)` in `names`.
+    by_id: IdMap<u64, (u32, u32)>,
+    names: Vec<Cow<'p, str>>,
+}
+
+impl<'p> Locations<'p> {
+    /// The location's frame names, innermost inlined function first.
+    fn get(&self, id: u64) -> Option<&[Cow<'p, str>]> {
+        let &(start, end) = self.by_id.get(&id)?;
+        self.names.get(start as usize..end as usize)
+    }
+}
+
 /// Frame names per location id, innermost inlined function first.
 fn location_names<'p>(
     profile: &'p Profile,
     s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
-) -> Result<HashMap<u64, Vec<Cow<'p, str>>>, IngestError> {
-    let functions: HashMap<u64, (&str, &str)> = profile
+) -> Result<Locations<'p>, IngestError> {
+    let functions: IdMap<u64, (&str, &str)> = profile
         .function
         .iter()
         .map(|f| Ok((f.id, (s(f.name)?, s(f.filename)?))))
@@ -196,11 +213,16 @@ fn location_names<'p>(
     };
     let kernel_mappings = mapping_ids(&|f| f.starts_with("[kernel.kallsyms]"));
     let python_mappings = mapping_ids(&|f| f == pyrometer_proto::naming::PYTHON_MAPPING);
-    let mut out = HashMap::with_capacity(profile.location.len());
+    let mut out = Locations {
+        by_id: IdMap::default(),
+        names: Vec::with_capacity(profile.location.len()),
+    };
+    out.by_id.reserve(profile.location.len());
     for loc in &profile.location {
         let kernel = kernel_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
         let python = python_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
-        let mut names = Vec::with_capacity(loc.line.len().max(1));
+        let start = out.names.len();
+        let names = &mut out.names;
         for line in &loc.line {
             let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
                 invalid(format!(
@@ -217,10 +239,14 @@ fn location_names<'p>(
                 names.push(frame_name(name, kernel));
             }
         }
-        if names.is_empty() {
+        if names.len() == start {
             names.push(Cow::Owned(format!("0x{:x}", loc.address)));
         }
-        out.insert(loc.id, names);
+        let range = u32::try_from(start)
+            .ok()
+            .zip(u32::try_from(names.len()).ok())
+            .ok_or_else(|| invalid("too many frames"))?;
+        out.by_id.insert(loc.id, range);
     }
     Ok(out)
 }

@@ -4,6 +4,7 @@
 
 pub mod clickhouse;
 pub mod diff_api;
+pub mod idmap;
 pub mod ingest;
 pub mod metrics;
 pub mod query;

@@ -77,12 +77,14 @@ fn labels_hash(labels: &LabelSet) -> u64 {
 }
 
 impl Cache {
-    fn find_stack(&self, hash: u64, frames: &[String]) -> Option<i64> {
+    fn find_stack(&self, hash: u64, frames: &Arc<Vec<String>>) -> Option<i64> {
         let ids = self.stack_index.get(&hash)?;
+        // Decoded stacks are shared across pushes (see `ingest`), so most are the very
+        // allocation stored here and need no comparison of their names.
         ids.iter().copied().find(|id| {
             self.stack_by_id
                 .get(id)
-                .is_some_and(|s| s.as_slice() == frames)
+                .is_some_and(|s| Arc::ptr_eq(s, frames) || s == frames)
         })
     }
 
@@ -430,8 +432,8 @@ impl Store for SqliteStore {
         }
         let mut sums = Sums::default();
         // Label sets and stacks arrive as shared Arcs: intern each once per batch.
-        let mut labelsets: HashMap<*const LabelSet, i64> = HashMap::new();
-        let mut stacks: HashMap<*const Vec<String>, i64> = HashMap::new();
+        let mut labelsets: IdMap<*const LabelSet, i64> = IdMap::default();
+        let mut stacks: IdMap<*const Vec<String>, i64> = IdMap::default();
         for row in &batch.rows {
             let labelset = match labelsets.get(&Arc::as_ptr(&row.labels)) {
                 Some(&id) => id,

@@ -178,14 +178,4 @@ pub fn merge(stacks: Vec<Stacked>, keep: &[&str]) -> Vec<Stacked> {
     out
 }
 
-/// XXH64 of length-prefixed strings (so `["ab", "c"]` and `["a", "bc"]` differ): the key
-/// stacks and label sets are found by in memory.
-pub fn content_hash<'a>(parts: impl Iterator<Item = &'a str>) -> u64 {
-    use std::hash::Hasher;
-    let mut h = twox_hash::XxHash64::with_seed(0);
-    for p in parts {
-        h.write_u64(p.len() as u64);
-        h.write(p.as_bytes());
-    }
-    h.finish()
-}
+pub use crate::idmap::content_hash;

@@ -9,7 +9,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt chunk: {0}")]
@@ -80,42 +79,7 @@ pub fn each_entry(entries: &[u8], mut f: impl FnMut(i64, i64)) -> Result<(), Cor
     Ok(())
 }
 
-/// A fast hasher for integer keys (the multiply-rotate of rustc's FxHash, then a finalizer):
-/// summing a query's rows is most of its time, and SipHash would double it. Keys are row ids, not attacker
-/// controlled.
-#[derive(Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_i64(&mut self, v: i64) {
-        self.write_u64(v as u64);
-    }
-
-    /// Mixed down (MurmurHash3's finalizer): a product alone carries the key's high bits
-    /// only upward, and the table indexes by the low bits, so keys that differ in their high
-    /// half (the label set) would all collide.
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-pub type IdMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<IdHasher>>;
-pub type IdSet<K> = std::collections::HashSet<K, BuildHasherDefault<IdHasher>>;
+pub use crate::idmap::{IdMap, IdSet};
 
 #[cfg(test)]
 mod tests {
