@@ -63,6 +63,11 @@ struct Cache {
     frames: HashMap<String, i64>,
     stack_index: IdMap<u64, Vec<i64>>,
     stack_by_id: IdMap<i64, Arc<Vec<String>>>,
+    /// Ids by the address of the stack held in `stack_by_id`: decoded stacks are shared
+    /// across pushes (see `ingest`), so most of a batch's are the very allocation stored
+    /// here and are found without hashing their names. Sound because `stack_by_id` keeps
+    /// each such allocation alive (its address cannot be reused) and never replaces one.
+    stack_by_address: IdMap<usize, i64>,
     labelset_index: IdMap<u64, Vec<i64>>,
     labelset_by_id: IdMap<i64, Arc<LabelSet>>,
     types: HashMap<(String, String), i64>,
@@ -77,19 +82,19 @@ fn labels_hash(labels: &LabelSet) -> u64 {
 }
 
 impl Cache {
-    fn find_stack(&self, hash: u64, frames: &Arc<Vec<String>>) -> Option<i64> {
+    fn find_stack(&self, hash: u64, frames: &[String]) -> Option<i64> {
         let ids = self.stack_index.get(&hash)?;
-        // Decoded stacks are shared across pushes (see `ingest`), so most are the very
-        // allocation stored here and need no comparison of their names.
         ids.iter().copied().find(|id| {
             self.stack_by_id
                 .get(id)
-                .is_some_and(|s| Arc::ptr_eq(s, frames) || s == frames)
+                .is_some_and(|s| s.as_slice() == frames)
         })
     }
 
     fn add_stack(&mut self, hash: u64, id: i64, frames: Arc<Vec<String>>) {
         self.stack_index.entry(hash).or_default().push(id);
+        self.stack_by_address
+            .insert(Arc::as_ptr(&frames).addr(), id);
         self.stack_by_id.insert(id, frames);
     }
 
@@ -111,6 +116,7 @@ impl Cache {
         for (hash, ids) in fresh.stack_index {
             self.stack_index.entry(hash).or_default().extend(ids);
         }
+        self.stack_by_address.extend(fresh.stack_by_address);
         self.stack_by_id.extend(fresh.stack_by_id);
         for (hash, ids) in fresh.labelset_index {
             self.labelset_index.entry(hash).or_default().extend(ids);
@@ -352,6 +358,15 @@ impl Interner<'_> {
     }
 
     fn stack(&mut self, frames: &Arc<Vec<String>>) -> Result<i64, StoreError> {
+        let address = Arc::as_ptr(frames).addr();
+        if let Some(&id) = self
+            .cache
+            .stack_by_address
+            .get(&address)
+            .or_else(|| self.fresh.stack_by_address.get(&address))
+        {
+            return Ok(id);
+        }
         let hash = stack_hash(frames);
         if let Some(id) = self
             .cache
