@@ -328,20 +328,15 @@ impl ClickHouseStore {
         Ok(out)
     }
 
-    /// Label sets used by sample rows of the range (of type `ty`, or of any type).
+    /// Label sets used by sample rows of the range.
     fn labelsets_in(
         &self,
         from_s: i64,
         to_s: i64,
-        ty: Option<u64>,
     ) -> Result<HashMap<u64, Arc<LabelSet>>, StoreError> {
-        let ty = match ty {
-            Some(t) => format!("type = {t}"),
-            None => "type != 0".into(),
-        };
         let ids = self.select_ids(&format!(
             "SELECT DISTINCT labelset FROM {}.samples
-             WHERE {ty} AND bucket >= {from_s} AND bucket < {to_s}",
+             WHERE type != 0 AND bucket >= {from_s} AND bucket < {to_s}",
             self.db
         ))?;
         self.labelsets(&ids)
@@ -424,9 +419,8 @@ impl ClickHouseStore {
     }
 }
 
-/// What a selection reads: its sample type's id, the label sets of the range that hold that
-/// type, and the `AND labelset IN (...)` condition keeping the matching ones (empty when all
-/// match).
+/// What a selection reads: its sample type's id, the label sets stored, and the `AND
+/// labelset IN (...)` condition keeping the matching ones (empty when all match).
 struct Selected {
     ty: u64,
     present: HashMap<u64, Arc<LabelSet>>,
@@ -434,13 +428,18 @@ struct Selected {
 }
 
 impl ClickHouseStore {
-    /// `None` when nothing can match: the type is unknown or no label set of the range matches.
+    /// `None` when nothing can match: the type is unknown or no label set stored matches.
     fn selected(&self, selection: &Selection<'_>) -> Result<Option<Selected>, StoreError> {
         let types = self.types()?;
         let Some(&(ty, _, _)) = types.iter().find(|t| t.1 == selection.sample_type) else {
             return Ok(None);
         };
-        let present = self.labelsets_in(selection.from_s, selection.to_s, Some(ty))?;
+        // Every label set stored, not only those of the range: the `labelsets` table has one
+        // row per label set, where finding the range's would scan a column of every sample
+        // row in it (as long again as the query itself). Label sets without rows in the
+        // range only lengthen the `IN` list.
+        let ids = self.select_ids(&format!("SELECT DISTINCT id FROM {}.labelsets", self.db))?;
+        let present = self.labelsets(&ids)?;
         let mut wanted: Vec<u64> = present
             .iter()
             .filter(|(_, l)| (selection.labels)(l))
@@ -654,14 +653,14 @@ impl Store for ClickHouseStore {
     }
 
     fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
-        let sets = self.labelsets_in(from_s, to_s, None)?;
+        let sets = self.labelsets_in(from_s, to_s)?;
         let names: std::collections::BTreeSet<String> =
             sets.values().flat_map(|s| s.keys().cloned()).collect();
         Ok(names.into_iter().collect())
     }
 
     fn label_values(&self, name: &str, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
-        let sets = self.labelsets_in(from_s, to_s, None)?;
+        let sets = self.labelsets_in(from_s, to_s)?;
         let values: std::collections::BTreeSet<String> =
             sets.values().filter_map(|s| s.get(name).cloned()).collect();
         Ok(values.into_iter().collect())
