@@ -235,6 +235,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // capture to the next.
     let new_capture = |reported, live| {
         let mut c = Capture::default();
+        c.exec_lazily = true;
         c.off_cpu = off_cpu;
         c.off_cpu_reported = reported;
         c.alloc = alloc_mean.map(|mean| {
@@ -248,10 +249,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
     let mut last_scan = Instant::now();
+    let mut last_counters: Option<Instant> = None;
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut samples_total = 0u64;
     loop {
-        sampler.wait(Duration::from_millis(20));
+        // The kernel wakes the agent at once for what cannot wait (a new process, an exec, a
+        // mapping it has no table for, a filling ring buffer); the rest is read in batches.
+        // At 19 Hz on a few CPUs a wake-up every 20 ms found about one sample, and the
+        // wake-ups with their counter reads cost more than the samples.
+        sampler.wait(POLL);
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
@@ -265,27 +271,10 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             last_scan = Instant::now();
             scan(&mut sampler, &mut tables, &mut registry, &cfg, &mut known);
         }
-        let c = sampler.counters();
-        metrics
-            .samples
-            .store(samples_total + capture.samples, Relaxed);
-        metrics.lost_ring_buffer.store(c.ringbuf_drops, Relaxed);
-        metrics
-            .user_stack_errors
-            .store(c.user_stack_errors, Relaxed);
-        metrics
-            .kernel_stack_errors
-            .store(c.kernel_stack_errors, Relaxed);
-        let u = c.unwind;
-        metrics.unwind_walks.store(u.samples, Relaxed);
-        for (slot, v) in metrics.unwind_stopped.iter().zip([
-            u.no_mapping,
-            u.no_table,
-            u.no_row,
-            u.bad_cfa,
-            u.truncated,
-        ]) {
-            slot.store(v, Relaxed);
+        // Some 25 map reads: once a second is as fresh as /metrics needs.
+        if stopping || last_counters.is_none_or(|t| t.elapsed() >= COUNTERS_EVERY) {
+            last_counters = Some(Instant::now());
+            publish_counters(&sampler, &metrics, samples_total + capture.samples);
         }
         if stopping || interval_start.elapsed() >= cfg.interval {
             if off_cpu {
@@ -330,6 +319,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 }
             }
             symbolizer.release_files();
+            // The interval's samples are symbolized: processes gone since are not needed.
+            registry.forget_exited();
             // The interval's profile and symbolization scratch are freed now: hand the pages
             // back rather than keep the heap at its peak until the next push.
             // SAFETY: malloc_trim only releases free memory of the allocator.
@@ -374,6 +365,30 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// Copies the kernel's counters to /metrics.
+fn publish_counters(sampler: &Sampler, metrics: &AgentMetrics, samples: u64) {
+    let c = sampler.counters();
+    metrics.samples.store(samples, Relaxed);
+    metrics.lost_ring_buffer.store(c.ringbuf_drops, Relaxed);
+    metrics
+        .user_stack_errors
+        .store(c.user_stack_errors, Relaxed);
+    metrics
+        .kernel_stack_errors
+        .store(c.kernel_stack_errors, Relaxed);
+    let u = c.unwind;
+    metrics.unwind_walks.store(u.samples, Relaxed);
+    for (slot, v) in metrics.unwind_stopped.iter().zip([
+        u.no_mapping,
+        u.no_table,
+        u.no_row,
+        u.bad_cfa,
+        u.truncated,
+    ]) {
+        slot.store(v, Relaxed);
+    }
+}
+
 /// Samples the allocations of the chosen processes not probed yet: the --alloc-pid ones and
 /// those whose comm matches --alloc-comm (again every scan, for processes started later).
 fn add_alloc_targets(
@@ -414,6 +429,12 @@ fn add_alloc_targets(
         }
     }
 }
+
+/// The longest the sampling loop sleeps between two reads of the ring buffer.
+const POLL: Duration = Duration::from_millis(200);
+
+/// How often the kernel's counters are copied to /metrics.
+const COUNTERS_EVERY: Duration = Duration::from_secs(1);
 
 /// Processes already chosen: as sampling targets, and for allocation sampling.
 #[derive(Default)]
