@@ -122,6 +122,8 @@ pub struct Capture {
     /// at its exec was most of the agent's work. `record` reads at once, so that a target's
     /// first samples after its exec already unwind and carry Python frames.
     pub exec_lazily: bool,
+    /// With `exec_lazily`: the pids that exec'd, for the caller to take.
+    pub execs: Vec<u32>,
     /// Pids whose memory map was (re)read since the caller last took this list: the DWARF
     /// unwinder's tables for them need an update.
     pub maps_changed: Vec<u32>,
@@ -206,6 +208,7 @@ impl Capture {
             if self.exec_lazily {
                 self.pids.remove(&h.pid);
                 registry.forget(h.pid);
+                self.execs.push(h.pid);
                 return;
             }
             self.pids.insert(h.pid);

@@ -28,6 +28,7 @@ use pyrometer_proto::ingest::PushRequest;
 use crate::{EXIT_PRIVILEGES, exit_error};
 
 mod config;
+mod young;
 
 pub use config::AgentArgs;
 use config::{input, resolve};
@@ -235,7 +236,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // capture to the next.
     let new_capture = |reported, live| {
         let mut c = Capture::default();
-        c.exec_lazily = true;
+        // Node-wide, most processes are never sampled; chosen ones are read at once.
+        c.exec_lazily = !selective;
         c.off_cpu = off_cpu;
         c.off_cpu_reported = reported;
         c.alloc = alloc_mean.map(|mean| {
@@ -250,6 +252,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut interval_wall = SystemTime::now();
     let mut last_scan = Instant::now();
     let mut last_counters: Option<Instant> = None;
+    let mut young = young::Young::default();
+    let proc_root = std::path::Path::new("/proc");
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut samples_total = 0u64;
     loop {
@@ -261,6 +265,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         sampler.drain_into(&mut batch);
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
+        }
+        for pid in capture.execs.drain(..) {
+            young.exec(pid);
+        }
+        if !selective {
+            young.filter(&mut capture.maps_changed, proc_root);
         }
         tables.sync(&mut capture.maps_changed, &registry, &mut sampler);
         for notice in tables.python.take_notices() {
@@ -321,6 +331,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             symbolizer.release_files();
             // The interval's samples are symbolized: processes gone since are not needed.
             registry.forget_exited();
+            young.forget_exited(proc_root);
             // The interval's profile and symbolization scratch are freed now: hand the pages
             // back rather than keep the heap at its peak until the next push.
             // SAFETY: malloc_trim only releases free memory of the allocator.
