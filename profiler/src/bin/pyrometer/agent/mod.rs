@@ -80,7 +80,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         } else {
             Filter::All
         },
-        ring_buffer_bytes: 8 << 20,
+        ring_buffer_bytes: ring_buffer_bytes(),
         unwind_rows: cfg.unwind_rows,
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
         off_cpu_min_ns: cfg.off_cpu_min_ns,
@@ -439,6 +439,17 @@ fn add_alloc_targets(
             }
         }
     }
+}
+
+/// The ring buffer, sized by CPU count: 128 KiB a CPU, 1 to 8 MiB. At 19 Hz that holds
+/// seconds of samples, against a read every 200 ms (and a wake-up when a quarter is filled,
+/// as in a burst of off-CPU records). Its pages count in the agent's resident set (mapped
+/// twice, for records that wrap): 8 MiB on a 2-CPU node was a third of it.
+fn ring_buffer_bytes() -> u32 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    (cpus.saturating_mul(128 << 10))
+        .next_power_of_two()
+        .clamp(1 << 20, 8 << 20)
 }
 
 /// The longest the sampling loop sleeps between two reads of the ring buffer.
