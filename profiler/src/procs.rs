@@ -185,8 +185,9 @@ impl Process {
     }
 }
 
-/// Every process seen during a capture. Nothing is ever removed, so samples can be symbolized
-/// after their process exited.
+/// Every process seen during a capture. Nothing is removed unless asked
+/// ([`ProcessRegistry::forget_exited`]), so samples can be symbolized after their process
+/// exited.
 #[derive(Debug)]
 pub struct ProcessRegistry {
     proc_root: PathBuf,
@@ -320,6 +321,25 @@ impl ProcessRegistry {
 
     pub fn find(&self, pid: u32, addr: u64) -> Option<(&Mapping, u64)> {
         self.processes.get(&pid)?.find(addr)
+    }
+
+    /// Forgets a process, so that the next [`observe`](Self::observe) reads it afresh.
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
+    /// Forgets the processes that are gone and the binaries no process maps any more. A
+    /// long-running agent calls it once the samples of an interval are symbolized: the
+    /// registry would otherwise keep every process a node ever ran (and an open descriptor
+    /// for each binary seen inside a container).
+    pub fn forget_exited(&mut self) -> usize {
+        let root = self.proc_root.clone();
+        let before = self.processes.len();
+        self.processes
+            .retain(|&pid, _| crate::target::alive(&root, pid));
+        // Only the registry's own reference left: no process of it maps the binary.
+        self.binaries.retain(|_, b| Arc::strong_count(b) > 1);
+        before - self.processes.len()
     }
 
     fn read_mappings(&mut self, pid: u32) -> Result<Vec<Mapping>, ProcError> {
@@ -636,6 +656,33 @@ mod tests {
         fs::remove_dir_all(root.join("7")).unwrap();
         assert!(!reg.refresh(7).unwrap());
         assert!(reg.get(7).unwrap().exited());
+    }
+
+    #[test]
+    fn forget_exited_drops_gone_processes_and_their_binaries() {
+        let tmp = TempDir::new("procs-forget");
+        let root = fake_proc(&tmp, 7, "1000-2000 r-xp 00000000 fd:07 11 /opt/a\n");
+        fake_proc(&tmp, 8, "1000-2000 r-xp 00000000 fd:07 12 /opt/b\n");
+        fs::write(root.join("7/stat"), "7 (fake) S 1 7 7").unwrap();
+        // A zombie has exited too.
+        fs::write(root.join("8/stat"), "8 (fake) Z 1 8 8").unwrap();
+        let mut reg = ProcessRegistry::with_proc_root(&root);
+        reg.observe(7).unwrap();
+        reg.observe(8).unwrap();
+        assert_eq!(reg.binaries.len(), 2);
+        assert_eq!(reg.forget_exited(), 1);
+        assert!(reg.get(7).is_some());
+        assert!(reg.get(8).is_none());
+        assert_eq!(
+            reg.binaries.len(),
+            1,
+            "the binary only pid 8 mapped is forgotten"
+        );
+        assert!(reg.find(7, 0x1000).is_some());
+        // A pid reused later is read afresh.
+        fs::write(root.join("8/stat"), "8 (fake) S 1 8 8").unwrap();
+        fs::write(root.join("8/maps"), "5000-6000 r-xp 00000000 00:00 0 \n").unwrap();
+        assert!(reg.observe(8).unwrap().find(0x5000).is_some());
     }
 
     #[test]

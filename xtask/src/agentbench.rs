@@ -4,6 +4,11 @@
 //! one core after start-up and its resident memory, peak and steady (the median of the
 //! second half). A figure, not a pass/fail. BENCH_AGENT_COLLECTOR names a collector binary
 //! to push to instead of building the release one (its own cost is not measured).
+//!
+//! A second run samples only the burners (`--comm`): on a machine where other work starts
+//! new programs all the time (a shared build machine), the first run mostly measures the
+//! agent's work for those new programs; the second is the cost of a node whose processes
+//! stay the same, as on the issue's reference node.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -46,12 +51,58 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     let dir = root.join("target/bench/agent");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
+    // The burners run a copy of sh with a name of their own, for `--comm`.
+    let burner = dir.join("pyroburn");
+    std::fs::copy("/bin/sh", &burner).context("copying /bin/sh for the CPU burners")?;
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    println!();
+    for (what, args) in [
+        ("every process", &[][..]),
+        ("the burners only (--comm)", &["--comm", "pyroburn"][..]),
+    ] {
+        let r = run_agent(&dir, pyrometer, &collector_bin, &burner, seconds, args)?;
+        println!(
+            "agent footprint: {seconds} s at 19 Hz, {what}, {cpus} CPUs busy ({cpus} burners); \
+             start-up {:.1} s",
+            r.startup_s
+        );
+        println!(
+            "  CPU {:.3} % of one core; RSS peak {:.1} MB (start-up included), steady {:.1} MB; \
+             {} samples, {} pushed",
+            r.cpu * 100.0,
+            r.peak_kb as f64 / 1024.0,
+            r.steady_kb / 1024.0,
+            r.stats["samples"],
+            r.stats["samples_pushed"]
+        );
+    }
+    Ok(())
+}
+
+struct Footprint {
+    startup_s: f64,
+    cpu: f64,
+    peak_kb: u64,
+    steady_kb: f64,
+    stats: serde_json::Value,
+}
+
+fn run_agent(
+    dir: &Path,
+    pyrometer: &Path,
+    collector_bin: &Path,
+    burner: &Path,
+    seconds: u64,
+    extra: &[&str],
+) -> Result<Footprint> {
+    let _ = std::fs::remove_dir_all(dir.join("collector"));
+    let _ = std::fs::remove_dir_all(dir.join("spool"));
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let mut children = Children(Vec::new());
     children.0.push(
-        Command::new(&collector_bin)
+        Command::new(collector_bin)
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--data-dir")
@@ -64,7 +115,7 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     for _ in 0..cpus {
         children.0.push(
-            Command::new("sh")
+            Command::new(burner)
                 .args(["-c", "while :; do :; done"])
                 .spawn()
                 .context("starting a CPU burner")?,
@@ -72,6 +123,7 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     }
     let mut agent = Command::new(pyrometer)
         .args(["agent", "-F", "19", "--node-name", "bench", "--no-gpu"])
+        .args(extra)
         .arg("--collector")
         .arg(format!("http://127.0.0.1:{port}"))
         .arg("--spool-dir")
@@ -117,21 +169,13 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     let _ = agent.wait();
     let stats: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json"))?)?;
-    println!();
-    println!(
-        "agent footprint: {seconds} s at 19 Hz, every process, {cpus} CPUs busy ({cpus} burners); \
-         start-up {startup_s:.1} s"
-    );
-    println!(
-        "  CPU {:.3} % of one core; RSS peak {:.1} MB (start-up included), steady {:.1} MB; \
-         {} samples, {} pushed",
-        cpu * 100.0,
-        peak_kb as f64 / 1024.0,
-        steady_kb / 1024.0,
-        stats["samples"],
-        stats["samples_pushed"]
-    );
-    Ok(())
+    Ok(Footprint {
+        startup_s,
+        cpu,
+        peak_kb,
+        steady_kb,
+        stats,
+    })
 }
 
 /// CPU time of every thread of `pid` (schedstat's on-CPU nanoseconds; the clock-tick

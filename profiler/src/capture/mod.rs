@@ -116,6 +116,14 @@ pub struct Capture {
     /// Kernel stack ids that were gone from the stack map when read.
     pub missing_kernel_stacks: u64,
     pub pids: HashSet<u32>,
+    /// An exec only makes the registry forget the process; its new image is read at its
+    /// next sample. For the node agent: at 19 Hz most processes that exec on a busy node
+    /// are never sampled, and reading each new image (maps, unwind tables, Python version)
+    /// at its exec was most of the agent's work. `record` reads at once, so that a target's
+    /// first samples after its exec already unwind and carry Python frames.
+    pub exec_lazily: bool,
+    /// With `exec_lazily`: the pids that exec'd, for the caller to take.
+    pub execs: Vec<u32>,
     /// Pids whose memory map was (re)read since the caller last took this list: the DWARF
     /// unwinder's tables for them need an update.
     pub maps_changed: Vec<u32>,
@@ -197,6 +205,12 @@ impl Capture {
         }
         if h.flags & pyrometer_ebpf::SAMPLE_EVENT_EXEC != 0 {
             self.forget_allocations(h.pid);
+            if self.exec_lazily {
+                self.pids.remove(&h.pid);
+                registry.forget(h.pid);
+                self.execs.push(h.pid);
+                return;
+            }
             self.pids.insert(h.pid);
             if registry.exec(h.pid).is_ok() {
                 self.maps_changed.push(h.pid);

@@ -80,9 +80,29 @@ enum ModKey {
     File(BinaryKey),
 }
 
+/// Bytes of files (their size on disk) whose parsed symbol and DWARF tables stay open
+/// across [`Symbolizer::release_files`]: the C library's debug file and an interpreter fit,
+/// a debug build of a large program (hundreds of MB of DWARF) does not.
+pub const KEEP_OPEN_BYTES: u64 = 24 << 20;
+
+/// One file's blazesym reader, and how it was used.
+struct OpenFile {
+    blaze: blazesym::symbolize::Symbolizer,
+    /// The [`Symbolizer::release_files`] period it was last used in.
+    used: u64,
+    /// Lookups in that period.
+    lookups: u64,
+    /// Its size on disk, the measure of what keeping it open costs.
+    bytes: u64,
+}
+
 /// Not `Send`: blazesym's resolvers use `Rc`. Create it on the thread that symbolizes.
 pub struct Symbolizer {
-    blaze: blazesym::symbolize::Symbolizer,
+    /// A blazesym symbolizer per file (each caches the one file it read), so that files
+    /// can be let go of one by one.
+    open: HashMap<PathBuf, OpenFile>,
+    /// The current [`Symbolizer::release_files`] period.
+    period: u64,
     debug_dirs: Vec<PathBuf>,
     kallsyms_path: PathBuf,
     perf_map_interval: Duration,
@@ -116,7 +136,8 @@ impl Symbolizer {
 
     pub fn new() -> Self {
         Self {
-            blaze: Self::blaze(),
+            open: HashMap::new(),
+            period: 0,
             debug_dirs: DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect(),
             kallsyms_path: PathBuf::from("/proc/kallsyms"),
             perf_map_interval: crate::procs::DEFAULT_REFRESH_INTERVAL,
@@ -155,9 +176,39 @@ impl Symbolizer {
     /// Lets go of the files blazesym holds (mapped, with the symbol and DWARF tables parsed
     /// from them), keeping the results and what is known of each binary. A long-running agent
     /// calls it after each push: otherwise every binary a profile ever touched stays in its
-    /// resident set, on a busy node hundreds of MB. A later miss opens its file again.
+    /// resident set, on a busy node hundreds of MB. The files used most since the previous
+    /// call stay open, up to [`KEEP_OPEN_BYTES`]: a binary that keeps running keeps meeting
+    /// addresses not seen before (libc's, the interpreter's), and parsing it again for each
+    /// (decompressing a debug file's DWARF) was most of an always-on agent's CPU time. A
+    /// later miss opens a released file again.
     pub fn release_files(&mut self) {
-        self.blaze = Self::blaze();
+        let period = self.period;
+        // The most used first, while they fit in KEEP_OPEN_BYTES.
+        let mut used: Vec<(u64, u64, PathBuf)> = self
+            .open
+            .iter()
+            .filter(|(_, f)| f.used == period)
+            .map(|(p, f)| (f.lookups, f.bytes, p.clone()))
+            .collect();
+        used.sort_by_key(|u| std::cmp::Reverse(u.0));
+        let mut budget = KEEP_OPEN_BYTES;
+        let mut keep = std::collections::HashSet::new();
+        for (_, bytes, path) in used {
+            if bytes <= budget {
+                budget -= bytes;
+                keep.insert(path);
+            }
+        }
+        self.open.retain(|p, _| keep.contains(p));
+        for f in self.open.values_mut() {
+            f.lookups = 0;
+        }
+        self.period += 1;
+    }
+
+    /// Files open now (for tests and statistics).
+    pub fn open_files(&self) -> usize {
+        self.open.len()
     }
 
     /// Symbolizes a user stack of `pid`: `addrs` are leaf first, the first the sampled IP, the
@@ -323,12 +374,27 @@ impl Symbolizer {
         r
     }
 
-    fn resolve(&self, info: &ElfInfo, file_offset: u64) -> Option<Rc<[Resolved]>> {
+    fn resolve(&mut self, info: &ElfInfo, file_offset: u64) -> Option<Rc<[Resolved]>> {
         let vaddr = info.vaddr(file_offset)?;
         let mut elf = Elf::new(&info.source);
         elf.debug_syms = info.debug_syms;
         let src = Source::from(elf);
-        let syms = self
+        let period = self.period;
+        let file = self
+            .open
+            .entry(info.source.clone())
+            .or_insert_with(|| OpenFile {
+                blaze: Self::blaze(),
+                used: period,
+                lookups: 0,
+                bytes: std::fs::metadata(&info.source).map_or(u64::MAX, |m| m.len()),
+            });
+        if file.used != period {
+            file.used = period;
+            file.lookups = 0;
+        }
+        file.lookups += 1;
+        let syms = file
             .blaze
             .symbolize(&src, Input::VirtOffset(&[vaddr]))
             .ok()?;

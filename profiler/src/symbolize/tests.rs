@@ -415,3 +415,44 @@ int main(int argc, char **) { ns::Klass k; return k.method(argc); }
         }
     }
 }
+
+#[test]
+fn release_files_keeps_files_in_use_within_the_budget() {
+    let tmp = TempDir::new("sym-release");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g"]);
+    let (known, _) = symbol(&prog, "known_function", false);
+    let (hidden, _) = symbol(&prog, "hidden_static", false);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    assert_eq!(s.symbolize_elf(&prog, known)[0].function, "known_function");
+    assert_eq!(s.open_files(), 1);
+    s.release_files();
+    assert_eq!(s.open_files(), 1, "used in the period: stays open");
+    // A new address of a kept file is read from the open file (and named right).
+    assert_eq!(s.symbolize_elf(&prog, hidden)[0].function, "hidden_static");
+    s.release_files();
+    assert_eq!(s.open_files(), 1);
+    s.release_files();
+    assert_eq!(s.open_files(), 0, "not used in the last period: let go");
+    // Opened again on a later miss.
+    assert_eq!(
+        s.symbolize_elf(&prog, hidden + 1)[0].function,
+        "hidden_static"
+    );
+    assert_eq!(s.open_files(), 1);
+
+    // A file bigger than the budget is let go even though it was used.
+    let pad = KEEP_OPEN_BYTES + (1 << 20);
+    let big_src = format!("__attribute__((used)) static const char pad[{pad}] = {{1}};\n{PROG}");
+    let big = compile_c(&tmp, "big", &big_src, &["-O0", "-g"]);
+    let (big_known, _) = symbol(&big, "known_function", false);
+    assert_eq!(
+        s.symbolize_elf(&big, big_known)[0].function,
+        "known_function"
+    );
+    assert_eq!(s.open_files(), 2);
+    s.release_files();
+    assert_eq!(s.open_files(), 1, "prog kept, big over the budget let go");
+    s.symbolize_elf(&prog, hidden + 2);
+    s.release_files();
+    assert_eq!(s.open_files(), 1, "big not reopened: prog only");
+}
