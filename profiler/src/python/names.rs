@@ -30,7 +30,7 @@ use std::collections::HashMap;
 
 use super::PythonError;
 use super::memory::Memory;
-use super::offsets::{self, ABSENT, PyOffsets};
+use super::offsets::{ABSENT, PyOffsets};
 use super::version::PythonRuntime;
 use super::walk::Walker;
 
@@ -236,7 +236,7 @@ const PY313: NameOffsets = NameOffsets {
     ..PY312
 };
 
-/// Every supported minor version, oldest first (the same range as [`offsets::SUPPORTED`]).
+/// Every supported minor version, oldest first (3.8–3.13; later versions have no name table).
 pub const SUPPORTED: &[NameOffsets] = &[PY38, PY39, PY310, PY311, PY312, PY313];
 
 /// The name offsets for CPython `major.minor`, or `None` when that version is not supported.
@@ -262,12 +262,12 @@ pub fn for_version(major: u32, minor: u32) -> Option<&'static NameOffsets> {
 pub fn thread_names<M: Memory>(
     mem: &M,
     rt: &PythonRuntime,
+    base: &PyOffsets,
 ) -> Result<HashMap<u64, String>, PythonError> {
     let (major, minor) = (rt.version.major, rt.version.minor);
-    let (Some(base), Some(o)) = (
-        offsets::for_version(major, minor),
-        for_version(major, minor),
-    ) else {
+    // The name tables assume the default object header (`ob_type` at 8): a free-threaded or
+    // trace-refs build of a tabled version is not read.
+    let (Some(o), 8) = (for_version(major, minor), base.object_type) else {
         return Err(PythonError::Unsupported {
             version: rt.version.to_string(),
             reason: String::new(),

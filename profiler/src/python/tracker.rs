@@ -53,7 +53,7 @@ struct CodeEntry {
 
 struct Tracked {
     runtime: PythonRuntime,
-    offsets: &'static PyOffsets,
+    offsets: PyOffsets,
     /// Start of the interpreter's mapping, to notice an exec into another image.
     mapping_start: u64,
     /// The interpreter binary's path as the process maps it: frames of this module are the
@@ -113,6 +113,9 @@ pub struct PyTracker {
     gil: Option<GilProbes>,
     /// Registered processes whose GIL cannot be probed, and why.
     gil_unavailable: HashMap<u32, String>,
+    /// With the GIL view on: free-threaded processes seen (they have no GIL), with their
+    /// names, kept after they exit for the report.
+    free_threaded: std::collections::BTreeMap<u32, String>,
     /// The sites of every binary probed, for the summary.
     gil_binaries: Vec<GilSites>,
     binaries: BinaryCache,
@@ -132,6 +135,7 @@ impl PyTracker {
             map,
             gil: None,
             gil_unavailable: HashMap::new(),
+            free_threaded: Default::default(),
             gil_binaries: Vec::new(),
             binaries: BinaryCache::default(),
             procs: HashMap::new(),
@@ -164,6 +168,11 @@ impl PyTracker {
     /// Registered processes whose GIL could not be probed, with the reason.
     pub fn gil_unavailable(&self) -> &HashMap<u32, String> {
         &self.gil_unavailable
+    }
+
+    /// With the GIL view on: the free-threaded processes seen (pid, command name).
+    pub fn free_threaded(&self) -> &std::collections::BTreeMap<u32, String> {
+        &self.free_threaded
     }
 
     /// Attaches the GIL probes to the interpreter binary of `process` (once per binary).
@@ -302,8 +311,21 @@ impl PyTracker {
         {
             return;
         }
-        let offsets = offsets::for_version(runtime.version.major, runtime.version.minor)
-            .expect("detect only accepts supported versions");
+        let layout = match offsets::for_process(&ProcessMemory::new(pid), &runtime) {
+            Ok(layout) => layout,
+            Err(e) => {
+                self.remove(pid);
+                if self.noticed.insert(pid) {
+                    self.notices.push(format!(
+                        "pid {pid} ({}): {}: native frames only",
+                        process.comm,
+                        unsupported_message(&e)
+                    ));
+                }
+                return;
+            }
+        };
+        let offsets = &layout.offsets;
         if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&pid) {
             self.stats.map_full += 1;
             return;
@@ -322,7 +344,11 @@ impl PyTracker {
             return;
         }
         self.stats.processes += 1;
-        if let Some(probes) = probes {
+        if layout.free_threaded {
+            if self.gil.is_some() && self.free_threaded.len() < MAX_PROCESSES {
+                self.free_threaded.insert(pid, process.comm.clone());
+            }
+        } else if let Some(probes) = probes {
             self.attach_gil(process, &runtime, probes);
         }
         self.procs.insert(
@@ -330,7 +356,7 @@ impl PyTracker {
             Tracked {
                 module: Arc::from(runtime.path.as_str()),
                 runtime,
-                offsets,
+                offsets: layout.offsets,
                 mapping_start,
                 codes: HashMap::new(),
                 names: HashMap::new(),
@@ -373,7 +399,7 @@ impl PyTracker {
                 t.codes.clear();
             }
             let mem = ProcessMemory::new(pid);
-            let read = Walker::new(&mem, t.offsets, &t.runtime).code(frame.code);
+            let read = Walker::new(&mem, &t.offsets, &t.runtime).code(frame.code);
             self.stats.code_reads += 1;
             match read {
                 Ok(code) => {
@@ -453,7 +479,7 @@ impl PyTracker {
         }
         t.names_read = Some(now);
         let mem = ProcessMemory::new(pid);
-        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, t.offsets, &t.runtime);
+        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, &t.offsets, &t.runtime);
         // Names of threads that have ended stay: their samples (and the GIL table at the end
         // of a recording) still need them, and a read as the process winds down no longer
         // sees them. Past the bound only the live threads' names are kept.
@@ -479,7 +505,7 @@ impl PyTracker {
                 if let Ok(mut entry) = map.get(&pid, 0)
                     && entry.gil == 0
                 {
-                    entry.gil = gil_address(pid, &t.runtime, t.offsets);
+                    entry.gil = gil_address(pid, &t.runtime, &t.offsets);
                     if entry.gil != 0 {
                         let _ = map.insert(pid, entry, 0);
                     }
@@ -509,12 +535,10 @@ fn unreadable() -> PyFrameName {
 fn unsupported_message(e: &PythonError) -> String {
     match e {
         PythonError::Unsupported { version, reason } => {
-            let range = offsets::supported_range();
-            if reason.is_empty() {
-                format!("Python {version} is not supported ({range} are)")
-            } else {
-                format!("Python {version} is not supported ({range} are; {reason})")
-            }
+            format!(
+                "Python {version} is not supported ({})",
+                super::unsupported_detail(reason)
+            )
         }
         e => format!("cannot walk its Python frames ({e})"),
     }

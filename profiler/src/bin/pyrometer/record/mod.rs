@@ -563,7 +563,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .map(|(&p, r)| (p, r.clone()))
             .collect();
         unavailable.sort();
+        let free_threaded = python
+            .free_threaded()
+            .iter()
+            .map(|(&p, comm)| (p, comm.clone()))
+            .collect();
         GilReport {
+            free_threaded,
             table: pyrometer::python::gil_report::render(&rows, elapsed.as_nanos() as u64, comm),
             unavailable,
             wait_events: capture.gil_wait_events,
