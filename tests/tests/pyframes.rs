@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use pyrometer_e2e::python::{Interpreter, debian, line_of, source, supported};
+use pyrometer_e2e::python::{Interpreter, debian, forky, line_of, source, supported};
 use pyrometer_e2e::*;
 
 /// `function (file:line)` → the function.
@@ -181,6 +181,63 @@ fn split_3_13() {
     if privileged() {
         check_split(&Interpreter::pyenv(13));
     }
+}
+
+/// Debian forky's 3.14 in its chroot: frames from its own description, `f_executable` a
+/// tagged stack reference.
+#[test]
+fn split_forky_3_14() {
+    if privileged() {
+        check_split(&forky(14));
+    }
+}
+
+/// Debian forky's 3.15 in its chroot.
+#[test]
+fn split_forky_3_15() {
+    if privileged() {
+        check_split(&forky(15));
+    }
+}
+
+/// The chroot's stripped python3.14 is named from the debug file of python3.14-dbg inside the
+/// chroot (by build-id under the process's own root), which the host lacks: its frames are
+/// names, not `python3.14+0x…`, and the eval loop shows under each Python frame.
+#[test]
+fn chroot_debug_files_name_the_interpreter() {
+    if !privileged() {
+        return;
+    }
+    let python = forky(14);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("pyframes-forky-debug");
+    let out = dir.join("all.folded");
+    let err = record(&["--frames", "all"], &out, &python, &["100"]);
+    let stacks = read_folded(&out);
+    let (mut total, mut unnamed, mut eval) = (0, 0, 0);
+    for s in stacks
+        .iter()
+        .filter(|s| s.frames.first().is_some_and(|f| f == "python3.14"))
+    {
+        total += s.count;
+        if s.frames.iter().any(|f| f.starts_with("python3.14+0x")) {
+            unnamed += s.count;
+        }
+        if s.frames.iter().any(|f| f == "_PyEval_EvalFrameDefault") {
+            eval += s.count;
+        }
+    }
+    assert!(total > 300, "only {total} samples of python3.14:\n{err}");
+    assert!(
+        unnamed * 20 <= total,
+        "{unnamed} of {total} samples with unnamed python3.14 frames:\n{err}"
+    );
+    assert!(
+        eval * 10 >= total * 9,
+        "{eval} of {total} with the eval loop"
+    );
 }
 
 #[test]

@@ -248,6 +248,24 @@ fn dump_python_3_13() {
     check_version("3.13", &pyenv("3.13.0"), 13);
 }
 
+/// Debian forky's 3.14 in its chroot: the layout comes from its `_Py_DebugOffsets`.
+#[test]
+fn dump_forky_python_3_14() {
+    let python = pyrometer_e2e::python::forky(14);
+    if python.present() {
+        check_version(&python.label, &python.path, 14);
+    }
+}
+
+/// Debian forky's 3.15 in its chroot.
+#[test]
+fn dump_forky_python_3_15() {
+    let python = pyrometer_e2e::python::forky(15);
+    if python.present() {
+        check_version(&python.label, &python.path, 15);
+    }
+}
+
 /// Static, stripped: the runtime is found through the executable's exported symbols.
 #[test]
 fn dump_debian_python_3_11() {

@@ -95,6 +95,9 @@ struct Layout {
     unicode_ascii_size: usize,
     /// 3.15+: `compactunicodeobject_size`.
     unicode_compact_size: Option<usize>,
+    interp_imports_modules: usize,
+    /// 3.15+: `heap_type_object.size` and `.ht_cached_keys`.
+    heaptype: Option<(usize, usize)>,
 }
 
 /// 3.13 (`Include/internal/pycore_runtime.h` of 3.13.0).
@@ -139,6 +142,8 @@ const V313: Layout = Layout {
     unicode_length: 552,
     unicode_ascii_size: 560,
     unicode_compact_size: None,
+    interp_imports_modules: 88,
+    heaptype: None,
 };
 
 /// 3.14 (`Include/internal/pycore_debug_offsets.h` of Debian's 3.14.8): `threads_main`, code
@@ -184,6 +189,8 @@ const V314: Layout = Layout {
     unicode_length: 632,
     unicode_ascii_size: 640,
     unicode_compact_size: None,
+    interp_imports_modules: 96,
+    heaptype: None,
 };
 
 /// 3.15 (Debian's 3.15.0): thread-state profiling and exception entries, a heap-type section
@@ -229,6 +236,8 @@ const V315: Layout = Layout {
     unicode_length: 728,
     unicode_ascii_size: 736,
     unicode_compact_size: Some(744),
+    interp_imports_modules: 96,
+    heaptype: Some((528, 536)),
 };
 
 const LAYOUTS: &[Layout] = &[V313, V314, V315];
@@ -242,6 +251,22 @@ pub struct Described {
     pub offsets: PyOffsets,
     /// Built with `--disable-gil` (`3.13t`): no GIL to report.
     pub free_threaded: bool,
+    /// For `threading`'s names ([`super::names`]): `interp->imports.modules`, and (3.15+)
+    /// `PyHeapTypeObject.ht_cached_keys`; 0 / `None` for the tabled versions.
+    pub interp_modules: u32,
+    pub heaptype_cached_keys: Option<u32>,
+}
+
+impl Described {
+    /// A tabled version's layout (3.8–3.12): the default object header, nothing more.
+    pub fn tabled(offsets: PyOffsets) -> Self {
+        Self {
+            offsets,
+            free_threaded: false,
+            interp_modules: 0,
+            heaptype_cached_keys: None,
+        }
+    }
 }
 
 /// The description's layout for `minor`: its own, else the newest known for a later version.
@@ -436,9 +461,29 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
             "its interpreter frame ({frame} bytes) is larger than the kernel walker reads"
         ));
     }
+    let interp_modules = u32_of(c.field(
+        "interpreter_state.imports_modules",
+        l.interp_imports_modules,
+        8,
+        interp,
+    )?);
+    let heaptype_cached_keys = match l.heaptype {
+        Some((size_at, at)) => {
+            let size = c.size("heap_type_object", size_at)?;
+            Some(u32_of(c.field(
+                "heap_type_object.ht_cached_keys",
+                at,
+                8,
+                size,
+            )?))
+        }
+        None => None,
+    };
     Ok(Described {
         offsets,
         free_threaded,
+        interp_modules,
+        heaptype_cached_keys,
     })
 }
 

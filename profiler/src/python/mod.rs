@@ -122,11 +122,7 @@ pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump
     let offsets = &layout.offsets;
     let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
     // Names are a nicety: a `threading` state that does not validate leaves the stacks shown.
-    let python_names = if layout.free_threaded {
-        Default::default()
-    } else {
-        names::thread_names(&mem, &runtime, offsets).unwrap_or_default()
-    };
+    let python_names = names::thread_names(&mem, &runtime, &layout).unwrap_or_default();
     let tasks = task_ids(proc_root, pid);
     let threads = snapshot
         .threads
@@ -256,16 +252,16 @@ pub fn thread_names_by_tid<M: memory::Memory>(
     proc_root: &Path,
     pid: u32,
     mem: &M,
-    offsets: &offsets::PyOffsets,
+    layout: &debug_offsets::Described,
     runtime: &version::PythonRuntime,
 ) -> std::collections::HashMap<u32, String> {
-    let Ok(names) = names::thread_names(mem, runtime, offsets) else {
+    let Ok(names) = names::thread_names(mem, runtime, layout) else {
         return Default::default();
     };
     if names.is_empty() {
         return Default::default();
     }
-    let Ok(ids) = walk::Walker::new(mem, offsets, runtime).thread_ids() else {
+    let Ok(ids) = walk::Walker::new(mem, &layout.offsets, runtime).thread_ids() else {
         return Default::default();
     };
     let tasks = task_ids(proc_root, pid);

@@ -254,10 +254,7 @@ pub fn for_process<M: super::memory::Memory>(
     rt: &super::version::PythonRuntime,
 ) -> Result<super::debug_offsets::Described, super::PythonError> {
     if let Some(table) = for_version(rt.version.major, rt.version.minor) {
-        return Ok(super::debug_offsets::Described {
-            offsets: *table,
-            free_threaded: false,
-        });
+        return Ok(super::debug_offsets::Described::tabled(*table));
     }
     super::debug_offsets::read(mem, rt.runtime, rt.version)
 }

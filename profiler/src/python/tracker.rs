@@ -18,6 +18,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
+use super::debug_offsets::Described;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{self, ABSENT, PyOffsets};
@@ -53,7 +54,7 @@ struct CodeEntry {
 
 struct Tracked {
     runtime: PythonRuntime,
-    offsets: PyOffsets,
+    layout: Described,
     /// Start of the interpreter's mapping, to notice an exec into another image.
     mapping_start: u64,
     /// The interpreter binary's path as the process maps it: frames of this module are the
@@ -99,6 +100,10 @@ struct GilTarget {
     /// As the process maps it (for messages and debuglink paths).
     seen: String,
     build_id: Option<String>,
+    /// Debug dirs of the process's own root (a container's or chroot's), searched first, and
+    /// the path as seen inside that root (for debuglink paths).
+    root_debug_dirs: Vec<PathBuf>,
+    seen_in_root: String,
 }
 
 /// `--gil`: the probe sites of each interpreter binary, and which are attached.
@@ -200,6 +205,8 @@ impl PyTracker {
             dir: binary.dir().map(Path::to_path_buf),
             seen: rt.path.clone(),
             build_id: binary.build_id().map(str::to_string),
+            root_debug_dirs: binary.debug_dirs(&[]),
+            seen_in_root: binary.seen_path(&rt.path).to_string(),
         };
         match self.attach_gil_binary(&target, probes) {
             Ok(()) => {
@@ -228,6 +235,8 @@ impl PyTracker {
             dir: path.parent().map(Path::to_path_buf),
             seen: path.to_string_lossy().into_owned(),
             build_id: crate::procs::read_build_id(path),
+            root_debug_dirs: Vec::new(),
+            seen_in_root: path.to_string_lossy().into_owned(),
         };
         self.attach_gil_binary(&target, probes)
     }
@@ -247,12 +256,14 @@ impl PyTracker {
             .sites
             .entry(target.key.clone())
             .or_insert_with(|| {
+                let mut dirs = target.root_debug_dirs.clone();
+                dirs.extend_from_slice(&gil.debug_dirs);
                 let debug = crate::symbolize::separate_debug_file(
                     &target.path,
                     target.dir.as_deref(),
-                    &target.seen,
+                    &target.seen_in_root,
                     target.build_id.as_deref(),
-                    &gil.debug_dirs,
+                    &dirs,
                 );
                 gil::find_sites(&target.path, &target.seen, debug.as_deref())
                     .map_err(|e| e.to_string())
@@ -356,7 +367,7 @@ impl PyTracker {
             Tracked {
                 module: Arc::from(runtime.path.as_str()),
                 runtime,
-                offsets: layout.offsets,
+                layout,
                 mapping_start,
                 codes: HashMap::new(),
                 names: HashMap::new(),
@@ -399,7 +410,7 @@ impl PyTracker {
                 t.codes.clear();
             }
             let mem = ProcessMemory::new(pid);
-            let read = Walker::new(&mem, &t.offsets, &t.runtime).code(frame.code);
+            let read = Walker::new(&mem, &t.layout.offsets, &t.runtime).code(frame.code);
             self.stats.code_reads += 1;
             match read {
                 Ok(code) => {
@@ -429,7 +440,7 @@ impl PyTracker {
                 }
             }
         }
-        let kind = t.offsets.line_table_kind;
+        let kind = t.layout.offsets.line_table_kind;
         Some(
             match t.codes.get_mut(&frame.code).and_then(Option::as_mut) {
                 Some(e) => {
@@ -479,7 +490,7 @@ impl PyTracker {
         }
         t.names_read = Some(now);
         let mem = ProcessMemory::new(pid);
-        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, &t.offsets, &t.runtime);
+        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, &t.layout, &t.runtime);
         // Names of threads that have ended stay: their samples (and the GIL table at the end
         // of a recording) still need them, and a read as the process winds down no longer
         // sees them. Past the bound only the live threads' names are kept.
@@ -505,7 +516,7 @@ impl PyTracker {
                 if let Ok(mut entry) = map.get(&pid, 0)
                     && entry.gil == 0
                 {
-                    entry.gil = gil_address(pid, &t.runtime, &t.offsets);
+                    entry.gil = gil_address(pid, &t.runtime, &t.layout.offsets);
                     if entry.gil != 0 {
                         let _ = map.insert(pid, entry, 0);
                     }
