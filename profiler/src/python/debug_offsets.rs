@@ -590,6 +590,37 @@ mod tests {
         assert_eq!(o.frame_owned_by_cstack, 3);
     }
 
+    /// A free-threaded build says so, and its larger object header moves `ob_type`: the
+    /// walkers take it from the description, the name reader (which assumes the default
+    /// header) refuses it.
+    #[test]
+    fn a_free_threaded_description_is_read_with_its_own_header() {
+        let mut raw = sample_313();
+        raw[16] = 1;
+        raw[V313.object_type..V313.object_type + 8].copy_from_slice(&24u64.to_le_bytes());
+        raw[V313.object_size..V313.object_size + 8].copy_from_slice(&32u64.to_le_bytes());
+        let d = parse(&raw, &V313, version(13)).unwrap();
+        assert!(d.free_threaded);
+        assert_eq!(d.offsets.object_type, 24);
+        let rt = super::super::version::PythonRuntime {
+            version: version(13),
+            path: "python3.13t".into(),
+            runtime: 0x1000,
+            code_type: 1,
+            unicode_type: 2,
+            bytes_type: 3,
+            dict_type: 4,
+            long_type: 5,
+            module_type: 6,
+            type_type: 7,
+        };
+        let mem = super::super::tests::FakeMemory::default();
+        assert!(matches!(
+            super::super::names::thread_names(&mem, &rt, &d),
+            Err(PythonError::Unsupported { .. })
+        ));
+    }
+
     #[test]
     fn a_bad_description_is_refused_with_the_reason() {
         let mut raw = sample_313();
