@@ -456,9 +456,21 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         unicode_ascii_data: u32_of(unicode_ascii_data),
         unicode_compact_data: u32_of(unicode_compact_data),
     };
-    if offsets.frame_read_len() < offsets.frame_owner + 1 {
+    // The kernel walker reads one fixed-size window of each frame.
+    let frame_end = [
+        offsets.frame_code + 8,
+        offsets.frame_previous + 8,
+        offsets.frame_instr + 8,
+        offsets.frame_owner + 1,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    if frame_end > pyrometer_ebpf::PY_FRAME_READ_MAX {
         return Err(format!(
-            "its interpreter frame ({frame} bytes) is larger than the kernel walker reads"
+            "its interpreter frame's fields end at byte {frame_end}, past the {} the kernel \
+             walker reads",
+            pyrometer_ebpf::PY_FRAME_READ_MAX
         ));
     }
     let interp_modules = u32_of(c.field(
@@ -648,6 +660,12 @@ mod tests {
                 .unwrap_err()
                 .contains("code_object.size is 0")
         );
+
+        let mut raw = sample_313();
+        raw[V313.frame_size..V313.frame_size + 8].copy_from_slice(&400u64.to_le_bytes());
+        raw[V313.frame_owner..V313.frame_owner + 8].copy_from_slice(&300u64.to_le_bytes());
+        let e = parse(&raw, &V313, version(13)).unwrap_err();
+        assert!(e.contains("past the 128"), "{e}");
 
         let mut raw = sample_313();
         raw[16] = 7;
