@@ -170,6 +170,14 @@ fn python_leak_forky_3_14() {
     }
 }
 
+/// The same in Debian forky's 3.15 in its chroot.
+#[test]
+fn python_leak_forky_3_15() {
+    if privileged() {
+        check_python_leak(&pyrometer_e2e::python::forky(15));
+    }
+}
+
 fn check_python_leak(python: &Interpreter) {
     if !python.present() {
         return;
@@ -205,7 +213,10 @@ fn check_python_leak(python: &Interpreter) {
     // The script is still asleep (record leaves a command running at --duration), holding
     // the stderr pipe it inherited: it goes before the pipe is read to its end.
     let _ = std::process::Command::new("pkill")
-        .args(["-f", &format!("{} {delay}", script.display())])
+        .args([
+            "-f",
+            &format!("python3.{} {} {delay}", python.minor, script.display()),
+        ])
         .status();
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
