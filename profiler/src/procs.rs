@@ -84,9 +84,48 @@ pub struct Binary {
     // /proc/self/fd after its process and mount namespace are gone.
     _held: Option<File>,
     build_id: OnceLock<Option<String>>,
+    /// The root of the process it was first seen in, when that is not ours (a container or a
+    /// chroot): held open, since its debug files are there and the process may be gone by the
+    /// time they are needed.
+    own_root: Option<OwnRoot>,
+}
+
+/// A process's root directory other than the profiler's.
+#[derive(Debug)]
+struct OwnRoot {
+    /// `/proc/self/fd/N` of the held directory.
+    path: PathBuf,
+    /// Where the root lies in our namespace (`readlink /proc/PID/root`), which a chroot's
+    /// mappings carry as a prefix; empty when unknown.
+    prefix: String,
+    _held: File,
 }
 
 impl Binary {
+    /// The directories to look for separate debug files in: the process's own root's
+    /// `usr/lib/debug` and `lib/debug` first (its files match its binaries), then `host`.
+    pub fn debug_dirs(&self, host: &[PathBuf]) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = self
+            .own_root
+            .iter()
+            .flat_map(|r| [r.path.join("usr/lib/debug"), r.path.join("lib/debug")])
+            .collect();
+        dirs.extend_from_slice(host);
+        dirs
+    }
+
+    /// `mapped` (the path as the maps show it, to us) as the process sees it in its own root:
+    /// a chroot's mappings carry the root's path in front, and `.gnu_debuglink` targets are
+    /// looked up under the debug dirs by the path inside.
+    pub fn seen_path<'a>(&self, mapped: &'a str) -> &'a str {
+        self.own_root
+            .as_ref()
+            .filter(|r| r.prefix.len() > 1)
+            .and_then(|r| mapped.strip_prefix(r.prefix.as_str()))
+            .filter(|rest| rest.starts_with('/'))
+            .unwrap_or(mapped)
+    }
+
     pub fn key(&self) -> &BinaryKey {
         &self.key
     }
@@ -409,11 +448,29 @@ impl ProcessRegistry {
         };
         let binary = Arc::new(Binary {
             key: key.clone(),
+            own_root: own_root(&pid_dir.join("root")),
             ..binary
         });
         self.binaries.insert(key, Arc::clone(&binary));
         binary
     }
+}
+
+/// The process's root when it is not ours, held open.
+fn own_root(root: &Path) -> Option<OwnRoot> {
+    let dir = File::open(root).ok()?;
+    if same_file(&dir, Path::new("/")) {
+        return None;
+    }
+    let prefix = fs::read_link(root)
+        .ok()
+        .map(|p| p.to_string_lossy().trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    Some(OwnRoot {
+        path: PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())),
+        prefix,
+        _held: dir,
+    })
 }
 
 fn same_file(f: &File, path: &Path) -> bool {
@@ -430,6 +487,7 @@ fn plain_binary(path: &Path) -> Binary {
         dir: path.parent().map(Path::to_path_buf),
         _held: None,
         build_id: OnceLock::new(),
+        own_root: None,
     }
 }
 
@@ -440,6 +498,7 @@ fn held_binary(f: File, dir: Option<PathBuf>) -> Binary {
         dir,
         _held: Some(f),
         build_id: OnceLock::new(),
+        own_root: None,
     }
 }
 
@@ -708,10 +767,28 @@ mod tests {
         assert_eq!(m.path, "/opt/app/p");
         assert_eq!(m.build_id(), read_build_id(&prog).as_deref());
         assert!(m.build_id().is_some());
+        // Its debug files are looked for in its own root first, then the host's.
+        fs::create_dir_all(rootfs.join("usr/lib/debug/.build-id")).unwrap();
+        let dirs = m
+            .binary()
+            .unwrap()
+            .debug_dirs(&[PathBuf::from("/usr/lib/debug")]);
+        assert_eq!(dirs.len(), 3, "{dirs:?}");
+        assert!(dirs[0].join(".build-id").is_dir(), "{dirs:?}");
+        assert_eq!(dirs[2], Path::new("/usr/lib/debug"));
+        // A chroot's mappings carry its root's path in front: debuglinks are looked up by
+        // the path inside.
+        let inside = format!("{}/opt/app/p", rootfs.display());
+        assert_eq!(m.binary().unwrap().seen_path(&inside), "/opt/app/p");
+        assert_eq!(m.binary().unwrap().seen_path("/opt/app/p"), "/opt/app/p");
         // Still readable once the root is gone (the process exited).
         fs::remove_file(proc_root.join("9/root")).unwrap();
         let b = m.binary().unwrap();
         assert!(fs::metadata(b.path()).is_ok(), "{}", b.path().display());
+        assert!(
+            b.debug_dirs(&[])[0].join(".build-id").is_dir(),
+            "root held open"
+        );
 
         // Without a readable root the plain path is used.
         let maps = format!("1000-2000 r-xp 00000000 fd:07 100 {}\n", prog.display());

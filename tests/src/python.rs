@@ -1,5 +1,7 @@
 //! The CPython interpreters on the machine the Python tests run against: pyenv's shared builds
-//! 3.8–3.13 and Debian's static python3.11. A missing one makes a test print `skipping: …`.
+//! 3.8–3.13, Debian's static python3.11, and Debian forky's 3.14 and 3.15 run by `chroot` in
+//! `target/forky/root` (`cargo xtask forky-root`). A missing one makes a test print
+//! `skipping: …`.
 
 use std::path::{Path, PathBuf};
 
@@ -52,7 +54,91 @@ pub fn debian() -> Interpreter {
     }
 }
 
+/// The Debian forky root (`cargo xtask forky-root`; `PYROMETER_FORKY_ROOT` overrides).
+pub fn forky_root() -> PathBuf {
+    std::env::var_os("PYROMETER_FORKY_ROOT")
+        .map_or_else(|| workspace().join("target/forky/root"), PathBuf::from)
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the workspace")
+        .to_path_buf()
+}
+
+/// The launcher of a forky interpreter (see [`forky`]). Exit status 125: the namespace could
+/// not be set up.
+const LAUNCHER: &str = r#"#!/bin/sh
+# Made by the tests (tests/src/python.rs): forky's @PYTHON@ in its own root, as in a container.
+exec unshare --mount --propagation private /bin/sh -c '
+r=$1; shift
+mount -t proc proc "$r/proc" || exit 125
+for d in /tmp @WORKSPACE@; do
+  mkdir -p "$r$d" && mount --bind "$d" "$r$d" || exit 125
+done
+exec chroot "$r" "$@"' sh @ROOT@ @PYTHON@ "$@"
+"#;
+
+/// Debian forky's `python3.MINOR`, started through a launcher script as a process in a
+/// container would be: in a private mount namespace with its own /proc, `chroot`ed into the
+/// forky root, where its debug files are. /tmp (the tests' scratch directories) and the
+/// workspace (the fixtures) are bind-mounted at the same paths, so scripts and their paths are
+/// the same inside and out.
+pub fn forky(minor: u32) -> Interpreter {
+    let root = forky_root();
+    let python = format!("/usr/bin/python3.{minor}");
+    let launcher = root
+        .parent()
+        .unwrap_or(&root)
+        .join(format!("bin/python3.{minor}"));
+    let label = format!("forky 3.{minor}");
+    if root.join(python.trim_start_matches('/')).exists() {
+        let script = LAUNCHER
+            .replace("@PYTHON@", &python)
+            .replace("@ROOT@", &root.display().to_string())
+            .replace("@WORKSPACE@", &workspace().display().to_string());
+        write_executable(&launcher, &script);
+    }
+    Interpreter {
+        label,
+        path: launcher,
+        minor,
+    }
+}
+
+/// Writes an executable file unless it already has `text` (tests in parallel processes make
+/// the same one: write aside, then rename).
+fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::read_to_string(path).is_ok_and(|t| t == text) {
+        return;
+    }
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Why the forky root is missing, for a `skipping: …` line.
+fn forky_missing() -> String {
+    let failed = forky_root().parent().map(|d| d.join("failed"));
+    match failed.and_then(|f| std::fs::read_to_string(f).ok()) {
+        Some(reason) => format!("the Debian forky root could not be made: {}", reason.trim()),
+        None => format!(
+            "{} is missing (made by `cargo xtask forky-root`)",
+            forky_root().display()
+        ),
+    }
+}
+
 impl Interpreter {
+    /// Whether this is a forky interpreter run in its chroot.
+    pub fn in_forky(&self) -> bool {
+        self.label.starts_with("forky")
+    }
+
     /// The pyenv interpreter of minor version `minor`.
     pub fn pyenv(minor: u32) -> Interpreter {
         supported()
@@ -63,7 +149,11 @@ impl Interpreter {
 
     /// False (after printing why) when the interpreter is not installed.
     pub fn present(&self) -> bool {
-        if self.path.exists() {
+        let forky_python = forky_root().join(format!("usr/bin/python3.{}", self.minor));
+        if self.in_forky() && !(self.path.exists() && forky_python.exists()) {
+            println!("skipping {}: {}", self.label, forky_missing());
+            false
+        } else if self.path.exists() {
             true
         } else {
             println!(

@@ -156,14 +156,36 @@ fn leaks_show_only_the_leaking_function() {
 /// A Python script whose global list grows: the report names the Python function and line.
 #[test]
 fn python_leak_names_the_function_and_line() {
-    if !privileged() {
-        return;
+    if privileged() {
+        check_python_leak(&Interpreter::pyenv(11));
     }
-    let python = Interpreter::pyenv(11);
+}
+
+/// The same in Debian forky's 3.14 in its chroot: pymalloc's and the chroot's libc's probe
+/// sites come from the process's own root.
+#[test]
+fn python_leak_forky_3_14() {
+    if privileged() {
+        check_python_leak(&pyrometer_e2e::python::forky(14));
+    }
+}
+
+/// The same in Debian forky's 3.15 in its chroot.
+#[test]
+fn python_leak_forky_3_15() {
+    if privileged() {
+        check_python_leak(&pyrometer_e2e::python::forky(15));
+    }
+}
+
+fn check_python_leak(python: &Interpreter) {
     if !python.present() {
         return;
     }
-    let dir = scratch("alloc-python");
+    // A chrooted interpreter's probes go in once it runs (its launcher is a script): the
+    // script waits for them before it grows its list.
+    let delay = if python.in_forky() { "3" } else { "0" };
+    let dir = scratch(&format!("alloc-python-{}", python.label.replace(' ', "-")));
     let out = dir.join("leak.pb.gz");
     let script = source("py_leak.py");
     // The script sleeps after growing its list: the recording ends while the list is still
@@ -181,6 +203,7 @@ fn python_leak_names_the_function_and_line() {
             "--",
             python.path.to_str().unwrap(),
             script.to_str().unwrap(),
+            delay,
         ])
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
@@ -190,7 +213,10 @@ fn python_leak_names_the_function_and_line() {
     // The script is still asleep (record leaves a command running at --duration), holding
     // the stderr pipe it inherited: it goes before the pipe is read to its end.
     let _ = std::process::Command::new("pkill")
-        .args(["-f", script.to_str().unwrap()])
+        .args([
+            "-f",
+            &format!("python3.{} {} {delay}", python.minor, script.display()),
+        ])
         .status();
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use pyrometer_e2e::python::{Interpreter, debian, source};
+use pyrometer_e2e::python::{Interpreter, debian, forky, source};
 use pyrometer_e2e::*;
 
 /// One line of the GIL table.
@@ -60,6 +60,10 @@ fn table(stderr: &str) -> HashMap<String, Row> {
 
 fn record_gil(python: &Interpreter, mode: &str, out: &Path, extra: &[&str]) -> String {
     let script = source("gil_threads.py");
+    // A chrooted interpreter is only known once it runs (its launcher is a shell script), so
+    // its probes are attached after it started, once its 21 MB debug file is read (~10 s in
+    // a debug build on a busy machine): its workload runs longer to leave seconds probed.
+    let seconds = if python.in_forky() { "20" } else { "2" };
     let mut args = vec!["record", "--gil", "-F", "199", "-o", out.to_str().unwrap()];
     args.extend_from_slice(extra);
     args.extend_from_slice(&[
@@ -67,7 +71,7 @@ fn record_gil(python: &Interpreter, mode: &str, out: &Path, extra: &[&str]) -> S
         python.path.to_str().unwrap(),
         script.to_str().unwrap(),
         mode,
-        "2",
+        seconds,
     ]);
     let result = pyrometer(&args);
     assert_ok(&result);
@@ -213,6 +217,23 @@ fn four_spinners_3_12() {
 fn four_spinners_3_13() {
     if privileged() {
         check_four_spinners(&Interpreter::pyenv(13));
+    }
+}
+
+/// Debian forky's stripped 3.14 in its chroot: the probe sites come from the debug file of
+/// python3.14-dbg inside the chroot (the process's own root), not the host's.
+#[test]
+fn four_spinners_forky_3_14() {
+    if privileged() {
+        check_four_spinners(&forky(14));
+    }
+}
+
+/// Debian forky's 3.15 in its chroot.
+#[test]
+fn four_spinners_forky_3_15() {
+    if privileged() {
+        check_four_spinners(&forky(15));
     }
 }
 

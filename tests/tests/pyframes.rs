@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use pyrometer_e2e::python::{Interpreter, debian, line_of, source, supported};
+use pyrometer_e2e::python::{Interpreter, debian, forky, line_of, source, supported};
 use pyrometer_e2e::*;
 
 /// `function (file:line)` → the function.
@@ -183,6 +183,63 @@ fn split_3_13() {
     }
 }
 
+/// Debian forky's 3.14 in its chroot: frames from its own description, `f_executable` a
+/// tagged stack reference.
+#[test]
+fn split_forky_3_14() {
+    if privileged() {
+        check_split(&forky(14));
+    }
+}
+
+/// Debian forky's 3.15 in its chroot.
+#[test]
+fn split_forky_3_15() {
+    if privileged() {
+        check_split(&forky(15));
+    }
+}
+
+/// The chroot's stripped python3.14 is named from the debug file of python3.14-dbg inside the
+/// chroot (by build-id under the process's own root), which the host lacks: its frames are
+/// names, not `python3.14+0x…`, and the eval loop shows under each Python frame.
+#[test]
+fn chroot_debug_files_name_the_interpreter() {
+    if !privileged() {
+        return;
+    }
+    let python = forky(14);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("pyframes-forky-debug");
+    let out = dir.join("all.folded");
+    let err = record(&["--frames", "all"], &out, &python, &["100"]);
+    let stacks = read_folded(&out);
+    let (mut total, mut unnamed, mut eval) = (0, 0, 0);
+    for s in stacks
+        .iter()
+        .filter(|s| s.frames.first().is_some_and(|f| f == "python3.14"))
+    {
+        total += s.count;
+        if s.frames.iter().any(|f| f.starts_with("python3.14+0x")) {
+            unnamed += s.count;
+        }
+        if s.frames.iter().any(|f| f == "_PyEval_EvalFrameDefault") {
+            eval += s.count;
+        }
+    }
+    assert!(total > 300, "only {total} samples of python3.14:\n{err}");
+    assert!(
+        unnamed * 20 <= total,
+        "{unnamed} of {total} samples with unnamed python3.14 frames:\n{err}"
+    );
+    assert!(
+        eval * 10 >= total * 9,
+        "{eval} of {total} with the eval loop"
+    );
+}
+
 #[test]
 fn split_debian_3_11() {
     if privileged() {
@@ -245,17 +302,17 @@ fn views() {
 }
 
 /// zlib.compress on large buffers: deflate (libz) sits under zlib's C function, under the
-/// Python function that called it.
+/// Python function that called it (pyenv 3.11, Debian's 3.11, forky's 3.14 and 3.15).
 #[test]
 fn native_extension_under_its_python_caller() {
     if !privileged() {
         return;
     }
-    for python in [Interpreter::pyenv(11), debian()] {
+    for python in [Interpreter::pyenv(11), debian(), forky(14), forky(15)] {
         if !python.present() {
             continue;
         }
-        let dir = scratch(&format!("pyframes-zlib-{}", python.minor));
+        let dir = scratch(&format!("pyframes-zlib-{}", python.label.replace(' ', "-")));
         let out = dir.join("zlib.folded");
         let script = dir.join("squeeze.py");
         std::fs::write(
@@ -289,9 +346,10 @@ fn native_extension_under_its_python_caller() {
                 python.label,
                 s.frames
             );
-            // pyenv builds zlib as an extension module (lib-dynload); Debian links it into
-            // the interpreter, whose own frames the mixed view leaves out.
-            let extension = !python.label.starts_with("Debian");
+            // pyenv builds zlib as an extension module (lib-dynload); Debian (bookworm's 3.11,
+            // forky's 3.14 and 3.15) links it into the interpreter, whose own frames the
+            // mixed view leaves out.
+            let extension = !python.label.starts_with("Debian") && !python.in_forky();
             assert_eq!(
                 s.frames[caller..d]
                     .iter()
@@ -330,7 +388,7 @@ fn unsupported_version_is_named() {
         &["-c", "x = 0\nfor i in range(3000000): x += i"],
     );
     assert!(
-        err.contains("Python 3.7.16 is not supported (3.8–3.13 are): native frames only"),
+        err.contains("Python 3.7.16 is not supported (3.8 and newer are): native frames only"),
         "{err}"
     );
     let stacks = read_folded(&out);

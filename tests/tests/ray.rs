@@ -72,6 +72,50 @@ fn ray_task_labels_follow_the_title_at_sample_time() {
     );
 }
 
+/// Ray labels on an interpreter Ray does not run on here (Debian forky's 3.14 in its chroot):
+/// a worker stand-in (fixtures/ray_title.py) titled `ray::Trainer.step`, with its job in its
+/// environment; its samples carry the task, actor and job, under its Python function.
+#[test]
+fn ray_labels_on_forky_3_14() {
+    if !privileged() {
+        return;
+    }
+    let python = pyrometer_e2e::python::forky(14);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("ray-forky");
+    let out = dir.join("ray.pb.gz");
+    let script = pyrometer_e2e::python::source("ray_title.py");
+    let result = Command::new(pyrometer_bin())
+        .args(["record", "-F", "499", "-o", out.to_str().unwrap(), "--"])
+        .arg(&python.path)
+        .arg(&script)
+        .arg("3")
+        .env("RAY_JOB_ID", "05000000")
+        .output()
+        .unwrap();
+    assert_ok(&result);
+    let (mut labelled, mut total) = (0, 0);
+    for (labels, names, n) in samples(&read_pprof(&out)) {
+        if !names.iter().any(|f| f == "step") {
+            continue;
+        }
+        total += n;
+        if labels.get("ray_task").map(String::as_str) == Some("Trainer.step")
+            && labels.get("ray_actor").map(String::as_str) == Some("Trainer")
+            && labels.get("ray_job").map(String::as_str) == Some("05000000")
+        {
+            labelled += n;
+        }
+    }
+    assert!(total >= 300, "only {total} samples in step()");
+    assert!(
+        labelled * 100 >= total * 95,
+        "{labelled} of {total} samples in step() carry the worker's Ray labels"
+    );
+}
+
 /// A real local Ray cluster (ray from the Python registry): two remote task types and an
 /// actor method doing 3:2:1 units of pure-Python work on reused workers
 /// (fixtures/ray_workload.py). The profile's ray_task/ray_actor/ray_job labels must split

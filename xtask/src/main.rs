@@ -9,12 +9,14 @@
 //! - `book`  check the book's links and build it into `target/book` (also part of `test`)
 //! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
 //! - `kernels [NAME...]` the kernel matrix under qemu, with a summary table (see kernels.rs)
+//! - `forky-root` the Debian forky root with CPython 3.14/3.15 the tests chroot into (forky.rs)
 
 mod agentbench;
 mod allocbench;
 mod bench;
 mod book;
 mod bpfcost;
+mod forky;
 mod kernels;
 mod man;
 mod pybench;
@@ -76,6 +78,8 @@ const DEPS: &[(&str, &str)] = &[
     // The collector's shared store: the tests start it by hand on loopback with a private
     // data directory (no system service runs it).
     ("clickhouse-server", "/usr/sbin/clickhouse-server"),
+    // The Debian forky root with CPython 3.14 and 3.15 (forky.rs).
+    ("debootstrap", "/usr/sbin/debootstrap"),
 ];
 
 fn main() -> Result<()> {
@@ -96,8 +100,16 @@ fn main() -> Result<()> {
             bpfcost::verifier(&root)
         }
         Some("kernels") => kernels::kernels(&args[1..]),
+        Some("forky-root") => {
+            deps()?;
+            let made = forky::ensure(&root).context("the Debian forky root was not made")?;
+            println!("{}", made.display());
+            Ok(())
+        }
         _ => {
-            eprintln!("usage: cargo xtask <deps|demo|test|bench|book|verifier|kernels [NAME...]>");
+            eprintln!(
+                "usage: cargo xtask <deps|demo|test|bench|book|verifier|kernels [NAME...]|forky-root>"
+            );
             std::process::exit(2);
         }
     }
@@ -291,6 +303,7 @@ pub const RAY_PACKAGES: &[&str] = &["ray==2.60.0"];
 fn test(extra: &[String]) -> Result<()> {
     deps()?;
     python_venv(&workspace_root(), "ray-venv", RAY_PACKAGES);
+    forky::ensure(&workspace_root());
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args([
         "clippy",

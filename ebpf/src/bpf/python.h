@@ -141,6 +141,7 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, __u32 tid)
 }
 
 #define PY_WALK_READ_ERROR 1
+#define PY_STACKREF_TAG_MASK (~7ULL)
 
 struct py_walk {
 	__u64 frame;
@@ -229,6 +230,9 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 		addr = lasti < 0 ? 0 : (__u64)lasti * w->lasti_unit;
 		entry = PY_ENTRY_BIT;
 	} else {
+		// 3.14+: f_executable is a tagged _PyStackRef; object pointers are 8-aligned, so
+		// clearing the low bits is right for every 3.11+ frame.
+		code &= PY_STACKREF_TAG_MASK;
 		__u64 instr = buf_u64(fb->bytes, w->frame_instr);
 		__u64 start = code + w->code_adaptive;
 		if (instr >= start && instr - start < PY_ADDR_UNKNOWN)

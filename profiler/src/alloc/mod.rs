@@ -71,13 +71,14 @@ impl AllocProbes {
             if self.probed.get(&pid).is_some_and(|p| p.contains(&key)) {
                 continue;
             }
+            // The process's own root's debug files first (a container's or chroot's).
             let debug = |dirs: &[PathBuf]| {
                 crate::symbolize::separate_debug_file(
                     binary.path(),
                     binary.dir(),
-                    &m.path,
+                    binary.seen_path(&m.path),
                     binary.build_id(),
-                    dirs,
+                    &binary.debug_dirs(dirs),
                 )
             };
             self.probe(pid, key, binary.path(), debug, probes);

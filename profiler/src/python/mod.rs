@@ -2,6 +2,7 @@
 //! memory walker that reads a live interpreter's threads and frames without stopping it.
 //! `pyrometer dump` is built on [`dump`]; the BPF frame walker will reuse [`offsets`].
 
+pub mod debug_offsets;
 pub mod gil;
 pub mod gil_report;
 pub mod linetable;
@@ -33,7 +34,10 @@ pub enum PythonError {
     NoSuchProcess(u32),
     #[error("pid {pid} ({comm}) is not a Python process: no libpython or python executable mapped")]
     NotPython { pid: u32, comm: String },
-    #[error("Python {version} is not supported by dump ({}{}{reason})", offsets::supported_range(), if reason.is_empty() { " are" } else { " are; " })]
+    #[error(
+        "Python {version} is not supported by dump ({})",
+        unsupported_detail(reason)
+    )]
     Unsupported { version: String, reason: String },
     #[error(
         "cannot read the memory of pid {0}: permission denied (run as its user or as root, or grant CAP_SYS_PTRACE)"
@@ -56,6 +60,15 @@ pub enum PythonError {
     /// A cached failure, as its message.
     #[error("{0}")]
     Message(String),
+}
+
+/// The parenthesised part of an "is not supported" message: the reason, else the range.
+pub fn unsupported_detail(reason: &str) -> String {
+    if reason.is_empty() {
+        format!("{} are", offsets::supported_range())
+    } else {
+        reason.to_string()
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -104,17 +117,12 @@ pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump
         e => PythonError::Proc(e),
     })?;
     let runtime = version::detect(process)?;
-    let offsets =
-        offsets::for_version(runtime.version.major, runtime.version.minor).ok_or_else(|| {
-            PythonError::Unsupported {
-                version: runtime.version.to_string(),
-                reason: String::new(),
-            }
-        })?;
     let mem = ProcessMemory::new(pid);
+    let layout = offsets::for_process(&mem, &runtime)?;
+    let offsets = &layout.offsets;
     let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
     // Names are a nicety: a `threading` state that does not validate leaves the stacks shown.
-    let python_names = names::thread_names(&mem, &runtime).unwrap_or_default();
+    let python_names = names::thread_names(&mem, &runtime, &layout).unwrap_or_default();
     let tasks = task_ids(proc_root, pid);
     let threads = snapshot
         .threads
@@ -244,16 +252,16 @@ pub fn thread_names_by_tid<M: memory::Memory>(
     proc_root: &Path,
     pid: u32,
     mem: &M,
-    offsets: &offsets::PyOffsets,
+    layout: &debug_offsets::Described,
     runtime: &version::PythonRuntime,
 ) -> std::collections::HashMap<u32, String> {
-    let Ok(names) = names::thread_names(mem, runtime) else {
+    let Ok(names) = names::thread_names(mem, runtime, layout) else {
         return Default::default();
     };
     if names.is_empty() {
         return Default::default();
     }
-    let Ok(ids) = walk::Walker::new(mem, offsets, runtime).thread_ids() else {
+    let Ok(ids) = walk::Walker::new(mem, &layout.offsets, runtime).thread_ids() else {
         return Default::default();
     };
     let tasks = task_ids(proc_root, pid);

@@ -29,8 +29,9 @@ use std::cell::Cell;
 use std::collections::HashMap;
 
 use super::PythonError;
+use super::debug_offsets::Described;
 use super::memory::Memory;
-use super::offsets::{self, ABSENT, PyOffsets};
+use super::offsets::{ABSENT, PyOffsets};
 use super::version::PythonRuntime;
 use super::walk::Walker;
 
@@ -236,7 +237,7 @@ const PY313: NameOffsets = NameOffsets {
     ..PY312
 };
 
-/// Every supported minor version, oldest first (the same range as [`offsets::SUPPORTED`]).
+/// Every supported minor version, oldest first (3.8–3.13; later versions have no name table).
 pub const SUPPORTED: &[NameOffsets] = &[PY38, PY39, PY310, PY311, PY312, PY313];
 
 /// The name offsets for CPython `major.minor`, or `None` when that version is not supported.
@@ -245,6 +246,22 @@ pub fn for_version(major: u32, minor: u32) -> Option<&'static NameOffsets> {
         return None;
     }
     SUPPORTED.iter().find(|o| o.minor == minor)
+}
+
+/// 3.13+: 3.13's layout of dicts, ints, modules and types (unchanged in 3.14 and 3.15, as
+/// their DWARF shows), with what moved taken from the interpreter's own description:
+/// `imports.modules`, `ht_cached_keys` (described from 3.15; 3.13's 880 before), and
+/// `interpreters.main`, which the description lacks but which follows `interpreters.head`.
+fn described_names(minor: u32, layout: &Described) -> NameOffsets {
+    NameOffsets {
+        minor,
+        runtime_interpreters_main: layout.offsets.runtime_interpreters_head + 8,
+        interp_modules: layout.interp_modules,
+        heaptype_cached_keys: layout
+            .heaptype_cached_keys
+            .unwrap_or(PY313.heaptype_cached_keys),
+        ..PY313
+    }
 }
 
 /// The `threading` name of every thread of the main interpreter that `threading` knows about,
@@ -262,12 +279,20 @@ pub fn for_version(major: u32, minor: u32) -> Option<&'static NameOffsets> {
 pub fn thread_names<M: Memory>(
     mem: &M,
     rt: &PythonRuntime,
+    layout: &Described,
 ) -> Result<HashMap<u64, String>, PythonError> {
     let (major, minor) = (rt.version.major, rt.version.minor);
-    let (Some(base), Some(o)) = (
-        offsets::for_version(major, minor),
-        for_version(major, minor),
-    ) else {
+    let base = &layout.offsets;
+    let described;
+    let o = if major == 3 && minor >= super::debug_offsets::FIRST_MINOR {
+        described = described_names(minor, layout);
+        Some(&described)
+    } else {
+        for_version(major, minor)
+    };
+    // The name tables assume the default object header (`ob_type` at 8): a free-threaded or
+    // trace-refs build is not read.
+    let (Some(o), 8) = (o, base.object_type) else {
         return Err(PythonError::Unsupported {
             version: rt.version.to_string(),
             reason: String::new(),

@@ -13,8 +13,9 @@
 //! The unit test `offsets_match_dwarf` re-runs that script against every installed build and
 //! compares. The layouts are CPython's private ones: they only hold within a minor version
 //! (3.8.0–3.8.x share one), which is why the table is keyed by minor version alone. Builds with
-//! a different object header (free-threaded `3.13t`, `--with-pydebug` / `Py_TRACE_REFS`) are
-//! refused by version detection, not read with these numbers.
+//! a different object header (`--with-pydebug` / `Py_TRACE_REFS`) are refused by version
+//! detection, not read with these numbers. 3.13 and later are not in the table: they describe
+//! their own layout, read per process by [`super::debug_offsets`].
 
 /// `u32::MAX`: the field does not exist in this version.
 pub const ABSENT: u32 = u32::MAX;
@@ -223,38 +224,39 @@ const PY312: PyOffsets = PyOffsets {
     ..PY311
 };
 
-/// 3.13.0 DWARF: `tstate->current_frame` directly, `f_executable`, `instr_ptr` (CPython's
-/// `_PyInterpreterFrame_LASTI` treats it like 3.12's `prev_instr`), the main interpreter
-/// embedded far into `_PyRuntime`.
-const PY313: PyOffsets = PyOffsets {
-    minor: 13,
-    runtime_interpreters_head: 632,
-    interp_next: 7264,
-    interp_threads_head: 7344,
-    interp_gil_ptr: 16,
-    tstate_frame: 72,
-    cframe_current_frame: ABSENT,
-    tstate_thread_id: 152,
-    tstate_native_thread_id: 160,
-    code_adaptive: 200,
-    ..PY312
-};
+/// The minor versions read from a table, oldest first; 3.13+ describe themselves
+/// ([`super::debug_offsets`]).
+pub const SUPPORTED: &[PyOffsets] = &[PY38, PY39, PY310, PY311, PY312];
 
-/// The supported minor versions, oldest first.
-pub const SUPPORTED: &[PyOffsets] = &[PY38, PY39, PY310, PY311, PY312, PY313];
-
-/// Offsets for CPython `major.minor`, or `None` when that version is not supported.
+/// The table for CPython `major.minor` (3.8–3.12), or `None`.
 pub fn for_version(major: u32, minor: u32) -> Option<&'static PyOffsets> {
     SUPPORTED
         .iter()
         .find(|o| o.major == major && o.minor == minor)
 }
 
-/// The supported range as text, for messages: `3.8–3.13`.
+/// Whether `major.minor` can be read at all: from a table, or from its own description.
+pub fn is_supported(major: u32, minor: u32) -> bool {
+    for_version(major, minor).is_some()
+        || (major == 3 && minor >= super::debug_offsets::FIRST_MINOR)
+}
+
+/// The supported range as text, for messages: `3.8 and newer`.
 pub fn supported_range() -> String {
     let first = SUPPORTED.first().map_or(0, |o| o.minor);
-    let last = SUPPORTED.last().map_or(0, |o| o.minor);
-    format!("3.{first}–3.{last}")
+    format!("3.{first} and newer")
+}
+
+/// A process's layout: the table for 3.8–3.12, else what its interpreter says of itself,
+/// read from its memory (`_Py_DebugOffsets` at `_PyRuntime`).
+pub fn for_process<M: super::memory::Memory>(
+    mem: &M,
+    rt: &super::version::PythonRuntime,
+) -> Result<super::debug_offsets::Described, super::PythonError> {
+    if let Some(table) = for_version(rt.version.major, rt.version.minor) {
+        return Ok(super::debug_offsets::Described::tabled(*table));
+    }
+    super::debug_offsets::read(mem, rt.runtime, rt.version)
 }
 
 impl PyOffsets {

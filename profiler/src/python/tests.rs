@@ -70,30 +70,81 @@ fn offsets_match_dwarf() {
         println!("skipping: gdb is not installed");
         return;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_offsets.py");
     for &(dir, minor) in PYENV {
         let lib = libpython(dir, minor);
         if !lib.exists() {
             println!("skipping 3.{minor}: {} is missing", lib.display());
             continue;
         }
-        let out = Command::new("gdb")
-            .args(["-batch", "-nx", "-ex"])
-            .arg(format!(
-                "python exec(open({:?}).read())",
-                script.display().to_string()
-            ))
-            .arg(&lib)
-            .output()
-            .expect("gdb runs");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let table = offsets::for_version(3, minor).expect("supported");
-        let mut checked = 0;
+        let text = dwarf_offsets(&lib);
+        let Some(table) = offsets::for_version(3, minor) else {
+            // 3.13+: what the interpreter says of itself, read from a live process.
+            let bin = pyenv_root().join(format!("{dir}/bin/python3.{minor}"));
+            let described = described_by_live_process(Command::new(&bin));
+            let checked = compare_with_dwarf(&format!("3.{minor}"), &described.offsets, &text);
+            println!(
+                "3.{minor}: {checked} described offsets agree with {}",
+                lib.display()
+            );
+            continue;
+        };
+        let checked = compare_with_dwarf(&format!("3.{minor}"), table, &text);
+        println!("3.{minor}: {checked} offsets agree with {}", lib.display());
+    }
+}
+
+/// gdb's DWARF reading (scripts/python_offsets.py) of `binary`.
+fn dwarf_offsets(binary: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_offsets.py");
+    let out = Command::new("gdb")
+        .args(["-batch", "-nx", "-ex"])
+        .arg(format!(
+            "python exec(open({:?}).read())",
+            script.display().to_string()
+        ))
+        .arg(binary)
+        .output()
+        .expect("gdb runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts `cmd` (a Python that sleeps) and reads its `_Py_DebugOffsets`.
+fn described_by_live_process(mut cmd: Command) -> super::debug_offsets::Described {
+    let mut child = cmd
+        .args(["-c", "import time; time.sleep(60)"])
+        .spawn()
+        .expect("start python");
+    let pid = child.id();
+    // Wait for the exec (a chroot runs first): the runtime is static data, there at once.
+    let mut result = None;
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut registry = crate::procs::ProcessRegistry::new();
+        let Ok(process) = registry.observe(pid) else {
+            continue;
+        };
+        if let Ok(rt) = version::detect(process) {
+            let mem = super::memory::ProcessMemory::new(pid);
+            result = Some(offsets::for_process(&mem, &rt));
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+        .expect("the interpreter was detected")
+        .expect("its description reads")
+}
+
+/// Compares every field of `table` with gdb's output; the number compared.
+fn compare_with_dwarf(label: &str, table: &PyOffsets, text: &str) -> usize {
+    let mut checked = 0;
+    {
         for (name, value) in named_fields(table) {
             let dwarf = text
                 .lines()
                 .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-                .unwrap_or_else(|| panic!("3.{minor}: gdb printed no {name}:\n{text}"));
+                .unwrap_or_else(|| panic!("{label}: gdb printed no {name}:\n{text}"));
             let dwarf = if dwarf == "absent" {
                 ABSENT
             } else {
@@ -101,14 +152,67 @@ fn offsets_match_dwarf() {
             };
             // The 3.11 PyFrameObject still has f_back etc.; the table uses the interpreter
             // frame, which the script prefers, so every field must agree.
-            assert_eq!(
-                value, dwarf,
-                "3.{minor} {name}: table {value}, DWARF {dwarf}"
-            );
+            assert_eq!(value, dwarf, "{label} {name}: table {value}, DWARF {dwarf}");
             checked += 1;
         }
-        println!("3.{minor}: {checked} offsets agree with {}", lib.display());
     }
+    checked
+}
+
+/// Debian forky's 3.14 and 3.15 (`cargo xtask forky-root`): their descriptions, read from
+/// live processes in the chroot, against the DWARF of their `-dbg` debug files.
+#[test]
+fn forky_descriptions_match_dwarf() {
+    if Command::new("gdb").arg("--version").output().is_err() {
+        println!("skipping: gdb is not installed");
+        return;
+    }
+    if !nix_is_root() {
+        println!("skipping: chroot needs root");
+        return;
+    }
+    let root = forky_root();
+    for minor in [14, 15] {
+        let bin = root.join(format!("usr/bin/python3.{minor}"));
+        if !bin.exists() {
+            println!(
+                "skipping 3.{minor}: {} is missing (cargo xtask forky-root)",
+                bin.display()
+            );
+            continue;
+        }
+        let debug = crate::symbolize::separate_debug_file(
+            &bin,
+            bin.parent(),
+            &bin.to_string_lossy(),
+            None,
+            &[root.join("usr/lib/debug")],
+        )
+        .unwrap_or_else(|| panic!("3.{minor}: no debug file for {}", bin.display()));
+        let text = dwarf_offsets(&debug);
+        let mut cmd = Command::new("chroot");
+        cmd.arg(&root).arg(format!("/usr/bin/python3.{minor}"));
+        let described = described_by_live_process(cmd);
+        assert!(!described.free_threaded, "3.{minor}");
+        let checked = compare_with_dwarf(&format!("3.{minor}"), &described.offsets, &text);
+        println!(
+            "3.{minor}: {checked} described offsets agree with {}",
+            debug.display()
+        );
+    }
+}
+
+/// The Debian forky root the tests run 3.14 and 3.15 in.
+pub(super) fn forky_root() -> PathBuf {
+    std::env::var_os("PYROMETER_FORKY_ROOT").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/forky/root"),
+        PathBuf::from,
+    )
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// Prints, for every code object of a sample module: firstlineno, the table in hex, then
@@ -193,7 +297,8 @@ fn line_tables_match_python() {
             "{label}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let kind = offsets::for_version(3, minor).unwrap().line_table_kind;
+        let kind = offsets::for_version(3, minor)
+            .map_or(offsets::LineTableKind::Locations311, |o| o.line_table_kind);
         let mut checked = 0;
         for row in String::from_utf8_lossy(&out.stdout).lines() {
             let mut parts = row.splitn(3, ' ');
@@ -223,15 +328,16 @@ fn line_tables_match_python() {
 #[test]
 fn unsupported_versions_are_named() {
     assert!(offsets::for_version(3, 7).is_none());
-    assert!(offsets::for_version(3, 14).is_none());
-    assert_eq!(offsets::supported_range(), "3.8–3.13");
+    assert!(offsets::for_version(3, 13).is_none());
+    assert!(offsets::is_supported(3, 14) && !offsets::is_supported(3, 7));
+    assert_eq!(offsets::supported_range(), "3.8 and newer");
     let e = super::PythonError::Unsupported {
         version: "3.6.15".into(),
         reason: String::new(),
     };
     assert_eq!(
         e.to_string(),
-        "Python 3.6.15 is not supported by dump (3.8–3.13 are)"
+        "Python 3.6.15 is not supported by dump (3.8 and newer are)"
     );
     let _ = version::from_hexversion(0);
 }

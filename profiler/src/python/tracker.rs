@@ -18,6 +18,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
+use super::debug_offsets::Described;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{self, ABSENT, PyOffsets};
@@ -53,7 +54,7 @@ struct CodeEntry {
 
 struct Tracked {
     runtime: PythonRuntime,
-    offsets: &'static PyOffsets,
+    layout: Described,
     /// Start of the interpreter's mapping, to notice an exec into another image.
     mapping_start: u64,
     /// The interpreter binary's path as the process maps it: frames of this module are the
@@ -99,6 +100,10 @@ struct GilTarget {
     /// As the process maps it (for messages and debuglink paths).
     seen: String,
     build_id: Option<String>,
+    /// Debug dirs of the process's own root (a container's or chroot's), searched first, and
+    /// the path as seen inside that root (for debuglink paths).
+    root_debug_dirs: Vec<PathBuf>,
+    seen_in_root: String,
 }
 
 /// `--gil`: the probe sites of each interpreter binary, and which are attached.
@@ -113,6 +118,9 @@ pub struct PyTracker {
     gil: Option<GilProbes>,
     /// Registered processes whose GIL cannot be probed, and why.
     gil_unavailable: HashMap<u32, String>,
+    /// With the GIL view on: free-threaded processes seen (they have no GIL), with their
+    /// names, kept after they exit for the report.
+    free_threaded: std::collections::BTreeMap<u32, String>,
     /// The sites of every binary probed, for the summary.
     gil_binaries: Vec<GilSites>,
     binaries: BinaryCache,
@@ -132,6 +140,7 @@ impl PyTracker {
             map,
             gil: None,
             gil_unavailable: HashMap::new(),
+            free_threaded: Default::default(),
             gil_binaries: Vec::new(),
             binaries: BinaryCache::default(),
             procs: HashMap::new(),
@@ -166,6 +175,11 @@ impl PyTracker {
         &self.gil_unavailable
     }
 
+    /// With the GIL view on: the free-threaded processes seen (pid, command name).
+    pub fn free_threaded(&self) -> &std::collections::BTreeMap<u32, String> {
+        &self.free_threaded
+    }
+
     /// Attaches the GIL probes to the interpreter binary of `process` (once per binary).
     fn attach_gil(
         &mut self,
@@ -191,6 +205,8 @@ impl PyTracker {
             dir: binary.dir().map(Path::to_path_buf),
             seen: rt.path.clone(),
             build_id: binary.build_id().map(str::to_string),
+            root_debug_dirs: binary.debug_dirs(&[]),
+            seen_in_root: binary.seen_path(&rt.path).to_string(),
         };
         match self.attach_gil_binary(&target, probes) {
             Ok(()) => {
@@ -219,6 +235,8 @@ impl PyTracker {
             dir: path.parent().map(Path::to_path_buf),
             seen: path.to_string_lossy().into_owned(),
             build_id: crate::procs::read_build_id(path),
+            root_debug_dirs: Vec::new(),
+            seen_in_root: path.to_string_lossy().into_owned(),
         };
         self.attach_gil_binary(&target, probes)
     }
@@ -238,12 +256,14 @@ impl PyTracker {
             .sites
             .entry(target.key.clone())
             .or_insert_with(|| {
+                let mut dirs = target.root_debug_dirs.clone();
+                dirs.extend_from_slice(&gil.debug_dirs);
                 let debug = crate::symbolize::separate_debug_file(
                     &target.path,
                     target.dir.as_deref(),
-                    &target.seen,
+                    &target.seen_in_root,
                     target.build_id.as_deref(),
-                    &gil.debug_dirs,
+                    &dirs,
                 );
                 gil::find_sites(&target.path, &target.seen, debug.as_deref())
                     .map_err(|e| e.to_string())
@@ -302,8 +322,21 @@ impl PyTracker {
         {
             return;
         }
-        let offsets = offsets::for_version(runtime.version.major, runtime.version.minor)
-            .expect("detect only accepts supported versions");
+        let layout = match offsets::for_process(&ProcessMemory::new(pid), &runtime) {
+            Ok(layout) => layout,
+            Err(e) => {
+                self.remove(pid);
+                if self.noticed.insert(pid) {
+                    self.notices.push(format!(
+                        "pid {pid} ({}): {}: native frames only",
+                        process.comm,
+                        unsupported_message(&e)
+                    ));
+                }
+                return;
+            }
+        };
+        let offsets = &layout.offsets;
         if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&pid) {
             self.stats.map_full += 1;
             return;
@@ -322,7 +355,11 @@ impl PyTracker {
             return;
         }
         self.stats.processes += 1;
-        if let Some(probes) = probes {
+        if layout.free_threaded {
+            if self.gil.is_some() && self.free_threaded.len() < MAX_PROCESSES {
+                self.free_threaded.insert(pid, process.comm.clone());
+            }
+        } else if let Some(probes) = probes {
             self.attach_gil(process, &runtime, probes);
         }
         self.procs.insert(
@@ -330,7 +367,7 @@ impl PyTracker {
             Tracked {
                 module: Arc::from(runtime.path.as_str()),
                 runtime,
-                offsets,
+                layout,
                 mapping_start,
                 codes: HashMap::new(),
                 names: HashMap::new(),
@@ -373,7 +410,7 @@ impl PyTracker {
                 t.codes.clear();
             }
             let mem = ProcessMemory::new(pid);
-            let read = Walker::new(&mem, t.offsets, &t.runtime).code(frame.code);
+            let read = Walker::new(&mem, &t.layout.offsets, &t.runtime).code(frame.code);
             self.stats.code_reads += 1;
             match read {
                 Ok(code) => {
@@ -403,7 +440,7 @@ impl PyTracker {
                 }
             }
         }
-        let kind = t.offsets.line_table_kind;
+        let kind = t.layout.offsets.line_table_kind;
         Some(
             match t.codes.get_mut(&frame.code).and_then(Option::as_mut) {
                 Some(e) => {
@@ -453,7 +490,7 @@ impl PyTracker {
         }
         t.names_read = Some(now);
         let mem = ProcessMemory::new(pid);
-        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, t.offsets, &t.runtime);
+        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, &t.layout, &t.runtime);
         // Names of threads that have ended stay: their samples (and the GIL table at the end
         // of a recording) still need them, and a read as the process winds down no longer
         // sees them. Past the bound only the live threads' names are kept.
@@ -479,7 +516,7 @@ impl PyTracker {
                 if let Ok(mut entry) = map.get(&pid, 0)
                     && entry.gil == 0
                 {
-                    entry.gil = gil_address(pid, &t.runtime, t.offsets);
+                    entry.gil = gil_address(pid, &t.runtime, &t.layout.offsets);
                     if entry.gil != 0 {
                         let _ = map.insert(pid, entry, 0);
                     }
@@ -509,12 +546,10 @@ fn unreadable() -> PyFrameName {
 fn unsupported_message(e: &PythonError) -> String {
     match e {
         PythonError::Unsupported { version, reason } => {
-            let range = offsets::supported_range();
-            if reason.is_empty() {
-                format!("Python {version} is not supported ({range} are)")
-            } else {
-                format!("Python {version} is not supported ({range} are; {reason})")
-            }
+            format!(
+                "Python {version} is not supported ({})",
+                super::unsupported_detail(reason)
+            )
         }
         e => format!("cannot walk its Python frames ({e})"),
     }

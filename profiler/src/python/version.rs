@@ -330,8 +330,9 @@ fn analyze(
     });
     if let Some((_, _, flags)) = name_version {
         // 'm' (pymalloc) is only a name tag; 'd' (debug) and 't' (free-threaded) change the
-        // object header, so the offsets would be wrong.
-        if flags.contains('d') || flags.contains('t') {
+        // object header, so a table's offsets would be wrong. 3.13+ describe their own header.
+        let described = version.major == 3 && version.minor >= super::debug_offsets::FIRST_MINOR;
+        if !described && (flags.contains('d') || flags.contains('t')) {
             let kind = if flags.contains('t') {
                 "free-threaded"
             } else {
@@ -343,7 +344,7 @@ fn analyze(
             });
         }
     }
-    if super::offsets::for_version(version.major, version.minor).is_none() {
+    if !super::offsets::is_supported(version.major, version.minor) {
         return Err(PythonError::Unsupported {
             version: version.to_string(),
             reason: String::new(),

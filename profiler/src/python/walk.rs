@@ -19,6 +19,11 @@ pub const MAX_FRAMES: usize = 256;
 pub const MAX_STRING: usize = 1024;
 const MAX_LINE_TABLE: usize = 64 * 1024;
 
+/// 3.14+ keep `f_executable` as a `_PyStackRef` whose low bits tag the reference; object
+/// pointers are 8-byte aligned, so clearing three bits is right for every 3.11+ frame (the kernel
+/// walker does the same, `PY_STACKREF_TAG_MASK`).
+pub const STACKREF_TAG_MASK: u64 = !7;
+
 /// glibc x86_64: `pthread_self()` is the address of `struct pthread`, whose `tid` is at 0x2d0
 /// (glibc 2.36, Debian 12; `offsetof(struct pthread, tid)`, stable since glibc 2.26). Only used
 /// for 3.8–3.10, which store no native thread id; callers check the result is one of the
@@ -252,7 +257,10 @@ impl<'a, M: Memory> Walker<'a, M> {
 
     fn frame(&self, frame: u64) -> Result<PyFrame, PythonError> {
         let o = self.off;
-        let code_addr = self.field(frame, o.frame_code)?;
+        let mut code_addr = self.field(frame, o.frame_code)?;
+        if o.frame_kind == FrameKind::Interpreter {
+            code_addr &= STACKREF_TAG_MASK;
+        }
         let code = self.code(code_addr)?;
         let line = self
             .instruction_offset(frame, code_addr)

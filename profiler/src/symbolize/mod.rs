@@ -301,7 +301,9 @@ impl Symbolizer {
         let resolved = m.binary().and_then(|b| {
             let mkey = mod_key(build_id, b.key());
             self.cached(mkey, m.file_offset(lookup), |s| {
-                s.elf_info(b.key(), b.path(), b.dir(), &m.path, build_id)
+                let dirs = b.debug_dirs(&s.debug_dirs);
+                let seen = b.seen_path(&m.path);
+                s.elf_info(b.key(), b.path(), b.dir(), seen, build_id, Some(&dirs))
             })
         });
         let off = m.file_offset(addr);
@@ -320,7 +322,7 @@ impl Symbolizer {
     pub fn symbolize_elf(&mut self, path: &Path, file_offset: u64) -> Vec<Frame> {
         let key = BinaryKey::Path(path.to_path_buf());
         let seen = path.to_string_lossy();
-        let info = self.elf_info(&key, path, path.parent(), &seen, None);
+        let info = self.elf_info(&key, path, path.parent(), &seen, None, None);
         let build_id = info.as_ref().and_then(|i| i.build_id.clone());
         let mkey = mod_key(build_id.as_deref(), &key);
         let resolved = self.cached(mkey, file_offset, |_| info);
@@ -345,11 +347,13 @@ impl Symbolizer {
         dir: Option<&Path>,
         seen: &str,
         build_id: Option<&str>,
+        debug_dirs: Option<&[PathBuf]>,
     ) -> Option<Rc<ElfInfo>> {
         if let Some(info) = self.elves.get(key) {
             return info.clone();
         }
-        let info = ElfInfo::load(path, dir, seen, build_id, &self.debug_dirs).map(Rc::new);
+        let dirs = debug_dirs.unwrap_or(&self.debug_dirs);
+        let info = ElfInfo::load(path, dir, seen, build_id, dirs).map(Rc::new);
         self.elves.insert(key.clone(), info.clone());
         info
     }

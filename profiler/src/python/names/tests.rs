@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use super::super::debug_offsets::Described;
 use super::super::memory::ProcessMemory;
 use super::super::offsets::ABSENT;
 use super::super::tests::{FakeMemory, PYENV, interpreters, libpython, pyenv_root};
@@ -337,7 +338,8 @@ fn thread_names_match_threading() {
         let rt = version::detect(registry.observe(pid).unwrap()).unwrap();
         assert_eq!(rt.version.minor, minor, "{label}");
         let mem = ProcessMemory::new(pid);
-        let names = thread_names(&mem, &rt).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let layout = super::super::offsets::for_process(&mem, &rt).unwrap();
+        let names = thread_names(&mem, &rt, &layout).unwrap_or_else(|e| panic!("{label}: {e}"));
         assert_eq!(names, expected, "{label}");
         assert_eq!(names.len(), 7, "{label}: main thread and six workers");
         let values: Vec<&str> = names.values().map(String::as_str).collect();
@@ -362,8 +364,7 @@ fn thread_names_match_threading() {
 
         // The idents are the walker's thread ids; the _thread-started thread is walked but
         // has no name.
-        let offsets = super::super::offsets::for_version(3, minor).unwrap();
-        let snapshot = Walker::new(&mem, offsets, &rt).snapshot().unwrap();
+        let snapshot = Walker::new(&mem, &layout.offsets, &rt).snapshot().unwrap();
         let ids: Vec<u64> = snapshot.threads.iter().map(|t| t.thread_id).collect();
         for ident in names.keys() {
             assert!(ids.contains(ident), "{label}: {ident:#x} not in {ids:x?}");
@@ -498,7 +499,8 @@ fn image() -> Image {
 }
 
 fn names_of(img: &Image) -> Result<HashMap<u64, String>, super::PythonError> {
-    thread_names(&img.mem, &img.rt)
+    let base = super::super::offsets::for_version(3, 11).unwrap();
+    thread_names(&img.mem, &img.rt, &Described::tabled(*base))
 }
 
 #[test]
@@ -670,7 +672,13 @@ fn garbage_never_panics() {
                 ..img.rt.clone()
             };
             assert_eq!(rt.version.minor, minor);
-            if let Ok(names) = thread_names(&m, &rt) {
+            // 3.13 describes itself; its objects' headers are 3.12's.
+            let base = super::super::offsets::for_version(3, minor.min(12)).unwrap();
+            let layout = Described {
+                interp_modules: 7656,
+                ..Described::tabled(*base)
+            };
+            if let Ok(names) = thread_names(&m, &rt, &layout) {
                 assert!(names.len() <= MAX_DICT_ENTRIES);
                 assert!(names.values().all(|n| n.chars().count() <= MAX_STRING + 1));
             }

@@ -165,6 +165,14 @@ pub fn scan_comm(
 }
 
 /// The sample type single-type outputs show by default: what the recording is about.
+/// Whether `path` is an ELF file (not a `#!` script).
+fn is_elf(path: &std::path::Path) -> bool {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok_and(|()| &magic == b"\x7fELF")
+}
+
 fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
     let wanted = if leaks {
         "inuse_space"
@@ -348,8 +356,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
             sampler.add_target(h.pid(), true)?;
             // Likewise the allocation probes, on the objects the command will map; a command
-            // with no allocator to probe (static and stripped) is refused before it runs.
-            if let (Some(a), Some(exe)) = (tables.alloc.as_mut(), exe.as_deref()) {
+            // with no allocator to probe (static and stripped) is refused before it runs. A
+            // script (`#!`) maps its interpreter, not itself: its processes are probed as they
+            // show up.
+            if let (Some(a), Some(exe)) =
+                (tables.alloc.as_mut(), exe.as_deref().filter(|e| is_elf(e)))
+            {
                 let mut objects = vec![exe.to_path_buf()];
                 objects.extend(pyrometer::elfsyms::preloaded_libraries());
                 objects.extend(pyrometer::elfsyms::needed_libraries(exe));
@@ -563,7 +575,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .map(|(&p, r)| (p, r.clone()))
             .collect();
         unavailable.sort();
+        let free_threaded = python
+            .free_threaded()
+            .iter()
+            .map(|(&p, comm)| (p, comm.clone()))
+            .collect();
         GilReport {
+            free_threaded,
             table: pyrometer::python::gil_report::render(&rows, elapsed.as_nanos() as u64, comm),
             unavailable,
             wait_events: capture.gil_wait_events,

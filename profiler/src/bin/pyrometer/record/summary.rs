@@ -32,6 +32,8 @@ pub struct RunReport {
 pub struct GilReport {
     pub table: String,
     pub unavailable: Vec<(u32, String)>,
+    /// Free-threaded processes (pid, command name): no GIL to show.
+    pub free_threaded: Vec<(u32, String)>,
     pub wait_events: u64,
     pub wait_ns: u64,
 }
@@ -153,7 +155,7 @@ impl RunReport {
     fn print_gil(&self, g: &GilReport) {
         let c = &self.counters;
         if g.table.is_empty() {
-            if g.unavailable.is_empty() {
+            if g.unavailable.is_empty() && g.free_threaded.is_empty() {
                 eprintln!("pyrometer: GIL: no Python thread took the GIL while probed");
             }
         } else {
@@ -169,6 +171,9 @@ impl RunReport {
         }
         for (pid, reason) in &g.unavailable {
             eprintln!("pyrometer: GIL view unavailable for pid {pid}: {reason}");
+        }
+        for (pid, comm) in &g.free_threaded {
+            eprintln!("pyrometer: GIL: pid {pid} ({comm}): free-threaded: no GIL");
         }
     }
 
