@@ -265,7 +265,11 @@ impl Capture {
             complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
         };
         if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0 {
-            self.count_alloc(key, h.value, h.aux, h.timestamp_ns);
+            if h.flags & pyrometer_ebpf::SAMPLE_ALLOC_PRELOAD != 0 {
+                self.note_preload_mean(h.pid, registry.proc_root());
+            }
+            let tracked = h.flags & pyrometer_ebpf::SAMPLE_ALLOC_UNTRACKED == 0;
+            self.count_sampled(key, h.value, tracked.then_some(h.aux), h.timestamp_ns);
         } else if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
             self.count_gil_wait(key, h.timestamp_ns, h.value);
         } else if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
