@@ -196,3 +196,63 @@ fn a_dlopened_library_is_sampled() {
         &err,
     );
 }
+
+/// `record --alloc --pid` decides per process: one started with `LD_PRELOAD` of the library
+/// samples in process (its sampled frees come through the library); one without it gets
+/// uprobes on its allocator and a line saying what that costs and how to start it with the
+/// library. Both estimate make_600 within ±15 %.
+#[test]
+fn pid_targets_use_the_library_when_they_load_it() {
+    if !privileged() {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let library = pyrometer_bin().with_file_name("libpyrometer_alloc.so");
+    for preloaded in [true, false] {
+        let dir = scratch(&format!("alloc-preload-pid-{preloaded}"));
+        let (out, stats) = (dir.join("alloc.pb.gz"), dir.join("stats.json"));
+        let mut workload = Command::new(fixture("allocs"));
+        workload
+            .args(["pause", "totals", "0.3"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if preloaded {
+            workload.env("LD_PRELOAD", &library);
+        }
+        let mut workload = workload.spawn().unwrap();
+        // Waiting on stdin in main: its libraries are mapped.
+        let maps = format!("/proc/{}/maps", workload.id());
+        while !std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut record = Command::new(pyrometer_bin())
+            .args(["record", "--alloc", "-o", out.to_str().unwrap(), "--stats"])
+            .arg(&stats)
+            .args(["--pid", &workload.id().to_string()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(record.stderr.take().unwrap());
+        let mut text = String::new();
+        while !text.contains("pyrometer: sampling") {
+            assert!(err.read_line(&mut text).unwrap() > 0, "{text}");
+        }
+        workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let stdout = workload.wait_with_output().unwrap().stdout;
+        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+        assert!(record.wait().unwrap().success(), "{text}");
+        let note = text.contains("does not load libpyrometer_alloc.so")
+            && text.contains("start it with LD_PRELOAD=/");
+        assert_eq!(note, !preloaded, "preloaded {preloaded}:\n{text}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let through_library = json["alloc_preload_frees"].as_u64().unwrap() > 0;
+        assert_eq!(through_library, preloaded, "{json}\n{text}");
+        let truth = fixture_totals(&stdout);
+        let p = read_pprof(&out);
+        let space = pprof_type(&p, "alloc_space");
+        let got = by_function(&pprof_samples(&p), space, "make_600");
+        assert_estimate("make_600", got, truth["make_600"].1, &text);
+    }
+}
