@@ -15,6 +15,7 @@
 
 pub mod countdown;
 pub mod probe;
+pub mod python;
 pub mod real;
 pub mod table;
 
@@ -43,6 +44,7 @@ extern "C" fn init() {
         }
     }
     let _ = real::get();
+    python::start();
 }
 
 #[used]
@@ -63,7 +65,7 @@ pub fn parse_mean(s: &[u8]) -> Option<u64> {
 /// Inlined into each exported function, whose last act it is: the report is a tail call
 /// (see [`probe`]), so the probe returns into the program.
 #[inline(always)]
-fn account(ptr: *mut c_void, size: usize) -> *mut c_void {
+pub(crate) fn account(ptr: *mut c_void, size: usize) -> *mut c_void {
     if ptr.is_null() || !countdown::sample(size) {
         return ptr;
     }
@@ -79,7 +81,7 @@ fn account(ptr: *mut c_void, size: usize) -> *mut c_void {
 /// A block is going away: when it was sampled, the kernel hears of it first (once freed,
 /// its address can be another thread's next sampled block).
 #[inline(always)]
-fn forget(ptr: *mut c_void) {
+pub(crate) fn forget(ptr: *mut c_void) {
     if SAMPLED.remove(ptr as usize) {
         pyrometer_free_sampled(ptr);
     }
