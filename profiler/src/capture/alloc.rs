@@ -55,6 +55,18 @@ impl AllocState {
         }
     }
 
+    /// Drops the blocks (and means) of processes that are gone: their memory went with them.
+    pub fn forget_exited(&mut self, proc_root: &std::path::Path) {
+        let mut alive: HashMap<u32, bool> = HashMap::new();
+        let mut is_alive = |pid: u32| {
+            *alive
+                .entry(pid)
+                .or_insert_with(|| crate::target::alive(proc_root, pid))
+        };
+        self.live.retain(|&(pid, _), _| is_alive(pid));
+        self.means.retain(|&pid, _| is_alive(pid));
+    }
+
     /// Estimated (objects, bytes) allocated in a stack.
     pub(super) fn sums(&self, id: u32) -> (f64, f64) {
         self.sums.get(&id).copied().unwrap_or((0.0, 0.0))
@@ -258,6 +270,26 @@ mod tests {
         let a = c.alloc.as_ref().unwrap();
         assert!((a.objects - 512.5).abs() < 0.1, "{}", a.objects);
         assert!((a.bytes - 512.5 * 1024.0).abs() < 100.0, "{}", a.bytes);
+    }
+
+    #[test]
+    fn blocks_of_exited_processes_are_forgotten() {
+        let mut a = AllocState::new(1);
+        let s = Arc::new(stack(1));
+        let block = |ts| LiveBlock {
+            stack: s.clone(),
+            size: 10,
+            weight: 1.0,
+            timestamp_ns: ts,
+        };
+        let me = std::process::id();
+        // No process has pid 4_000_000 (above the kernel's pid limit).
+        a.live.insert((me, 1), block(1));
+        a.live.insert((4_000_000, 2), block(2));
+        a.means.insert(4_000_000, 64);
+        a.forget_exited(std::path::Path::new("/proc"));
+        assert_eq!(a.live.keys().copied().collect::<Vec<_>>(), vec![(me, 1)]);
+        assert!(a.means.is_empty());
     }
 
     #[test]
