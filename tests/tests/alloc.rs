@@ -197,9 +197,9 @@ fn no_allocator_is_a_clear_error() {
     assert!(stderr(&result).contains("'--alloc' cannot be used with '--all'"));
 }
 
-/// A preloaded jemalloc or tcmalloc serves the program's calls instead of glibc: its own
-/// entry points are probed (before the command starts, from LD_PRELOAD), and the estimates
-/// still match what each function allocated.
+/// A preloaded jemalloc or tcmalloc serves the program's calls instead of glibc: record puts
+/// its sampler library before it in LD_PRELOAD, which forwards to it (the next definition),
+/// and the estimates still match what each function allocated.
 #[test]
 fn preloaded_allocators_are_probed() {
     if !privileged() {
