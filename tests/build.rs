@@ -57,6 +57,12 @@ fn main() {
         gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &nofp);
     }
     gcc(&fixtures.join("dlopener.c"), &out.join("dlopener"), &nofp);
+    // A dlopen'd library that allocates (the preloaded sampler sees its calls too).
+    gcc(
+        &fixtures.join("dlalloc.c"),
+        &out.join("libdlalloc.so"),
+        &[&fp[..], &["-shared", "-fPIC"]].concat(),
+    );
     gcc(
         &fixtures.join("dlwork.c"),
         &out.join("libdlwork.so"),

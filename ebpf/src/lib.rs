@@ -77,6 +77,12 @@ pub const SAMPLE_ALLOC: u32 = 1024;
 pub const SAMPLE_FREE: u32 = 2048;
 /// `SampleHeader::flags`: the DWARF walk met a pc in no registered mapping.
 pub const SAMPLE_UNKNOWN_MAPPING: u32 = 4096;
+/// `SampleHeader::flags`, with `SAMPLE_ALLOC`: reported by the preloaded sampler library,
+/// whose two innermost frames are its probe function and the allocator function called.
+pub const SAMPLE_ALLOC_PRELOAD: u32 = 8192;
+/// `SampleHeader::flags`, with `SAMPLE_ALLOC`: not tracked for its free (a table was full):
+/// it counts as allocated, never as in use.
+pub const SAMPLE_ALLOC_UNTRACKED: u32 = 16384;
 
 /// Allocator entry points, the probe cookie the kernel side dispatches on (`ALLOC_*` in
 /// alloc.h).
@@ -267,6 +273,8 @@ pub mod counter {
     pub const SAMPLE_NS: u32 = 27;
     /// Nanoseconds spent walking Python frame chains (every program, self-timed).
     pub const PY_NS: u32 = 28;
+    /// Frees the preloaded sampler library reported: it reports sampled blocks only.
+    pub const ALLOC_PRELOAD_FREES: u32 = 29;
     pub const COUNT: u32 = 32;
 }
 

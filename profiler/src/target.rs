@@ -138,6 +138,14 @@ pub struct HeldChild {
 
 impl HeldChild {
     pub fn spawn(argv: &[String]) -> Result<Self, TargetError> {
+        Self::spawn_with_env(argv, &[])
+    }
+
+    /// Like [`HeldChild::spawn`], with variables added to the command's environment.
+    pub fn spawn_with_env(
+        argv: &[String],
+        env: &[(&str, std::ffi::OsString)],
+    ) -> Result<Self, TargetError> {
         let program = argv.first().ok_or_else(|| TargetError::Spawn {
             program: String::new(),
             reason: "empty command".into(),
@@ -152,6 +160,7 @@ impl HeldChild {
         // before exec. Instead the child execs a tiny shell that waits on the gate (fd 3) and
         // then execs the command in the same process, keeping the pid we registered.
         let mut cmd = Command::new("/bin/sh");
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("-c")
             .arg("read _ <&3 || exit 125; exec 3<&-; exec \"$@\"")
             .arg("pyrometer-gate")

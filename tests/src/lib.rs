@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end tests: where the built `pyrometer` and the C fixtures are, a
 //! privilege probe that prints why a test is skipped, and readers for what `record` writes.
 
+pub mod alloc;
 #[path = "../../collector/tests/common/clickhouse_server.rs"]
 pub mod clickhouse_server;
 pub mod cluster;

@@ -1,62 +1,12 @@
 //! `pyrometer record --alloc` / `--leaks` against fixtures/allocs.c, which allocates known
 //! totals from known functions and prints exactly what it did, and fixtures/py_leak.py, whose
-//! global list keeps growing. Needs root (uprobes, BPF).
+//! global list keeps growing. Commands started by `record` sample in process through the
+//! preloaded libpyrometer_alloc.so; the static fixture and `LD_PRELOAD`ed allocators check the
+//! paths around it (tests/alloc_preload.rs has the library's own cases). Needs root (BPF).
 
-use std::collections::HashMap;
-
+use pyrometer_e2e::alloc::{by_function, fixture_totals, leak_report, record_allocs};
 use pyrometer_e2e::python::{Interpreter, line_of, source};
 use pyrometer_e2e::*;
-
-/// The fixture's own account: function -> (allocations, bytes).
-fn fixture_totals(stdout: &[u8]) -> HashMap<String, (f64, f64)> {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let name = f.next()?.to_string();
-            let count: f64 = f.next()?.parse().ok()?;
-            let bytes: f64 = f.next()?.parse().ok()?;
-            Some((name, (count, bytes)))
-        })
-        .collect()
-}
-
-/// Total of a sample type over the samples whose stack holds `function`.
-fn by_function(samples: &[PprofSample], index: usize, function: &str) -> f64 {
-    samples
-        .iter()
-        .filter(|s| s.functions.iter().any(|f| f == function))
-        .map(|s| s.values[index] as f64)
-        .sum()
-}
-
-fn record_allocs(
-    name: &str,
-    args: &[&str],
-    fixture_args: &[&str],
-) -> (std::process::Output, std::path::PathBuf) {
-    let dir = scratch(name);
-    let out = dir.join("alloc.pb.gz");
-    let mut all = vec!["record", "-o", out.to_str().unwrap()];
-    all.extend_from_slice(args);
-    all.push("--");
-    let bin = fixture("allocs");
-    all.push(bin.to_str().unwrap());
-    all.extend_from_slice(fixture_args);
-    let result = pyrometer(&all);
-    assert_ok(&result);
-    (result, out)
-}
-
-/// The lines of `record --leaks`'s report, the largest site first.
-fn leak_report(stderr: &str) -> Vec<&str> {
-    stderr
-        .lines()
-        .skip_while(|l| !l.starts_with("pyrometer: leaks:"))
-        .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        .collect()
-}
 
 const FUNCTIONS: [&str; 4] = ["make_200", "make_600", "zeroed_200", "grow_200"];
 
@@ -273,9 +223,9 @@ fn no_allocator_is_a_clear_error() {
     assert!(stderr(&result).contains("'--alloc' cannot be used with '--all'"));
 }
 
-/// A preloaded jemalloc or tcmalloc serves the program's calls instead of glibc: its own
-/// entry points are probed (before the command starts, from LD_PRELOAD), and the estimates
-/// still match what each function allocated.
+/// A preloaded jemalloc or tcmalloc serves the program's calls instead of glibc: record puts
+/// its sampler library before it in LD_PRELOAD, which forwards to it (the next definition),
+/// and the estimates still match what each function allocated.
 #[test]
 fn preloaded_allocators_are_probed() {
     if !privileged() {

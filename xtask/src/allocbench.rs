@@ -1,108 +1,270 @@
-//! Allocation profiling overhead: a malloc-heavy program (tests/fixtures/allocs.c, ~110k
-//! allocations and as many frees of 16 B–64 KiB per run at scale 1) alone, under
-//! `pyrometer record --alloc` at the default rate and at `--alloc-sample-bytes 1`, in
-//! rotating triples. The program times its own work and counts its allocator calls, so the
-//! per-call cost of the probes is the extra time over the calls. Nothing passes or fails.
+//! Allocation profiling overhead, side by side in one run (medians of rotating rounds; the
+//! programs time their own work, so start-up and symbolization are left out):
+//! - tests/fixtures/alloctree.c (trees of small nodes built and freed: 5.2 M allocations and
+//!   as many frees) alone and with libpyrometer_alloc.so preloaded but no profiler: the extra
+//!   nanoseconds of an unsampled allocator call;
+//! - the same under `pyrometer record --alloc` (the library, the default 512 KiB rate), and
+//!   tests/fixtures/py_allocs.py (dicts, tuples and strings made and dropped, on pyenv's
+//!   3.11) alone, under `record --alloc` and under memray 1.x (`memray run`, from a venv
+//!   under target/bench when pip can install it);
+//! - the uprobe path (`PYROMETER_ALLOC_LIB` pointing nowhere), on a tenth of the work (a trap
+//!   per call makes it ~200x slower), against the program alone on the same work.
+//!
+//! Nothing passes or fails.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
 use crate::bench::median;
 
-/// The work's time and allocator calls, from the program's stderr.
+/// The work's time and (C) allocator calls, from the program's stderr.
 fn timed(cmd: &mut Command) -> Result<(f64, f64)> {
     let out = cmd.output().context("run benchmark command")?;
     let err = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        bail!("benchmark command failed: {err}");
+        bail!("benchmark command {cmd:?} failed: {err}");
     }
-    let field = |key: &str| -> Result<f64> {
+    let field = |key: &str| -> Option<f64> {
         err.lines()
             .find_map(|l| l.strip_prefix(key))
             .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no {key}in output: {err}"))
     };
-    Ok((field("elapsed_ns ")?, field("calls ")?))
+    let elapsed = field("elapsed_ns ").with_context(|| format!("no elapsed_ns in: {err}"))?;
+    Ok((elapsed, field("calls ").unwrap_or(0.0)))
+}
+
+/// A named way to run a program.
+type Variant<'a> = (&'static str, Box<dyn FnMut() -> Command + 'a>);
+
+/// Variants of one program run in rotating order, `rounds` times: each variant's times (ns)
+/// by round, and the calls the program reported.
+fn rotate(variants: &mut [Variant<'_>], rounds: usize) -> Result<(Vec<Vec<f64>>, f64)> {
+    let n = variants.len();
+    let mut times = vec![Vec::new(); n];
+    let mut calls = 0.0;
+    for round in 0..rounds {
+        for k in 0..n {
+            let i = (k + round) % n;
+            let (t, c) = timed(&mut (variants[i].1)())?;
+            times[i].push(t);
+            calls = c;
+        }
+        eprintln!(
+            "round {}/{rounds}: {}",
+            round + 1,
+            variants
+                .iter()
+                .zip(&times)
+                .map(|((name, _), t)| format!("{name} {:.1} ms", t[t.len() - 1] / 1e6))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok((times, calls))
+}
+
+/// The median over rounds of `f(variant's time, baseline's time)`: paired, so a round the
+/// busy machine slowed down counts once.
+fn paired(times: &[Vec<f64>], variant: usize, f: impl Fn(f64, f64) -> f64) -> f64 {
+    let mut v: Vec<f64> = times[variant]
+        .iter()
+        .zip(&times[0])
+        .map(|(&t, &base)| f(t, base))
+        .collect();
+    median(&mut v)
+}
+
+/// The median time of a variant, in ms.
+fn ms(times: &[Vec<f64>], variant: usize) -> f64 {
+    let mut t = times[variant].clone();
+    median(&mut t) / 1e6
+}
+
+/// memray in a venv of `python` under target/bench, installed by pip on first use; the
+/// reason when it cannot be.
+fn memray(dir: &Path, python: &Path) -> std::result::Result<PathBuf, String> {
+    let venv = dir.join("memray-venv-pyenv");
+    let bin = venv.join("bin/python");
+    let has = |b: &Path| {
+        Command::new(b)
+            .args(["-c", "import memray"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if bin.exists() && has(&bin) {
+        return Ok(bin);
+    }
+    let ok = Command::new(python)
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new(venv.join("bin/pip"))
+            .args(["install", "-q", "memray"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if ok && has(&bin) {
+        Ok(bin)
+    } else {
+        Err("pip could not install memray".into())
+    }
 }
 
 pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     let dir = root.join("target/bench");
-    let program = dir.join("allocs");
+    let tree = dir.join("alloctree");
     crate::run(
         Command::new("gcc")
-            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline"])
-            .arg(root.join("tests/fixtures/allocs.c"))
+            .args(["-O2", "-g", "-fno-omit-frame-pointer"])
+            .arg(root.join("tests/fixtures/alloctree.c"))
             .arg("-o")
-            .arg(&program),
+            .arg(&tree),
     )?;
-    let scale = "1";
-    let alone = || {
-        let mut c = Command::new(&program);
-        c.args(["totals", scale]);
-        c
-    };
-    let under = |rate: &str| {
-        let mut c = Command::new(pyrometer);
-        c.args(["record", "--alloc", "--alloc-sample-bytes", rate, "-o"])
-            .arg(dir.join("alloc.pb.gz"))
-            .arg("--")
-            .arg(&program)
-            .args(["totals", scale]);
-        c
-    };
-    let (mut t_alone, mut t_default, mut t_every) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut r_default, mut r_every) = (Vec::new(), Vec::new());
-    let (mut per_call_default, mut per_call_every) = (Vec::new(), Vec::new());
-    let mut calls = 0.0;
-    for i in 0..pairs {
-        let mut order = [0usize, 1, 2];
-        order.rotate_left(i % 3);
-        let mut got = [(0.0, 0.0); 3];
-        for which in order {
-            got[which] = match which {
-                0 => timed(&mut alone())?,
-                1 => timed(&mut under("512K"))?,
-                _ => timed(&mut under("1"))?,
-            };
-        }
-        let [(a, n), (d, _), (e, _)] = got;
-        calls = n;
-        eprintln!(
-            "triple {}/{pairs}: alone {:.1} ms, --alloc {:.1} ms, rate 1 {:.1} ms",
-            i + 1,
-            a / 1e6,
-            d / 1e6,
-            e / 1e6
+    let library = pyrometer.with_file_name("libpyrometer_alloc.so");
+    if !library.exists() {
+        bail!(
+            "{} is missing: cargo build --release -p pyrometer-alloc",
+            library.display()
         );
-        t_alone.push(a);
-        t_default.push(d);
-        t_every.push(e);
-        r_default.push(d / a);
-        r_every.push(e / a);
-        per_call_default.push((d - a) / n);
-        per_call_every.push((e - a) / n);
     }
+    // pyenv's 3.11 (pymalloc's functions out of line, as in most builds), as the Python bench.
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let python = Path::new(&home).join(".pyenv/versions/3.11.7/bin/python3.11");
+    if !python.exists() {
+        bail!(
+            "{} is missing (the Python part of the bench needs it)",
+            python.display()
+        );
+    }
+    let script = root.join("tests/fixtures/py_allocs.py");
+    let out = dir.join("alloc.pb.gz");
+    // `record --alloc -- ARGV`, through the library or (uprobes) without it.
+    let record = |argv: &[&std::ffi::OsStr], uprobes: bool| {
+        let mut c = Command::new(pyrometer);
+        c.args(["record", "--alloc", "-o"])
+            .arg(&out)
+            .arg("--")
+            .args(argv);
+        if uprobes {
+            c.env("PYROMETER_ALLOC_LIB", "/nonexistent/libpyrometer_alloc.so");
+        }
+        c
+    };
+    let plain = |argv: &[&std::ffi::OsStr]| {
+        let mut c = Command::new(argv[0]);
+        c.args(&argv[1..]);
+        c
+    };
+    let (tree_os, full, tenth) = (tree.as_os_str(), "10".as_ref(), "1".as_ref());
+
+    let mut c_variants: Vec<Variant<'_>> = vec![
+        ("alone", Box::new(|| plain(&[tree_os, full]))),
+        (
+            "preloaded",
+            Box::new(|| {
+                let mut c = plain(&[tree_os, full]);
+                c.env("LD_PRELOAD", &library);
+                c
+            }),
+        ),
+        (
+            "record --alloc",
+            Box::new(|| record(&[tree_os, full], false)),
+        ),
+    ];
+    let (c, calls) = rotate(&mut c_variants, pairs)?;
+    let mut c_uprobe: Vec<Variant<'_>> = vec![
+        ("alone (1/10)", Box::new(|| plain(&[tree_os, tenth]))),
+        (
+            "uprobes (1/10)",
+            Box::new(|| record(&[tree_os, tenth], true)),
+        ),
+    ];
+    let (cu, _) = rotate(&mut c_uprobe, pairs.min(3))?;
+
+    let (py_os, script_os) = (python.as_os_str(), script.as_os_str());
+    let memray_bin = memray(&dir, &python);
+    let mut py_variants: Vec<Variant<'_>> = vec![
+        ("alone", Box::new(|| plain(&[py_os, script_os]))),
+        (
+            "record --alloc",
+            Box::new(|| record(&[py_os, script_os], false)),
+        ),
+    ];
+    if let Ok(m) = &memray_bin {
+        let capture = dir.join("memray.bin");
+        py_variants.push((
+            "memray run",
+            Box::new(move || {
+                let mut c = Command::new(m);
+                c.args(["-m", "memray", "run", "-q", "-f", "-o"])
+                    .arg(&capture)
+                    .arg(script_os);
+                c
+            }),
+        ));
+    }
+    let (py, _) = rotate(&mut py_variants, pairs)?;
+    let (pu_script, tenth_py) = (script_os, "6".as_ref());
+    let mut py_uprobe: Vec<Variant<'_>> = vec![
+        (
+            "alone (1/10)",
+            Box::new(|| plain(&[py_os, pu_script, tenth_py])),
+        ),
+        (
+            "uprobes (1/10)",
+            Box::new(|| record(&[py_os, pu_script, tenth_py], true)),
+        ),
+    ];
+    let (pu, _) = rotate(&mut py_uprobe, pairs.min(3))?;
+
+    let ratio = |t: f64, base: f64| t / base;
     println!();
     println!(
-        "Allocation profiling overhead (allocs.c, {calls:.0} allocator calls a run, {pairs} rotating triples)"
+        "Allocation profiling overhead ({pairs} rotating rounds; medians of per-round ratios to the program alone; the programs time their own work)"
     );
     println!(
-        "  program alone (median)             {:>10.1} ms",
-        median(&mut t_alone) / 1e6
+        "  alloctree.c ({calls:.0} allocator calls)  alone {:>8.1} ms",
+        ms(&c, 0)
     );
     println!(
-        "  --alloc, every 512 KiB (median)    {:>10.1} ms   slowdown {:.2} x, {:.0} ns per allocator call",
-        median(&mut t_default) / 1e6,
-        median(&mut r_default),
-        median(&mut per_call_default)
+        "    libpyrometer_alloc.so preloaded, no profiler   {:>8.1} ms   {:+.1} ns per allocator call",
+        ms(&c, 1),
+        paired(&c, 1, |t, base| (t - base) / calls)
     );
     println!(
-        "  --alloc-sample-bytes 1 (median)    {:>10.1} ms   slowdown {:.2} x, {:.0} ns per allocator call",
-        median(&mut t_every) / 1e6,
-        median(&mut r_every),
-        median(&mut per_call_every)
+        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {:.2} x",
+        ms(&c, 2),
+        paired(&c, 2, ratio)
+    );
+    println!(
+        "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {:.1} x",
+        ms(&cu, 1),
+        paired(&cu, 1, ratio)
+    );
+    println!(
+        "  py_allocs.py (CPython 3.11.7)  alone {:>8.1} ms",
+        ms(&py, 0)
+    );
+    println!(
+        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {:.2} x",
+        ms(&py, 1),
+        paired(&py, 1, ratio)
+    );
+    match &memray_bin {
+        Ok(_) => println!(
+            "    memray run (every allocation)                   {:>8.1} ms   slowdown {:.2} x",
+            ms(&py, 2),
+            paired(&py, 2, ratio)
+        ),
+        Err(why) => println!("    memray run: not measured ({why})"),
+    }
+    println!(
+        "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {:.1} x",
+        ms(&pu, 1),
+        paired(&pu, 1, ratio)
     );
     Ok(())
 }

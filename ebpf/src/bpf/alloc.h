@@ -14,6 +14,13 @@
 // (walked at the allocator's return, native and Python frames) and into `alloc_live`; a free
 // of a live address sends a small free record, so the agent knows what is still in use.
 //
+// A process that preloads libpyrometer_alloc.so (alloc-preload/) samples in process: its
+// per-thread byte countdown calls pyrometer_alloc_sampled(ptr, size, flags) for the sampled
+// allocations only, and pyrometer_free_sampled(ptr) for the frees of those blocks only.
+// alloc_preload (on the first's return) and alloc_preload_free sit on these two functions, attached once per copy of
+// the library for every process (the functions run only in processes that load it, and only
+// when they sample), so an unsampled allocator call never enters the kernel.
+//
 // Allocators call each other (glibc's realloc(NULL, n) jumps to malloc, its aligned
 // functions to malloc, pymalloc to malloc for large blocks): a per-thread depth counts only
 // the outermost call. Frees have no return probe; one inside another allocator call (the free
@@ -107,6 +114,17 @@ static __always_inline int alloc_target(__u32 tgid)
 	if (alloc_filter == ALLOC_FILTER_MAP)
 		return tgid != self_tgid && bpf_map_lookup_elem(&alloc_targets, &tgid) != 0;
 	return is_target(tgid);
+}
+
+// Whether the preloaded library's reports from `tgid` are recorded: `record`'s targets, or
+// for the agent every process but pyrometer itself (the probes fire only in processes that
+// load the library, and `alloc_preload_all` says the agent samples them all).
+const volatile __u32 alloc_preload_all = 0;
+static __always_inline int alloc_preload_target(__u32 tgid)
+{
+	if (alloc_filter == ALLOC_FILTER_MAP && alloc_preload_all)
+		return tgid != self_tgid;
+	return alloc_target(tgid);
 }
 
 // Bytes to the next sample: mean * -ln(U), U uniform, from the table of conditional means.
@@ -284,5 +302,62 @@ int alloc_return(struct pt_regs *ctx)
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_ALLOC_SAMPLES);
+	return 0;
+}
+
+#define PRELOAD_TRACKED 1 // pyrometer_alloc_sampled's flags: the library tracks the block
+
+// The return of pyrometer_alloc_sampled(ptr, size, flags), which returns ptr and leaves
+// size and flags in their argument registers: the allocator functions tail-call it, so this
+// runs on the program's registers right after its allocator call returned, and the stack is
+// the program's, as at alloc_return.
+SEC("uretprobe")
+int alloc_preload(struct pt_regs *ctx)
+{
+	REJECT_IF(REJECT_ALLOC);
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	if (!alloc_preload_target(tgid))
+		return 0;
+	__u64 addr = PT_REGS_RC(ctx), size = PT_REGS_PARM2(ctx), flags = PT_REGS_PARM3(ctx);
+	barrier_var(addr);
+	barrier_var(size);
+	barrier_var(flags);
+	__u64 now = bpf_ktime_get_ns();
+	__u32 record_flags = SAMPLE_ALLOC | SAMPLE_ALLOC_PRELOAD;
+	struct alloc_key key = { .pid = tgid, .addr = addr };
+	struct alloc_block block = { .size = size, .timestamp_ns = now };
+	if (!(flags & PRELOAD_TRACKED) || bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY)) {
+		count(COUNTER_ALLOC_LIVE_FULL);
+		record_flags |= SAMPLE_ALLOC_UNTRACKED;
+	}
+	__u32 zero = 0;
+	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
+	if (!rec)
+		return 0;
+	record_header(&rec->hdr, now, tgid, tid, record_flags);
+	rec->hdr.value = size;
+	rec->hdr.aux = addr;
+	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
+	__u64 bytes = record_size(&rec->hdr, sizeof(*rec));
+	if (send_record(rec, bytes))
+		count(COUNTER_RINGBUF_DROPS);
+	else
+		count(COUNTER_ALLOC_SAMPLES);
+	return 0;
+}
+
+// pyrometer_free_sampled(ptr): a block the library sampled is being freed.
+SEC("uprobe")
+int alloc_preload_free(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	if (!alloc_preload_target(tgid))
+		return 0;
+	count(COUNTER_ALLOC_PRELOAD_FREES);
+	__u64 addr = PT_REGS_PARM1(ctx);
+	if (addr)
+		alloc_forget(tgid, tid, addr);
 	return 0;
 }

@@ -59,6 +59,12 @@
 // The DWARF walk met a pc in no mapping the agent registered (a new dlopen, a library
 // mapped after the tables were made): the agent re-reads the process's maps.
 #define SAMPLE_UNKNOWN_MAPPING 4096
+// With SAMPLE_ALLOC: reported by the preloaded sampler library (alloc_preload), whose two
+// innermost frames are its probe function and the allocator function the program called.
+#define SAMPLE_ALLOC_PRELOAD 8192
+// With SAMPLE_ALLOC: the block is not tracked for its free (a table was full): it counts as
+// allocated, never as in use.
+#define SAMPLE_ALLOC_UNTRACKED 16384
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -90,6 +96,7 @@
 #define COUNTER_ALLOC_THREADS_FULL 26 // an allocator call not seen: alloc_threads was full
 #define COUNTER_SAMPLE_NS 27        // ns on_cpu_clock spent on target samples (self-timed)
 #define COUNTER_PY_NS 28            // ns spent walking Python frame chains (self-timed)
+#define COUNTER_ALLOC_PRELOAD_FREES 29 // frees the preloaded library reported (sampled blocks only)
 #define COUNTER_COUNT 32
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.

@@ -7,6 +7,7 @@
 //! to every mapped object that defines allocator functions: whichever one the process's calls
 //! resolve to is then probed (a preloaded jemalloc, or libc), and CPython's pymalloc beside it.
 
+pub mod preload;
 pub mod sites;
 
 use std::collections::{HashMap, HashSet};
@@ -40,6 +41,10 @@ pub struct AllocProbes {
     with_malloc: HashSet<u32>,
     /// Why a process's allocator (or one of its binaries) could not be probed.
     failures: HashMap<u32, String>,
+    /// The probes on the preloaded sampler library, and the processes that load it (their
+    /// allocator functions get no uprobes).
+    pub preload: preload::PreloadProbes,
+    preloaded: HashSet<u32>,
     /// Probes attached so far.
     pub attached: u64,
 }
@@ -54,14 +59,32 @@ impl AllocProbes {
             probed: HashMap::new(),
             with_malloc: HashSet::new(),
             failures: HashMap::new(),
+            preload: preload::PreloadProbes::default(),
+            preloaded: HashSet::new(),
             attached: 0,
         }
     }
 
     /// Probes the allocator functions of every object `process` maps that was not probed in
     /// it yet (new processes, `dlopen`).
+    /// A process that loads the preloaded sampler library gets its probes (once per copy of
+    /// the library) instead.
     pub fn sync(&mut self, process: &Process, probes: &mut (dyn Uprobes + '_)) {
         let pid = process.pid;
+        if self.preloaded.contains(&pid) {
+            return;
+        }
+        if let Some((key, path)) = preload::mapped_library(process) {
+            match self.preload.attach(key, &path, probes) {
+                Ok(()) => {
+                    self.mark_preloaded(pid);
+                    return;
+                }
+                Err(e) => {
+                    self.failures.insert(pid, e);
+                }
+            }
+        }
         for m in process.mappings() {
             if m.kind != MappingKind::File {
                 continue;
@@ -156,6 +179,20 @@ impl AllocProbes {
         }
     }
 
+    /// Process `pid` loads (or will load, a command started with it) the preloaded library,
+    /// whose probes are attached.
+    pub fn mark_preloaded(&mut self, pid: u32) {
+        self.preloaded.insert(pid);
+        self.probed.entry(pid).or_default();
+        self.with_malloc.insert(pid);
+        self.failures.remove(&pid);
+    }
+
+    /// Whether `pid` samples in process, through the preloaded library.
+    pub fn is_preloaded(&self, pid: u32) -> bool {
+        self.preloaded.contains(&pid)
+    }
+
     /// Whether some object of `pid` defines `malloc` and was probed.
     pub fn has_allocator(&self, pid: u32) -> bool {
         self.with_malloc.contains(&pid)
@@ -188,6 +225,7 @@ impl AllocProbes {
     pub fn forget(&mut self, pid: u32) {
         self.probed.remove(&pid);
         self.with_malloc.remove(&pid);
+        self.preloaded.remove(&pid);
         self.failures.remove(&pid);
     }
 }

@@ -229,6 +229,8 @@ pub fn feature_programs(feature: Feature) -> Vec<(&'static str, Kind)> {
         Feature::Alloc => vec![
             (super::ALLOC_ENTER, Kind::Uprobe),
             (super::ALLOC_RETURN, Kind::Uprobe),
+            (super::ALLOC_PRELOAD, Kind::Uprobe),
+            (super::ALLOC_PRELOAD_FREE, Kind::Uprobe),
         ],
     }
 }
@@ -275,6 +277,8 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         .map_max_entries("gil_holders", gil_entries(4096))
         .override_global("alloc_sample_bytes", &alloc.sample_bytes, true)
         .override_global("alloc_filter", &alloc_filter, true)
+        // The agent records every process that loads the preloaded sampler library.
+        .override_global("alloc_preload_all", &alloc_filter, true)
         .map_max_entries("alloc_live", alloc_entries(alloc.live_entries.max(1)))
         .map_max_entries("alloc_threads", alloc_entries(16384))
         .map_max_entries("alloc_targets", if alloc.own_targets { 4096 } else { 1 })

@@ -168,6 +168,10 @@ pub const DEFAULT_ALLOC_LIVE: u32 = 262_144;
 /// return a block.
 pub const ALLOC_ENTER: &str = "alloc_enter";
 pub const ALLOC_RETURN: &str = "alloc_return";
+/// The preloaded sampler library's probe functions' programs (`pyrometer_alloc_sampled`,
+/// `pyrometer_free_sampled`), attached for every process.
+pub const ALLOC_PRELOAD: &str = "alloc_preload";
+pub const ALLOC_PRELOAD_FREE: &str = "alloc_preload_free";
 
 impl Default for SamplerConfig {
     fn default() -> Self {
@@ -263,6 +267,8 @@ pub struct AllocCounters {
     pub live_full: u64,
     /// Allocator calls not seen (`alloc_threads` full).
     pub threads_full: u64,
+    /// Frees the preloaded library reported (it reports the frees of sampled blocks only).
+    pub preload_frees: u64,
 }
 
 /// Why DWARF walks stopped early, and how many reached the outermost frame.
@@ -629,6 +635,7 @@ impl Sampler {
                 frees: sum(shared::counter::ALLOC_FREES),
                 live_full: sum(shared::counter::ALLOC_LIVE_FULL),
                 threads_full: sum(shared::counter::ALLOC_THREADS_FULL),
+                preload_frees: sum(shared::counter::ALLOC_PRELOAD_FREES),
             },
             sample_ns: sum(shared::counter::SAMPLE_NS),
             python_ns: sum(shared::counter::PY_NS),

@@ -23,6 +23,8 @@ pub struct LiveBlock {
 pub struct AllocState {
     /// Mean bytes between samples (1: every allocation).
     pub mean: u64,
+    /// Processes whose preloaded sampler library uses another mean than `mean`.
+    pub means: HashMap<u32, u64>,
     /// (pid, address) of sampled blocks still allocated.
     pub live: HashMap<(u32, u64), LiveBlock>,
     /// Sampled allocations and frees read.
@@ -53,6 +55,18 @@ impl AllocState {
         }
     }
 
+    /// Drops the blocks (and means) of processes that are gone: their memory went with them.
+    pub fn forget_exited(&mut self, proc_root: &std::path::Path) {
+        let mut alive: HashMap<u32, bool> = HashMap::new();
+        let mut is_alive = |pid: u32| {
+            *alive
+                .entry(pid)
+                .or_insert_with(|| crate::target::alive(proc_root, pid))
+        };
+        self.live.retain(|&(pid, _), _| is_alive(pid));
+        self.means.retain(|&pid, _| is_alive(pid));
+    }
+
     /// Estimated (objects, bytes) allocated in a stack.
     pub(super) fn sums(&self, id: u32) -> (f64, f64) {
         self.sums.get(&id).copied().unwrap_or((0.0, 0.0))
@@ -78,6 +92,18 @@ impl AllocState {
 impl Capture {
     /// Counts one sampled allocation of `size` bytes at `addr` in stack `key`.
     pub fn count_alloc(&mut self, key: RawStack, size: u64, addr: u64, timestamp_ns: u64) {
+        self.count_sampled(key, size, Some(addr), timestamp_ns);
+    }
+
+    /// Counts one sampled allocation; `addr` None: not tracked for its free (a table was
+    /// full), so it counts as allocated and never as in use.
+    pub fn count_sampled(
+        &mut self,
+        key: RawStack,
+        size: u64,
+        addr: Option<u64>,
+        timestamp_ns: u64,
+    ) {
         if self.alloc.is_none() {
             return;
         }
@@ -88,13 +114,15 @@ impl Capture {
             None => self.entry(key.clone()).id,
         };
         let Some(a) = self.alloc.as_mut() else { return };
-        let w = crate::alloc::weight(size, a.mean);
+        let mean = a.means.get(&pid).copied().unwrap_or(a.mean);
+        let w = crate::alloc::weight(size, mean);
         let sums = a.sums.entry(id).or_insert((0.0, 0.0));
         sums.0 += w;
         sums.1 += w * size as f64;
         a.objects += w;
         a.bytes += w * size as f64;
         a.samples += 1;
+        let Some(addr) = addr else { return };
         let stack = a.stacks.entry(id).or_insert_with(|| Arc::new(key)).clone();
         if a.live.len() >= MAX_LIVE_BLOCKS {
             let mut ages: Vec<u64> = a.live.values().map(|b| b.timestamp_ns).collect();
@@ -122,10 +150,23 @@ impl Capture {
         }
     }
 
-    /// A process exec'd a new image: its old blocks are gone with the old image.
+    /// A process exec'd a new image: its old blocks are gone with the old image (and its
+    /// sampler library's mean, read from the environment, may change).
     pub fn forget_allocations(&mut self, pid: u32) {
         if let Some(a) = self.alloc.as_mut() {
             a.live.retain(|&(p, _), _| p != pid);
+            a.means.remove(&pid);
+        }
+    }
+
+    /// A report from `pid`'s preloaded sampler library: the weights use the mean its
+    /// environment gave it (read once).
+    pub(super) fn note_preload_mean(&mut self, pid: u32, proc_root: &std::path::Path) {
+        if let Some(a) = self.alloc.as_mut()
+            && !a.means.contains_key(&pid)
+        {
+            let mean = crate::alloc::preload::mean_of(proc_root, pid).unwrap_or(a.mean);
+            a.means.insert(pid, mean.max(1));
         }
     }
 
@@ -229,5 +270,41 @@ mod tests {
         let a = c.alloc.as_ref().unwrap();
         assert!((a.objects - 512.5).abs() < 0.1, "{}", a.objects);
         assert!((a.bytes - 512.5 * 1024.0).abs() < 100.0, "{}", a.bytes);
+    }
+
+    #[test]
+    fn blocks_of_exited_processes_are_forgotten() {
+        let mut a = AllocState::new(1);
+        let s = Arc::new(stack(1));
+        let block = |ts| LiveBlock {
+            stack: s.clone(),
+            size: 10,
+            weight: 1.0,
+            timestamp_ns: ts,
+        };
+        let me = std::process::id();
+        // No process has pid 4_000_000 (above the kernel's pid limit).
+        a.live.insert((me, 1), block(1));
+        a.live.insert((4_000_000, 2), block(2));
+        a.means.insert(4_000_000, 64);
+        a.forget_exited(std::path::Path::new("/proc"));
+        assert_eq!(a.live.keys().copied().collect::<Vec<_>>(), vec![(me, 1)]);
+        assert!(a.means.is_empty());
+    }
+
+    #[test]
+    fn a_process_mean_and_untracked_blocks() {
+        let mut state = AllocState::new(512 * 1024);
+        state.means.insert(4_000_000, 1);
+        let mut c = Capture {
+            alloc: Some(state),
+            ..Capture::default()
+        };
+        // Every allocation of that process is sampled: weight 1, not 512.
+        c.count_alloc(stack(1), 1024, 0x1000, 1);
+        c.count_sampled(stack(1), 1024, None, 2);
+        let a = c.alloc.as_ref().unwrap();
+        assert_eq!((a.objects, a.bytes), (2.0, 2048.0));
+        assert_eq!(a.live.len(), 1, "the untracked block is not in use");
     }
 }

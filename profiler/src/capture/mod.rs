@@ -100,6 +100,9 @@ pub struct Capture {
     pub thread_samples: HashMap<u32, (u32, String, u64)>,
     /// Allocation sampling (`--alloc`): the profile gets the allocation types.
     pub alloc: Option<AllocState>,
+    /// The agent: allocation sampling starts, with this mean, at the first report of a
+    /// process that preloads the sampler library (when `alloc` is None).
+    pub alloc_on_preload: Option<u64>,
     /// Times the live-block table was full and its older half dropped.
     pub alloc_live_dropped: u64,
     /// Off-CPU intervals read from the ring buffer, and their total blocked time.
@@ -279,7 +282,16 @@ impl Capture {
             complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
         };
         if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0 {
-            self.count_alloc(key, h.value, h.aux, h.timestamp_ns);
+            if h.flags & pyrometer_ebpf::SAMPLE_ALLOC_PRELOAD != 0 {
+                if self.alloc.is_none()
+                    && let Some(mean) = self.alloc_on_preload
+                {
+                    self.alloc = Some(AllocState::new(mean));
+                }
+                self.note_preload_mean(h.pid, registry.proc_root());
+            }
+            let tracked = h.flags & pyrometer_ebpf::SAMPLE_ALLOC_UNTRACKED == 0;
+            self.count_sampled(key, h.value, tracked.then_some(h.aux), h.timestamp_ns);
         } else if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
             self.count_gil_wait(key, h.timestamp_ns, h.value);
         } else if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {

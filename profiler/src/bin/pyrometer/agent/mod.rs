@@ -3,7 +3,7 @@
 //! batches to the collector oldest first, deleting each only once it is acknowledged.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
@@ -85,8 +85,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
         off_cpu_min_ns: cfg.off_cpu_min_ns,
         gil: false,
-        alloc: cfg.alloc.as_ref().map(|a| AllocConfig {
-            sample_bytes: a.sample_bytes,
+        // Always: processes that preload the sampler library are sampled without flags
+        // (their probes fire only when they sample); --alloc-pid/--alloc-comm add uprobes.
+        alloc: Some(AllocConfig {
+            sample_bytes: cfg
+                .alloc
+                .as_ref()
+                .map_or(pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES, |a| {
+                    a.sample_bytes
+                }),
             live_entries: pyrometer::bpf::DEFAULT_ALLOC_LIVE,
             own_targets: true,
         }),
@@ -126,10 +133,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         .iter()
         .map(PathBuf::from)
         .collect();
-    let alloc_probes = cfg
-        .alloc
-        .as_ref()
-        .map(|_| AllocProbes::new(debug_dirs.clone()));
+    let alloc_probes = (!sampler.refused(Feature::Alloc)).then(|| {
+        let mut probes = AllocProbes::new(debug_dirs.clone());
+        attach_own_library(&mut probes, &mut sampler);
+        probes
+    });
     let mut tables = Tables::new(unwinder, python, alloc_probes);
     let mut registry = ProcessRegistry::new();
     let mut known = Known::default();
@@ -231,23 +239,32 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
 
     let period_ns = 1_000_000_000 / cfg.frequency as i64;
     let off_cpu = cfg.off_cpu_min_ns.is_some();
-    let alloc_mean = cfg.alloc.as_ref().map(|a| a.sample_bytes);
+    let alloc_mean = cfg
+        .alloc
+        .as_ref()
+        .map_or(pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES, |a| {
+            a.sample_bytes
+        });
+    let alloc_chosen = cfg.alloc.is_some();
+    let alloc_off = tables.alloc.is_none();
     // Off-CPU intervals still open and live sampled blocks carry over from one interval's
-    // capture to the next.
-    let new_capture = |reported, live| {
+    // capture to the next. Without --alloc-* the allocation types appear once a preloaded
+    // process has reported (capture.alloc_on_preload), and stay.
+    let new_capture = |reported, live: Option<_>| {
         let mut c = Capture::default();
         // Node-wide, most processes are never sampled; chosen ones are read at once.
         c.exec_lazily = !selective;
         c.off_cpu = off_cpu;
         c.off_cpu_reported = reported;
-        c.alloc = alloc_mean.map(|mean| {
-            let mut a = AllocState::new(mean);
-            a.live = live;
-            a
-        });
+        c.alloc_on_preload = (!alloc_off).then_some(alloc_mean);
+        if alloc_chosen || live.is_some() {
+            let mut a = AllocState::new(alloc_mean);
+            a.live = live.unwrap_or_default();
+            c.alloc = Some(a);
+        }
         c
     };
-    let mut capture = new_capture(Default::default(), Default::default());
+    let mut capture = new_capture(Default::default(), None);
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
     let mut last_scan = Instant::now();
@@ -304,14 +321,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             }
             let reported = std::mem::take(&mut capture.off_cpu_reported);
             // The push reports what is in use now; the blocks stay live for the next one.
-            let live = capture
-                .alloc
-                .as_mut()
-                .map(|a| {
-                    a.now_ns = pyrometer::capture::monotonic_now_ns();
-                    a.live.clone()
-                })
-                .unwrap_or_default();
+            // Blocks of processes that exited are no longer in use: they are forgotten.
+            let live = capture.alloc.as_mut().map(|a| {
+                a.now_ns = pyrometer::capture::monotonic_now_ns();
+                a.forget_exited(Path::new("/proc"));
+                a.live.clone()
+            });
             let taken = std::mem::replace(&mut capture, new_capture(reported, live));
             let duration = interval_start.elapsed();
             interval_start = Instant::now();
@@ -406,6 +421,23 @@ fn publish_counters(sampler: &Sampler, metrics: &AgentMetrics, samples: u64) {
         u.truncated,
     ]) {
         slot.store(v, Relaxed);
+    }
+}
+
+/// Attaches the allocation probes to the sampler library shipped with this agent, so the
+/// processes that preload it are sampled from their first allocation, started before the
+/// agent or after it. Other copies (a container's) are probed when a process mapping one is
+/// seen.
+fn attach_own_library(probes: &mut AllocProbes, sampler: &mut Sampler) {
+    let Some(lib) = pyrometer::alloc::preload::find_library() else {
+        return;
+    };
+    match probes.preload.attach_file(&lib, sampler) {
+        Ok(()) => eprintln!(
+            "pyrometer agent: sampling the allocations of processes that preload {}",
+            lib.display()
+        ),
+        Err(e) => eprintln!("pyrometer agent: cannot probe {}: {e}", lib.display()),
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Args;
+use pyrometer::alloc::preload;
 use pyrometer::bpf::{AllocConfig, Feature, Filter, Sampler, SamplerConfig};
 use pyrometer::capture::{
     Activity, AllocState, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
@@ -104,10 +105,12 @@ pub struct RecordArgs {
     /// `gil_held/nanoseconds` (on-CPU time holding the GIL).
     #[arg(long)]
     gil: bool,
-    /// Also sample allocations: uprobes on each target's allocator (malloc, calloc, realloc,
-    /// free and the aligned ones, in libc, jemalloc or tcmalloc, and CPython's pymalloc), a
-    /// sample every --alloc-sample-bytes bytes on average, as the alloc_objects, alloc_space,
-    /// inuse_objects and inuse_space types (estimates).
+    /// Also sample allocations, a sample every --alloc-sample-bytes bytes on average, as the
+    /// alloc_objects, alloc_space, inuse_objects and inuse_space types (estimates). A command
+    /// started by record preloads libpyrometer_alloc.so, which samples in process (only
+    /// sampled allocations reach the kernel); a --pid process that does not load it, and a
+    /// static binary, get uprobes on their allocator (malloc & co. in libc, jemalloc or
+    /// tcmalloc, and CPython's pymalloc), a trap into the kernel per call.
     #[arg(long, conflicts_with = "all")]
     alloc: bool,
     /// Mean bytes between allocation samples (512K by default; 1 samples every allocation,
@@ -184,6 +187,47 @@ fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
     profile
         .type_index(wanted)
         .unwrap_or_else(|_| profile.single_type_default())
+}
+
+/// The sampler library a command gets preloaded, with its probes attached: None (uprobes
+/// then) when there is no library next to pyrometer, the command is statically linked, or
+/// the probes cannot be attached (said in one line).
+fn preload_library(
+    probes: &mut pyrometer::alloc::AllocProbes,
+    exe: &Path,
+    sampler: &mut Sampler,
+) -> Option<PathBuf> {
+    if preload::is_static_executable(exe) {
+        return None;
+    }
+    let Some(lib) = preload::find_library() else {
+        eprintln!(
+            "pyrometer: {} not found next to pyrometer (or in ${}): allocations are sampled with uprobes on the allocator, a trap into the kernel per call",
+            preload::LIBRARY,
+            preload::LIBRARY_ENV
+        );
+        return None;
+    };
+    match probes.preload.attach_file(&lib, sampler) {
+        Ok(()) => Some(lib),
+        Err(e) => {
+            eprintln!(
+                "pyrometer: cannot probe {}: {e}; allocations are sampled with uprobes on the allocator",
+                lib.display()
+            );
+            None
+        }
+    }
+}
+
+/// What `--alloc --pid` of a process without the sampler library costs it, and the way out.
+fn uprobe_cost_note(pid: u32) -> String {
+    let lib = preload::find_library()
+        .map_or_else(|| preload::LIBRARY.to_string(), |p| p.display().to_string());
+    format!(
+        "pid {pid} does not load {}: every allocator call it makes traps into a uprobe (microseconds each, sampled or not); start it with LD_PRELOAD={lib} to sample in process",
+        preload::LIBRARY
+    )
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
@@ -328,6 +372,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                 args.subprocesses,
             )?;
             root_pids = pids.clone();
+            if let Some(a) = &tables.alloc {
+                for &pid in pids.iter().filter(|&&pid| !a.is_preloaded(pid)) {
+                    if a.has_allocator(pid) {
+                        eprintln!("pyrometer: {}", uprobe_cost_note(pid));
+                    }
+                }
+            }
             if let Some(a) = &tables.alloc
                 && let Some(&pid) = pids.iter().find(|&&pid| !a.has_allocator(pid))
             {
@@ -352,15 +403,38 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             {
                 let _ = tables.python.prepare_gil(&interpreter, &mut sampler);
             }
-            let h = HeldChild::spawn(argv)
+            // Allocations are sampled in the command's own process when it can preload the
+            // sampler library (anything dynamically linked); uprobes on its allocator
+            // otherwise.
+            let preload = match (tables.alloc.as_mut(), exe.as_deref()) {
+                (Some(a), Some(exe)) => preload_library(a, exe, &mut sampler),
+                _ => None,
+            };
+            let env = preload.as_deref().map(|lib| {
+                vec![
+                    (
+                        "LD_PRELOAD",
+                        preload::ld_preload(lib, std::env::var_os("LD_PRELOAD")),
+                    ),
+                    (preload::MEAN_ENV, sample_bytes.to_string().into()),
+                ]
+            });
+            let h = HeldChild::spawn_with_env(argv, env.as_deref().unwrap_or_default())
                 .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
             sampler.add_target(h.pid(), true)?;
+            if let (Some(a), Some(lib)) = (tables.alloc.as_mut(), preload.as_deref()) {
+                a.mark_preloaded(h.pid());
+                if let Some(u) = tables.unwinder.as_mut() {
+                    u.prewarm(lib);
+                }
+            }
             // Likewise the allocation probes, on the objects the command will map; a command
             // with no allocator to probe (static and stripped) is refused before it runs. A
             // script (`#!`) maps its interpreter, not itself: its processes are probed as they
             // show up.
             if let (Some(a), Some(exe)) =
                 (tables.alloc.as_mut(), exe.as_deref().filter(|e| is_elf(e)))
+                && preload.is_none()
             {
                 let mut objects = vec![exe.to_path_buf()];
                 objects.extend(pyrometer::elfsyms::preloaded_libraries());

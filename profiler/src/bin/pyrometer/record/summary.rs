@@ -273,6 +273,7 @@ impl RunReport {
             "alloc_live_full": c.alloc.live_full,
             "alloc_threads_full": c.alloc.threads_full,
         });
+        json["alloc_preload_frees"] = c.alloc.preload_frees.into();
         json["bpf_python_ns"] = c.python_ns.into();
         if let Some(a) = &self.alloc {
             json["alloc_samples"] = a.samples.into();

@@ -1,0 +1,278 @@
+//! `libpyrometer_alloc.so`: a preloadable allocation sampler. It interposes the C allocator
+//! (`malloc`, `calloc`, `realloc`, `reallocarray`, `free`, `posix_memalign`, `aligned_alloc`,
+//! `memalign`, `valloc`, `pvalloc`), forwards every call to the allocator that follows it
+//! ([`real`]), and counts each thread's bytes down to an exponentially distributed gap
+//! ([`countdown`]). Only the allocation that crosses the gap calls
+//! [`probe::pyrometer_alloc_sampled`], where pyrometer's uprobe records its stack; its
+//! address goes into a table ([`table`]) so that its free, and only the free of a sampled
+//! block, calls [`probe::pyrometer_free_sampled`]. With no profiler attached the probes are
+//! plain calls, so the library costs the countdown only.
+//!
+//! The mean gap comes from `PYROMETER_ALLOC_SAMPLE_BYTES` (512 KiB by default; 1 samples
+//! every allocation). Nothing on these paths allocates, takes a lock or touches Rust's
+//! thread-locals, so they are safe before and after `main`, in a forked child, in signal
+//! handlers and in exiting threads.
+
+pub mod countdown;
+pub mod probe;
+pub mod python;
+pub mod real;
+pub mod table;
+
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use probe::{TRACKED, pyrometer_alloc_sampled, pyrometer_free_sampled};
+
+/// The environment variable `pyrometer record` sets (and users may): mean bytes per sample.
+pub const MEAN_ENV: &str = "PYROMETER_ALLOC_SAMPLE_BYTES";
+
+static SAMPLED: table::Table = table::Table::new();
+/// Sampled blocks the table had no room for (reported to the kernel as untracked).
+static UNTRACKED: AtomicU64 = AtomicU64::new(0);
+
+/// Reads the mean from the environment and looks the wrapped allocator up, before `main`.
+extern "C" fn init() {
+    // SAFETY: getenv does not allocate; the value is read before any thread can setenv.
+    let value = unsafe { libc::getenv(c"PYROMETER_ALLOC_SAMPLE_BYTES".as_ptr()) };
+    if !value.is_null() {
+        // SAFETY: getenv returns a NUL-terminated string.
+        let bytes = unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes();
+        if let Some(mean) = parse_mean(bytes) {
+            countdown::set_mean(mean);
+            countdown::reset_thread();
+        }
+    }
+    let _ = real::get();
+    python::start();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;
+
+/// A decimal number of bytes; None when it is not one (the default mean stays).
+pub fn parse_mean(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, &c| {
+        c.is_ascii_digit().then(|| n * 10 + u64::from(c - b'0'))
+    })
+}
+
+/// Counts a new block and, when the countdown crosses zero, reports it; returns the block.
+/// Inlined into each exported function, whose last act it is: the report is a tail call
+/// (see [`probe`]), so the probe returns into the program.
+#[inline(always)]
+pub(crate) fn account(ptr: *mut c_void, size: usize) -> *mut c_void {
+    if ptr.is_null() || !countdown::sample(size) {
+        return ptr;
+    }
+    let flags = if SAMPLED.insert(ptr as usize) {
+        TRACKED
+    } else {
+        UNTRACKED.fetch_add(1, Ordering::Relaxed);
+        0
+    };
+    pyrometer_alloc_sampled(ptr, size, flags)
+}
+
+/// A block is going away: when it was sampled, the kernel hears of it first (once freed,
+/// its address can be another thread's next sampled block).
+#[inline(always)]
+pub(crate) fn forget(ptr: *mut c_void) {
+    if SAMPLED.remove(ptr as usize) {
+        pyrometer_free_sampled(ptr);
+    }
+}
+
+/// Sampled blocks not tracked for their free since the process started.
+pub fn untracked() -> u64 {
+    UNTRACKED.load(Ordering::Relaxed)
+}
+
+/// # Safety
+/// The C `malloc` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let Some(r) = real::get() else {
+        return real::arena_alloc(size, 16);
+    };
+    // SAFETY: forwarded as called.
+    let p = unsafe { (r.malloc)(size) };
+    account(p, size)
+}
+
+/// # Safety
+/// The C `calloc` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    let Some(r) = real::get() else {
+        // The arena is zeroed and never reused.
+        return n
+            .checked_mul(size)
+            .map_or(core::ptr::null_mut(), |b| real::arena_alloc(b, 16));
+    };
+    // SAFETY: forwarded as called.
+    let p = unsafe { (r.calloc)(n, size) };
+    account(p, n.wrapping_mul(size))
+}
+
+/// # Safety
+/// The C `free` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    if ptr.is_null() || real::in_arena(ptr) {
+        return;
+    }
+    forget(ptr);
+    if let Some(r) = real::get() {
+        // SAFETY: a block of the wrapped allocator.
+        unsafe { (r.free)(ptr) }
+    }
+}
+
+/// # Safety
+/// The C `realloc` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
+    let Some(r) = real::get() else {
+        return arena_realloc(ptr, size, |n| real::arena_alloc(n, 16));
+    };
+    if real::in_arena(ptr) {
+        // SAFETY: the wrapped malloc, as called.
+        return arena_realloc(ptr, size, |n| unsafe { (r.malloc)(n) });
+    }
+    // A resize ends the old block (its sampled entry goes) and makes a new one of `size`
+    // bytes, counted like any allocation: the sampled live entry moves to the new block
+    // when the countdown samples the new size, as tcmalloc's does.
+    if !ptr.is_null() {
+        forget(ptr);
+    }
+    // SAFETY: forwarded as called.
+    let p = unsafe { (r.realloc)(ptr, size) };
+    if size == 0 {
+        return p;
+    }
+    account(p, size)
+}
+
+/// A resize of a bootstrap block: a new block from `alloc` with the old contents.
+fn arena_realloc(
+    ptr: *mut c_void,
+    size: usize,
+    alloc: impl FnOnce(usize) -> *mut c_void,
+) -> *mut c_void {
+    let p = alloc(size);
+    if !p.is_null() && !ptr.is_null() {
+        let old = real::arena_size(ptr);
+        // SAFETY: both blocks hold at least min(old, size) bytes and do not overlap.
+        unsafe { core::ptr::copy_nonoverlapping(ptr.cast::<u8>(), p.cast(), old.min(size)) };
+    }
+    p
+}
+
+/// # Safety
+/// The C `reallocarray` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: realloc's contract, which reallocarray's implies.
+        Some(bytes) => unsafe { realloc(ptr, bytes) },
+        None => {
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = libc::ENOMEM };
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// The C `posix_memalign` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    let Some(r) = real::get() else {
+        if !align.is_power_of_two() || !align.is_multiple_of(size_of::<usize>()) {
+            return libc::EINVAL;
+        }
+        let p = real::arena_alloc(size, align);
+        if p.is_null() {
+            return libc::ENOMEM;
+        }
+        // SAFETY: the caller's out pointer.
+        unsafe { *out = p };
+        return 0;
+    };
+    // SAFETY: forwarded as called.
+    let rc = unsafe { (r.posix_memalign)(out, align, size) };
+    if rc == 0 {
+        // Not a tail call (the result is an int): the probe returns into this function, and
+        // the stack is walked through its unwind table.
+        // SAFETY: set by the successful call.
+        account(unsafe { *out }, size);
+    }
+    rc
+}
+
+/// # Safety
+/// The C `aligned_alloc` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    let Some(r) = real::get() else {
+        return real::arena_alloc(size, align.next_power_of_two());
+    };
+    // SAFETY: forwarded as called.
+    let p = unsafe { (r.aligned_alloc)(align, size) };
+    account(p, size)
+}
+
+/// # Safety
+/// The C `memalign` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let Some(r) = real::get() else {
+        return real::arena_alloc(size, align.next_power_of_two());
+    };
+    // SAFETY: forwarded as called.
+    let p = unsafe { (r.memalign)(align, size) };
+    account(p, size)
+}
+
+/// # Safety
+/// The C `valloc` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    let Some(r) = real::get() else {
+        return real::arena_alloc(size, 4096);
+    };
+    // SAFETY: forwarded as called.
+    let p = unsafe { (r.valloc)(size) };
+    account(p, size)
+}
+
+/// # Safety
+/// The C `pvalloc` contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let Some(r) = real::get() else {
+        return real::arena_alloc(size.next_multiple_of(4096), 4096);
+    };
+    // SAFETY: forwarded as called.
+    let p = unsafe { (r.pvalloc)(size) };
+    account(p, size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn means_parse_as_decimal_bytes() {
+        assert_eq!(parse_mean(b"524288"), Some(524_288));
+        assert_eq!(parse_mean(b"1"), Some(1));
+        assert_eq!(parse_mean(b""), None);
+        assert_eq!(parse_mean(b"12k"), None);
+        assert_eq!(parse_mean(b"99999999999999999999"), None);
+    }
+}

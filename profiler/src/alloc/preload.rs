@@ -1,0 +1,192 @@
+//! The preloaded sampler library (`libpyrometer_alloc.so`, the `alloc-preload` crate): where
+//! it is, which processes load it, the mean its countdown uses in each, and the two probes on
+//! it (`alloc_preload`, `alloc_preload_free` in `ebpf/src/bpf/alloc.h`). A probe is attached
+//! once per copy of the library, for every process: its functions run only in processes that
+//! load it and only for sampled allocations, so nobody else pays for it.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use object::{Object, ObjectSymbol};
+
+use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, Uprobes};
+use crate::elfsyms::{file_offset, loads};
+use crate::procs::{BinaryKey, MappingKind, Process};
+
+/// The library's file name.
+pub const LIBRARY: &str = "libpyrometer_alloc.so";
+/// The environment variable the library reads its mean from (bytes).
+pub const MEAN_ENV: &str = "PYROMETER_ALLOC_SAMPLE_BYTES";
+/// Overrides where `pyrometer` looks for the library.
+pub const LIBRARY_ENV: &str = "PYROMETER_ALLOC_LIB";
+/// The library's mean when the environment does not set one.
+pub const DEFAULT_MEAN: u64 = 512 * 1024;
+
+const SAMPLED_FN: &str = "pyrometer_alloc_sampled";
+const FREE_FN: &str = "pyrometer_free_sampled";
+
+/// The library shipped with this `pyrometer`: `$PYROMETER_ALLOC_LIB`, else next to the
+/// executable (a cargo build, a tarball), else `../lib/pyrometer/` from it (a package).
+pub fn find_library() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(LIBRARY_ENV) {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join(LIBRARY),
+        dir.join("../lib/pyrometer").join(LIBRARY),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// `LD_PRELOAD` for a command that gets the library: it first, then what the environment
+/// already preloads (an allocator preloaded after it is the one it forwards to).
+pub fn ld_preload(library: &Path, existing: Option<OsString>) -> OsString {
+    let mut value = library.as_os_str().to_os_string();
+    if let Some(old) = existing.filter(|o| !o.is_empty()) {
+        value.push(":");
+        value.push(old);
+    }
+    value
+}
+
+/// The file offsets of the library's two probe functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeOffsets {
+    pub sampled: u64,
+    pub free: u64,
+}
+
+/// Finds the probe functions in the library at `path`.
+pub fn probe_offsets(path: &Path) -> Result<ProbeOffsets, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let obj = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
+    let loads = loads(&obj);
+    let find = |name: &str| {
+        obj.dynamic_symbols()
+            .find(|s| s.name() == Ok(name) && s.is_definition())
+            .and_then(|s| file_offset(&loads, s.address()))
+            .ok_or_else(|| format!("{}: no {name} (not pyrometer's library?)", path.display()))
+    };
+    Ok(ProbeOffsets {
+        sampled: find(SAMPLED_FN)?,
+        free: find(FREE_FN)?,
+    })
+}
+
+/// The copy of the library `process` maps, if any (the path as this process reaches it).
+pub fn mapped_library(process: &Process) -> Option<(BinaryKey, PathBuf)> {
+    process
+        .mappings()
+        .iter()
+        .filter(|m| m.kind == MappingKind::File && m.basename() == LIBRARY)
+        .find_map(|m| m.binary())
+        .map(|b| (b.key().clone(), b.path().to_path_buf()))
+}
+
+/// The mean the library uses in process `pid`: its environment's, else the library's
+/// default; None when the environment cannot be read (the process is gone).
+pub fn mean_of(proc_root: &Path, pid: u32) -> Option<u64> {
+    std::fs::read(proc_root.join(pid.to_string()).join("environ"))
+        .ok()
+        .map(|env| mean_in_environ(&env).unwrap_or(DEFAULT_MEAN))
+}
+
+/// Whether `path` is an ELF executable without a program interpreter (statically linked):
+/// `LD_PRELOAD` does nothing to it.
+pub fn is_static_executable(path: &Path) -> bool {
+    let Ok(data) = std::fs::read(path) else {
+        return false;
+    };
+    object::File::parse(&*data).is_ok_and(|obj| {
+        use object::ObjectSection;
+        obj.kind() == object::ObjectKind::Executable
+            && obj.section_by_name(".interp").is_none_or(|s| s.size() == 0)
+    })
+}
+
+/// `PYROMETER_ALLOC_SAMPLE_BYTES` in a NUL-separated environment, as the library parses it.
+fn mean_in_environ(env: &[u8]) -> Option<u64> {
+    let prefix = format!("{MEAN_ENV}=");
+    env.split(|&b| b == 0)
+        .find_map(|var| var.strip_prefix(prefix.as_bytes()))
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The probes on each copy of the library attached so far.
+#[derive(Default)]
+pub struct PreloadProbes {
+    attached: HashSet<BinaryKey>,
+}
+
+impl PreloadProbes {
+    /// Attaches the two probes to the library at `path` (identified by `key`) unless they
+    /// are on it already.
+    pub fn attach(
+        &mut self,
+        key: BinaryKey,
+        path: &Path,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<(), String> {
+        if self.attached.contains(&key) {
+            return Ok(());
+        }
+        let offsets = probe_offsets(path)?;
+        probes
+            .attach_uprobe(ALLOC_PRELOAD, path, offsets.sampled)
+            .and_then(|()| probes.attach_uprobe(ALLOC_PRELOAD_FREE, path, offsets.free))
+            .map_err(|e| e.to_string())?;
+        self.attached.insert(key);
+        Ok(())
+    }
+
+    /// Attaches to the library file at `path` (a command about to start with it).
+    pub fn attach_file(
+        &mut self,
+        path: &Path,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<(), String> {
+        let key = BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.attach(key, path, probes)
+    }
+
+    /// Copies of the library probed.
+    pub fn len(&self) -> usize {
+        self.attached.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.attached.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mean_comes_from_the_environment() {
+        let env = b"PATH=/bin\0PYROMETER_ALLOC_SAMPLE_BYTES=4096\0HOME=/\0";
+        assert_eq!(mean_in_environ(env), Some(4096));
+        assert_eq!(mean_in_environ(b"PATH=/bin\0"), None);
+        assert_eq!(
+            mean_in_environ(b"PYROMETER_ALLOC_SAMPLE_BYTES=12k\0"),
+            None,
+            "the library ignores what it cannot parse, so does this"
+        );
+    }
+
+    #[test]
+    fn the_library_goes_first_in_ld_preload() {
+        let lib = Path::new("/opt/p/libpyrometer_alloc.so");
+        assert_eq!(ld_preload(lib, None), "/opt/p/libpyrometer_alloc.so");
+        assert_eq!(
+            ld_preload(lib, Some("libjemalloc.so.2".into())),
+            "/opt/p/libpyrometer_alloc.so:libjemalloc.so.2"
+        );
+    }
+}

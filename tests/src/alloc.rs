@@ -1,0 +1,58 @@
+//! Readers for the allocation tests: the fixtures' own accounts and `record --leaks`'s report.
+
+use std::collections::HashMap;
+
+use crate::{PprofSample, assert_ok, fixture, pyrometer, scratch};
+
+/// The fixture's own account: function -> (allocations, bytes).
+pub fn fixture_totals(stdout: &[u8]) -> HashMap<String, (f64, f64)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let name = f.next()?.to_string();
+            let count: f64 = f.next()?.parse().ok()?;
+            let bytes: f64 = f.next()?.parse().ok()?;
+            Some((name, (count, bytes)))
+        })
+        .collect()
+}
+
+/// Total of a sample type over the samples whose stack holds `function`.
+pub fn by_function(samples: &[PprofSample], index: usize, function: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.functions.iter().any(|f| f == function))
+        .map(|s| s.values[index] as f64)
+        .sum()
+}
+
+/// The lines of `record --leaks`'s report, the largest site first.
+pub fn leak_report(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("pyrometer: leaks:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect()
+}
+
+/// Runs `record ARGS -o DIR/alloc.pb.gz -- allocs FIXTURE_ARGS` (fixtures/allocs.c), which must
+/// succeed; returns its output and the profile's path.
+pub fn record_allocs(
+    name: &str,
+    args: &[&str],
+    fixture_args: &[&str],
+) -> (std::process::Output, std::path::PathBuf) {
+    let dir = scratch(name);
+    let out = dir.join("alloc.pb.gz");
+    let mut all = vec!["record", "-o", out.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.push("--");
+    let bin = fixture("allocs");
+    all.push(bin.to_str().unwrap());
+    all.extend_from_slice(fixture_args);
+    let result = pyrometer(&all);
+    assert_ok(&result);
+    (result, out)
+}

@@ -1,0 +1,330 @@
+//! The preloaded sampler library (libpyrometer_alloc.so, alloc-preload/) under
+//! `record --alloc -- CMD`: only sampled allocations and the frees of sampled blocks reach the
+//! kernel, and the estimates hold through realloc, a fork + exec'd child, threads that exit
+//! and a library loaded with dlopen. Ground truth is what the fixtures print they did.
+//! Needs root (BPF, uprobes).
+
+use pyrometer_e2e::alloc::{by_function, fixture_totals, leak_report, record_allocs};
+use pyrometer_e2e::*;
+
+/// Within ±15 % of the truth: the default rate's tolerance (a few hundred samples a function).
+fn assert_estimate(what: &str, got: f64, want: f64, stderr: &str) {
+    assert!(
+        (got - want).abs() <= 0.15 * want,
+        "{what}: estimated {got:.0} bytes, allocated {want:.0}\n{stderr}"
+    );
+    println!("{what}: estimated {got:.0} of {want:.0} bytes");
+}
+
+/// The recording went through the library, not the uprobe fallback.
+fn assert_preloaded(stderr: &str) {
+    assert!(
+        !stderr.contains("sampled with uprobes"),
+        "the library was not preloaded (is target/debug/libpyrometer_alloc.so built?)\n{stderr}"
+    );
+}
+
+/// The fixture frees ~50k blocks; the kernel hears of the sampled ones only: never more frees
+/// than sampled allocations, and a small fraction of the frees made.
+#[test]
+fn unsampled_frees_never_reach_the_kernel() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("alloc-preload-frees");
+    let stats = dir.join("stats.json");
+    let (result, _) = record_allocs(
+        "alloc-preload-frees",
+        &["--alloc", "--stats", stats.to_str().unwrap()],
+        &["totals", "0.5"],
+    );
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    // The fixture's allocator calls: an allocation and a free each.
+    let calls: f64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("calls "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no calls line\n{err}"));
+    let frees = calls / 2.0;
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let reported = json["alloc_preload_frees"].as_f64().unwrap();
+    let sampled = json["alloc_kernel_samples"].as_f64().unwrap();
+    println!("{frees} frees made, {reported} reported, {sampled} allocations sampled");
+    assert!(
+        reported > 0.0,
+        "the frees of sampled blocks are reported\n{err}"
+    );
+    assert!(
+        reported <= sampled,
+        "{reported} frees reached the kernel for {sampled} sampled blocks\n{err}"
+    );
+    assert!(
+        reported < 0.05 * frees,
+        "{reported} of {frees} frees reached the kernel\n{err}"
+    );
+}
+
+/// keep_1k() keeps 100 MiB of 1 KiB blocks, regrow() resizes each to 2 KiB: the sampled
+/// entries of the old blocks leave with them, and the resized blocks are in use, estimated
+/// within ±20 %, under regrow().
+#[test]
+fn realloc_moves_sampled_blocks() {
+    if !privileged() {
+        return;
+    }
+    let (result, out) = record_allocs(
+        "alloc-preload-regrow",
+        &["--leaks", "--min-age", "1s"],
+        &["regrow"],
+    );
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let inuse = pprof_type(&p, "inuse_space");
+    let regrown = by_function(&samples, inuse, "regrow");
+    let want = truth["regrow"].1;
+    assert!(
+        (regrown - want).abs() <= 0.2 * want,
+        "regrow: {regrown:.0} bytes in use, {want:.0} resized\n{err}"
+    );
+    // What keep_1k still holds is its array of pointers (800 KiB), not the resized blocks.
+    let left = by_function(&samples, inuse, "keep_1k");
+    assert!(
+        left < 0.05 * truth["keep_1k"].1,
+        "keep_1k: {left:.0} bytes still in use after every block was resized\n{err}"
+    );
+    assert!(
+        leak_report(&err)
+            .first()
+            .is_some_and(|l| l.contains("regrow")),
+        "{err}"
+    );
+}
+
+/// `sh -c 'allocs totals; true'` forks and execs the fixture: the child inherits the library
+/// and its allocations are estimated as well as the command's own.
+#[test]
+fn a_forked_and_execed_child_keeps_sampling() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("alloc-preload-child");
+    let out = dir.join("alloc.pb.gz");
+    let script = format!("{} totals; true", fixture("allocs").display());
+    let result = pyrometer(&[
+        "record",
+        "--alloc",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    assert_ok(&result);
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let space = pprof_type(&p, "alloc_space");
+    for f in ["make_200", "make_600"] {
+        assert_estimate(f, by_function(&samples, space, f), truth[f].1, &err);
+    }
+}
+
+/// Four threads, one after the other, each allocate 100 MB and exit: what they allocated is
+/// all there after they are gone.
+#[test]
+fn threads_that_exit_lose_nothing() {
+    if !privileged() {
+        return;
+    }
+    let (result, out) = record_allocs("alloc-preload-threads", &["--alloc"], &["threads"]);
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let space = pprof_type(&p, "alloc_space");
+    let want = truth["thread_work"].1;
+    assert_estimate(
+        "thread_work",
+        by_function(&samples, space, "thread_work"),
+        want,
+        &err,
+    );
+}
+
+/// dlopener loads libdlalloc.so after it started and calls it for a second: the library's
+/// allocations (through the same malloc) are sampled and named.
+#[test]
+fn a_dlopened_library_is_sampled() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("alloc-preload-dlopen");
+    let out = dir.join("alloc.pb.gz");
+    let lib = fixture("libdlalloc.so");
+    let bin = fixture("dlopener");
+    let result = pyrometer(&[
+        "record",
+        "--alloc",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        lib.to_str().unwrap(),
+        "0.2",
+        "1",
+    ]);
+    assert_ok(&result);
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let space = pprof_type(&p, "alloc_space");
+    assert_estimate(
+        "dl_churn",
+        by_function(&samples, space, "dl_churn"),
+        truth["dl_churn"].1,
+        &err,
+    );
+}
+
+/// `record --alloc --pid` decides per process: one started with `LD_PRELOAD` of the library
+/// samples in process (its sampled frees come through the library); one without it gets
+/// uprobes on its allocator and a line saying what that costs and how to start it with the
+/// library. Both estimate make_600 within ±15 %.
+#[test]
+fn pid_targets_use_the_library_when_they_load_it() {
+    if !privileged() {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let library = pyrometer_bin().with_file_name("libpyrometer_alloc.so");
+    for preloaded in [true, false] {
+        let dir = scratch(&format!("alloc-preload-pid-{preloaded}"));
+        let (out, stats) = (dir.join("alloc.pb.gz"), dir.join("stats.json"));
+        let mut workload = Command::new(fixture("allocs"));
+        workload
+            .args(["pause", "totals", "0.3"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if preloaded {
+            workload.env("LD_PRELOAD", &library);
+        }
+        let mut workload = workload.spawn().unwrap();
+        // Waiting on stdin in main: its libraries are mapped.
+        let maps = format!("/proc/{}/maps", workload.id());
+        while !std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut record = Command::new(pyrometer_bin())
+            .args(["record", "--alloc", "-o", out.to_str().unwrap(), "--stats"])
+            .arg(&stats)
+            .args(["--pid", &workload.id().to_string()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(record.stderr.take().unwrap());
+        let mut text = String::new();
+        while !text.contains("pyrometer: sampling") {
+            assert!(err.read_line(&mut text).unwrap() > 0, "{text}");
+        }
+        workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let stdout = workload.wait_with_output().unwrap().stdout;
+        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+        assert!(record.wait().unwrap().success(), "{text}");
+        let note = text.contains("does not load libpyrometer_alloc.so")
+            && text.contains("start it with LD_PRELOAD=/");
+        assert_eq!(note, !preloaded, "preloaded {preloaded}:\n{text}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let through_library = json["alloc_preload_frees"].as_u64().unwrap() > 0;
+        assert_eq!(through_library, preloaded, "{json}\n{text}");
+        let truth = fixture_totals(&stdout);
+        let p = read_pprof(&out);
+        let space = pprof_type(&p, "alloc_space");
+        let got = by_function(&pprof_samples(&p), space, "make_600");
+        assert_estimate("make_600", got, truth["make_600"].1, &text);
+    }
+}
+
+/// A Python process keeps 400k one-item lists: pymalloc serves every block from its own
+/// arenas, never through malloc, and the library's wrapper of the interpreter's allocators
+/// samples them: the leak report names grow_small() and its line, and the in-use estimate is
+/// at least 80 % of the lists' sizes (their ints and GC headers come on top).
+#[test]
+fn pymalloc_blocks_are_sampled() {
+    if !privileged() {
+        return;
+    }
+    use pyrometer_e2e::python::{Interpreter, line_of, source};
+    let python = Interpreter::pyenv(11);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("alloc-preload-pymalloc");
+    let out = dir.join("leak.pb.gz");
+    let script = source("py_small_leak.py");
+    let mut child = std::process::Command::new(pyrometer_bin())
+        .args([
+            "record",
+            "--leaks",
+            "--min-age",
+            "300ms",
+            "--duration",
+            "12s",
+        ])
+        .args(["-o", out.to_str().unwrap(), "--"])
+        .arg(&python.path)
+        .arg(&script)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut kept = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut kept,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    // The script sleeps on (record leaves a command running at --duration) holding the
+    // stderr pipe: it goes before the pipe is read to its end.
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", script.to_str().unwrap()])
+        .status();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert_preloaded(&err);
+    let kept: f64 = kept
+        .strip_prefix("kept ")
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no kept line: {kept:?}\n{err}"));
+    let line = line_of(&script, "# SMALL_LINE");
+    let top = leak_report(&err)
+        .first()
+        .copied()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        top.contains(&format!("grow_small ({}:{line})", script.display())),
+        "the top leak is grow_small() on line {line}: {top}\n{err}"
+    );
+    let p = read_pprof(&out);
+    let inuse = pprof_type(&p, "inuse_space");
+    let in_grow = by_function(&pprof_samples(&p), inuse, "grow_small");
+    assert!(
+        in_grow >= 0.8 * kept && in_grow <= 3.0 * kept,
+        "{in_grow:.0} bytes in use under grow_small(), the lists alone are {kept:.0}\n{err}"
+    );
+}
