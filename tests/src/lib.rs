@@ -5,6 +5,7 @@
 pub mod clickhouse_server;
 pub mod cluster;
 pub mod kernels;
+pub mod otel;
 pub mod python;
 pub mod ray_cluster;
 

@@ -17,6 +17,7 @@ mod book;
 mod bpfcost;
 mod kernels;
 mod man;
+mod otel;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -291,6 +292,7 @@ pub const RAY_PACKAGES: &[&str] = &["ray==2.60.0"];
 fn test(extra: &[String]) -> Result<()> {
     deps()?;
     python_venv(&workspace_root(), "ray-venv", RAY_PACKAGES);
+    otel::venv(&workspace_root());
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args([
         "clippy",

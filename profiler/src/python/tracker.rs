@@ -21,6 +21,7 @@ use super::PythonError;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{self, ABSENT, PyOffsets};
+use super::spans::{self, SpanTable};
 use super::version::{self, BinaryCache, PythonRuntime};
 use super::walk::{CodeObject, Walker};
 use crate::bpf::Uprobes;
@@ -65,7 +66,15 @@ struct Tracked {
     names_read: Option<Instant>,
     /// Threads asked for without a name, and when they were first asked for.
     unnamed: HashMap<u32, Instant>,
+    /// The span table the kernel reads (pyrometer-otel), once found.
+    spans: Option<SpanTable>,
+    /// When the process's maps were last searched for one.
+    spans_checked: Instant,
 }
+
+/// A registered process without a span table is looked at again this often: the package
+/// creates it when the application sets up tracing, which may be long after start-up.
+const SPANS_RECHECK: Duration = Duration::from_millis(250);
 
 /// A thread seen in its first `NAME_REFRESH` without a name makes its process's names be
 /// read again, at most this often; threads that stay without a name (not started by
@@ -88,6 +97,8 @@ pub struct TrackerStats {
     pub bad_codes: u64,
     /// Registrations the kernel map refused (full).
     pub map_full: u64,
+    /// Span tables (pyrometer-otel) found, at registration or later.
+    pub span_tables: u64,
 }
 
 /// An interpreter binary to probe.
@@ -308,12 +319,16 @@ impl PyTracker {
             self.stats.map_full += 1;
             return;
         }
+        let span_table = spans::find(&self.proc_root, pid, &ProcessMemory::new(pid));
         let entry = PyProcess {
             runtime: runtime.runtime,
             gil: gil_address(pid, &runtime, offsets),
             frame_read: offsets.frame_read_len(),
             reserved: 0,
             offsets: offsets.to_words(),
+            span_slots: span_table.map_or(0, |t| t.slots),
+            span_mask: span_table.map_or(0, |t| t.mask),
+            span_reserved: 0,
         };
         if let Some(map) = self.map.as_mut()
             && map.insert(pid, entry, 0).is_err()
@@ -322,6 +337,7 @@ impl PyTracker {
             return;
         }
         self.stats.processes += 1;
+        self.stats.span_tables += u64::from(span_table.is_some());
         if let Some(probes) = probes {
             self.attach_gil(process, &runtime, probes);
         }
@@ -336,8 +352,35 @@ impl PyTracker {
                 names: HashMap::new(),
                 names_read: None,
                 unnamed: HashMap::new(),
+                spans: span_table,
+                spans_checked: Instant::now(),
             },
         );
+    }
+
+    /// Looks for the span table of a registered process that has none yet (at most every
+    /// `SPANS_RECHECK`), and tells the kernel where it is once found. Called as its samples
+    /// arrive.
+    pub fn refresh_spans(&mut self, pid: u32) {
+        let Some(t) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if t.spans.is_some() || t.spans_checked.elapsed() < SPANS_RECHECK {
+            return;
+        }
+        t.spans_checked = Instant::now();
+        let Some(table) = spans::find(&self.proc_root, pid, &ProcessMemory::new(pid)) else {
+            return;
+        };
+        t.spans = Some(table);
+        self.stats.span_tables += 1;
+        if let Some(map) = self.map.as_mut()
+            && let Ok(mut entry) = map.get(&pid, 0)
+        {
+            entry.span_slots = table.slots;
+            entry.span_mask = table.mask;
+            let _ = map.insert(pid, entry, 0);
+        }
     }
 
     /// Forgets a process (exited, or no longer Python).
