@@ -13,4 +13,5 @@ pub mod server;
 pub mod sqlite;
 pub mod store;
 pub mod tls;
+pub mod trace_link;
 pub mod ui;

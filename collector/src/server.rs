@@ -48,6 +48,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/labels", get(label_names))
         .route("/api/v1/label/{name}/values", get(label_values))
         .route("/api/v1/types", get(types))
+        .route("/trace/{id}", get(crate::trace_link::trace))
         .route_service(PUSH_PATH, IngestService(state.clone()))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state)

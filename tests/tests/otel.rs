@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get};
 use pyrometer_e2e::*;
 
 /// Records the fixture into `out` (pprof); the span ids it printed, by span name.
@@ -19,6 +20,8 @@ fn record_spans(out: &Path, python: &Path) -> HashMap<String, (String, String)> 
         "499",
         "-o",
         out.to_str().unwrap(),
+        "--split-by",
+        "span",
         "--",
         python.to_str().unwrap(),
         script.to_str().unwrap(),
@@ -94,6 +97,27 @@ fn span_labels_split_two_threads_two_to_one() {
         share * 100.0
     );
 
+    // `--split-by span`: one file per span, holding that span's samples only.
+    for (name, total) in [("heavy", heavy), ("light", light)] {
+        let id = &ids[name].1;
+        let part = dir.join(format!("spans.span-{id}.pb.gz"));
+        let part_samples = pprof_samples(&read_pprof(&part));
+        assert!(
+            part_samples
+                .iter()
+                .all(|s| s.labels.get("span_id") == Some(id)),
+            "{} holds another span's samples",
+            part.display()
+        );
+        let sum: i64 = part_samples.iter().map(|s| s.values[count]).sum();
+        assert_eq!(
+            sum,
+            total,
+            "{} holds all of span {name}'s samples",
+            part.display()
+        );
+    }
+
     // Each function's samples carry the span it ran in (the innermost one, the parent's again
     // once a child ended), and the span's name and trace.
     for (function, span) in [
@@ -142,4 +166,122 @@ fn span_labels_split_two_threads_two_to_one() {
             );
         }
     }
+}
+
+/// Inclusive sample counts of Python functions in a folded profile (`name (file:line)`
+/// frames), by function name.
+fn folded_counts(folded: &str, names: &[&str]) -> Vec<u64> {
+    let mut counts = vec![0u64; names.len()];
+    for line in folded.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let n: u64 = n.parse().unwrap_or(0);
+        for (i, name) in names.iter().enumerate() {
+            if stack
+                .split(';')
+                .any(|f| f.split(" (").next() == Some(*name))
+            {
+                counts[i] += n;
+            }
+        }
+    }
+    counts
+}
+
+/// The agent pushes the span labels, and the collector answers `{trace_id="…"}` with that
+/// trace's samples only: heavy()'s trace holds heavy() and not light(), and the two traces'
+/// totals split 2:1.
+#[test]
+fn collector_answers_a_query_by_trace() {
+    if !privileged() {
+        return;
+    }
+    let Some(python) = otel::python() else {
+        return;
+    };
+    let dir = scratch("otel-agent");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    // The workload waits on a FIFO until the agent is attached; exec keeps the pid it follows.
+    // The agent builds the new image's unwind tables at the exec, which on a busy machine
+    // delays its finding the span table: the spans start 3 s after it exists.
+    let fifo = dir.join("go");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let script = pyrometer_e2e::python::source("otel_spans.py");
+    let load = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "read x < '{}'; OTEL_SPANS_SETTLE=3 exec '{}' '{}' 30",
+            fifo.display(),
+            python.display(),
+            script.display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the workload shell");
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut agent = Agent::start(
+        &dir,
+        "otel-node",
+        &collector.url(),
+        &[
+            "--pid",
+            &load.id().to_string(),
+            "-F",
+            "199",
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+    );
+    // /metrics answers once the agent has loaded its programs and targeted the pid.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while http_get(metrics, "/metrics").is_none() {
+        assert!(agent.child.try_wait().unwrap().is_none(), "agent exited");
+        assert!(std::time::Instant::now() < deadline, "agent never started");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::fs::write(&fifo, "go\n").unwrap();
+    let out = load.wait_with_output().unwrap();
+    assert!(out.status.success(), "workload failed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap();
+    let ids: serde_json::Value = serde_json::from_str(line).unwrap();
+    // The last interval reaches the collector with the next push.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    agent.stop();
+
+    let fetch = |span: &str| {
+        let trace = ids[span]["trace_id"].as_str().unwrap();
+        let q = enc(&format!("{{trace_id=\"{trace}\"}}"));
+        collector.get(&format!(
+            "/api/v1/profile?format=folded&query={q}&from=now-10m"
+        ))
+    };
+    let heavy = folded_counts(&fetch("heavy"), &["heavy", "light"]);
+    let light = folded_counts(&fetch("light"), &["heavy", "light"]);
+    assert_eq!(heavy[1], 0, "heavy's trace holds light() samples");
+    assert_eq!(light[0], 0, "light's trace holds heavy() samples");
+    assert!(
+        heavy[0] + light[1] > 50,
+        "too few samples: {heavy:?} {light:?}"
+    );
+    let share = heavy[0] as f64 / (heavy[0] + light[1]) as f64;
+    assert!(
+        (share - 2.0 / 3.0).abs() <= 0.08,
+        "heavy's trace has {:.1} % (want 66.7 % ± 8 pp): {heavy:?} {light:?}",
+        share * 100.0
+    );
+    // A span id selects as well: the nested "inner" span holds inner_work() only.
+    let inner = ids["inner"]["span_id"].as_str().unwrap();
+    let q = enc(&format!("{{span_id=\"{inner}\"}}"));
+    let folded = collector.get(&format!(
+        "/api/v1/profile?format=folded&query={q}&from=now-10m"
+    ));
+    let c = folded_counts(&folded, &["inner_work", "outer_before", "outer_after"]);
+    assert!(
+        c[0] > 0 && c[1] == 0 && c[2] == 0,
+        "span inner: {c:?}\n{folded}"
+    );
 }

@@ -18,6 +18,7 @@ mod bpfcost;
 mod kernels;
 mod man;
 mod otel;
+mod otelbench;
 mod pybench;
 
 use std::path::{Path, PathBuf};

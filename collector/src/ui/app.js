@@ -161,6 +161,36 @@ function markPickers() {
   }
 }
 
+// --- traces ----------------------------------------------------------------------------------
+
+// A W3C trace id (32 hex digits) in `text`, which may be a trace viewer's link.
+const TRACE_ID = /(?:^|[^0-9a-fA-F])([0-9a-fA-F]{32})(?![0-9a-fA-F])/;
+
+function traceIn(text) {
+  const m = TRACE_ID.exec(text.trim());
+  return m ? m[1].toLowerCase() : null;
+}
+
+function openTrace() {
+  const text = $("trace-open").value;
+  const id = traceIn(text);
+  if (!id) {
+    $("error").textContent = `no trace id (32 hex digits) in "${text.trim()}"`;
+    return;
+  }
+  $("trace-open").value = "";
+  pick("trace_id", id);
+}
+
+// The flame graph of one trace names it, with its permanent link (/trace/ID).
+function showTrace() {
+  const id = equalsValue("trace_id");
+  $("trace-info").hidden = id === null;
+  if (id === null) return;
+  $("trace-id").textContent = id;
+  $("trace-link").href = "/trace/" + encodeURIComponent(id);
+}
+
 function pick(label, value) {
   state.query = withMatcher(state.query, label, value);
   $("query").value = state.query;
@@ -290,6 +320,7 @@ async function refresh() {
   $("error").textContent = "";
   $("dl-pprof").href = "/api/v1/profile?" + selection({ format: "pprof" });
   $("dl-folded").href = "/api/v1/profile?" + selection({ format: "folded" });
+  showTrace();
   const results = await Promise.allSettled([loadChart(seq), loadProfile(seq)]);
   const failed = results.find((r) => r.status === "rejected");
   if (failed && seq === loadSeq) $("error").textContent = failed.reason.message;
@@ -428,6 +459,7 @@ function wire() {
   const show = () => { state.query = $("query").value.trim() || "{}"; markPickers(); refresh(); };
   $("show").onclick = show;
   $("query").addEventListener("keydown", (e) => { if (e.key === "Enter") show(); });
+  $("trace-open").addEventListener("keydown", (e) => { if (e.key === "Enter") openTrace(); });
   $("range").onchange = () => {
     if ($("range").value === "custom") return;
     state.from = $("range").value;
