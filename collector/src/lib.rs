@@ -6,6 +6,7 @@ pub mod clickhouse;
 pub mod diff_api;
 pub mod ingest;
 pub mod metrics;
+pub mod otlp_ingest;
 pub mod query;
 pub mod render;
 pub mod series_api;

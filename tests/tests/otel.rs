@@ -191,9 +191,11 @@ fn folded_counts(folded: &str, names: &[&str]) -> Vec<u64> {
 
 /// The agent pushes the span labels, and the collector answers `{trace_id="…"}` with that
 /// trace's samples only: heavy()'s trace holds heavy() and not light(), and the two traces'
-/// totals split 2:1.
+/// totals split 2:1. The same agent exports OTLP profiles to a receiver that decodes them with
+/// the `opentelemetry-proto` package from the Python registry: the stacks, the same split by
+/// the samples' span links, the span attributes and the resource attributes.
 #[test]
-fn collector_answers_a_query_by_trace() {
+fn agent_pushes_spans_to_the_collector_and_as_otlp() {
     if !privileged() {
         return;
     }
@@ -221,20 +223,23 @@ fn collector_answers_a_query_by_trace() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start the workload shell");
+    let load_pid = load.id();
     let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut agent = Agent::start(
-        &dir,
-        "otel-node",
-        &collector.url(),
-        &[
-            "--pid",
-            &load.id().to_string(),
-            "-F",
-            "199",
-            "--metrics-listen",
-            &metrics.to_string(),
-        ],
-    );
+    let exported = dir.join("otlp.jsonl");
+    let receiver = otlp_receiver(&python, &exported);
+    let mut args = vec![
+        "--pid".to_string(),
+        load.id().to_string(),
+        "-F".into(),
+        "199".into(),
+        "--metrics-listen".into(),
+        metrics.to_string(),
+    ];
+    if let Some(r) = &receiver {
+        args.extend(["--otlp-endpoint".into(), format!("http://{}", r.addr)]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = Agent::start(&dir, "otel-node", &collector.url(), &args);
     // /metrics answers once the agent has loaded its programs and targeted the pid.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while http_get(metrics, "/metrics").is_none() {
@@ -250,7 +255,10 @@ fn collector_answers_a_query_by_trace() {
     let ids: serde_json::Value = serde_json::from_str(line).unwrap();
     // The last interval reaches the collector with the next push.
     std::thread::sleep(std::time::Duration::from_secs(3));
-    agent.stop();
+    let stats = agent.stop();
+    if receiver.is_some() {
+        check_otlp(&exported, &ids, load_pid, &stats);
+    }
 
     let fetch = |span: &str| {
         let trace = ids[span]["trace_id"].as_str().unwrap();
@@ -283,5 +291,166 @@ fn collector_answers_a_query_by_trace() {
     assert!(
         c[0] > 0 && c[1] == 0 && c[2] == 0,
         "span inner: {c:?}\n{folded}"
+    );
+}
+
+/// The Python OTLP receiver (fixtures/otlp_receiver.py), killed on drop.
+struct Receiver {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the receiver writing to `out`, or None (after saying why) without grpcio.
+fn otlp_receiver(python: &Path, out: &Path) -> Option<Receiver> {
+    let has_grpc = std::process::Command::new(python)
+        .args(["-c", "import grpc"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_grpc {
+        println!("skipping the OTLP part: no grpcio in the OpenTelemetry venv");
+        return None;
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut child = std::process::Command::new(python)
+        .arg(pyrometer_e2e::python::source("otlp_receiver.py"))
+        .arg(addr.port().to_string())
+        .arg(out)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the OTLP receiver");
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "listening", "the receiver did not start");
+    Some(Receiver { child, addr })
+}
+
+/// What the receiver decoded: samples of the workload with its stacks, the 2:1 split by span
+/// link, span attributes on linked samples, none on samples outside any span, and the
+/// resource attributes of the process.
+fn check_otlp(exported: &Path, ids: &serde_json::Value, pid: u32, stats: &serde_json::Value) {
+    let text = std::fs::read_to_string(exported)
+        .unwrap_or_else(|e| panic!("no OTLP export received ({e}); agent stats {stats}"));
+    let samples: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|s: &serde_json::Value| s["type"] == "samples/count")
+        .collect();
+    assert!(stats["otlp_exported"].as_u64().unwrap() > 0, "{stats}");
+    let has = |s: &serde_json::Value, f: &str| {
+        s["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().split(" (").next() == Some(f))
+    };
+    let trace = |span: &str| ids[span]["trace_id"].as_str().unwrap().to_string();
+    let by_trace = |t: &str| -> i64 {
+        samples
+            .iter()
+            .filter(|s| s["trace_id"] == t)
+            .map(|s| s["value"].as_i64().unwrap())
+            .sum()
+    };
+    let (heavy, light) = (by_trace(&trace("heavy")), by_trace(&trace("light")));
+    assert!(
+        heavy + light > 50,
+        "too few linked samples: {heavy} + {light}"
+    );
+    let share = heavy as f64 / (heavy + light) as f64;
+    assert!(
+        (share - 2.0 / 3.0).abs() <= 0.08,
+        "OTLP: heavy's trace has {:.1} % (want 66.7 % ± 8 pp): {heavy} vs {light}",
+        share * 100.0
+    );
+    for s in samples.iter().filter(|s| s["trace_id"] == trace("heavy")) {
+        assert!(
+            has(s, "heavy"),
+            "heavy's trace links a stack without heavy(): {s}"
+        );
+        assert_eq!(s["span_id"], ids["heavy"]["span_id"], "{s}");
+        assert_eq!(s["attributes"]["span_name"], "heavy", "{s}");
+        assert_eq!(s["attributes"]["thread.name"], "heavy-thread", "{s}");
+    }
+    let outside: Vec<_> = samples.iter().filter(|s| has(s, "outside")).collect();
+    assert!(!outside.is_empty(), "no outside() samples exported");
+    for s in outside {
+        assert_eq!(s["trace_id"], "", "outside() sample has a link: {s}");
+        assert!(s["attributes"].get("span_name").is_none(), "{s}");
+    }
+    let pid = pid.to_string();
+    let ours: Vec<_> = samples
+        .iter()
+        .filter(|s| s["resource"]["process.pid"].as_str() == Some(pid.as_str()))
+        .collect();
+    assert!(!ours.is_empty(), "no resource has process.pid {pid}");
+    for s in ours {
+        assert_eq!(s["resource"]["host.name"], "otel-node", "{s}");
+        assert!(s["resource"]["process.executable.name"].is_string(), "{s}");
+        assert_eq!(s["scope"], "pyrometer");
+    }
+}
+
+/// The collector accepts OTLP profiles pushes sent with the `opentelemetry-proto` package and
+/// grpcio: the samples answer queries by node, process and trace like the agent's own, a
+/// retried export counts once, and a request that points past its tables is refused with a
+/// reason. No privileges needed.
+#[test]
+fn collector_accepts_otlp_pushes() {
+    let Some(python) = otel::python() else {
+        return;
+    };
+    let dir = scratch("otel-otlp-in");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let (trace, span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let addr = collector.url().trim_start_matches("http://").to_string();
+    let out = std::process::Command::new(&python)
+        .arg(pyrometer_e2e::python::source("otlp_send.py"))
+        .args([&addr, trace, span])
+        .output()
+        .expect("run otlp_send.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success()
+        && String::from_utf8_lossy(&out.stderr).contains("No module named 'grpc'")
+    {
+        println!("skipping: no grpcio in the OpenTelemetry venv");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.matches("export ok").count(), 2, "{stdout}");
+    assert!(
+        stdout.contains("bad export INVALID_ARGUMENT") && stdout.contains("stack index 99"),
+        "{stdout}"
+    );
+    let folded = |query: &str| {
+        let q = enc(query);
+        collector.get(&format!(
+            "/api/v1/profile?format=folded&query={q}&from=now-10m"
+        ))
+    };
+    let all = folded("{node=\"py-node\", pid=\"7\", comm=\"svc\", thread=\"worker\"}");
+    assert_eq!(
+        folded_counts(&all, &["heavy", "light"]),
+        [200, 100],
+        "{all}"
+    );
+    let traced = folded(&format!("{{trace_id=\"{trace}\", span_id=\"{span}\"}}"));
+    assert_eq!(
+        folded_counts(&traced, &["heavy", "light"]),
+        [200, 0],
+        "{traced}"
     );
 }

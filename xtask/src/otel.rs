@@ -1,5 +1,5 @@
 //! The OpenTelemetry side of the tests and benchmark: a venv under `target/` with the
-//! OpenTelemetry SDK and `opentelemetry-proto` from the Python registry and this repository's
+//! OpenTelemetry SDK, `opentelemetry-proto` and grpcio from the Python registry and this repository's
 //! `python/pyrometer-otel` (installed editable, so a change to it needs no reinstall).
 
 use std::path::{Path, PathBuf};
@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 pub const PACKAGES: &[&str] = &[
     "opentelemetry-sdk==1.45.2",
     "opentelemetry-proto==1.45.2",
+    // The OTLP test's receiver serves gRPC.
+    "grpcio==1.76.0",
     "-e",
     "python/pyrometer-otel",
 ];

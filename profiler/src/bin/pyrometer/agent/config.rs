@@ -26,6 +26,10 @@ pub struct AgentArgs {
     /// Collector to push to, e.g. http://collector:4040.
     #[arg(long, value_name = "URL")]
     pub(super) collector: Option<String>,
+    /// Also export each interval's profile to this OTLP gRPC endpoint in the OpenTelemetry
+    /// profiles data model (e.g. http://otel-collector:4317); best effort, never spooled.
+    #[arg(long, value_name = "URL")]
+    pub(super) otlp_endpoint: Option<String>,
     /// The `node` label of everything this agent pushes (default: the hostname).
     #[arg(long)]
     pub(super) node_name: Option<String>,
@@ -104,6 +108,7 @@ struct FileConfig {
     pid: Option<Vec<u32>>,
     comm: Option<String>,
     collector: Option<String>,
+    otlp_endpoint: Option<String>,
     node_name: Option<String>,
     push_interval: Option<String>,
     frequency: Option<u64>,
@@ -128,6 +133,7 @@ pub(super) struct Config {
     pub(super) pids: Vec<u32>,
     pub(super) comm: Option<Regex>,
     pub(super) collector: String,
+    pub(super) otlp_endpoint: Option<String>,
     pub(super) node: String,
     pub(super) interval: Duration,
     pub(super) frequency: u64,
@@ -257,6 +263,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         pids,
         comm,
         collector,
+        otlp_endpoint: args.otlp_endpoint.clone().or(file.otlp_endpoint),
         node,
         interval,
         frequency,

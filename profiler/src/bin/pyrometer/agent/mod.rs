@@ -28,6 +28,7 @@ use pyrometer_proto::ingest::PushRequest;
 use crate::{EXIT_PRIVILEGES, exit_error};
 
 mod config;
+mod otlp;
 
 pub use config::AgentArgs;
 use config::{input, resolve};
@@ -67,6 +68,16 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         Duration::from_secs(5),
     )
     .map_err(|e| input(e.to_string()))?;
+    let otlp_client = match &cfg.otlp_endpoint {
+        Some(url) => {
+            let ca = cfg.ca.as_deref().filter(|_| url.starts_with("https://"));
+            Some(
+                otlp::Exporter::client(url, ca)
+                    .map_err(|e| input(format!("--otlp-endpoint: {e}")))?,
+            )
+        }
+        None => None,
+    };
     let spool = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes, &cfg.node)
         .map_err(|e| input(e.to_string()))?;
     privileges::check(privileges::SAMPLING, privileges::effective())
@@ -220,6 +231,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             .name("pusher".into())
             .spawn(move || pusher(shared, client))?
     };
+    // Threads start only after the capabilities were dropped (they are per thread).
+    let mut exporter = match (otlp_client, &cfg.otlp_endpoint) {
+        (Some(client), Some(url)) => Some(otlp::Exporter::start(client, url)?),
+        _ => None,
+    };
     eprintln!(
         "pyrometer agent: node {} (agent id {agent_id}), {} Hz, pushing every {:.1}s to {}",
         cfg.node,
@@ -325,7 +341,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 if let Some(usage) = &gpu_usage {
                     gpu::label_profile(&mut profile, &gpu::gpus_by_pid(usage));
                 }
-                if let Err(e) = spool_batch(&shared, &cfg.node, profile, wall, duration) {
+                let batch = Batch {
+                    node: &cfg.node,
+                    wall,
+                    duration,
+                    otlp: exporter.as_ref(),
+                };
+                if let Err(e) = spool_batch(&shared, batch, profile) {
                     eprintln!("pyrometer agent: cannot spool a batch: {e:#}");
                 }
             }
@@ -344,10 +366,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     shared.stop.store(true, Relaxed);
     shared.wake.notify_all();
     let _ = pusher.join();
+    if let Some(x) = exporter.as_mut() {
+        x.finish();
+    }
 
     let spool = shared.spool.lock().expect("not poisoned");
     let m = &metrics;
-    let summary = serde_json::json!({
+    let mut summary = serde_json::json!({
         "agent_id": agent_id,
         "node": cfg.node,
         "samples": m.samples.load(Relaxed),
@@ -360,6 +385,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         "spool_batches": spool.len(),
         "spool_samples": spool.samples(),
     });
+    if let Some(x) = &exporter {
+        let c = &x.counts;
+        summary["otlp_exported"] = c.exported.load(Relaxed).into();
+        summary["otlp_failed"] = c.failed.load(Relaxed).into();
+        summary["otlp_dropped"] = c.dropped.load(Relaxed).into();
+    }
     eprintln!(
         "pyrometer agent: {} samples, {} pushed, {} dropped, {} left in the spool",
         m.samples.load(Relaxed),
@@ -449,13 +480,25 @@ fn scan(
     }
 }
 
-fn spool_batch(
-    shared: &Shared,
-    node: &str,
-    mut profile: pyrometer::model::Profile,
+/// Where and when one interval's profile was taken, and where else it goes.
+struct Batch<'a> {
+    node: &'a str,
     wall: SystemTime,
     duration: Duration,
+    otlp: Option<&'a otlp::Exporter>,
+}
+
+fn spool_batch(
+    shared: &Shared,
+    batch: Batch<'_>,
+    mut profile: pyrometer::model::Profile,
 ) -> anyhow::Result<()> {
+    let Batch {
+        node,
+        wall,
+        duration,
+        otlp,
+    } = batch;
     // Thread ids would multiply the collector's label sets without helping a cluster view;
     // the thread name stays.
     for s in &mut profile.samples {
@@ -469,6 +512,9 @@ fn spool_batch(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
     profile.duration_nanos = duration.as_nanos() as i64;
+    if let Some(exporter) = otlp {
+        exporter.export(&profile, node);
+    }
     let samples: u64 = profile
         .samples
         .iter()
