@@ -454,3 +454,128 @@ fn collector_accepts_otlp_pushes() {
         "{traced}"
     );
 }
+
+/// A real local Ray cluster with Ray's tracing start-up hook set to pyrometer-otel's: two task
+/// types, each under its own trace, on reused workers (fixtures/ray_traced.py). Every sample
+/// in a task's work function carries that task's trace (the span of its invocation, on a
+/// worker that ran the other type before), and the two traces split the CPU 2:1.
+#[test]
+fn ray_tasks_carry_their_invocations_trace() {
+    use pyrometer_e2e::ray_cluster::{self, Cluster};
+    if !privileged() {
+        return;
+    }
+    let Some(venv) = ray_cluster::venv() else {
+        return;
+    };
+    let ready = std::process::Command::new(venv.join("bin/python"))
+        .args(["-c", "import pyrometer_otel.ray_hook"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        println!(
+            "skipping: no pyrometer-otel in {} (cargo xtask test installs it)",
+            venv.display()
+        );
+        return;
+    }
+    let dir = scratch("otel-ray");
+    let out = dir.join("ray.pb.gz");
+    let cluster = Cluster::start_with(
+        &venv,
+        &["--tracing-startup-hook=pyrometer_otel.ray_hook:setup_tracing"],
+    );
+    let mut record = std::process::Command::new(pyrometer_bin())
+        .args(["record", "--comm", "ray::.*", "-F", "99", "-o"])
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("pyrometer record");
+    let lines = {
+        use std::io::BufRead;
+        let err = record.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        rx
+    };
+    let mut log = Vec::new();
+    loop {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("pyrometer says it is sampling");
+        log.push(line.clone());
+        if line.contains("sampling") {
+            break;
+        }
+    }
+    let mut driver = std::process::Command::new(venv.join("bin/python"));
+    driver
+        .arg(pyrometer_e2e::python::source("ray_traced.py"))
+        .arg("8");
+    cluster.driver(&mut driver);
+    let workload = driver.output().expect("the Ray driver");
+    // SAFETY: kill(2) of our own child: SIGINT ends the recording and writes the profile.
+    unsafe { libc::kill(record.id() as i32, libc::SIGINT) };
+    let status = record.wait().unwrap();
+    log.extend(lines.try_iter());
+    drop(cluster);
+    let text = String::from_utf8_lossy(&workload.stdout).into_owned();
+    assert!(
+        workload.status.success(),
+        "driver failed:\n{text}\n{}",
+        String::from_utf8_lossy(&workload.stderr)
+    );
+    assert!(status.success(), "record: {}", log.join("\n"));
+    let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap();
+    let ids: serde_json::Value = serde_json::from_str(line).unwrap();
+    let pids = |k: &str| -> Vec<u64> {
+        ids[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_u64().unwrap())
+            .collect()
+    };
+    let (alpha_pids, beta_pids) = (pids("alpha_pids"), pids("beta_pids"));
+    assert!(
+        alpha_pids.iter().any(|p| beta_pids.contains(p)),
+        "no worker ran both task types: {ids}"
+    );
+
+    let profile = read_pprof(&out);
+    let count = pprof_type(&profile, "samples");
+    let samples = pprof_samples(&profile);
+    let mut by_trace: HashMap<String, i64> = HashMap::new();
+    for (function, task) in [("alpha_work", "alpha"), ("beta_work", "beta")] {
+        let trace = ids[task].as_str().unwrap();
+        let (mut total, mut right) = (0, 0);
+        for s in samples
+            .iter()
+            .filter(|s| s.functions.iter().any(|f| f == function))
+        {
+            total += s.values[count];
+            if s.labels.get("trace_id").map(String::as_str) == Some(trace) {
+                right += s.values[count];
+            }
+        }
+        assert!(total > 20, "too few samples in {function}: {total}");
+        // A task switch is seen at the span's start; samples in flight across it may carry
+        // the previous one.
+        assert!(
+            right as f64 >= 0.9 * total as f64,
+            "{right} of {total} samples in {function} carry trace {task}"
+        );
+        *by_trace.entry(task.to_string()).or_default() += right;
+    }
+    let (a, b) = (by_trace["alpha"], by_trace["beta"]);
+    let share = a as f64 / (a + b) as f64;
+    assert!(
+        (share - 2.0 / 3.0).abs() <= 0.08,
+        "alpha's trace has {:.1} % (want 66.7 % ± 8 pp): {a} vs {b}",
+        share * 100.0
+    );
+}

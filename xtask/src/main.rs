@@ -292,7 +292,7 @@ pub const RAY_PACKAGES: &[&str] = &["ray==2.60.0"];
 /// fmt, clippy and the whole suite. Extra arguments go to nextest (e.g. a test filter).
 fn test(extra: &[String]) -> Result<()> {
     deps()?;
-    python_venv(&workspace_root(), "ray-venv", RAY_PACKAGES);
+    otel::ray_venv(&workspace_root());
     otel::venv(&workspace_root());
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args([

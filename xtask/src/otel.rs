@@ -15,11 +15,15 @@ pub const PACKAGES: &[&str] = &[
     "python/pyrometer-otel",
 ];
 
-/// Makes (once) `target/otel-venv`; None after saying why when it cannot.
-pub fn venv(root: &Path) -> Option<PathBuf> {
-    // pip resolves the editable path against its working directory: give it in full.
+/// What the Ray venv gets beside Ray, for the traced Ray test (Ray's tracing start-up hook
+/// needs the OpenTelemetry SDK in every worker).
+const RAY_EXTRA: &[&str] = &["opentelemetry-sdk==1.45.2", "-e", "python/pyrometer-otel"];
+
+/// `packages` with the local package's path made absolute (pip resolves an editable path
+/// against its working directory).
+fn absolute(root: &Path, packages: &[&str]) -> Vec<String> {
     let local = root.join("python/pyrometer-otel");
-    let packages: Vec<String> = PACKAGES
+    packages
         .iter()
         .map(|p| {
             if *p == "python/pyrometer-otel" {
@@ -28,7 +32,21 @@ pub fn venv(root: &Path) -> Option<PathBuf> {
                 p.to_string()
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Makes (once) `target/otel-venv`; None after saying why when it cannot.
+pub fn venv(root: &Path) -> Option<PathBuf> {
+    let packages = absolute(root, PACKAGES);
     let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
     crate::python_venv(root, "otel-venv", &packages)
+}
+
+/// Makes (once) `target/ray-venv`: Ray, and what its traced test needs.
+pub fn ray_venv(root: &Path) -> Option<PathBuf> {
+    let mut packages: Vec<&str> = crate::RAY_PACKAGES.to_vec();
+    packages.extend_from_slice(RAY_EXTRA);
+    let packages = absolute(root, &packages);
+    let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
+    crate::python_venv(root, "ray-venv", &packages)
 }
