@@ -579,3 +579,24 @@ fn ray_tasks_carry_their_invocations_trace() {
         share * 100.0
     );
 }
+
+/// python/pyrometer-otel's own tests (the slots as the kernel reads them: nesting, spans
+/// ended out of order or on another thread, slot owners, the header), with the venv's real
+/// OpenTelemetry SDK. No privileges needed.
+#[test]
+fn span_processor_publishes_what_the_kernel_reads() {
+    let Some(python) = otel::python() else {
+        return;
+    };
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/pyrometer-otel/tests");
+    let out = std::process::Command::new(python)
+        .args(["-m", "unittest", "discover", "-v", "-s"])
+        .arg(&tests)
+        .output()
+        .expect("run the package's tests");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

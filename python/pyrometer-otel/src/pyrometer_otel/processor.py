@@ -80,17 +80,23 @@ class SpanProcessor(_SdkSpanProcessor):
             return
         seq = st.seq + 1
         at = off + _BODY_OFFSET + (seq & 1) * _BODY_SIZE
-        self._buffer[at : at + _BODY_SIZE] = body
+        buf = self._buffer
+        buf[at : at + _BODY_SIZE] = body
         st.seq = seq
-        _seq_pack(self._buffer, off, seq)
+        _seq_pack(buf, off, seq)
 
     def on_start(self, span, parent_context=None):
         try:
             st = self._local.state
         except AttributeError:
             st = self._state()
-        ctx = span.get_span_context()
-        name = span.name
+        # The SDK span's own attributes: its public properties cost a call each.
+        try:
+            ctx = span._context
+            name = span._name
+        except AttributeError:
+            ctx = span.get_span_context()
+            name = span.name
         encoded = self._names.get(name)
         if encoded is None:
             if len(self._names) >= _MAX_NAMES:
@@ -103,7 +109,10 @@ class SpanProcessor(_SdkSpanProcessor):
         self._publish(st, body)
 
     def on_end(self, span):
-        sid = span.context.span_id
+        try:
+            sid = span._context.span_id
+        except AttributeError:
+            sid = span.context.span_id
         try:
             st = self._local.state
             stack = st.stack
