@@ -61,13 +61,19 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // SAFETY: mallopt only tunes the allocator; no other thread runs yet.
     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
     let mut cfg = resolve(&args)?;
-    let client = PushClient::new(
-        &cfg.collector,
-        cfg.token.as_deref(),
-        cfg.ca.as_deref(),
-        Duration::from_secs(5),
-    )
-    .map_err(|e| input(e.to_string()))?;
+    let client = cfg
+        .collector
+        .as_deref()
+        .map(|url| {
+            PushClient::new(
+                url,
+                cfg.token.as_deref(),
+                cfg.ca.as_deref(),
+                Duration::from_secs(5),
+            )
+        })
+        .transpose()
+        .map_err(|e| input(e.to_string()))?;
     let otlp_client = match &cfg.otlp_endpoint {
         Some(url) => {
             let ca = cfg.ca.as_deref().filter(|_| url.starts_with("https://"));
@@ -225,11 +231,17 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         metrics: metrics.clone(),
     });
     shared.update_spool_gauges(&shared.spool.lock().expect("not poisoned"));
-    let pusher = {
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("pusher".into())
-            .spawn(move || pusher(shared, client))?
+    // Without a collector (an OTLP-only agent) nothing is spooled or pushed.
+    let pusher = match client {
+        Some(client) => {
+            let shared = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("pusher".into())
+                    .spawn(move || pusher(shared, client))?,
+            )
+        }
+        None => None,
     };
     // Threads start only after the capabilities were dropped (they are per thread).
     let mut exporter = match (otlp_client, &cfg.otlp_endpoint) {
@@ -241,7 +253,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         cfg.node,
         cfg.frequency,
         cfg.interval.as_secs_f64(),
-        cfg.collector
+        match (&cfg.collector, &cfg.otlp_endpoint) {
+            (Some(c), Some(o)) => format!("{c} and OTLP {o}"),
+            (Some(c), None) => c.clone(),
+            (None, Some(o)) => format!("OTLP {o} only"),
+            (None, None) => unreachable!("resolve requires one"),
+        }
     );
 
     let period_ns = 1_000_000_000 / cfg.frequency as i64;
@@ -346,6 +363,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                     wall,
                     duration,
                     otlp: exporter.as_ref(),
+                    spool: cfg.collector.is_some(),
                 };
                 if let Err(e) = spool_batch(&shared, batch, profile) {
                     eprintln!("pyrometer agent: cannot spool a batch: {e:#}");
@@ -365,7 +383,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     drop(poller);
     shared.stop.store(true, Relaxed);
     shared.wake.notify_all();
-    let _ = pusher.join();
+    if let Some(p) = pusher {
+        let _ = p.join();
+    }
     if let Some(x) = exporter.as_mut() {
         x.finish();
     }
@@ -486,6 +506,8 @@ struct Batch<'a> {
     wall: SystemTime,
     duration: Duration,
     otlp: Option<&'a otlp::Exporter>,
+    /// Whether it goes to the spool (and the collector): false for an OTLP-only agent.
+    spool: bool,
 }
 
 fn spool_batch(
@@ -498,6 +520,7 @@ fn spool_batch(
         wall,
         duration,
         otlp,
+        spool: to_spool,
     } = batch;
     // Thread ids would multiply the collector's label sets without helping a cluster view;
     // the thread name stays.
@@ -514,6 +537,9 @@ fn spool_batch(
     profile.duration_nanos = duration.as_nanos() as i64;
     if let Some(exporter) = otlp {
         exporter.export(&profile, node);
+    }
+    if !to_spool {
+        return Ok(());
     }
     let samples: u64 = profile
         .samples
