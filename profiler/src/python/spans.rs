@@ -5,7 +5,9 @@
 //! The package maps the table from a memfd named [`MEMFD_NAME`], so the process's memory map
 //! shows where it lies without any symbol lookup; its header says what it is, and is checked
 //! before the kernel is told the address. A forked child shares its parent's table (slots are
-//! per thread id, and thread ids are unique on the node), so it needs nothing of its own.
+//! per thread id, and thread ids are unique in a pid namespace), so it needs nothing of its
+//! own. Slots are indexed by the id a thread has in its own pid namespace (gettid there),
+//! which the kernel side reads from the task too, so processes in containers are covered.
 
 use std::path::Path;
 

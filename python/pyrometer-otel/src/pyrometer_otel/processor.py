@@ -63,7 +63,7 @@ class SpanProcessor(_SdkSpanProcessor):
 
     def _forked(self):
         # The child keeps the mapping (shared with its parent, which is fine: slots are per
-        # thread id, unique on the node) but not the parent's threads.
+        # thread id, unique in the pid namespace) but not the parent's threads.
         self._local = threading.local()
         self._threads = weakref.WeakSet()
 

@@ -1,9 +1,10 @@
 """The span table: one 128-byte slot per thread, in memory the pyrometer agent finds.
 
 The agent finds the table by its memfd name in /proc/PID/maps, checks the header, and hands
-the slots' address to its kernel program, which reads the sampled thread's slot (index =
-native thread id & (slots - 1)) at each sample. Layout (little-endian), matched by
-``struct span_slot`` in ebpf/src/bpf/shared.h and profiler/src/python/spans.rs:
+the slots' address to its kernel program, which reads the sampled thread's slot at each
+sample (index = native thread id, as gettid gives it in the thread's pid namespace,
+& (slots - 1)). Layout (little-endian), matched by ``struct span_slot`` in
+ebpf/src/bpf/shared.h and profiler/src/python/spans.rs:
 
 header (64 bytes): magic b"PYROSPAN", version u32, slot count u32, slot size u32, header
 size u32.
