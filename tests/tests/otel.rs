@@ -631,3 +631,45 @@ fn span_processor_publishes_what_the_kernel_reads() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Bad input for the tracing options gets one line and exit 2: an OTLP endpoint that is not
+/// http(s), an agent with neither a collector nor an OTLP endpoint, `--split-by` for a Chrome
+/// trace.
+#[test]
+fn tracing_options_refuse_bad_input_in_one_line() {
+    let dir = scratch("otel-errors");
+    let spool = dir.join("spool");
+    let spool = spool.to_str().unwrap();
+    let trace = dir.join("x.trace.json");
+    for (args, want) in [
+        (
+            vec![
+                "agent",
+                "--otlp-endpoint",
+                "ftp://x:1",
+                "--spool-dir",
+                spool,
+            ],
+            "invalid --otlp-endpoint 'ftp://x:1'",
+        ),
+        (vec!["agent", "--spool-dir", spool], "--otlp-endpoint URL"),
+        (
+            vec![
+                "record",
+                "--split-by",
+                "trace",
+                "-o",
+                trace.to_str().unwrap(),
+                "--",
+                "true",
+            ],
+            "--split-by writes profiles, not Chrome traces",
+        ),
+    ] {
+        let out = pyrometer(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

@@ -77,10 +77,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let otlp_client = match &cfg.otlp_endpoint {
         Some(url) => {
             let ca = cfg.ca.as_deref().filter(|_| url.starts_with("https://"));
-            Some(
-                otlp::Exporter::client(url, ca)
-                    .map_err(|e| input(format!("--otlp-endpoint: {e}")))?,
-            )
+            Some(otlp::Exporter::client(url, ca).map_err(|e| input(otlp::endpoint_error(e)))?)
         }
         None => None,
     };

@@ -80,6 +80,16 @@ impl Exporter {
     }
 }
 
+/// The one line `--otlp-endpoint`'s set-up errors say (the client's own name the collector).
+pub(super) fn endpoint_error(e: PushError) -> String {
+    match e {
+        PushError::Url { url, reason } => format!(
+            "invalid --otlp-endpoint '{url}': {reason} (expected e.g. http://otel-collector:4317)"
+        ),
+        other => format!("--otlp-endpoint: {other}"),
+    }
+}
+
 fn export_loop(mut client: PushClient, rx: Receiver<Vec<u8>>, counts: &Counts, endpoint: &str) {
     let mut failing = false;
     for body in rx {
