@@ -269,3 +269,120 @@ fn resolve_value(dict: &pb::ProfilesDictionary) -> impl Fn(&pb::AnyValue) -> Opt
         _ => v.text(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request of one process (host n1, pid 7) with one sample of `stack` (location
+    /// indices, leaf first) over a table of two functions, linked to a span.
+    fn request(stack: Vec<i32>) -> Vec<u8> {
+        let strings = ["", "main", "work", "samples", "count", "thread.name", "t1"];
+        let function = |name| pb::Function {
+            name_strindex: name,
+            ..Default::default()
+        };
+        let location = |f| pb::Location {
+            lines: vec![pb::Line {
+                function_index: f,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let dict = pb::ProfilesDictionary {
+            string_table: strings.iter().map(|s| s.to_string()).collect(),
+            function_table: vec![pb::Function::default(), function(1), function(2)],
+            location_table: vec![pb::Location::default(), location(1), location(2)],
+            stack_table: vec![
+                pb::Stack::default(),
+                pb::Stack {
+                    location_indices: stack,
+                },
+            ],
+            link_table: vec![
+                pb::Link::default(),
+                pb::Link {
+                    trace_id: vec![0xab; 16],
+                    span_id: vec![0x01; 8],
+                },
+            ],
+            attribute_table: vec![
+                pb::KeyValueAndUnit::default(),
+                pb::KeyValueAndUnit {
+                    key_strindex: 5,
+                    value: Some(pb::AnyValue::string("t1")),
+                    unit_strindex: 0,
+                },
+            ],
+            ..Default::default()
+        };
+        let profile = pb::Profile {
+            sample_type: Some(pb::ValueType {
+                type_strindex: 3,
+                unit_strindex: 4,
+            }),
+            samples: vec![pb::Sample {
+                stack_index: 1,
+                attribute_indices: vec![1],
+                link_index: 1,
+                values: vec![5],
+                ..Default::default()
+            }],
+            time_unix_nano: 1_700_000_000_000_000_000,
+            ..Default::default()
+        };
+        pb::ExportProfilesServiceRequest {
+            resource_profiles: vec![pb::ResourceProfiles {
+                resource: Some(pb::Resource {
+                    attributes: vec![
+                        pb::KeyValue::new("host.name", pb::AnyValue::string("n1")),
+                        pb::KeyValue::new("process.pid", pb::AnyValue::int(7)),
+                    ],
+                    dropped_attributes_count: 0,
+                }),
+                scope_profiles: vec![pb::ScopeProfiles {
+                    profiles: vec![profile],
+                    ..Default::default()
+                }],
+                schema_url: String::new(),
+            }],
+            dictionary: Some(dict),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn a_profile_becomes_a_labelled_batch() {
+        let batches = decode(&request(vec![2, 1]), &Limits::default(), 0).unwrap();
+        assert_eq!(batches.len(), 1);
+        let b = &batches[0];
+        assert_eq!(b.agent_id, "otlp/n1/7");
+        assert_eq!(b.time_s, 1_700_000_000);
+        assert_eq!(b.sample_types, [("samples".into(), "count".into())]);
+        assert_eq!(b.rows.len(), 1);
+        let row = &b.rows[0];
+        assert_eq!(*row.stack, ["main", "work"], "root first");
+        assert_eq!(row.value, 5);
+        let label = |k: &str| row.labels.get(k).cloned();
+        assert_eq!(label("node").as_deref(), Some("n1"));
+        assert_eq!(label("pid").as_deref(), Some("7"));
+        assert_eq!(label("thread").as_deref(), Some("t1"));
+        assert_eq!(label("trace_id"), Some("ab".repeat(16)));
+        assert_eq!(label("span_id"), Some("01".repeat(8)));
+        // The same profile again: the same sequence number, so the store keeps it once.
+        let again = decode(&request(vec![2, 1]), &Limits::default(), 0).unwrap();
+        assert_eq!(again[0].sequence, b.sequence);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_a_reason() {
+        let err = |bytes: &[u8]| {
+            decode(bytes, &Limits::default(), 0)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(b"\xff\xff\xff").contains("not an ExportProfilesServiceRequest"));
+        assert!(err(&request(vec![9])).contains("location index 9 out of range"));
+        assert!(err(&request(vec![0])).contains("location 0"));
+    }
+}
