@@ -68,13 +68,17 @@ struct Tracked {
     unnamed: HashMap<u32, Instant>,
     /// The span table the kernel reads (pyrometer-otel), once found.
     spans: Option<SpanTable>,
-    /// When the process's maps were last searched for one.
+    /// When the process's maps were last searched for one, and how long until the next search.
     spans_checked: Instant,
+    spans_wait: Duration,
 }
 
-/// A registered process without a span table is looked at again this often: the package
-/// creates it when the application sets up tracing, which may be long after start-up.
+/// A registered process without a span table is looked at again after this long, then after
+/// twice as long each time up to `SPANS_RECHECK_MAX`: the package creates the table when the
+/// application sets up tracing, usually at start-up, and a node-wide agent should not read the
+/// maps of every Python process that never will four times a second.
 const SPANS_RECHECK: Duration = Duration::from_millis(250);
+const SPANS_RECHECK_MAX: Duration = Duration::from_secs(2);
 
 /// A thread seen in its first `NAME_REFRESH` without a name makes its process's names be
 /// read again, at most this often; threads that stay without a name (not started by
@@ -354,21 +358,23 @@ impl PyTracker {
                 unnamed: HashMap::new(),
                 spans: span_table,
                 spans_checked: Instant::now(),
+                spans_wait: SPANS_RECHECK,
             },
         );
     }
 
-    /// Looks for the span table of a registered process that has none yet (at most every
-    /// `SPANS_RECHECK`), and tells the kernel where it is once found. Called as its samples
-    /// arrive.
+    /// Looks for the span table of a registered process that has none yet (backing off from
+    /// `SPANS_RECHECK` to `SPANS_RECHECK_MAX`), and tells the kernel where it is once found.
+    /// Called as its samples arrive, so an idle process costs nothing.
     pub fn refresh_spans(&mut self, pid: u32) {
         let Some(t) = self.procs.get_mut(&pid) else {
             return;
         };
-        if t.spans.is_some() || t.spans_checked.elapsed() < SPANS_RECHECK {
+        if t.spans.is_some() || t.spans_checked.elapsed() < t.spans_wait {
             return;
         }
         t.spans_checked = Instant::now();
+        t.spans_wait = (t.spans_wait * 2).min(SPANS_RECHECK_MAX);
         let Some(table) = spans::find(&self.proc_root, pid, &ProcessMemory::new(pid)) else {
             return;
         };
