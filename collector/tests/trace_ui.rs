@@ -1,7 +1,8 @@
 //! Traces in the web UI, in real headless Chromium against the real collector binary: a
 //! trace's permanent link (`/trace/ID`, for a trace viewer's link patterns) opens the flame
 //! graph of that trace's samples only, which names the trace and links back; a trace viewer's
-//! link pasted into the trace field opens that trace; text without a trace id says so.
+//! link pasted into the trace field opens that trace; a flame graph of no one trace lists the
+//! traces in it, largest first, each a click from its own; text without a trace id says so.
 //! Samples carry `trace_id` labels as the agent pushes them (pyrometer-otel spans).
 
 // This test drives the page by script, not by pointer: part of the helper goes unused.
@@ -164,6 +165,34 @@ fn a_trace_link_opens_the_traces_flame_graph_and_a_pasted_link_too() {
         page.eval(r##"document.getElementById("trace-id").textContent"##),
         TRACE_B
     );
+
+    // A flame graph of no one trace lists the traces in it, largest first; a click on one
+    // opens its flame graph.
+    page.navigate(&format!("http://{}/?view=flame&from=now-1h", collector.addr));
+    let listed = page.wait_for(
+        "the traces listed under the flame graph",
+        r##"(() => { const l = document.getElementById("trace-list");
+            const ids = [...l.querySelectorAll("a.trace")].map(a => a.dataset.trace);
+            return !l.hidden && ids.length ? ids : null; })()"##,
+    );
+    assert_eq!(listed, serde_json::json!([TRACE_A, TRACE_B]));
+    page.eval(&format!(
+        r##"document.querySelector('#trace-list a[data-trace="{TRACE_B}"]').click()"##
+    ));
+    page.wait_for(
+        "trace B's flame graph from the list",
+        &format!(
+            r##"(() => document.getElementById("trace-id").textContent === "{TRACE_B}"
+                && !document.getElementById("trace-info").hidden
+                && document.getElementById("trace-list").hidden ? true : null)()"##
+        ),
+    );
+    let drawn = names(&page.wait_for(
+        "trace B's frames",
+        r##"(() => { const n = [...document.querySelectorAll("#flame .frame")].map(b => b.dataset.name);
+            return n.includes("render") && !n.includes("parse") ? [...new Set(n)].sort() : null; })()"##,
+    ));
+    assert!(drawn.contains(&"render".to_string()), "{drawn:?}");
 
     // Text without a trace id says so, and changes nothing.
     page.eval(
