@@ -168,7 +168,10 @@ fn a_trace_link_opens_the_traces_flame_graph_and_a_pasted_link_too() {
 
     // A flame graph of no one trace lists the traces in it, largest first; a click on one
     // opens its flame graph.
-    page.navigate(&format!("http://{}/?view=flame&from=now-1h", collector.addr));
+    page.navigate(&format!(
+        "http://{}/?view=flame&from=now-1h",
+        collector.addr
+    ));
     let listed = page.wait_for(
         "the traces listed under the flame graph",
         r##"(() => { const l = document.getElementById("trace-list");
