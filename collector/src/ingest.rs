@@ -49,6 +49,12 @@ const KERNEL_SUFFIX: &str = "_[k]";
 
 pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
     let req = PushRequest::decode(bytes).map_err(|e| IngestError::Decode(e.to_string()))?;
+    from_request(req, limits, now_s)
+}
+
+/// A decoded push (or one made from another format, e.g. OTLP) as a batch, every index and
+/// limit checked.
+pub fn from_request(req: PushRequest, limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
     if req.agent_id.is_empty() || req.agent_id.len() > 256 {
         return Err(invalid("agent_id must have 1 to 256 bytes"));
     }

@@ -48,7 +48,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/labels", get(label_names))
         .route("/api/v1/label/{name}/values", get(label_values))
         .route("/api/v1/types", get(types))
-        .route_service(PUSH_PATH, IngestService(state.clone()))
+        .route("/trace/{id}", get(crate::trace_link::trace))
+        .route_service(PUSH_PATH, IngestService(state.clone(), Format::Push))
+        .route_service(
+            pyrometer_proto::otlp::EXPORT_PATH,
+            IngestService(state.clone(), Format::Otlp),
+        )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state)
 }
@@ -368,9 +373,18 @@ fn token_ok(expected: &str, header: Option<&[u8]>) -> bool {
             == 0
 }
 
-/// The `Ingest.Push` gRPC method, without generated code.
+/// What a gRPC ingest method receives.
+#[derive(Clone, Copy)]
+enum Format {
+    /// pyrometer's own `Ingest.Push`.
+    Push,
+    /// OTLP's `ProfilesService/Export` (profiles/v1development).
+    Otlp,
+}
+
+/// The gRPC ingest methods (`Ingest.Push`, OTLP's export), without generated code.
 #[derive(Clone)]
-struct IngestService(Arc<AppState>);
+struct IngestService(Arc<AppState>, Format);
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -389,6 +403,7 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let state = self.0.clone();
+        let format = self.1;
         Box::pin(async move {
             // Checked before the body is read, so an unauthenticated client cannot make the
             // collector buffer a large message.
@@ -403,7 +418,10 @@ where
             }
             let mut grpc = tonic::server::Grpc::new(RawCodec)
                 .max_decoding_message_size(state.max_message_bytes);
-            Ok(grpc.unary(Push(state), req).await)
+            Ok(match format {
+                Format::Push => grpc.unary(Push(state), req).await,
+                Format::Otlp => grpc.unary(OtlpExport(state), req).await,
+            })
         })
     }
 }
@@ -447,6 +465,52 @@ impl tonic::server::UnaryService<Bytes> for Push {
                     counter.fetch_add(1, Relaxed);
                     // Every store failure is retryable for the agent (Unavailable): it keeps
                     // the batch in its spool and pushes it again later.
+                    Err(status)
+                }
+            }
+        })
+    }
+}
+
+/// OTLP profiles export: every (resource, profile) of the request is stored as one batch.
+struct OtlpExport(Arc<AppState>);
+
+impl tonic::server::UnaryService<Bytes> for OtlpExport {
+    type Response = Bytes;
+    type Future = BoxFuture<Result<tonic::Response<Bytes>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let state = self.0.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let bytes = request.into_inner();
+            let st = state.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                let batches = crate::otlp_ingest::decode(&bytes, &st.limits, now_s())
+                    .map_err(|e| (true, Status::invalid_argument(e.to_string())))?;
+                batches
+                    .iter()
+                    .map(|b| st.store.ingest(b))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| (false, Status::unavailable(e.to_string())))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+            match result {
+                Ok(stored) => {
+                    for s in stored {
+                        state.metrics.observe_ingest(started.elapsed(), s);
+                    }
+                    let reply = pyrometer_proto::otlp::ExportProfilesServiceResponse::default();
+                    Ok(tonic::Response::new(Bytes::from(reply.encode_to_vec())))
+                }
+                Err((invalid, status)) => {
+                    let counter = if invalid {
+                        &state.metrics.refused_invalid
+                    } else {
+                        &state.metrics.store_errors
+                    };
+                    counter.fetch_add(1, Relaxed);
                     Err(status)
                 }
             }

@@ -28,6 +28,8 @@ pub const FP_MAX_FRAMES: usize = 127;
 pub const MAX_MAPPINGS: usize = 128;
 pub const MAX_KERNEL_FRAMES: usize = 127;
 pub const COMM_LEN: usize = 16;
+/// Bytes of a span name a record carries.
+pub const SPAN_NAME_LEN: usize = 16;
 
 /// `filter_mode` values.
 pub const FILTER_ALL: u32 = 0;
@@ -205,6 +207,11 @@ pub struct PyProcess {
     pub reserved: u32,
     /// `struct py_offsets`, field by field in its order.
     pub offsets: [u32; PY_OFFSET_FIELDS],
+    /// Run-time address of the process's first span-table slot, 0 when it has no table.
+    pub span_slots: u64,
+    /// Slots in the table less one (a power of two less one).
+    pub span_mask: u32,
+    pub span_reserved: u32,
 }
 
 /// One Python frame of a record: the code object's address and where it was.
@@ -297,6 +304,11 @@ pub struct SampleHeader {
     pub value: u64,
     /// Reserved for record kinds that carry an address.
     pub aux: u64,
+    /// The thread's active OpenTelemetry span as its span table held it (all zero: none).
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// The span's name, truncated to `SPAN_NAME_LEN` bytes, NUL-padded.
+    pub span_name: [u8; SPAN_NAME_LEN],
 }
 
 /// Mirror of `struct offcpu_record`: a blocked thread's pending interval in `offcpu_pending`.
@@ -416,6 +428,44 @@ impl<'a> RawSample<'a> {
     pub fn comm(&self) -> String {
         comm_to_string(&self.header.comm)
     }
+
+    /// The OpenTelemetry span the thread was in, when its process publishes a span table
+    /// and the thread was in one (a trace id of zeros is none, as in W3C trace context).
+    pub fn span(&self) -> Option<RawSpan> {
+        let h = &self.header;
+        if h.trace_id == [0; 16] {
+            return None;
+        }
+        Some(RawSpan {
+            trace_id: h.trace_id,
+            span_id: h.span_id,
+            name: comm_to_string(&h.span_name),
+        })
+    }
+}
+
+/// A record's OpenTelemetry span: ids in W3C byte order, the name as far as the record holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RawSpan {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub name: String,
+}
+
+impl RawSpan {
+    /// The trace id as W3C trace context writes it: 32 lowercase hex digits.
+    pub fn trace_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+
+    /// The span id: 16 lowercase hex digits.
+    pub fn span_hex(&self) -> String {
+        hex(&self.span_id)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
@@ -443,13 +493,13 @@ mod tests {
 
     #[test]
     fn header_layout_matches_c() {
-        // 8 + 4*8 + 16 + 8 + 8: the C struct has no padding.
-        assert_eq!(size_of::<SampleHeader>(), 72);
+        // 8 + 4*8 + 16 + 8 + 8 + 16 + 8 + 16: the C struct has no padding.
+        assert_eq!(size_of::<SampleHeader>(), 112);
         assert_eq!(
             MAX_SLOTS, 512,
             "a power of two: the kernel side masks slot indexes"
         );
-        assert_eq!(FULL_RECORD_SIZE, 72 + (512 + 127) * 8);
+        assert_eq!(FULL_RECORD_SIZE, 112 + (512 + 127) * 8);
         assert_eq!(size_of::<UnwindRow>(), 12);
         assert_eq!(size_of::<ExecMapping>(), 48);
         let row = |pc| UnwindRow::bare(pc, 1);
@@ -463,8 +513,8 @@ mod tests {
         );
         assert!(bucket_index(&[]).is_empty());
         assert_eq!(size_of::<ProcessUnwind>(), 8 + 48 * MAX_MAPPINGS);
-        assert_eq!(size_of::<OffCpuRecord>(), 72 + 512 * 8);
-        assert_eq!(size_of::<PyProcess>(), 24 + 4 * PY_OFFSET_FIELDS);
+        assert_eq!(size_of::<OffCpuRecord>(), 112 + 512 * 8);
+        assert_eq!(size_of::<PyProcess>(), 24 + 4 * PY_OFFSET_FIELDS + 16);
         assert_eq!(size_of::<GilThread>(), 72);
     }
 
@@ -547,9 +597,29 @@ mod tests {
     }
 
     #[test]
+    fn span_ids_read_as_w3c_hex() {
+        let mut header = SampleHeader::default();
+        let rec = OffCpuRecord {
+            header,
+            user: [0; MAX_SLOTS],
+        };
+        let bytes = rec.to_record(0);
+        assert_eq!(RawSample::parse(&bytes).unwrap().span(), None);
+        header.trace_id[15] = 0xab;
+        header.trace_id[0] = 0x01;
+        header.span_id[7] = 0x2c;
+        header.span_name[..4].copy_from_slice(b"work");
+        let bytes = OffCpuRecord { header, ..rec }.to_record(0);
+        let span = RawSample::parse(&bytes).unwrap().span().unwrap();
+        assert_eq!(span.trace_hex(), "010000000000000000000000000000ab");
+        assert_eq!(span.span_hex(), "000000000000002c");
+        assert_eq!(span.name, "work");
+    }
+
+    #[test]
     fn short_records_are_errors() {
         assert!(RawSample::parse(&[0u8; 10]).is_err());
-        let mut rec = vec![0u8; 72];
+        let mut rec = vec![0u8; 112];
         rec[24..28].copy_from_slice(&5u32.to_ne_bytes());
         assert_eq!(
             RawSample::parse(&rec).unwrap_err(),

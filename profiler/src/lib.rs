@@ -10,6 +10,7 @@ pub mod elfsyms;
 pub mod gpu;
 pub mod input;
 pub mod model;
+pub mod otlp;
 pub mod output;
 pub mod privileges;
 pub mod procs;

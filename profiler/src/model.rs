@@ -330,6 +330,20 @@ impl Profile {
         }
     }
 
+    /// The profile of the samples `keep` says yes to (frames and stacks are shared as they
+    /// are; writers only follow the samples' stacks).
+    pub fn subset(&self, keep: impl Fn(&Sample) -> bool) -> Profile {
+        let mut out = Profile {
+            samples: Vec::new(),
+            sample_index: HashMap::new(),
+            ..self.clone()
+        };
+        for s in self.samples.iter().filter(|s| keep(s)) {
+            out.add(s.stack, s.labels.clone(), &s.values);
+        }
+        out
+    }
+
     /// Resolves a `--type` name: a sample type's name (`cpu`, `samples`), or `name/unit`.
     pub fn type_index(&self, wanted: &str) -> Result<usize, UnknownType> {
         self.sample_types

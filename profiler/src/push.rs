@@ -44,6 +44,8 @@ pub struct PushClient {
     channel: Option<Channel>,
     /// `authorization` header value; kept out of Debug output and logs.
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// The gRPC method called: `Ingest.Push`, or another unary method (OTLP export).
+    path: &'static str,
 }
 
 impl PushClient {
@@ -115,15 +117,29 @@ impl PushClient {
             endpoint,
             channel: None,
             auth,
+            path: PUSH_PATH,
         })
+    }
+
+    /// The same client calling another unary gRPC method (e.g. OTLP's profiles export).
+    pub fn with_path(mut self, path: &'static str) -> Self {
+        self.path = path;
+        self
     }
 
     /// Sends one encoded `PushRequest` and waits for the acknowledgement.
     pub fn push(&mut self, body: Vec<u8>) -> Result<PushReply, PushError> {
+        let reply = self.call(body)?;
+        PushReply::decode(reply).map_err(|e| PushError::Reply(e.to_string()))
+    }
+
+    /// Sends one encoded request to the client's method; the encoded reply.
+    pub fn call(&mut self, body: Vec<u8>) -> Result<Bytes, PushError> {
         let result = self.rt.block_on(Self::send(
             &self.endpoint,
             &mut self.channel,
             self.auth.clone(),
+            self.path,
             body,
         ));
         if matches!(result, Err(PushError::Unreachable(_))) {
@@ -137,8 +153,9 @@ impl PushClient {
         endpoint: &Endpoint,
         channel: &mut Option<Channel>,
         auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+        path: &'static str,
         body: Vec<u8>,
-    ) -> Result<PushReply, PushError> {
+    ) -> Result<Bytes, PushError> {
         let ch = match channel {
             Some(c) => c.clone(),
             None => {
@@ -158,11 +175,9 @@ impl PushClient {
         if let Some(v) = auth {
             req.metadata_mut().insert("authorization", v);
         }
-        let path = http::uri::PathAndQuery::from_static(PUSH_PATH);
+        let path = http::uri::PathAndQuery::from_static(path);
         match grpc.unary(req, path, RawCodec).await {
-            Ok(reply) => {
-                PushReply::decode(reply.into_inner()).map_err(|e| PushError::Reply(e.to_string()))
-            }
+            Ok(reply) => Ok(reply.into_inner()),
             Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
                 Err(PushError::Unreachable(s.message().to_string()))
             }

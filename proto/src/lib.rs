@@ -11,6 +11,7 @@
 pub mod grpc;
 pub mod ingest;
 pub mod naming;
+pub mod otlp;
 
 use std::fmt::Write as _;
 use std::io::{Read, Write as _};

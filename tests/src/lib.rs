@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod clickhouse_server;
 pub mod cluster;
 pub mod kernels;
+pub mod otel;
 pub mod python;
 pub mod ray_cluster;
 

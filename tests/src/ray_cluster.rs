@@ -41,6 +41,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(venv: &Path) -> Cluster {
+        Cluster::start_with(venv, &[])
+    }
+
+    /// `ray start --head` with `extra` arguments (e.g. `--tracing-startup-hook=...`).
+    pub fn start_with(venv: &Path, extra: &[&str]) -> Cluster {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -72,6 +77,7 @@ impl Cluster {
                 "--object-store-memory=100000000",
             ])
             .arg(format!("--temp-dir={}", temp.display()))
+            .args(extra)
             // Without this Ray prestarts workers before the driver connects, and those keep
             // the nil job id for life.
             .env("RAY_prestart_worker_first_driver", "0")

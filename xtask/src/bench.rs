@@ -42,7 +42,7 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 /// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "cpu",
     "python",
     "alloc",
@@ -50,6 +50,7 @@ const SECTIONS: [&str; 7] = [
     "bpf",
     "agent",
     "collector",
+    "otel",
 ];
 
 pub fn bench(root: &Path) -> Result<()> {
@@ -92,6 +93,9 @@ pub fn bench(root: &Path) -> Result<()> {
     }
     if wanted("collector") {
         collector_bench(root)?;
+    }
+    if wanted("otel") {
+        crate::otelbench::bench(root, pairs)?;
     }
     Ok(())
 }

@@ -19,6 +19,8 @@ mod bpfcost;
 mod forky;
 mod kernels;
 mod man;
+mod otel;
+mod otelbench;
 mod pybench;
 
 use std::path::{Path, PathBuf};
@@ -303,7 +305,8 @@ pub const RAY_PACKAGES: &[&str] = &["ray==2.60.0"];
 /// fmt, clippy and the whole suite. Extra arguments go to nextest (e.g. a test filter).
 fn test(extra: &[String]) -> Result<()> {
     deps()?;
-    python_venv(&workspace_root(), "ray-venv", RAY_PACKAGES);
+    otel::ray_venv(&workspace_root());
+    otel::venv(&workspace_root());
     forky::ensure(&workspace_root());
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args([

@@ -161,6 +161,60 @@ function markPickers() {
   }
 }
 
+// --- traces ----------------------------------------------------------------------------------
+
+// A W3C trace id (32 hex digits) in `text`, which may be a trace viewer's link.
+const TRACE_ID = /(?:^|[^0-9a-fA-F])([0-9a-fA-F]{32})(?![0-9a-fA-F])/;
+
+function traceIn(text) {
+  const m = TRACE_ID.exec(text.trim());
+  return m ? m[1].toLowerCase() : null;
+}
+
+function openTrace() {
+  const text = $("trace-open").value;
+  const id = traceIn(text);
+  if (!id) {
+    $("error").textContent = `no trace id (32 hex digits) in "${text.trim()}"`;
+    return;
+  }
+  $("trace-open").value = "";
+  pick("trace_id", id);
+}
+
+// Traces listed under a flame graph that is not pinned to one, largest first.
+const TRACE_LIST_MAX = 5;
+
+// The flame graph of one trace names it, with its permanent link (/trace/ID); any other lists
+// the traces with the most samples in it, each a click away from its own.
+async function showTrace(seq) {
+  const id = equalsValue("trace_id");
+  $("trace-info").hidden = id === null;
+  const list = $("trace-list");
+  list.hidden = true;
+  if (id !== null) {
+    $("trace-id").textContent = id;
+    $("trace-link").href = "/trace/" + encodeURIComponent(id);
+    return;
+  }
+  const { groups, total } = await json("/api/v1/profile?" + selection({ by: "trace_id" }));
+  if (seq !== loadSeq) return;
+  const traces = groups.filter((g) => g.labels.trace_id)
+    .sort((a, b) => b.total - a.total).slice(0, TRACE_LIST_MAX);
+  list.replaceChildren("traces:");
+  for (const g of traces) {
+    const a = document.createElement("a");
+    a.href = "#";
+    a.className = "trace";
+    a.dataset.trace = g.labels.trace_id;
+    a.textContent = g.labels.trace_id.slice(0, 8) + "…";
+    a.title = `${g.labels.trace_id}: ${(100 * g.total / total).toFixed(1)} % of this view`;
+    a.onclick = (e) => { e.preventDefault(); pick("trace_id", g.labels.trace_id); };
+    list.append(" ", a);
+  }
+  list.hidden = traces.length === 0;
+}
+
 function pick(label, value) {
   state.query = withMatcher(state.query, label, value);
   $("query").value = state.query;
@@ -290,7 +344,7 @@ async function refresh() {
   $("error").textContent = "";
   $("dl-pprof").href = "/api/v1/profile?" + selection({ format: "pprof" });
   $("dl-folded").href = "/api/v1/profile?" + selection({ format: "folded" });
-  const results = await Promise.allSettled([loadChart(seq), loadProfile(seq)]);
+  const results = await Promise.allSettled([loadChart(seq), loadProfile(seq), showTrace(seq)]);
   const failed = results.find((r) => r.status === "rejected");
   if (failed && seq === loadSeq) $("error").textContent = failed.reason.message;
 }
@@ -428,6 +482,7 @@ function wire() {
   const show = () => { state.query = $("query").value.trim() || "{}"; markPickers(); refresh(); };
   $("show").onclick = show;
   $("query").addEventListener("keydown", (e) => { if (e.key === "Enter") show(); });
+  $("trace-open").addEventListener("keydown", (e) => { if (e.key === "Enter") openTrace(); });
   $("range").onchange = () => {
     if ($("range").value === "custom") return;
     state.from = $("range").value;

@@ -158,6 +158,7 @@ static __always_inline __u64 *scratch_slots(__u32 which)
 
 #include "unwind.h"
 #include "python.h"
+#include "spans.h"
 #include "stacks.h"
 
 static __always_inline int is_target(__u32 tgid)

@@ -150,6 +150,9 @@ struct process_unwind {
 	struct exec_mapping maps[MAX_MAPPINGS];
 };
 
+// Bytes of a span name a record carries (truncated, NUL-padded).
+#define SPAN_NAME_LEN 16
+
 struct sample_header {
 	__u64 timestamp_ns; // CLOCK_MONOTONIC
 	__u32 pid;          // thread group id
@@ -163,6 +166,11 @@ struct sample_header {
 	char comm[COMM_LEN];
 	__u64 value; // SAMPLE_OFFCPU: blocked ns; 0 for on-CPU samples
 	__u64 aux;   // reserved for the record kinds that carry an address
+	// The thread's active OpenTelemetry span (spans.h), as the span table holds it; all
+	// zero when the thread has none (or its process publishes no table).
+	__u8 trace_id[16];
+	__u8 span_id[8];
+	char span_name[SPAN_NAME_LEN]; // trace_id, span_id, span_name: a struct span_body
 };
 
 // Slot pairs of a Python frame: the code object's address, then PY_* packed fields.
@@ -245,4 +253,29 @@ struct py_process {
 	__u32 frame_read;   // bytes of a frame to read (<= PY_FRAME_READ_MAX)
 	__u32 reserved;
 	struct py_offsets off;
+	// The process's span table (pyrometer-otel, spans.h): the run-time address of its first
+	// slot, 0 when the process publishes none, and the slot count less one (a power of two).
+	__u64 span_slots;
+	__u32 span_mask;
+	__u32 span_reserved;
 };
+
+// What a span table slot says of its thread's innermost active span (40 bytes).
+struct span_body {
+	__u8 trace_id[16]; // all zero: the thread is in no span
+	__u8 span_id[8];
+	char name[SPAN_NAME_LEN];
+};
+
+// One thread's slot in a span table (python/pyrometer-otel writes it; 128 bytes). Slots are
+// indexed by tid & span_mask, so two threads could map to one: the slot is the thread's whose
+// id it holds. The writer fills body[(seq + 1) & 1], then stores seq + 1: the body seq & 1
+// names is complete, and a seq that changed across a read says the read may be torn.
+struct span_slot {
+	__u64 seq;
+	__u32 tid;
+	__u32 reserved;
+	struct span_body body[2];
+	__u8 pad[32];
+};
+_Static_assert(sizeof(struct span_slot) == 128, "python/pyrometer-otel writes 128-byte slots");

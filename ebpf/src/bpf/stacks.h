@@ -50,6 +50,7 @@ static __always_inline void record_user_stack(void *ctx, const struct pt_regs *r
 		frames = MAX_USER_FRAMES;
 	hdr->user_frames = frames;
 	py_walk_current(tgid, tid, hdr, which);
+	span_read(hdr);
 }
 
 // Bytes of a record that carries only the slots it uses (no inline kernel frames).

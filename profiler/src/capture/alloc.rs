@@ -209,6 +209,7 @@ mod tests {
             user: Vec::new(),
             kernel: vec![0xffff_ffff_8100_0000 + u64::from(tid)],
             ray: None,
+            span: None,
             python: Vec::new(),
             complete: false,
         }

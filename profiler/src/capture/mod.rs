@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use pyrometer_ebpf::RawSample;
+use pyrometer_ebpf::{RawSample, RawSpan};
 
 use std::sync::Arc;
 
@@ -44,6 +44,9 @@ pub struct RawStack {
     pub kernel: Vec<u64>,
     /// The Ray task the process ran when sampled (its title), for Ray workers.
     pub ray: Option<std::sync::Arc<crate::ray::RayLabels>>,
+    /// The OpenTelemetry span the thread was in (pyrometer-otel): an id into the capture's
+    /// spans.
+    pub span: Option<u32>,
     /// Python frames, innermost first: ids into the capture's Python frame names, with
     /// [`PY_ENTRY`] set on the outermost frame of each eval call.
     pub python: Vec<u32>,
@@ -140,6 +143,8 @@ pub struct Capture {
     pub py_unresolved: u64,
     /// Python frames read from records.
     pub py_frames_seen: u64,
+    /// The OpenTelemetry spans samples were taken in.
+    spans: Interner<RawSpan>,
     kernel_stack_cache: HashMap<i32, Vec<u64>>,
     titles: crate::ray::TitleCache,
 }
@@ -271,6 +276,8 @@ impl Capture {
         } else {
             Vec::new()
         };
+        python.refresh_spans(h.pid);
+        let span = sample.span().map(|s| self.spans.intern(s));
         let key = RawStack {
             pid: h.pid,
             tid: h.tid,
@@ -278,6 +285,7 @@ impl Capture {
             user,
             kernel,
             ray,
+            span,
             python: py,
             complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
         };
@@ -459,6 +467,7 @@ impl Capture {
                 &a.0.user,
                 &a.0.kernel,
                 &a.0.ray,
+                a.0.span.map(|id| self.spans.get(id)),
                 &a.0.python,
                 a.0.complete,
             )
@@ -468,6 +477,7 @@ impl Capture {
                     &b.0.user,
                     &b.0.kernel,
                     &b.0.ray,
+                    b.0.span.map(|id| self.spans.get(id)),
                     &b.0.python,
                     b.0.complete,
                 ))
@@ -544,6 +554,10 @@ impl Capture {
                 }
                 None => labels,
             };
+            let labels = match raw.span.map(|id| self.spans.get(id)) {
+                Some(span) => span_labels(labels, span),
+                None => labels,
+            };
             let ns = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             let n = ns(count);
             let mut values = vec![n, n.saturating_mul(period_ns)];
@@ -572,6 +586,18 @@ impl Capture {
             t
         });
         (profile, timeline)
+    }
+}
+
+/// The `trace_id`, `span_id` and (when the record held one) `span_name` labels of a span.
+fn span_labels(labels: Labels, span: &RawSpan) -> Labels {
+    let labels = labels
+        .with("trace_id", LabelValue::Str(span.trace_hex()))
+        .with("span_id", LabelValue::Str(span.span_hex()));
+    if span.name.is_empty() {
+        labels
+    } else {
+        labels.with("span_name", LabelValue::Str(span.name.clone()))
     }
 }
 
@@ -611,9 +637,40 @@ mod tests {
             user: Vec::new(),
             kernel: vec![kernel],
             ray: None,
+            span: None,
             python: Vec::new(),
             complete: false,
         }
+    }
+
+    #[test]
+    fn span_labels_name_trace_and_span() {
+        let mut c = Capture::default();
+        let span = RawSpan {
+            trace_id: [0xab; 16],
+            span_id: [0x01; 8],
+            name: "work".into(),
+        };
+        let id = c.spans.intern(span);
+        c.count(
+            RawStack {
+                span: Some(id),
+                ..raw(1, 1)
+            },
+            5,
+        );
+        c.count(raw(1, 1), 6);
+        let p = c.into_profile(&mut ProcessRegistry::new(), &mut Symbolizer::new(), 10);
+        let with: Vec<_> = p
+            .samples
+            .iter()
+            .filter(|s| s.labels.get("span_id").is_some())
+            .collect();
+        assert_eq!(with.len(), 1, "a sample outside any span has no span label");
+        let l = &with[0].labels;
+        assert_eq!(l.get("trace_id"), Some(&LabelValue::Str("ab".repeat(16))));
+        assert_eq!(l.get("span_id"), Some(&LabelValue::Str("01".repeat(8))));
+        assert_eq!(l.get("span_name"), Some(&LabelValue::Str("work".into())));
     }
 
     #[test]

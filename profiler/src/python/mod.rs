@@ -12,6 +12,7 @@ pub mod names;
 pub mod native;
 pub mod offsets;
 pub mod run_delay;
+pub mod spans;
 pub mod threads;
 pub mod tracker;
 pub mod version;

@@ -22,6 +22,7 @@ use super::debug_offsets::Described;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{self, ABSENT, PyOffsets};
+use super::spans::{self, SpanTable};
 use super::version::{self, BinaryCache, PythonRuntime};
 use super::walk::{CodeObject, Walker};
 use crate::bpf::Uprobes;
@@ -66,7 +67,19 @@ struct Tracked {
     names_read: Option<Instant>,
     /// Threads asked for without a name, and when they were first asked for.
     unnamed: HashMap<u32, Instant>,
+    /// The span table the kernel reads (pyrometer-otel), once found.
+    spans: Option<SpanTable>,
+    /// When the process's maps were last searched for one, and how long until the next search.
+    spans_checked: Instant,
+    spans_wait: Duration,
 }
+
+/// A registered process without a span table is looked at again after this long, then after
+/// twice as long each time up to `SPANS_RECHECK_MAX`: the package creates the table when the
+/// application sets up tracing, usually at start-up, and a node-wide agent should not read the
+/// maps of every Python process that never will four times a second.
+const SPANS_RECHECK: Duration = Duration::from_millis(250);
+const SPANS_RECHECK_MAX: Duration = Duration::from_secs(2);
 
 /// A thread seen in its first `NAME_REFRESH` without a name makes its process's names be
 /// read again, at most this often; threads that stay without a name (not started by
@@ -89,6 +102,8 @@ pub struct TrackerStats {
     pub bad_codes: u64,
     /// Registrations the kernel map refused (full).
     pub map_full: u64,
+    /// Span tables (pyrometer-otel) found, at registration or later.
+    pub span_tables: u64,
 }
 
 /// An interpreter binary to probe.
@@ -341,12 +356,16 @@ impl PyTracker {
             self.stats.map_full += 1;
             return;
         }
+        let span_table = spans::find(&self.proc_root, pid, &ProcessMemory::new(pid));
         let entry = PyProcess {
             runtime: runtime.runtime,
             gil: gil_address(pid, &runtime, offsets),
             frame_read: offsets.frame_read_len(),
             reserved: 0,
             offsets: offsets.to_words(),
+            span_slots: span_table.map_or(0, |t| t.slots),
+            span_mask: span_table.map_or(0, |t| t.mask),
+            span_reserved: 0,
         };
         if let Some(map) = self.map.as_mut()
             && map.insert(pid, entry, 0).is_err()
@@ -355,6 +374,7 @@ impl PyTracker {
             return;
         }
         self.stats.processes += 1;
+        self.stats.span_tables += u64::from(span_table.is_some());
         if layout.free_threaded {
             if self.gil.is_some() && self.free_threaded.len() < MAX_PROCESSES {
                 self.free_threaded.insert(pid, process.comm.clone());
@@ -373,8 +393,37 @@ impl PyTracker {
                 names: HashMap::new(),
                 names_read: None,
                 unnamed: HashMap::new(),
+                spans: span_table,
+                spans_checked: Instant::now(),
+                spans_wait: SPANS_RECHECK,
             },
         );
+    }
+
+    /// Looks for the span table of a registered process that has none yet (backing off from
+    /// `SPANS_RECHECK` to `SPANS_RECHECK_MAX`), and tells the kernel where it is once found.
+    /// Called as its samples arrive, so an idle process costs nothing.
+    pub fn refresh_spans(&mut self, pid: u32) {
+        let Some(t) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if t.spans.is_some() || t.spans_checked.elapsed() < t.spans_wait {
+            return;
+        }
+        t.spans_checked = Instant::now();
+        t.spans_wait = (t.spans_wait * 2).min(SPANS_RECHECK_MAX);
+        let Some(table) = spans::find(&self.proc_root, pid, &ProcessMemory::new(pid)) else {
+            return;
+        };
+        t.spans = Some(table);
+        self.stats.span_tables += 1;
+        if let Some(map) = self.map.as_mut()
+            && let Ok(mut entry) = map.get(&pid, 0)
+        {
+            entry.span_slots = table.slots;
+            entry.span_mask = table.mask;
+            let _ = map.insert(pid, entry, 0);
+        }
     }
 
     /// Forgets a process (exited, or no longer Python).

@@ -26,6 +26,10 @@ pub struct AgentArgs {
     /// Collector to push to, e.g. http://collector:4040.
     #[arg(long, value_name = "URL")]
     pub(super) collector: Option<String>,
+    /// Also export each interval's profile to this OTLP gRPC endpoint in the OpenTelemetry
+    /// profiles data model (e.g. http://otel-collector:4317); best effort, never spooled.
+    #[arg(long, value_name = "URL")]
+    pub(super) otlp_endpoint: Option<String>,
     /// The `node` label of everything this agent pushes (default: the hostname).
     #[arg(long)]
     pub(super) node_name: Option<String>,
@@ -104,6 +108,7 @@ struct FileConfig {
     pid: Option<Vec<u32>>,
     comm: Option<String>,
     collector: Option<String>,
+    otlp_endpoint: Option<String>,
     node_name: Option<String>,
     push_interval: Option<String>,
     frequency: Option<u64>,
@@ -127,7 +132,9 @@ struct FileConfig {
 pub(super) struct Config {
     pub(super) pids: Vec<u32>,
     pub(super) comm: Option<Regex>,
-    pub(super) collector: String,
+    /// None: an OTLP-only agent (then `otlp_endpoint` is set).
+    pub(super) collector: Option<String>,
+    pub(super) otlp_endpoint: Option<String>,
     pub(super) node: String,
     pub(super) interval: Duration,
     pub(super) frequency: u64,
@@ -179,9 +186,13 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         ),
         None => None,
     };
-    let collector = args.collector.clone().or(file.collector).ok_or_else(|| {
-        input("no collector: give --collector http://HOST:4040 (or `collector` in --config)")
-    })?;
+    let collector = args.collector.clone().or(file.collector);
+    let otlp_endpoint = args.otlp_endpoint.clone().or(file.otlp_endpoint);
+    if collector.is_none() && otlp_endpoint.is_none() {
+        return Err(input(
+            "no collector: give --collector http://HOST:4040 or --otlp-endpoint URL (or `collector` in --config)",
+        ));
+    }
     let interval = match (args.push_interval, file.push_interval) {
         (Some(d), _) => d,
         (None, Some(s)) => parse_duration(&s).map_err(|e| input(format!("push-interval: {e}")))?,
@@ -257,6 +268,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         pids,
         comm,
         collector,
+        otlp_endpoint,
         node,
         interval,
         frequency,
@@ -319,6 +331,16 @@ mod tests {
         let mut argv = vec!["agent", "--config", path.to_str().unwrap()];
         argv.extend_from_slice(flags);
         resolve(&Cli::parse_from(argv).agent)
+    }
+
+    #[test]
+    fn a_collector_or_an_otlp_endpoint_is_needed() {
+        let parse = |argv: &[&str]| resolve(&Cli::parse_from(argv).agent);
+        let err = parse(&["agent"]).err().unwrap().to_string();
+        assert!(err.contains("--otlp-endpoint"), "{err}");
+        let otlp_only = parse(&["agent", "--otlp-endpoint", "http://o:4317"]).unwrap();
+        assert_eq!(otlp_only.collector, None);
+        assert_eq!(otlp_only.otlp_endpoint.as_deref(), Some("http://o:4317"));
     }
 
     #[test]

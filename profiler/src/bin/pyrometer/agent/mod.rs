@@ -29,6 +29,7 @@ use crate::{EXIT_PRIVILEGES, exit_error};
 
 mod config;
 mod young;
+mod otlp;
 
 pub use config::AgentArgs;
 use config::{input, resolve};
@@ -61,13 +62,26 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     // SAFETY: mallopt only tunes the allocator; no other thread runs yet.
     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
     let mut cfg = resolve(&args)?;
-    let client = PushClient::new(
-        &cfg.collector,
-        cfg.token.as_deref(),
-        cfg.ca.as_deref(),
-        Duration::from_secs(5),
-    )
-    .map_err(|e| input(e.to_string()))?;
+    let client = cfg
+        .collector
+        .as_deref()
+        .map(|url| {
+            PushClient::new(
+                url,
+                cfg.token.as_deref(),
+                cfg.ca.as_deref(),
+                Duration::from_secs(5),
+            )
+        })
+        .transpose()
+        .map_err(|e| input(e.to_string()))?;
+    let otlp_client = match &cfg.otlp_endpoint {
+        Some(url) => {
+            let ca = cfg.ca.as_deref().filter(|_| url.starts_with("https://"));
+            Some(otlp::Exporter::client(url, ca).map_err(|e| input(otlp::endpoint_error(e)))?)
+        }
+        None => None,
+    };
     let spool = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes, &cfg.node)
         .map_err(|e| input(e.to_string()))?;
     privileges::check(privileges::SAMPLING, privileges::effective())
@@ -223,18 +237,34 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         metrics: metrics.clone(),
     });
     shared.update_spool_gauges(&shared.spool.lock().expect("not poisoned"));
-    let pusher = {
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("pusher".into())
-            .spawn(move || pusher(shared, client))?
+    // Without a collector (an OTLP-only agent) nothing is spooled or pushed.
+    let pusher = match client {
+        Some(client) => {
+            let shared = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("pusher".into())
+                    .spawn(move || pusher(shared, client))?,
+            )
+        }
+        None => None,
+    };
+    // Threads start only after the capabilities were dropped (they are per thread).
+    let mut exporter = match (otlp_client, &cfg.otlp_endpoint) {
+        (Some(client), Some(url)) => Some(otlp::Exporter::start(client, url)?),
+        _ => None,
     };
     eprintln!(
         "pyrometer agent: node {} (agent id {agent_id}), {} Hz, pushing every {:.1}s to {}",
         cfg.node,
         cfg.frequency,
         cfg.interval.as_secs_f64(),
-        cfg.collector
+        match (&cfg.collector, &cfg.otlp_endpoint) {
+            (Some(c), Some(o)) => format!("{c} and OTLP {o}"),
+            (Some(c), None) => c.clone(),
+            (None, Some(o)) => format!("OTLP {o} only"),
+            (None, None) => unreachable!("resolve requires one"),
+        }
     );
 
     let period_ns = 1_000_000_000 / cfg.frequency as i64;
@@ -348,7 +378,14 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 if let Some(usage) = &gpu_usage {
                     gpu::label_profile(&mut profile, &gpu::gpus_by_pid(usage));
                 }
-                if let Err(e) = spool_batch(&shared, &cfg.node, profile, wall, duration) {
+                let batch = Batch {
+                    node: &cfg.node,
+                    wall,
+                    duration,
+                    otlp: exporter.as_ref(),
+                    spool: cfg.collector.is_some(),
+                };
+                if let Err(e) = spool_batch(&shared, batch, profile) {
                     eprintln!("pyrometer agent: cannot spool a batch: {e:#}");
                 }
             }
@@ -369,11 +406,16 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     drop(poller);
     shared.stop.store(true, Relaxed);
     shared.wake.notify_all();
-    let _ = pusher.join();
+    if let Some(p) = pusher {
+        let _ = p.join();
+    }
+    if let Some(x) = exporter.as_mut() {
+        x.finish();
+    }
 
     let spool = shared.spool.lock().expect("not poisoned");
     let m = &metrics;
-    let summary = serde_json::json!({
+    let mut summary = serde_json::json!({
         "agent_id": agent_id,
         "node": cfg.node,
         "samples": m.samples.load(Relaxed),
@@ -386,6 +428,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         "spool_batches": spool.len(),
         "spool_samples": spool.samples(),
     });
+    if let Some(x) = &exporter {
+        let c = &x.counts;
+        summary["otlp_exported"] = c.exported.load(Relaxed).into();
+        summary["otlp_failed"] = c.failed.load(Relaxed).into();
+        summary["otlp_dropped"] = c.dropped.load(Relaxed).into();
+    }
     eprintln!(
         "pyrometer agent: {} samples, {} pushed, {} dropped, {} left in the spool",
         m.samples.load(Relaxed),
@@ -537,13 +585,28 @@ fn scan(
     }
 }
 
-fn spool_batch(
-    shared: &Shared,
-    node: &str,
-    mut profile: pyrometer::model::Profile,
+/// Where and when one interval's profile was taken, and where else it goes.
+struct Batch<'a> {
+    node: &'a str,
     wall: SystemTime,
     duration: Duration,
+    otlp: Option<&'a otlp::Exporter>,
+    /// Whether it goes to the spool (and the collector): false for an OTLP-only agent.
+    spool: bool,
+}
+
+fn spool_batch(
+    shared: &Shared,
+    batch: Batch<'_>,
+    mut profile: pyrometer::model::Profile,
 ) -> anyhow::Result<()> {
+    let Batch {
+        node,
+        wall,
+        duration,
+        otlp,
+        spool: to_spool,
+    } = batch;
     // Thread ids would multiply the collector's label sets without helping a cluster view;
     // the thread name stays.
     for s in &mut profile.samples {
@@ -557,6 +620,12 @@ fn spool_batch(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
     profile.duration_nanos = duration.as_nanos() as i64;
+    if let Some(exporter) = otlp {
+        exporter.export(&profile, node);
+    }
+    if !to_spool {
+        return Ok(());
+    }
     let samples: u64 = profile
         .samples
         .iter()

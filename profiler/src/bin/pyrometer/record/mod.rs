@@ -28,6 +28,7 @@ use crate::gpu::NvmlArgs;
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_bytes, parse_duration, resolve_format};
 
 pub mod pipeline;
+mod split;
 mod summary;
 pub mod targets;
 
@@ -139,6 +140,11 @@ pub struct RecordArgs {
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     btf_path: Option<PathBuf>,
+    /// Also write one output per OpenTelemetry trace (`trace`) or span (`span`) the samples
+    /// were taken in (pyrometer-otel), named after the main one: flame.svg →
+    /// flame.trace-<id>.svg. Not for Chrome traces.
+    #[arg(long, value_name = "KIND", value_parser = split::KINDS)]
+    split_by: Option<String>,
     /// The command to start and profile, after `--`.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -259,6 +265,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         gil: args.gil,
         alloc,
     };
+    if args.split_by.is_some() && format == OutputFormat::ChromeTrace {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "--split-by writes profiles, not Chrome traces: choose another format".to_string(),
+        ));
+    }
     let probe = Profile::with_sources(1, sources);
     let type_index = match &args.sample_type {
         Some(t) => probe
@@ -749,6 +761,24 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     )
     .and_then(|()| w.flush().map_err(Into::into))
     .with_context(|| format!("writing {}", output_path.display()))?;
+    if let Some(kind) = &args.split_by {
+        let (files, left_out) = split::write(
+            &profile,
+            kind,
+            &output_path,
+            format,
+            type_index,
+            &targets.title(),
+        )?;
+        eprintln!(
+            "pyrometer: wrote {} file(s) split by {kind}{}",
+            files.len(),
+            match left_out {
+                0 => String::new(),
+                n => format!(" ({n} more left out: at most {})", split::MAX_SPLIT_FILES),
+            }
+        );
+    }
     if let Some(t) = timeline.as_ref().filter(|t| t.dropped > 0) {
         eprintln!(
             "pyrometer: the trace holds the first {} samples; {} later ones are only in the totals",

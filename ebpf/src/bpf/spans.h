@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// The active OpenTelemetry span of a sampled Python thread. The pyrometer-otel span processor
+// (python/pyrometer-otel) keeps, in a table shared by the process's threads, one slot per
+// thread (indexed by the thread's own id, as gettid gives it in its pid namespace, & span_mask)
+// with the trace id, span id and name of the thread's
+// innermost active span; the agent finds the table in the process's memory map and puts its
+// address in the process's py_procs entry. A slot is read with three bounded reads: its
+// sequence number and owner, the body the sequence number names, the sequence number again.
+// The writer fills the other body before it moves the sequence number on, so a thread
+// interrupted half-way through a write is read with its previous span, and a number that
+// moved during the read (a write from another CPU) discards it: a record never carries half
+// of one span and half of another.
+
+#pragma once
+
+static __always_inline void span_clear(struct sample_header *hdr)
+{
+	__builtin_memset(hdr->trace_id, 0, sizeof(hdr->trace_id));
+	__builtin_memset(hdr->span_id, 0, sizeof(hdr->span_id));
+	__builtin_memset(hdr->span_name, 0, sizeof(hdr->span_name));
+}
+
+// The thread id as the thread itself knows it (gettid in its own pid namespace), which is
+// what the span processor indexes its slot by: a process in a container sees other ids than
+// the kernel's global ones. CO-RE views of task->thread_pid->numbers[level].nr.
+struct upid___spans {
+	int nr;
+} __attribute__((preserve_access_index));
+struct pid___spans {
+	unsigned int level;
+	struct upid___spans numbers[1];
+} __attribute__((preserve_access_index));
+struct task_struct___spans {
+	struct pid___spans *thread_pid;
+} __attribute__((preserve_access_index));
+
+// Pid namespaces nest at most 32 deep (MAX_PID_NS_LEVEL).
+#define SPANS_MAX_NS_LEVEL 32
+
+static __always_inline __u32 span_own_tid(__u32 tid)
+{
+	struct task_struct___spans *task = (void *)bpf_get_current_task();
+	struct pid___spans *pid = BPF_CORE_READ(task, thread_pid);
+	if (!pid)
+		return tid;
+	unsigned int level = BPF_CORE_READ(pid, level);
+	if (level == 0 || level >= SPANS_MAX_NS_LEVEL)
+		return tid;
+	__u64 off = bpf_core_field_offset(struct pid___spans, numbers) +
+		    (__u64)level * bpf_core_type_size(struct upid___spans) +
+		    bpf_core_field_offset(struct upid___spans, nr);
+	int nr = 0;
+	if (bpf_probe_read_kernel(&nr, sizeof(nr), (void *)pid + off) || nr <= 0)
+		return tid;
+	return nr;
+}
+
+// Fills hdr->trace_id, span_id and span_name from the current thread's slot (all zero when
+// there is none). A global function: verified once, called once per record.
+__attribute__((noinline)) int span_read(struct sample_header *hdr)
+{
+	if (!hdr)
+		return 0;
+	span_clear(hdr);
+	__u32 tgid = hdr->pid;
+	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!p || !p->span_slots)
+		return 0;
+	__u32 tid = span_own_tid(hdr->tid);
+	__u64 slot = p->span_slots + (__u64)(tid & p->span_mask) * sizeof(struct span_slot);
+	struct {
+		__u64 seq;
+		__u32 tid;
+		__u32 reserved;
+	} head;
+	if (bpf_probe_read_user(&head, sizeof(head), (void *)slot) || head.tid != tid)
+		return 0;
+	// The record's three span fields lie in the order of a span_body.
+	__u64 body = slot + __builtin_offsetof(struct span_slot, body) +
+		     (head.seq & 1) * sizeof(struct span_body);
+	if (bpf_probe_read_user(hdr->trace_id, sizeof(struct span_body), (void *)body))
+		goto torn;
+	__u64 again = 0;
+	if (bpf_probe_read_user(&again, sizeof(again), (void *)slot) || again != head.seq)
+		goto torn;
+	return 1;
+torn:
+	span_clear(hdr);
+	return 0;
+}

@@ -1,0 +1,52 @@
+//! The OpenTelemetry side of the tests and benchmark: a venv under `target/` with the
+//! OpenTelemetry SDK, `opentelemetry-proto` and grpcio from the Python registry and this repository's
+//! `python/pyrometer-otel` (installed editable, so a change to it needs no reinstall).
+
+use std::path::{Path, PathBuf};
+
+/// The pinned OpenTelemetry packages (`opentelemetry-proto` 1.45.2 ships the
+/// `profiles/v1development` messages the collector's vendored protos match).
+pub const PACKAGES: &[&str] = &[
+    "opentelemetry-sdk==1.45.2",
+    "opentelemetry-proto==1.45.2",
+    // The OTLP test's receiver serves gRPC.
+    "grpcio==1.76.0",
+    "-e",
+    "python/pyrometer-otel",
+];
+
+/// What the Ray venv gets beside Ray, for the traced Ray test (Ray's tracing start-up hook
+/// needs the OpenTelemetry SDK in every worker).
+const RAY_EXTRA: &[&str] = &["opentelemetry-sdk==1.45.2", "-e", "python/pyrometer-otel"];
+
+/// `packages` with the local package's path made absolute (pip resolves an editable path
+/// against its working directory).
+fn absolute(root: &Path, packages: &[&str]) -> Vec<String> {
+    let local = root.join("python/pyrometer-otel");
+    packages
+        .iter()
+        .map(|p| {
+            if *p == "python/pyrometer-otel" {
+                local.to_string_lossy().into_owned()
+            } else {
+                p.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Makes (once) `target/otel-venv`; None after saying why when it cannot.
+pub fn venv(root: &Path) -> Option<PathBuf> {
+    let packages = absolute(root, PACKAGES);
+    let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
+    crate::python_venv(root, "otel-venv", &packages)
+}
+
+/// Makes (once) `target/ray-venv`: Ray, and what its traced test needs.
+pub fn ray_venv(root: &Path) -> Option<PathBuf> {
+    let mut packages: Vec<&str> = crate::RAY_PACKAGES.to_vec();
+    packages.extend_from_slice(RAY_EXTRA);
+    let packages = absolute(root, &packages);
+    let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
+    crate::python_venv(root, "ray-venv", &packages)
+}
