@@ -28,8 +28,8 @@ use pyrometer_proto::ingest::PushRequest;
 use crate::{EXIT_PRIVILEGES, exit_error};
 
 mod config;
-mod young;
 mod otlp;
+mod young;
 
 pub use config::AgentArgs;
 use config::{input, resolve};
