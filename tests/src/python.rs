@@ -74,7 +74,7 @@ const LAUNCHER: &str = r#"#!/bin/sh
 exec unshare --mount --propagation private /bin/sh -c '
 r=$1; shift
 mount -t proc proc "$r/proc" || exit 125
-for d in /tmp @WORKSPACE@; do
+for d in /tmp @DIRS@; do
   mkdir -p "$r$d" && mount --bind "$d" "$r$d" || exit 125
 done
 exec chroot "$r" "$@"' sh @ROOT@ @PYTHON@ "$@"
@@ -97,7 +97,7 @@ pub fn forky(minor: u32) -> Interpreter {
         let script = LAUNCHER
             .replace("@PYTHON@", &python)
             .replace("@ROOT@", &root.display().to_string())
-            .replace("@WORKSPACE@", &workspace().display().to_string());
+            .replace("@DIRS@", &bound_dirs());
         write_executable(&launcher, &script);
     }
     Interpreter {
@@ -105,6 +105,23 @@ pub fn forky(minor: u32) -> Interpreter {
         path: launcher,
         minor,
     }
+}
+
+/// The directories a forky process sees at their own paths besides /tmp: the workspace (the
+/// fixtures) and, when it lies outside (CARGO_TARGET_DIR elsewhere), the directory of the
+/// binaries under test, where the preloaded allocation library is.
+fn bound_dirs() -> String {
+    let ws = workspace();
+    let mut dirs = vec![ws.clone()];
+    if let Some(bin) = crate::pyrometer_bin().parent()
+        && !bin.starts_with(&ws)
+    {
+        dirs.push(bin.to_path_buf());
+    }
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Writes an executable file unless it already has `text` (tests in parallel processes make

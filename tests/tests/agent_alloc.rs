@@ -27,10 +27,13 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
-/// Bytes of a sample type in folded stacks whose frames include `function`.
+/// Bytes of a sample type in the workload's folded stacks (process `preload-wl`, the first
+/// frame) whose frames include `function`. Other tests running beside this one preload the
+/// library into their own copies of the fixture, which the node-wide agent samples too.
 fn sum(folded: &str, function: &str) -> f64 {
     folded
         .lines()
+        .filter(|l| l.split(';').next() == Some("preload-wl"))
         .filter(|l| l.split(';').any(|f| f.split(' ').next() == Some(function)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
@@ -101,10 +104,10 @@ fn the_agent_samples_preloaded_processes_and_forgets_exited_ones() {
             _ => String::new(),
         }
     };
-    // Polls until `check` holds of the folded profile, up to a minute (the agent works on a
+    // Polls until `check` holds of the folded profile, up to two minutes (the agent works on a
     // busy machine: records are read late, pushes queue).
     let wait_for = |ty: &str, from: &str, check: &dyn Fn(&str) -> bool| -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let f = folded(ty, from);
             if check(&f) || Instant::now() > deadline {
@@ -145,13 +148,13 @@ fn the_agent_samples_preloaded_processes_and_forgets_exited_ones() {
             "{f}: {got:.0} bytes pushed, {want:.0} allocated:\n{space}"
         );
     }
-    // Started now, a second copy holds its leak for half a minute: the positive control of
+    // Started now, a second copy holds its leak (until killed below): the positive control of
     // the buckets after the first one exited.
     let live_exe = dir.join("preload-live");
     std::fs::copy(fixture("allocs"), &live_exe).unwrap();
     let control = Killed(
         Command::new(&live_exe)
-            .args(["leak", "30"])
+            .args(["leak", "120"])
             .env("LD_PRELOAD", &library)
             .stdout(Stdio::null())
             .spawn()
