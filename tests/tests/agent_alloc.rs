@@ -178,5 +178,7 @@ fn the_agent_samples_preloaded_processes_and_forgets_exited_ones() {
     drop(control);
     // SAFETY: kill(2) of our own child.
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
-    assert!(agent.0.wait().unwrap().success());
+    let status = agent.0.wait().unwrap();
+    seen.extend(lines.try_iter());
+    assert!(status.success(), "agent ended with {status}: {seen:#?}");
 }

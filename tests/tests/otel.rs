@@ -246,7 +246,7 @@ fn agent_pushes_spans_to_the_collector_and_as_otlp() {
     let load = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "read x < '{}'; OTEL_SPANS_SETTLE=4 exec '{}' '{}' 30",
+            "read x < '{}'; OTEL_SPANS_SETTLE=4 OTEL_SPANS_HOLD=3 exec '{}' '{}' 30",
             fifo.display(),
             python.display(),
             script.display()
