@@ -593,21 +593,28 @@ fn ray_tasks_carry_their_invocations_trace() {
     let mut by_trace: HashMap<String, i64> = HashMap::new();
     for (function, task) in [("alpha_work", "alpha"), ("beta_work", "beta")] {
         let trace = ids[task].as_str().unwrap();
-        let (mut total, mut right) = (0, 0);
+        let (mut total, mut right, mut wrong) = (0, 0, 0);
         for s in samples
             .iter()
             .filter(|s| s.functions.iter().any(|f| f == function))
         {
             total += s.values[count];
-            if s.labels.get("trace_id").map(String::as_str) == Some(trace) {
-                right += s.values[count];
+            match s.labels.get("trace_id").map(String::as_str) {
+                Some(t) if t == trace => right += s.values[count],
+                Some(_) => wrong += s.values[count],
+                None => {}
             }
         }
         assert!(total > 20, "too few samples in {function}: {total}");
         // A task switch is seen at the span's start; samples in flight across it may carry
-        // the previous one.
+        // the previous one. A new worker's first samples, before its span table is found
+        // (on a loaded machine up to a couple of seconds), carry none.
         assert!(
-            right as f64 >= 0.9 * total as f64,
+            wrong as f64 <= 0.05 * total as f64,
+            "{wrong} of {total} samples in {function} carry another trace than {task}"
+        );
+        assert!(
+            right as f64 >= 0.8 * total as f64,
             "{right} of {total} samples in {function} carry trace {task}"
         );
         *by_trace.entry(task.to_string()).or_default() += right;
