@@ -7,10 +7,11 @@
 use pyrometer_e2e::alloc::{by_function, fixture_totals, leak_report, record_allocs};
 use pyrometer_e2e::*;
 
-/// Within ±15 % of the truth: the default rate's tolerance (a few hundred samples a function).
+/// Within ±20 % of the truth. At the default rate a function here gets ~350 samples, one
+/// standard error ~5 %: ±15 % (under three) failed about one run in twenty across these tests.
 fn assert_estimate(what: &str, got: f64, want: f64, stderr: &str) {
     assert!(
-        (got - want).abs() <= 0.15 * want,
+        (got - want).abs() <= 0.20 * want,
         "{what}: estimated {got:.0} bytes, allocated {want:.0}\n{stderr}"
     );
     println!("{what}: estimated {got:.0} of {want:.0} bytes");
