@@ -91,7 +91,9 @@ fn ray_labels_on_forky_3_14() {
         .args(["record", "-F", "499", "-o", out.to_str().unwrap(), "--"])
         .arg(&python.path)
         .arg(&script)
-        .arg("3")
+        // Long enough that the chrooted interpreter's layout, found through its own root
+        // (seconds on a loaded runner), is read well before the end.
+        .arg("8")
         .env("RAY_JOB_ID", "05000000")
         .output()
         .unwrap();
