@@ -174,7 +174,8 @@ fn span_labels_split_two_threads_two_to_one() {
 
 /// A process in a pid namespace of its own (as in a container) knows its threads by other ids
 /// than the kernel's global ones; its slots are indexed by its own, and the kernel reads them
-/// by the same.
+/// by the same. This one runs on the package's pure-Python path (the other tests on its C fast
+/// path), so both write slots the kernel reads.
 #[test]
 fn spans_of_a_process_in_its_own_pid_namespace() {
     if !privileged() {
@@ -185,7 +186,11 @@ fn spans_of_a_process_in_its_own_pid_namespace() {
     };
     let dir = scratch("otel-pidns");
     let out = dir.join("spans.pb.gz");
-    let ids = record_spans(&out, &python, &["unshare", "--pid", "--fork"]);
+    let ids = record_spans(
+        &out,
+        &python,
+        &["env", "PYROMETER_OTEL_PURE=1", "unshare", "--pid", "--fork"],
+    );
     let profile = read_pprof(&out);
     let count = pprof_type(&profile, "samples");
     let samples = pprof_samples(&profile);
@@ -629,24 +634,32 @@ fn ray_tasks_carry_their_invocations_trace() {
 }
 
 /// python/pyrometer-otel's own tests (the slots as the kernel reads them: nesting, spans
-/// ended out of order or on another thread, slot owners, the header), with the venv's real
-/// OpenTelemetry SDK. No privileges needed.
+/// ended out of order or on another thread, slot owners, the header, the C fast path's bytes
+/// against the pure-Python path's), with the venv's real OpenTelemetry SDK: once with the C
+/// fast path (which the venv must have built) and once forced onto the pure-Python fallback.
+/// No privileges needed.
 #[test]
 fn span_processor_publishes_what_the_kernel_reads() {
     let Some(python) = otel::python() else {
         return;
     };
     let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/pyrometer-otel/tests");
-    let out = std::process::Command::new(python)
-        .args(["-m", "unittest", "discover", "-v", "-s"])
-        .arg(&tests)
-        .output()
-        .expect("run the package's tests");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for (pure, expect) in [("0", "fast"), ("1", "pure")] {
+        let out = std::process::Command::new(&python)
+            .args(["-m", "unittest", "discover", "-v", "-s"])
+            .arg(&tests)
+            .env("PYROMETER_OTEL_PURE", pure)
+            .env("PYROMETER_OTEL_EXPECT", expect)
+            .output()
+            .expect("run the package's tests");
+        let report = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{expect} path: {report}");
+        assert!(
+            report.contains("test_the_expected_path_is_active")
+                && !report.contains("skipped 'PYROMETER_OTEL_EXPECT"),
+            "{expect} path: the active path was not checked: {report}"
+        );
+    }
 }
 
 /// Bad input for the tracing options gets one line and exit 2: an OTLP endpoint that is not

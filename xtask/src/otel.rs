@@ -1,6 +1,7 @@
 //! The OpenTelemetry side of the tests and benchmark: a venv under `target/` with the
 //! OpenTelemetry SDK, `opentelemetry-proto` and grpcio from the Python registry and this repository's
-//! `python/pyrometer-otel` (installed editable, so a change to it needs no reinstall).
+//! `python/pyrometer-otel` (installed editable, so a change to its Python needs no reinstall;
+//! its C fast path, built in place by pip, is rebuilt when its source is newer).
 
 use std::path::{Path, PathBuf};
 
@@ -39,7 +40,49 @@ fn absolute(root: &Path, packages: &[&str]) -> Vec<String> {
 pub fn venv(root: &Path) -> Option<PathBuf> {
     let packages = absolute(root, PACKAGES);
     let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
-    crate::python_venv(root, "otel-venv", &packages)
+    let venv = crate::python_venv(root, "otel-venv", &packages)?;
+    fast_path(root, &venv);
+    Some(venv)
+}
+
+/// Rebuilds the package's C extension (`_fastslot`, built in place next to its source by an
+/// editable install) when it is missing or older than its source, as in a venv made before
+/// the source changed. A failed build is said and left: the package then runs its
+/// pure-Python path, and the tests that expect the fast one fail.
+fn fast_path(root: &Path, venv: &Path) {
+    let dir = root.join("python/pyrometer-otel/src/pyrometer_otel");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(source) = modified(&dir.join("_fastslot.c")) else {
+        return;
+    };
+    let built = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("_fastslot.") && name.ends_with(".so")
+        })
+        .filter_map(|e| modified(&e.path()))
+        .max();
+    if built.is_some_and(|b| b >= source) {
+        return;
+    }
+    let made = crate::run(
+        std::process::Command::new(venv.join("bin/pip"))
+            .args([
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "-e",
+            ])
+            .arg(root.join("python/pyrometer-otel")),
+    );
+    if let Err(e) = made {
+        eprintln!("cannot build pyrometer-otel's C fast path: {e:#}");
+    }
 }
 
 /// Makes (once) `target/ray-venv`: Ray, and what its traced test needs.

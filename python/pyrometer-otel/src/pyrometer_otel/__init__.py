@@ -9,13 +9,15 @@
     trace.set_tracer_provider(provider)
 
 Samples pyrometer takes of a thread inside a span then carry ``trace_id``, ``span_id`` and
-``span_name`` labels. See docs/src/tracing.md in the pyrometer repository.
+``span_name`` labels. ``FAST`` says whether the slots are written by the C extension (the
+default where pip built it) or in pure Python (``PYROMETER_OTEL_PURE=1`` forces it). See
+docs/src/tracing.md in the pyrometer repository.
 """
 
-from .processor import SpanProcessor, shared_table
+from .processor import FAST, SpanProcessor, shared_table
 from .table import SpanTable
 
-__all__ = ["SpanProcessor", "SpanTable", "shared_table", "install"]
+__all__ = ["FAST", "SpanProcessor", "SpanTable", "shared_table", "install"]
 
 
 def install(provider=None):

@@ -1,12 +1,16 @@
 """The span processor: keeps, per thread, the stack of spans started there and publishes the
 innermost one in the thread's slot of the span table.
 
-Its cost is paid on every span start and end, so the hot path is short: the thread's slot is
-claimed once; a span's 40-byte body is packed once, at its start, and kept on the thread's
-stack; a publish writes that body into the slot's spare half and then the sequence number
-that makes it current (two ``pack_into`` calls).
+Its cost is paid on every span start and end. The C extension ``_fastslot`` does it without
+running bytecode: the processor's ``on_start``/``on_end`` are then a C writer's methods, which
+the SDK calls directly. Where the extension was not built (or ``PYROMETER_OTEL_PURE=1`` is
+set) the pure-Python path below writes the same bytes: the thread's slot is claimed once; a
+span's 40-byte body is packed once, at its start, and kept on the thread's stack; a publish
+writes that body into the slot's spare half and then the sequence number that makes it
+current (two ``pack_into`` calls). ``FAST`` says which one new processors use.
 """
 
+import logging
 import os
 import threading
 import weakref
@@ -26,6 +30,27 @@ _MAX_NAMES = 4096
 
 _lock = threading.Lock()
 _table = None
+
+_log = logging.getLogger("pyrometer_otel")
+
+
+def _load_fast():
+    if os.environ.get("PYROMETER_OTEL_PURE", "") not in ("", "0"):
+        return None, "PYROMETER_OTEL_PURE is set"
+    try:
+        from . import _fastslot
+    except ImportError as e:
+        return None, f"the C extension is not available ({e})"
+    return _fastslot, None
+
+
+_fastslot, _pure_reason = _load_fast()
+# True when new processors write their slots in C (the default when the extension was built).
+FAST = _fastslot is not None
+if FAST:
+    _log.info("pyrometer_otel: span slots written by the C fast path")
+else:
+    _log.info("pyrometer_otel: span slots written in pure Python: %s", _pure_reason)
 
 
 def shared_table():
@@ -53,9 +78,22 @@ class SpanProcessor(_SdkSpanProcessor):
     span (trace id, span id, name) for the pyrometer profiler. Add it to a TracerProvider
     beside any exporting processor; it exports nothing itself."""
 
-    def __init__(self, table=None):
+    def __init__(self, table=None, fast=None):
+        """``fast``: write slots in C (True; ImportError without the extension) or in
+        Python (False); default ``FAST``."""
         self._table = table or shared_table()
         self._buffer = self._table.buffer
+        if fast is None:
+            fast = FAST
+        elif fast and not FAST:
+            raise ImportError(f"pyrometer_otel: no C fast path: {_pure_reason}")
+        self.fast = fast
+        if fast:
+            # The writer's bound methods shadow the Python ones below: the SDK calls C.
+            writer = _fastslot.Writer(self._buffer, self._table.slots)
+            self.on_start = writer.on_start
+            self.on_end = writer.on_end
+            return
         self._local = threading.local()
         self._threads = weakref.WeakSet()
         self._names = {}
