@@ -211,7 +211,9 @@ pub struct PyProcess {
     pub span_slots: u64,
     /// Slots in the table less one (a power of two less one).
     pub span_mask: u32,
-    pub span_reserved: u32,
+    /// When the kernel last looked for a table at its fixed address (2^20 ns units); 0 from
+    /// user space.
+    pub span_probed: u32,
 }
 
 /// One Python frame of a record: the code object's address and where it was.

@@ -4,8 +4,9 @@
 // (python/pyrometer-otel) keeps, in a table shared by the process's threads, one slot per
 // thread (indexed by the thread's own id, as gettid gives it in its pid namespace, & span_mask)
 // with the trace id, span id and name of the thread's
-// innermost active span; the agent finds the table in the process's memory map and puts its
-// address in the process's py_procs entry. A slot is read with three bounded reads: its
+// innermost active span; the kernel finds the table at its fixed address (span_probe), or the
+// agent finds it in the process's memory map, and its address goes in the process's py_procs
+// entry. A slot is read with three bounded reads: its
 // sequence number and owner, the body the sequence number names, the sequence number again.
 // The writer fills the other body before it moves the sequence number on, so a thread
 // interrupted half-way through a write is read with its previous span, and a number that
@@ -56,6 +57,40 @@ static __always_inline __u32 span_own_tid(__u32 tid)
 	return nr;
 }
 
+// Where the package maps its table when it can (FIXED_ADDRESS in
+// python/pyrometer-otel/src/pyrometer_otel/table.py): the kernel looks there itself, so a table
+// is used from the first sample after its header is written, with no wait for the agent's scan
+// of /proc/PID/maps (which still finds tables mapped elsewhere).
+#define SPAN_TABLE_AT 0x607079720000ULL
+// A registered Python process without a table is looked at no more often than every 2^3
+// units of 2^20 ns (~8 ms): one failed user read of an unmapped address, per process.
+#define SPAN_PROBE_EVERY 8
+// "PYROSPAN" read as a little-endian u64.
+#define SPAN_MAGIC 0x4e4150534f525950ULL
+#define SPAN_MAX_SLOTS (1U << 20)
+
+// Takes the table at SPAN_TABLE_AT into the process's entry when its header checks out (the
+// checks of spans.rs's parse_header).
+static __always_inline void span_probe(struct py_process *p)
+{
+	__u32 now = bpf_ktime_get_ns() >> 20;
+	if (now - p->span_probed < SPAN_PROBE_EVERY)
+		return;
+	p->span_probed = now;
+	struct {
+		__u64 magic;
+		__u32 version, count, slot_size, header_size;
+	} h;
+	if (bpf_probe_read_user(&h, sizeof(h), (void *)SPAN_TABLE_AT))
+		return;
+	if (h.magic != SPAN_MAGIC || h.version != 1 || h.slot_size != sizeof(struct span_slot) ||
+	    !h.count || (h.count & (h.count - 1)) || h.count > SPAN_MAX_SLOTS ||
+	    h.header_size < sizeof(h) || h.header_size % 8 || h.header_size > 4096)
+		return;
+	p->span_mask = h.count - 1;
+	p->span_slots = SPAN_TABLE_AT + h.header_size;
+}
+
 // Fills hdr->trace_id, span_id and span_name from the current thread's slot (all zero when
 // there is none). A global function: verified once, called once per record.
 __attribute__((noinline)) int span_read(struct sample_header *hdr)
@@ -65,7 +100,11 @@ __attribute__((noinline)) int span_read(struct sample_header *hdr)
 	span_clear(hdr);
 	__u32 tgid = hdr->pid;
 	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
-	if (!p || !p->span_slots)
+	if (!p)
+		return 0;
+	if (!p->span_slots)
+		span_probe(p);
+	if (!p->span_slots)
 		return 0;
 	__u32 tid = span_own_tid(hdr->tid);
 	__u64 slot = p->span_slots + (__u64)(tid & p->span_mask) * sizeof(struct span_slot);

@@ -77,7 +77,9 @@ struct Tracked {
 /// A registered process without a span table is looked at again after this long, then after
 /// twice as long each time up to `SPANS_RECHECK_MAX`: the package creates the table when the
 /// application sets up tracing, usually at start-up, and a node-wide agent should not read the
-/// maps of every Python process that never will four times a second.
+/// maps of every Python process that never will four times a second. A table at the
+/// package's fixed address is taken by the kernel at once (spans.h); this search finds the
+/// others (the address was taken) and learns of the kernel's finds.
 const SPANS_RECHECK: Duration = Duration::from_millis(250);
 const SPANS_RECHECK_MAX: Duration = Duration::from_secs(2);
 
@@ -365,7 +367,7 @@ impl PyTracker {
             offsets: offsets.to_words(),
             span_slots: span_table.map_or(0, |t| t.slots),
             span_mask: span_table.map_or(0, |t| t.mask),
-            span_reserved: 0,
+            span_probed: 0,
         };
         if let Some(map) = self.map.as_mut()
             && map.insert(pid, entry, 0).is_err()
@@ -412,6 +414,19 @@ impl PyTracker {
         }
         t.spans_checked = Instant::now();
         t.spans_wait = (t.spans_wait * 2).min(SPANS_RECHECK_MAX);
+        // The kernel takes a table at the package's fixed address itself (spans.h): then the
+        // entry says where, and no /proc scan is needed.
+        if let Some(map) = self.map.as_ref()
+            && let Ok(entry) = map.get(&pid, 0)
+            && entry.span_slots != 0
+        {
+            t.spans = Some(SpanTable {
+                slots: entry.span_slots,
+                mask: entry.span_mask,
+            });
+            self.stats.span_tables += 1;
+            return;
+        }
         let Some(table) = spans::find(&self.proc_root, pid, &ProcessMemory::new(pid)) else {
             return;
         };

@@ -47,6 +47,24 @@ class ProcessorTest(unittest.TestCase):
         magic, version, count, size, header = struct.unpack_from("<8sIIII", self.table.buffer, 0)
         self.assertEqual((magic, version, count, size, header), (b"PYROSPAN", 1, 1024, 128, 64))
 
+    def test_a_process_table_lies_at_the_fixed_address(self):
+        # In a fresh process (this one's tables hold the address already) the shared table
+        # is mapped where the kernel looks for it, header first-checked there.
+        import subprocess
+        import sys
+
+        code = (
+            "import struct, pyrometer_otel\n"
+            "from pyrometer_otel import table as t\n"
+            "tb = pyrometer_otel.shared_table()\n"
+            "maps = [l for l in open('/proc/self/maps') if t.MEMFD_NAME in l]\n"
+            "print(tb.address == t.FIXED_ADDRESS, maps[0].startswith('%x-' % t.FIXED_ADDRESS),\n"
+            "      struct.unpack_from('<8sIIII', tb.buffer, 0))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), "True True (b'PYROSPAN', 1, 8192, 128, 64)")
+
     def test_nested_spans_publish_the_innermost_and_restore_the_parent(self):
         self.assertIsNone(slot(self.table, self.tid))
         with self.tracer.start_as_current_span("outer") as outer:
