@@ -503,9 +503,10 @@ fn collector_accepts_otlp_pushes() {
 }
 
 /// A real local Ray cluster with Ray's tracing start-up hook set to pyrometer-otel's: two task
-/// types, each under its own trace, on reused workers (fixtures/ray_traced.py). Every sample
-/// in a task's work function carries that task's trace (the span of its invocation, on a
-/// worker that ran the other type before), and the two traces split the CPU 2:1.
+/// types, each under its own trace, on reused workers, and an actor's method calls under a
+/// third (fixtures/ray_traced.py). Every sample in a task's or the actor method's work
+/// function carries its caller's trace (the span of its invocation, on a worker that ran the
+/// other type before), and the two task traces split the CPU 2:1.
 #[test]
 fn ray_tasks_carry_their_invocations_trace() {
     use pyrometer_e2e::ray_cluster::{self, Cluster};
@@ -597,7 +598,11 @@ fn ray_tasks_carry_their_invocations_trace() {
     let count = pprof_type(&profile, "samples");
     let samples = pprof_samples(&profile);
     let mut by_trace: HashMap<String, i64> = HashMap::new();
-    for (function, task) in [("alpha_work", "alpha"), ("beta_work", "beta")] {
+    for (function, task) in [
+        ("alpha_work", "alpha"),
+        ("beta_work", "beta"),
+        ("gamma_work", "gamma"),
+    ] {
         let trace = ids[task].as_str().unwrap();
         let (mut total, mut right, mut wrong) = (0, 0, 0);
         for s in samples
@@ -613,16 +618,18 @@ fn ray_tasks_carry_their_invocations_trace() {
         }
         assert!(total > 20, "too few samples in {function}: {total}");
         // A task switch is seen at the span's start; samples in flight across it may carry
-        // the previous one. A new worker's first samples, before its span table is found
-        // (on a loaded machine up to a couple of seconds), carry none.
+        // the previous one. The kernel takes a worker's span table at its first sample after
+        // the table's creation, unless it looked for one within the ~8 ms before: a sample
+        // or so a worker may carry none.
         assert!(
             wrong as f64 <= 0.05 * total as f64,
             "{wrong} of {total} samples in {function} carry another trace than {task}"
         );
         assert!(
-            right as f64 >= 0.8 * total as f64,
+            right as f64 >= 0.9 * total as f64,
             "{right} of {total} samples in {function} carry trace {task}"
         );
+        println!("{function}: {right} of {total} samples carry trace {task}, {wrong} another");
         *by_trace.entry(task.to_string()).or_default() += right;
     }
     let (a, b) = (by_trace["alpha"], by_trace["beta"]);
