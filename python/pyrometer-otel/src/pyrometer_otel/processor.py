@@ -10,6 +10,7 @@ writes that body into the slot's spare half and then the sequence number that ma
 current (two ``pack_into`` calls). ``FAST`` says which one new processors use.
 """
 
+import importlib
 import logging
 import os
 import threading
@@ -37,11 +38,18 @@ _log = logging.getLogger("pyrometer_otel")
 def _load_fast():
     if os.environ.get("PYROMETER_OTEL_PURE", "") not in ("", "0"):
         return None, "PYROMETER_OTEL_PURE is set"
+    name = __package__ + "._fastslot"
     try:
-        from . import _fastslot
+        return importlib.import_module(name), None
+    except ModuleNotFoundError as e:
+        if e.name != name:
+            raise
+        return None, (
+            "the C extension was not built (pip needs a C compiler and the interpreter's "
+            "headers, e.g. Debian's gcc and python3-dev, when it installs the package)"
+        )
     except ImportError as e:
-        return None, f"the C extension is not available ({e})"
-    return _fastslot, None
+        return None, f"the C extension does not load: {e}"
 
 
 _fastslot, _pure_reason = _load_fast()
