@@ -186,6 +186,12 @@ static struct tstate *state(Writer *w, int create)
 		st->serial = tl.serial;
 		st->tid = tid;
 		st->offset = claim(w, tid);
+		/* An exited thread's state that held this slot (its id now reused, so not swept
+		 * yet) must not write it again, e.g. when one of its spans ends elsewhere. */
+		if (st->offset >= 0)
+			for (struct tstate *o = w->states; o; o = o->next)
+				if (o->offset == st->offset)
+					o->offset = -1;
 		st->next = w->states;
 		if (w->states)
 			w->states->prev = st;
