@@ -211,9 +211,10 @@ pub struct PyProcess {
     pub span_slots: u64,
     /// Slots in the table less one (a power of two less one).
     pub span_mask: u32,
-    /// When the kernel last looked for a table at its fixed address (2^20 ns units); 0 from
-    /// user space.
-    pub span_probed: u32,
+    /// When the kernel last looked for a table at its fixed address (2^20 ns units,
+    /// wrapping) and how often it looked in vain; 0 from user space.
+    pub span_probed_at: u16,
+    pub span_probes: u16,
 }
 
 /// One Python frame of a record: the code object's address and where it was.

@@ -54,7 +54,7 @@ fn a_span_table_at_the_fixed_address_is_used_from_the_first_span() {
     println!(
         "fixed address: {labelled} of {total} span_work() samples labelled, first at {first} ms"
     );
-    assert!(total > 100, "too few samples in span_work(): {total}");
+    assert!(total > 50, "too few samples in span_work(): {total}");
     // Only the samples of the first ~8 ms (the kernel's look-again interval) may miss it;
     // the /proc scan alone would miss the first 0.25–2 s of the 3.
     assert!(
@@ -70,7 +70,7 @@ fn a_span_table_at_the_fixed_address_is_used_from_the_first_span() {
     // still finds it, later.
     let (total, labelled, first) = discovery(&dir, &python, true);
     println!("elsewhere: {labelled} of {total} span_work() samples labelled, first at {first} ms");
-    assert!(total > 100, "too few samples in span_work(): {total}");
+    assert!(total > 50, "too few samples in span_work(): {total}");
     assert!(
         labelled > 0,
         "a table away from the fixed address is never found ({total} samples)"

@@ -257,8 +257,10 @@ struct py_process {
 	// slot, 0 when the process publishes none, and the slot count less one (a power of two).
 	__u64 span_slots;
 	__u32 span_mask;
-	// When the kernel last looked for a table at SPAN_TABLE_AT (spans.h), in 2^20 ns.
-	__u32 span_probed;
+	// When the kernel last looked for a table at SPAN_TABLE_AT (spans.h; in 2^20 ns, wrapping)
+	// and how often it looked in vain (saturating).
+	__u16 span_probed_at;
+	__u16 span_probes;
 };
 
 // What a span table slot says of its thread's innermost active span (40 bytes).

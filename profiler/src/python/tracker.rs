@@ -367,7 +367,8 @@ impl PyTracker {
             offsets: offsets.to_words(),
             span_slots: span_table.map_or(0, |t| t.slots),
             span_mask: span_table.map_or(0, |t| t.mask),
-            span_probed: 0,
+            span_probed_at: 0,
+            span_probes: 0,
         };
         if let Some(map) = self.map.as_mut()
             && map.insert(pid, entry, 0).is_err()
