@@ -2,7 +2,9 @@
 //! processor (python/pyrometer-otel) publishes each thread's active span in, for the kernel
 //! to read at sample time (`ebpf/src/bpf/spans.h`).
 //!
-//! The package maps the table from a memfd named [`MEMFD_NAME`], so the process's memory map
+//! The package maps the table at a fixed address where it can, and the kernel program takes it
+//! from there by itself (`span_probe` in spans.h); this finds the others. The package maps the
+//! table from a memfd named [`MEMFD_NAME`], so the process's memory map
 //! shows where it lies without any symbol lookup; its header says what it is, and is checked
 //! before the kernel is told the address. A forked child shares its parent's table (slots are
 //! per thread id, and thread ids are unique in a pid namespace), so it needs nothing of its
