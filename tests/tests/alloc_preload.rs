@@ -67,17 +67,31 @@ fn unsampled_frees_never_reach_the_kernel() {
     );
 }
 
-/// keep_1k() keeps 100 MiB of 1 KiB blocks, regrow() resizes each to 2 KiB: the sampled
-/// entries of the old blocks leave with them, and the resized blocks are in use, estimated
-/// within ±20 %, under regrow().
+/// keep_1k() keeps 102400 blocks of 1 KiB, regrow() resizes each to 2 KiB, drop_half() frees
+/// every other one (sampled every 64 KiB, ~800 blocks in use sampled, for a tight estimate):
+/// a sampled block's in-use entry moves with its resize, so what is in use is
+/// 51200 blocks of 2 KiB under keep_1k(), the stack that allocated them (estimated within
+/// ±20 %, objects and bytes: the weight stays the 1 KiB allocation's, the size is the new
+/// one), the freed half is gone, and nothing is in use under regrow(). The resizes count as
+/// allocations under regrow() (200 MiB), once: keep_1k() allocated its 100 MiB only.
 #[test]
 fn realloc_moves_sampled_blocks() {
     if !privileged() {
         return;
     }
+    let dir = scratch("alloc-preload-regrow");
+    let stats = dir.join("stats.json");
     let (result, out) = record_allocs(
         "alloc-preload-regrow",
-        &["--leaks", "--min-age", "1s"],
+        &[
+            "--leaks",
+            "--min-age",
+            "1s",
+            "--alloc-sample-bytes",
+            "65536",
+            "--stats",
+            stats.to_str().unwrap(),
+        ],
         &["regrow"],
     );
     let err = stderr(&result);
@@ -85,23 +99,55 @@ fn realloc_moves_sampled_blocks() {
     let truth = fixture_totals(&result.stdout);
     let p = read_pprof(&out);
     let samples = pprof_samples(&p);
-    let inuse = pprof_type(&p, "inuse_space");
-    let regrown = by_function(&samples, inuse, "regrow");
-    let want = truth["regrow"].1;
-    assert!(
-        (regrown - want).abs() <= 0.2 * want,
-        "regrow: {regrown:.0} bytes in use, {want:.0} resized\n{err}"
+    let (inuse, objects) = (
+        pprof_type(&p, "inuse_space"),
+        pprof_type(&p, "inuse_objects"),
     );
-    // What keep_1k still holds is its array of pointers (800 KiB), not the resized blocks.
-    let left = by_function(&samples, inuse, "keep_1k");
+    // keep_1k() also holds its array of 102400 pointers (800 KiB, 0.8 % of the blocks).
+    let (kept, kept_objects) = (
+        by_function(&samples, inuse, "keep_1k"),
+        by_function(&samples, objects, "keep_1k"),
+    );
+    let (want, want_objects) = (
+        truth["drop_half"].1,
+        truth["regrow"].0 - truth["drop_half"].0,
+    );
+    assert_estimate("in use under keep_1k", kept, want, &err);
     assert!(
-        left < 0.05 * truth["keep_1k"].1,
-        "keep_1k: {left:.0} bytes still in use after every block was resized\n{err}"
+        (kept_objects - want_objects).abs() <= 0.2 * want_objects,
+        "keep_1k: {kept_objects:.0} blocks in use, {want_objects:.0} kept\n{err}"
+    );
+    let regrown = by_function(&samples, inuse, "regrow");
+    assert!(
+        regrown < 0.02 * want,
+        "regrow: {regrown:.0} bytes in use: the resized blocks belong to keep_1k\n{err}"
+    );
+    let space = pprof_type(&p, "alloc_space");
+    assert_estimate(
+        "allocated by regrow",
+        by_function(&samples, space, "regrow"),
+        truth["regrow"].1,
+        &err,
+    );
+    assert_estimate(
+        "allocated by keep_1k",
+        by_function(&samples, space, "keep_1k"),
+        truth["keep_1k"].1,
+        &err,
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    // Each sampled 1 KiB block moved once.
+    let moves = json["alloc_moves"].as_f64().unwrap();
+    let sampled = truth["keep_1k"].0 * (1.0 - (-1024.0f64 / 65536.0).exp());
+    assert!(
+        (moves - sampled).abs() <= 0.25 * sampled,
+        "{moves} moves of ~{sampled:.0} sampled blocks\n{err}"
     );
     assert!(
         leak_report(&err)
             .first()
-            .is_some_and(|l| l.contains("regrow")),
+            .is_some_and(|l| l.contains("keep_1k")),
         "{err}"
     );
 }
@@ -136,6 +182,60 @@ fn a_forked_and_execed_child_keeps_sampling() {
     for f in ["make_200", "make_600"] {
         assert_estimate(f, by_function(&samples, space, f), truth[f].1, &err);
     }
+}
+
+/// `record --alloc -- launch.sh`, a `#!` shell script that runs the fixture: the script is
+/// no ELF file, but its interpreter and the command it starts inherit `LD_PRELOAD`, so both
+/// sample in process: the estimates hold and no uprobe goes on any allocator.
+#[test]
+fn a_launcher_script_is_preloaded() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("alloc-preload-script");
+    let (out, stats, script) = (
+        dir.join("alloc.pb.gz"),
+        dir.join("stats.json"),
+        dir.join("launch.sh"),
+    );
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\"{}\" totals\necho launched\n",
+            fixture("allocs").display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let result = pyrometer(&[
+        "record",
+        "--alloc",
+        "--stats",
+        stats.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        script.to_str().unwrap(),
+    ]);
+    assert_ok(&result);
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let space = pprof_type(&p, "alloc_space");
+    for f in ["make_200", "make_600"] {
+        assert_estimate(f, by_function(&samples, space, f), truth[f].1, &err);
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(json["alloc_uprobes"], 0, "no allocator uprobes\n{json}");
+    assert_eq!(json["alloc_preload_libraries"], 1, "{json}");
+    assert!(
+        json["alloc_preload_frees"].as_u64().unwrap() > 0,
+        "the sampled frees came through the library\n{json}"
+    );
 }
 
 /// Four threads, one after the other, each allocate 100 MB and exit: what they allocated is
