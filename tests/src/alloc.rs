@@ -44,15 +44,32 @@ pub fn record_allocs(
     args: &[&str],
     fixture_args: &[&str],
 ) -> (std::process::Output, std::path::PathBuf) {
+    let bin = fixture("allocs");
+    let mut command = vec![bin.to_str().unwrap()];
+    command.extend_from_slice(fixture_args);
+    record_command(name, args, &command)
+}
+
+/// Runs `record ARGS -o DIR/alloc.pb.gz -- COMMAND` in a scratch directory named for `name`,
+/// which must succeed; returns its output and the profile's path.
+pub fn record_command(
+    name: &str,
+    args: &[&str],
+    command: &[&str],
+) -> (std::process::Output, std::path::PathBuf) {
     let dir = scratch(name);
     let out = dir.join("alloc.pb.gz");
     let mut all = vec!["record", "-o", out.to_str().unwrap()];
     all.extend_from_slice(args);
     all.push("--");
-    let bin = fixture("allocs");
-    all.push(bin.to_str().unwrap());
-    all.extend_from_slice(fixture_args);
+    all.extend_from_slice(command);
     let result = pyrometer(&all);
     assert_ok(&result);
     (result, out)
+}
+
+/// The `--stats` file `record` wrote.
+pub fn read_stats(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

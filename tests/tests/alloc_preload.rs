@@ -4,7 +4,9 @@
 //! and a library loaded with dlopen. Ground truth is what the fixtures print they did.
 //! Needs root (BPF, uprobes).
 
-use pyrometer_e2e::alloc::{by_function, fixture_totals, leak_report, record_allocs};
+use pyrometer_e2e::alloc::{
+    by_function, fixture_totals, leak_report, read_stats, record_allocs, record_command,
+};
 use pyrometer_e2e::*;
 
 /// Within ±20 % of the truth. At the default rate a function here gets ~350 samples, one
@@ -32,8 +34,7 @@ fn unsampled_frees_never_reach_the_kernel() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-frees");
-    let stats = dir.join("stats.json");
+    let stats = scratch("alloc-preload-frees-stats").join("stats.json");
     let (result, _) = record_allocs(
         "alloc-preload-frees",
         &["--alloc", "--stats", stats.to_str().unwrap()],
@@ -48,8 +49,7 @@ fn unsampled_frees_never_reach_the_kernel() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no calls line\n{err}"));
     let frees = calls / 2.0;
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let json = read_stats(&stats);
     let reported = json["alloc_preload_frees"].as_f64().unwrap();
     let sampled = json["alloc_kernel_samples"].as_f64().unwrap();
     println!("{frees} frees made, {reported} reported, {sampled} allocations sampled");
@@ -79,8 +79,7 @@ fn realloc_moves_sampled_blocks() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-regrow");
-    let stats = dir.join("stats.json");
+    let stats = scratch("alloc-preload-regrow-stats").join("stats.json");
     let (result, out) = record_allocs(
         "alloc-preload-regrow",
         &[
@@ -135,8 +134,7 @@ fn realloc_moves_sampled_blocks() {
         truth["keep_1k"].1,
         &err,
     );
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let json = read_stats(&stats);
     // Each sampled 1 KiB block moved once.
     let moves = json["alloc_moves"].as_f64().unwrap();
     let sampled = truth["keep_1k"].0 * (1.0 - (-1024.0f64 / 65536.0).exp());
@@ -159,20 +157,12 @@ fn a_forked_and_execed_child_keeps_sampling() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-child");
-    let out = dir.join("alloc.pb.gz");
     let script = format!("{} totals; true", fixture("allocs").display());
-    let result = pyrometer(&[
-        "record",
-        "--alloc",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        "/bin/sh",
-        "-c",
-        &script,
-    ]);
-    assert_ok(&result);
+    let (result, out) = record_command(
+        "alloc-preload-child",
+        &["--alloc"],
+        &["/bin/sh", "-c", &script],
+    );
     let err = stderr(&result);
     assert_preloaded(&err);
     let truth = fixture_totals(&result.stdout);
@@ -192,12 +182,8 @@ fn a_launcher_script_is_preloaded() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-script");
-    let (out, stats, script) = (
-        dir.join("alloc.pb.gz"),
-        dir.join("stats.json"),
-        dir.join("launch.sh"),
-    );
+    let dir = scratch("alloc-preload-script-files");
+    let (stats, script) = (dir.join("stats.json"), dir.join("launch.sh"));
     std::fs::write(
         &script,
         format!(
@@ -208,17 +194,11 @@ fn a_launcher_script_is_preloaded() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let result = pyrometer(&[
-        "record",
-        "--alloc",
-        "--stats",
-        stats.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        script.to_str().unwrap(),
-    ]);
-    assert_ok(&result);
+    let (result, out) = record_command(
+        "alloc-preload-script",
+        &["--alloc", "--stats", stats.to_str().unwrap()],
+        &[script.to_str().unwrap()],
+    );
     let err = stderr(&result);
     assert_preloaded(&err);
     let truth = fixture_totals(&result.stdout);
@@ -228,8 +208,7 @@ fn a_launcher_script_is_preloaded() {
     for f in ["make_200", "make_600"] {
         assert_estimate(f, by_function(&samples, space, f), truth[f].1, &err);
     }
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let json = read_stats(&stats);
     assert_eq!(json["alloc_uprobes"], 0, "no allocator uprobes\n{json}");
     assert_eq!(json["alloc_preload_libraries"], 1, "{json}");
     assert!(
@@ -268,22 +247,12 @@ fn a_dlopened_library_is_sampled() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-dlopen");
-    let out = dir.join("alloc.pb.gz");
-    let lib = fixture("libdlalloc.so");
-    let bin = fixture("dlopener");
-    let result = pyrometer(&[
-        "record",
-        "--alloc",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        lib.to_str().unwrap(),
-        "0.2",
-        "1",
-    ]);
-    assert_ok(&result);
+    let (lib, bin) = (fixture("libdlalloc.so"), fixture("dlopener"));
+    let (result, out) = record_command(
+        "alloc-preload-dlopen",
+        &["--alloc"],
+        &[bin.to_str().unwrap(), lib.to_str().unwrap(), "0.2", "1"],
+    );
     let err = stderr(&result);
     assert_preloaded(&err);
     let truth = fixture_totals(&result.stdout);
@@ -346,8 +315,7 @@ fn pid_targets_use_the_library_when_they_load_it() {
         let note = text.contains("does not load libpyrometer_alloc.so")
             && text.contains("start it with LD_PRELOAD=/");
         assert_eq!(note, !preloaded, "preloaded {preloaded}:\n{text}");
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let json = read_stats(&stats);
         let through_library = json["alloc_preload_frees"].as_u64().unwrap() > 0;
         assert_eq!(through_library, preloaded, "{json}\n{text}");
         let truth = fixture_totals(&stdout);
