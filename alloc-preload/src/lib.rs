@@ -120,7 +120,9 @@ pub(crate) fn resized(
     pyrometer_alloc_sampled(new, size, RESIZED)
 }
 
-/// A sampled block was resized: its entry follows it.
+/// A sampled block was resized: its entry follows it. (Between the resize and this call
+/// another thread may be handed the old address and sample it; the move then carries that
+/// block's entry instead: a rare misattribution, never a lost or doubled block in the table.)
 #[cold]
 #[inline(never)]
 fn moved(old: *mut c_void, new: *mut c_void, size: usize) {
@@ -326,6 +328,31 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resized_sampled_block_moves_in_the_table() {
+        // Addresses no allocator hands out in this test process.
+        let (old, new, other) = (0x7e00_0000_0010usize, 0x7e00_0000_1000, 0x7e00_0000_2000);
+        let p = |a: usize| a as *mut c_void;
+        // As realloc does: the old block leaves the table before the resize.
+        assert!(SAMPLED.insert(old) && SAMPLED.remove(old));
+        let moved_to = resized(p(old), true, p(new), 64, false);
+        assert_eq!(moved_to, p(new));
+        assert!(SAMPLED.contains(new) && !SAMPLED.contains(old));
+        // A failed resize keeps the old block sampled.
+        assert!(SAMPLED.remove(new));
+        assert!(resized(p(new), true, core::ptr::null_mut(), 64, false).is_null());
+        assert!(SAMPLED.contains(new));
+        // A new block sampled on its own inside the resize keeps its entry, once.
+        assert!(SAMPLED.insert(other));
+        assert!(SAMPLED.remove(new));
+        resized(p(new), true, p(other), 64, false);
+        assert!(!SAMPLED.contains(new));
+        assert!(SAMPLED.remove(other) && !SAMPLED.contains(other));
+        // An unsampled block's resize is never in the table.
+        resized(p(old), false, p(new), 64, false);
+        assert!(!SAMPLED.contains(new) && !SAMPLED.contains(old));
+    }
 
     #[test]
     fn means_parse_as_decimal_bytes() {
