@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::{PprofSample, assert_ok, fixture, pyrometer, scratch};
+use crate::{PprofSample, assert_ok, fixture, pyrometer_bin, scratch};
 
 /// The fixture's own account: function -> (allocations, bytes).
 pub fn fixture_totals(stdout: &[u8]) -> HashMap<String, (f64, f64)> {
@@ -57,13 +57,27 @@ pub fn record_command(
     args: &[&str],
     command: &[&str],
 ) -> (std::process::Output, std::path::PathBuf) {
+    record_command_env(name, args, command, &[])
+}
+
+/// [`record_command`] with `env` added to `record`'s environment.
+pub fn record_command_env(
+    name: &str,
+    args: &[&str],
+    command: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Output, std::path::PathBuf) {
     let dir = scratch(name);
     let out = dir.join("alloc.pb.gz");
     let mut all = vec!["record", "-o", out.to_str().unwrap()];
     all.extend_from_slice(args);
     all.push("--");
     all.extend_from_slice(command);
-    let result = pyrometer(&all);
+    let result = std::process::Command::new(pyrometer_bin())
+        .args(&all)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run pyrometer");
     assert_ok(&result);
     (result, out)
 }

@@ -6,6 +6,7 @@
 
 use pyrometer_e2e::alloc::{
     by_function, fixture_totals, leak_report, read_stats, record_allocs, record_command,
+    record_command_env,
 };
 use pyrometer_e2e::*;
 
@@ -76,12 +77,25 @@ fn unsampled_frees_never_reach_the_kernel() {
 /// allocations under regrow() (200 MiB), once: keep_1k() allocated its 100 MiB only.
 #[test]
 fn realloc_moves_sampled_blocks() {
+    check_realloc_moves(false);
+}
+
+/// The same through uprobes on the allocator (the library hidden): the views are the same.
+#[test]
+fn realloc_moves_sampled_blocks_through_uprobes() {
+    check_realloc_moves(true);
+}
+
+fn check_realloc_moves(uprobes: bool) {
     if !privileged() {
         return;
     }
-    let stats = scratch("alloc-preload-regrow-stats").join("stats.json");
-    let (result, out) = record_allocs(
-        "alloc-preload-regrow",
+    let name = format!("alloc-preload-regrow-{uprobes}");
+    let stats = scratch(&format!("{name}-stats")).join("stats.json");
+    let bin = fixture("allocs");
+    let hidden = [("PYROMETER_ALLOC_LIB", "/nonexistent/libpyrometer_alloc.so")];
+    let (result, out) = record_command_env(
+        &name,
         &[
             "--leaks",
             "--min-age",
@@ -91,10 +105,15 @@ fn realloc_moves_sampled_blocks() {
             "--stats",
             stats.to_str().unwrap(),
         ],
-        &["regrow"],
+        &[bin.to_str().unwrap(), "regrow"],
+        if uprobes { &hidden } else { &[] },
     );
     let err = stderr(&result);
-    assert_preloaded(&err);
+    if uprobes {
+        assert!(err.contains("sampled with uprobes"), "{err}");
+    } else {
+        assert_preloaded(&err);
+    }
     let truth = fixture_totals(&result.stdout);
     let p = read_pprof(&out);
     let samples = pprof_samples(&p);
