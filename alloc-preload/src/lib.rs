@@ -5,8 +5,9 @@
 //! ([`countdown`]). Only the allocation that crosses the gap calls
 //! [`probe::pyrometer_alloc_sampled`], where pyrometer's uprobe records its stack; its
 //! address goes into a table ([`table`]) so that its free, and only the free of a sampled
-//! block, calls [`probe::pyrometer_free_sampled`]. With no profiler attached the probes are
-//! plain calls, so the library costs the countdown only.
+//! block, calls [`probe::pyrometer_free_sampled`] (and its `realloc`
+//! [`probe::pyrometer_realloc_sampled`]). With no profiler attached the probes are plain
+//! calls, so the library costs the countdown only.
 //!
 //! The mean gap comes from `PYROMETER_ALLOC_SAMPLE_BYTES` (512 KiB by default; 1 samples
 //! every allocation). Nothing on these paths allocates, takes a lock or touches Rust's
@@ -22,12 +23,14 @@ pub mod table;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use probe::{TRACKED, pyrometer_alloc_sampled, pyrometer_free_sampled};
+use probe::{
+    RESIZED, TRACKED, pyrometer_alloc_sampled, pyrometer_free_sampled, pyrometer_realloc_sampled,
+};
 
 /// The environment variable `pyrometer record` sets (and users may): mean bytes per sample.
 pub const MEAN_ENV: &str = "PYROMETER_ALLOC_SAMPLE_BYTES";
 
-static SAMPLED: table::Table = table::Table::new();
+pub(crate) static SAMPLED: table::Table = table::Table::new();
 /// Sampled blocks the table had no room for (reported to the kernel as untracked).
 static UNTRACKED: AtomicU64 = AtomicU64::new(0);
 
@@ -84,6 +87,62 @@ pub(crate) fn account(ptr: *mut c_void, size: usize) -> *mut c_void {
 pub(crate) fn forget(ptr: *mut c_void) {
     if SAMPLED.remove(ptr as usize) {
         pyrometer_free_sampled(ptr);
+    }
+}
+
+/// A resize of `old` to `size` bytes at `new` (null: it failed) is done; `was_sampled` says
+/// whether `old` had been sampled (and was taken out of the table before the resize, as a
+/// free does: once resized away its address can be another thread's next sampled block).
+/// `counted`: the resize counts as an allocation of `size` bytes here (not in an allocator
+/// call inside it). Returns `new`.
+///
+/// The two views a resize shows in: the allocation views count every resize as an
+/// allocation of its new size, sampled by the countdown like any other (so a block grown in
+/// steps counts each step); the in-use view follows a block from the allocation that made it:
+/// a sampled block's entry moves to its new address with its stack, time and weight and the
+/// new size, and the resize of an unsampled block is never in use, even when the countdown
+/// samples it (its first block was not sampled, and counting it from a later step too would
+/// count such blocks more than once on average).
+#[inline(always)]
+pub(crate) fn resized(
+    old: *mut c_void,
+    was_sampled: bool,
+    new: *mut c_void,
+    size: usize,
+    counted: bool,
+) -> *mut c_void {
+    if was_sampled {
+        moved(old, new, size);
+    }
+    if new.is_null() || !counted || !countdown::sample(size) {
+        return new;
+    }
+    pyrometer_alloc_sampled(new, size, RESIZED)
+}
+
+/// A sampled block was resized: its entry follows it. (Between the resize and this call
+/// another thread may be handed the old address and sample it; the move then carries that
+/// block's entry instead: a rare misattribution, never a lost or doubled block in the table.)
+#[cold]
+#[inline(never)]
+fn moved(old: *mut c_void, new: *mut c_void, size: usize) {
+    if new.is_null() {
+        // The resize failed: the old block stays, and stays sampled.
+        if !SAMPLED.insert(old as usize) {
+            UNTRACKED.fetch_add(1, Ordering::Relaxed);
+            pyrometer_free_sampled(old);
+        }
+        return;
+    }
+    if SAMPLED.contains(new as usize) {
+        // An allocator call inside this one (pymalloc moving a block out to malloc) sampled
+        // the new block on its own: that entry stands for it, the old one goes.
+        pyrometer_free_sampled(old);
+    } else if SAMPLED.insert(new as usize) {
+        pyrometer_realloc_sampled(old, new, size);
+    } else {
+        UNTRACKED.fetch_add(1, Ordering::Relaxed);
+        pyrometer_free_sampled(old);
     }
 }
 
@@ -144,18 +203,21 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: the wrapped malloc, as called.
         return arena_realloc(ptr, size, |n| unsafe { (r.malloc)(n) });
     }
-    // A resize ends the old block (its sampled entry goes) and makes a new one of `size`
-    // bytes, counted like any allocation: the sampled live entry moves to the new block
-    // when the countdown samples the new size, as tcmalloc's does.
-    if !ptr.is_null() {
-        forget(ptr);
+    if ptr.is_null() {
+        // SAFETY: forwarded as called (a malloc).
+        let p = unsafe { (r.realloc)(ptr, size) };
+        return account(p, size);
     }
+    if size == 0 {
+        // glibc frees the block (other allocators may return a minimal one, not counted).
+        forget(ptr);
+        // SAFETY: forwarded as called.
+        return unsafe { (r.realloc)(ptr, size) };
+    }
+    let was_sampled = SAMPLED.remove(ptr as usize);
     // SAFETY: forwarded as called.
     let p = unsafe { (r.realloc)(ptr, size) };
-    if size == 0 {
-        return p;
-    }
-    account(p, size)
+    resized(ptr, was_sampled, p, size, true)
 }
 
 /// A resize of a bootstrap block: a new block from `alloc` with the old contents.
@@ -266,6 +328,31 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resized_sampled_block_moves_in_the_table() {
+        // Addresses no allocator hands out in this test process.
+        let (old, new, other) = (0x7e00_0000_0010usize, 0x7e00_0000_1000, 0x7e00_0000_2000);
+        let p = |a: usize| a as *mut c_void;
+        // As realloc does: the old block leaves the table before the resize.
+        assert!(SAMPLED.insert(old) && SAMPLED.remove(old));
+        let moved_to = resized(p(old), true, p(new), 64, false);
+        assert_eq!(moved_to, p(new));
+        assert!(SAMPLED.contains(new) && !SAMPLED.contains(old));
+        // A failed resize keeps the old block sampled.
+        assert!(SAMPLED.remove(new));
+        assert!(resized(p(new), true, core::ptr::null_mut(), 64, false).is_null());
+        assert!(SAMPLED.contains(new));
+        // A new block sampled on its own inside the resize keeps its entry, once.
+        assert!(SAMPLED.insert(other));
+        assert!(SAMPLED.remove(new));
+        resized(p(new), true, p(other), 64, false);
+        assert!(!SAMPLED.contains(new));
+        assert!(SAMPLED.remove(other) && !SAMPLED.contains(other));
+        // An unsampled block's resize is never in the table.
+        resized(p(old), false, p(new), 64, false);
+        assert!(!SAMPLED.contains(new) && !SAMPLED.contains(old));
+    }
 
     #[test]
     fn means_parse_as_decimal_bytes() {

@@ -196,15 +196,20 @@ unsafe extern "C" fn py_calloc(ctx: *mut c_void, n: usize, size: usize) -> *mut 
 unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: as in py_malloc.
     let a = unsafe { &*ctx.cast::<Allocator>() };
-    if !ptr.is_null() {
-        crate::forget(ptr);
+    if ptr.is_null() {
+        // SAFETY: forwarded as called (a malloc).
+        let p = unsafe { (a.realloc.unwrap_unchecked())(a.ctx, ptr, size) };
+        return if small(size) {
+            crate::account(p, size)
+        } else {
+            p
+        };
     }
+    let was_sampled = crate::SAMPLED.remove(ptr as usize);
     // SAFETY: forwarded as called.
     let p = unsafe { (a.realloc.unwrap_unchecked())(a.ctx, ptr, size) };
-    if size == 0 || !small(size) {
-        return p;
-    }
-    crate::account(p, size)
+    // A block that outgrows pymalloc is made by malloc, counted there.
+    crate::resized(ptr, was_sampled, p, size, small(size))
 }
 
 unsafe extern "C" fn py_free(ctx: *mut c_void, ptr: *mut c_void) {

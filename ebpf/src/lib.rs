@@ -85,6 +85,9 @@ pub const SAMPLE_ALLOC_PRELOAD: u32 = 8192;
 /// `SampleHeader::flags`, with `SAMPLE_ALLOC`: not tracked for its free (a table was full):
 /// it counts as allocated, never as in use.
 pub const SAMPLE_ALLOC_UNTRACKED: u32 = 16384;
+/// `SampleHeader::flags`, with `SAMPLE_FREE`: a sampled block was resized, not freed: `aux`
+/// is its old address, `value` its new size and [`RawSample::moved_to`] its new address.
+pub const SAMPLE_ALLOC_MOVED: u32 = 32768;
 
 /// Allocator entry points, the probe cookie the kernel side dispatches on (`ALLOC_*` in
 /// alloc.h).
@@ -386,7 +389,19 @@ impl<'a> RawSample<'a> {
         {
             return Err(BadRecord("kernel frame count exceeds record"));
         }
+        if header.flags & SAMPLE_ALLOC_MOVED != 0 && bytes.len() < hsize + 8 {
+            return Err(BadRecord("move record without its new address"));
+        }
         Ok(Self { header, bytes })
+    }
+
+    /// A move record's (`SAMPLE_ALLOC_MOVED`) new address: the word after the header.
+    pub fn moved_to(&self) -> Option<u64> {
+        if self.header.flags & SAMPLE_ALLOC_MOVED == 0 {
+            return None;
+        }
+        let start = size_of::<SampleHeader>();
+        words(&self.bytes[start..start + 8]).next()
     }
 
     /// User-space return addresses, leaf first.
@@ -541,6 +556,41 @@ mod tests {
             RawSample::parse(&rec.to_record(1)).is_ok(),
             "a bad count is clamped"
         );
+    }
+
+    #[test]
+    fn a_move_record_carries_the_new_address() {
+        let header = SampleHeader {
+            flags: SAMPLE_FREE | SAMPLE_ALLOC_MOVED,
+            aux: 0x1000,
+            value: 2048,
+            ..SampleHeader::default()
+        };
+        // SAFETY: SampleHeader is plain old data.
+        let mut bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&header as *const SampleHeader).cast::<u8>(),
+                size_of::<SampleHeader>(),
+            )
+        }
+        .to_vec();
+        assert!(
+            RawSample::parse(&bytes).is_err(),
+            "a move record cut short is refused"
+        );
+        bytes.extend_from_slice(&0x2000u64.to_ne_bytes());
+        let s = RawSample::parse(&bytes).unwrap();
+        assert_eq!(s.moved_to(), Some(0x2000));
+        let mut free = header;
+        free.flags = SAMPLE_FREE;
+        // SAFETY: as above.
+        let plain = unsafe {
+            std::slice::from_raw_parts(
+                (&free as *const SampleHeader).cast::<u8>(),
+                size_of::<SampleHeader>(),
+            )
+        };
+        assert_eq!(RawSample::parse(plain).unwrap().moved_to(), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::{PprofSample, assert_ok, fixture, pyrometer, scratch};
+use crate::{PprofSample, assert_ok, fixture, pyrometer_bin, scratch};
 
 /// The fixture's own account: function -> (allocations, bytes).
 pub fn fixture_totals(stdout: &[u8]) -> HashMap<String, (f64, f64)> {
@@ -44,15 +44,46 @@ pub fn record_allocs(
     args: &[&str],
     fixture_args: &[&str],
 ) -> (std::process::Output, std::path::PathBuf) {
+    let bin = fixture("allocs");
+    let mut command = vec![bin.to_str().unwrap()];
+    command.extend_from_slice(fixture_args);
+    record_command(name, args, &command)
+}
+
+/// Runs `record ARGS -o DIR/alloc.pb.gz -- COMMAND` in a scratch directory named for `name`,
+/// which must succeed; returns its output and the profile's path.
+pub fn record_command(
+    name: &str,
+    args: &[&str],
+    command: &[&str],
+) -> (std::process::Output, std::path::PathBuf) {
+    record_command_env(name, args, command, &[])
+}
+
+/// [`record_command`] with `env` added to `record`'s environment.
+pub fn record_command_env(
+    name: &str,
+    args: &[&str],
+    command: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Output, std::path::PathBuf) {
     let dir = scratch(name);
     let out = dir.join("alloc.pb.gz");
     let mut all = vec!["record", "-o", out.to_str().unwrap()];
     all.extend_from_slice(args);
     all.push("--");
-    let bin = fixture("allocs");
-    all.push(bin.to_str().unwrap());
-    all.extend_from_slice(fixture_args);
-    let result = pyrometer(&all);
+    all.extend_from_slice(command);
+    let result = std::process::Command::new(pyrometer_bin())
+        .args(&all)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run pyrometer");
     assert_ok(&result);
     (result, out)
+}
+
+/// The `--stats` file `record` wrote.
+pub fn read_stats(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

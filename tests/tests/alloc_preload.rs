@@ -4,7 +4,10 @@
 //! and a library loaded with dlopen. Ground truth is what the fixtures print they did.
 //! Needs root (BPF, uprobes).
 
-use pyrometer_e2e::alloc::{by_function, fixture_totals, leak_report, record_allocs};
+use pyrometer_e2e::alloc::{
+    by_function, fixture_totals, leak_report, read_stats, record_allocs, record_command,
+    record_command_env,
+};
 use pyrometer_e2e::*;
 
 /// Within ±20 % of the truth. At the default rate a function here gets ~350 samples, one
@@ -32,8 +35,7 @@ fn unsampled_frees_never_reach_the_kernel() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-frees");
-    let stats = dir.join("stats.json");
+    let stats = scratch("alloc-preload-frees-stats").join("stats.json");
     let (result, _) = record_allocs(
         "alloc-preload-frees",
         &["--alloc", "--stats", stats.to_str().unwrap()],
@@ -48,8 +50,7 @@ fn unsampled_frees_never_reach_the_kernel() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no calls line\n{err}"));
     let frees = calls / 2.0;
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let json = read_stats(&stats);
     let reported = json["alloc_preload_frees"].as_f64().unwrap();
     let sampled = json["alloc_kernel_samples"].as_f64().unwrap();
     println!("{frees} frees made, {reported} reported, {sampled} allocations sampled");
@@ -67,41 +68,103 @@ fn unsampled_frees_never_reach_the_kernel() {
     );
 }
 
-/// keep_1k() keeps 100 MiB of 1 KiB blocks, regrow() resizes each to 2 KiB: the sampled
-/// entries of the old blocks leave with them, and the resized blocks are in use, estimated
-/// within ±20 %, under regrow().
+/// keep_1k() keeps 102400 blocks of 1 KiB, regrow() resizes each to 2 KiB, drop_half() frees
+/// every other one (sampled every 64 KiB, ~800 blocks in use sampled, for a tight estimate):
+/// a sampled block's in-use entry moves with its resize, so what is in use is
+/// 51200 blocks of 2 KiB under keep_1k(), the stack that allocated them (estimated within
+/// ±20 %, objects and bytes: the weight stays the 1 KiB allocation's, the size is the new
+/// one), the freed half is gone, and nothing is in use under regrow(). The resizes count as
+/// allocations under regrow() (200 MiB), once: keep_1k() allocated its 100 MiB only.
 #[test]
 fn realloc_moves_sampled_blocks() {
+    check_realloc_moves(false);
+}
+
+/// The same through uprobes on the allocator (the library hidden): the views are the same.
+#[test]
+fn realloc_moves_sampled_blocks_through_uprobes() {
+    check_realloc_moves(true);
+}
+
+fn check_realloc_moves(uprobes: bool) {
     if !privileged() {
         return;
     }
-    let (result, out) = record_allocs(
-        "alloc-preload-regrow",
-        &["--leaks", "--min-age", "1s"],
-        &["regrow"],
+    let name = format!("alloc-preload-regrow-{uprobes}");
+    let stats = scratch(&format!("{name}-stats")).join("stats.json");
+    let bin = fixture("allocs");
+    let hidden = [("PYROMETER_ALLOC_LIB", "/nonexistent/libpyrometer_alloc.so")];
+    let (result, out) = record_command_env(
+        &name,
+        &[
+            "--leaks",
+            "--min-age",
+            "1s",
+            "--alloc-sample-bytes",
+            "65536",
+            "--stats",
+            stats.to_str().unwrap(),
+        ],
+        &[bin.to_str().unwrap(), "regrow"],
+        if uprobes { &hidden } else { &[] },
     );
     let err = stderr(&result);
-    assert_preloaded(&err);
+    if uprobes {
+        assert!(err.contains("sampled with uprobes"), "{err}");
+    } else {
+        assert_preloaded(&err);
+    }
     let truth = fixture_totals(&result.stdout);
     let p = read_pprof(&out);
     let samples = pprof_samples(&p);
-    let inuse = pprof_type(&p, "inuse_space");
-    let regrown = by_function(&samples, inuse, "regrow");
-    let want = truth["regrow"].1;
-    assert!(
-        (regrown - want).abs() <= 0.2 * want,
-        "regrow: {regrown:.0} bytes in use, {want:.0} resized\n{err}"
+    let (inuse, objects) = (
+        pprof_type(&p, "inuse_space"),
+        pprof_type(&p, "inuse_objects"),
     );
-    // What keep_1k still holds is its array of pointers (800 KiB), not the resized blocks.
-    let left = by_function(&samples, inuse, "keep_1k");
+    // keep_1k() also holds its array of 102400 pointers (800 KiB, 0.8 % of the blocks).
+    let (kept, kept_objects) = (
+        by_function(&samples, inuse, "keep_1k"),
+        by_function(&samples, objects, "keep_1k"),
+    );
+    let (want, want_objects) = (
+        truth["drop_half"].1,
+        truth["regrow"].0 - truth["drop_half"].0,
+    );
+    assert_estimate("in use under keep_1k", kept, want, &err);
     assert!(
-        left < 0.05 * truth["keep_1k"].1,
-        "keep_1k: {left:.0} bytes still in use after every block was resized\n{err}"
+        (kept_objects - want_objects).abs() <= 0.2 * want_objects,
+        "keep_1k: {kept_objects:.0} blocks in use, {want_objects:.0} kept\n{err}"
+    );
+    let regrown = by_function(&samples, inuse, "regrow");
+    assert!(
+        regrown < 0.02 * want,
+        "regrow: {regrown:.0} bytes in use: the resized blocks belong to keep_1k\n{err}"
+    );
+    let space = pprof_type(&p, "alloc_space");
+    assert_estimate(
+        "allocated by regrow",
+        by_function(&samples, space, "regrow"),
+        truth["regrow"].1,
+        &err,
+    );
+    assert_estimate(
+        "allocated by keep_1k",
+        by_function(&samples, space, "keep_1k"),
+        truth["keep_1k"].1,
+        &err,
+    );
+    let json = read_stats(&stats);
+    // Each sampled 1 KiB block moved once.
+    let moves = json["alloc_moves"].as_f64().unwrap();
+    let sampled = truth["keep_1k"].0 * (1.0 - (-1024.0f64 / 65536.0).exp());
+    assert!(
+        (moves - sampled).abs() <= 0.25 * sampled,
+        "{moves} moves of ~{sampled:.0} sampled blocks\n{err}"
     );
     assert!(
         leak_report(&err)
             .first()
-            .is_some_and(|l| l.contains("regrow")),
+            .is_some_and(|l| l.contains("keep_1k")),
         "{err}"
     );
 }
@@ -113,20 +176,12 @@ fn a_forked_and_execed_child_keeps_sampling() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-child");
-    let out = dir.join("alloc.pb.gz");
     let script = format!("{} totals; true", fixture("allocs").display());
-    let result = pyrometer(&[
-        "record",
-        "--alloc",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        "/bin/sh",
-        "-c",
-        &script,
-    ]);
-    assert_ok(&result);
+    let (result, out) = record_command(
+        "alloc-preload-child",
+        &["--alloc"],
+        &["/bin/sh", "-c", &script],
+    );
     let err = stderr(&result);
     assert_preloaded(&err);
     let truth = fixture_totals(&result.stdout);
@@ -136,6 +191,49 @@ fn a_forked_and_execed_child_keeps_sampling() {
     for f in ["make_200", "make_600"] {
         assert_estimate(f, by_function(&samples, space, f), truth[f].1, &err);
     }
+}
+
+/// `record --alloc -- launch.sh`, a `#!` shell script that runs the fixture: the script is
+/// no ELF file, but its interpreter and the command it starts inherit `LD_PRELOAD`, so both
+/// sample in process: the estimates hold and no uprobe goes on any allocator.
+#[test]
+fn a_launcher_script_is_preloaded() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("alloc-preload-script-files");
+    let (stats, script) = (dir.join("stats.json"), dir.join("launch.sh"));
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\"{}\" totals\necho launched\n",
+            fixture("allocs").display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (result, out) = record_command(
+        "alloc-preload-script",
+        &["--alloc", "--stats", stats.to_str().unwrap()],
+        &[script.to_str().unwrap()],
+    );
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    let truth = fixture_totals(&result.stdout);
+    let p = read_pprof(&out);
+    let samples = pprof_samples(&p);
+    let space = pprof_type(&p, "alloc_space");
+    for f in ["make_200", "make_600"] {
+        assert_estimate(f, by_function(&samples, space, f), truth[f].1, &err);
+    }
+    let json = read_stats(&stats);
+    assert_eq!(json["alloc_uprobes"], 0, "no allocator uprobes\n{json}");
+    assert_eq!(json["alloc_preload_libraries"], 1, "{json}");
+    assert!(
+        json["alloc_preload_frees"].as_u64().unwrap() > 0,
+        "the sampled frees came through the library\n{json}"
+    );
 }
 
 /// Four threads, one after the other, each allocate 100 MB and exit: what they allocated is
@@ -168,22 +266,12 @@ fn a_dlopened_library_is_sampled() {
     if !privileged() {
         return;
     }
-    let dir = scratch("alloc-preload-dlopen");
-    let out = dir.join("alloc.pb.gz");
-    let lib = fixture("libdlalloc.so");
-    let bin = fixture("dlopener");
-    let result = pyrometer(&[
-        "record",
-        "--alloc",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        lib.to_str().unwrap(),
-        "0.2",
-        "1",
-    ]);
-    assert_ok(&result);
+    let (lib, bin) = (fixture("libdlalloc.so"), fixture("dlopener"));
+    let (result, out) = record_command(
+        "alloc-preload-dlopen",
+        &["--alloc"],
+        &[bin.to_str().unwrap(), lib.to_str().unwrap(), "0.2", "1"],
+    );
     let err = stderr(&result);
     assert_preloaded(&err);
     let truth = fixture_totals(&result.stdout);
@@ -246,8 +334,7 @@ fn pid_targets_use_the_library_when_they_load_it() {
         let note = text.contains("does not load libpyrometer_alloc.so")
             && text.contains("start it with LD_PRELOAD=/");
         assert_eq!(note, !preloaded, "preloaded {preloaded}:\n{text}");
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let json = read_stats(&stats);
         let through_library = json["alloc_preload_frees"].as_u64().unwrap() > 0;
         assert_eq!(through_library, preloaded, "{json}\n{text}");
         let truth = fixture_totals(&stdout);

@@ -1,5 +1,8 @@
 //! Allocation profiling overhead, side by side in one run (medians of rotating rounds; the
-//! programs time their own work, so start-up and symbolization are left out):
+//! programs time their own work, so start-up and symbolization are left out, and report the
+//! CPU time they spent on it too: on a busy machine the wall-clock time mostly measures the
+//! wait for a CPU, while the process's CPU time, which includes the probes' kernel work,
+//! does not):
 //! - tests/fixtures/alloctree.c (trees of small nodes built and freed: 5.2 M allocations and
 //!   as many frees) alone and with libpyrometer_alloc.so preloaded but no profiler: the extra
 //!   nanoseconds of an unsampled allocator call;
@@ -19,8 +22,15 @@ use anyhow::{Context, Result, bail};
 
 use crate::bench::median;
 
-/// The work's time and (C) allocator calls, from the program's stderr.
-fn timed(cmd: &mut Command) -> Result<(f64, f64)> {
+/// One run's figures, from the program's stderr: the work's wall-clock and CPU time (ns)
+/// and (C) its allocator calls.
+struct Run {
+    elapsed: f64,
+    cpu: f64,
+    calls: f64,
+}
+
+fn timed(cmd: &mut Command) -> Result<Run> {
     let out = cmd.output().context("run benchmark command")?;
     let err = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
@@ -32,32 +42,51 @@ fn timed(cmd: &mut Command) -> Result<(f64, f64)> {
             .and_then(|v| v.trim().parse().ok())
     };
     let elapsed = field("elapsed_ns ").with_context(|| format!("no elapsed_ns in: {err}"))?;
-    Ok((elapsed, field("calls ").unwrap_or(0.0)))
+    let cpu = field("cpu_ns ").with_context(|| format!("no cpu_ns in: {err}"))?;
+    Ok(Run {
+        elapsed,
+        cpu,
+        calls: field("calls ").unwrap_or(0.0),
+    })
+}
+
+/// Each variant's wall-clock and CPU times (ns) by round.
+struct Times {
+    wall: Vec<Vec<f64>>,
+    cpu: Vec<Vec<f64>>,
 }
 
 /// A named way to run a program.
 type Variant<'a> = (&'static str, Box<dyn FnMut() -> Command + 'a>);
 
-/// Variants of one program run in rotating order, `rounds` times: each variant's times (ns)
-/// by round, and the calls the program reported.
-fn rotate(variants: &mut [Variant<'_>], rounds: usize) -> Result<(Vec<Vec<f64>>, f64)> {
+/// Variants of one program run in rotating order, `rounds` times: each variant's times by
+/// round, and the calls the program reported.
+fn rotate(variants: &mut [Variant<'_>], rounds: usize) -> Result<(Times, f64)> {
     let n = variants.len();
-    let mut times = vec![Vec::new(); n];
+    let mut times = Times {
+        wall: vec![Vec::new(); n],
+        cpu: vec![Vec::new(); n],
+    };
     let mut calls = 0.0;
     for round in 0..rounds {
         for k in 0..n {
             let i = (k + round) % n;
-            let (t, c) = timed(&mut (variants[i].1)())?;
-            times[i].push(t);
-            calls = c;
+            let run = timed(&mut (variants[i].1)())?;
+            times.wall[i].push(run.elapsed);
+            times.cpu[i].push(run.cpu);
+            calls = run.calls;
         }
         eprintln!(
             "round {}/{rounds}: {}",
             round + 1,
             variants
                 .iter()
-                .zip(&times)
-                .map(|((name, _), t)| format!("{name} {:.1} ms", t[t.len() - 1] / 1e6))
+                .enumerate()
+                .map(|(i, (name, _))| format!(
+                    "{name} {:.1} ms (CPU {:.1} ms)",
+                    times.wall[i][round] / 1e6,
+                    times.cpu[i][round] / 1e6
+                ))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -221,50 +250,59 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     let (pu, _) = rotate(&mut py_uprobe, pairs.min(3))?;
 
     let ratio = |t: f64, base: f64| t / base;
+    // A variant's figure by wall clock and by CPU time, side by side.
+    let both = |t: &Times, i: usize, f: &dyn Fn(f64, f64) -> f64| {
+        (paired(&t.wall, i, f), paired(&t.cpu, i, f))
+    };
+    let per_call = |t: f64, base: f64| (t - base) / calls;
     println!();
     println!(
-        "Allocation profiling overhead ({pairs} rotating rounds; medians of per-round ratios to the program alone; the programs time their own work)"
+        "Allocation profiling overhead ({pairs} rotating rounds; medians of per-round ratios to the program alone; the programs time their own work, by wall clock and by their CPU time)"
     );
     println!(
-        "  alloctree.c ({calls:.0} allocator calls)  alone {:>8.1} ms",
-        ms(&c, 0)
+        "  alloctree.c ({calls:.0} allocator calls)  alone {:>8.1} ms (CPU {:.1} ms)",
+        ms(&c.wall, 0),
+        ms(&c.cpu, 0)
+    );
+    let (wall, cpu) = both(&c, 1, &per_call);
+    println!(
+        "    libpyrometer_alloc.so preloaded, no profiler   {:>8.1} ms   {wall:+.1} ns per allocator call (CPU {cpu:+.1} ns)",
+        ms(&c.wall, 1),
+    );
+    let (wall, cpu) = both(&c, 2, &ratio);
+    println!(
+        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
+        ms(&c.wall, 2),
+    );
+    let (wall, cpu) = both(&cu, 1, &ratio);
+    println!(
+        "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {wall:.1} x (CPU {cpu:.1} x)",
+        ms(&cu.wall, 1),
     );
     println!(
-        "    libpyrometer_alloc.so preloaded, no profiler   {:>8.1} ms   {:+.1} ns per allocator call",
-        ms(&c, 1),
-        paired(&c, 1, |t, base| (t - base) / calls)
+        "  py_allocs.py (CPython 3.11.7)  alone {:>8.1} ms (CPU {:.1} ms)",
+        ms(&py.wall, 0),
+        ms(&py.cpu, 0)
     );
+    let (wall, cpu) = both(&py, 1, &ratio);
     println!(
-        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {:.2} x",
-        ms(&c, 2),
-        paired(&c, 2, ratio)
-    );
-    println!(
-        "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {:.1} x",
-        ms(&cu, 1),
-        paired(&cu, 1, ratio)
-    );
-    println!(
-        "  py_allocs.py (CPython 3.11.7)  alone {:>8.1} ms",
-        ms(&py, 0)
-    );
-    println!(
-        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {:.2} x",
-        ms(&py, 1),
-        paired(&py, 1, ratio)
+        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
+        ms(&py.wall, 1),
     );
     match &memray_bin {
-        Ok(_) => println!(
-            "    memray run (every allocation)                   {:>8.1} ms   slowdown {:.2} x",
-            ms(&py, 2),
-            paired(&py, 2, ratio)
-        ),
+        Ok(_) => {
+            let (wall, cpu) = both(&py, 2, &ratio);
+            println!(
+                "    memray run (every allocation)                   {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
+                ms(&py.wall, 2),
+            )
+        }
         Err(why) => println!("    memray run: not measured ({why})"),
     }
+    let (wall, cpu) = both(&pu, 1, &ratio);
     println!(
-        "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {:.1} x",
-        ms(&pu, 1),
-        paired(&pu, 1, ratio)
+        "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {wall:.1} x (CPU {cpu:.1} x)",
+        ms(&pu.wall, 1),
     );
     Ok(())
 }

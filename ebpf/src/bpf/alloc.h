@@ -12,14 +12,16 @@
 // is then sampled with probability 1 - exp(-s/mean), which the agent inverts into a weight,
 // so totals are unbiased estimates. Sampled allocations go to the ring buffer with their stack
 // (walked at the allocator's return, native and Python frames) and into `alloc_live`; a free
-// of a live address sends a small free record, so the agent knows what is still in use.
+// of a live address sends a small free record, and a resize of one moves its entry (a move
+// record), so the agent knows what is still in use and which allocation made it.
 //
 // A process that preloads libpyrometer_alloc.so (alloc-preload/) samples in process: its
 // per-thread byte countdown calls pyrometer_alloc_sampled(ptr, size, flags) for the sampled
-// allocations only, and pyrometer_free_sampled(ptr) for the frees of those blocks only.
-// alloc_preload (on the first's return) and alloc_preload_free sit on these two functions, attached once per copy of
-// the library for every process (the functions run only in processes that load it, and only
-// when they sample), so an unsampled allocator call never enters the kernel.
+// allocations only, pyrometer_free_sampled(ptr) for the frees of those blocks only and
+// pyrometer_realloc_sampled(old, new, size) for their resizes. alloc_preload (on the first's
+// return), alloc_preload_free and alloc_preload_move sit on these functions, attached once per
+// copy of the library for every process (the functions run only in processes that load it,
+// and only when they sample), so an unsampled allocator call never enters the kernel.
 //
 // Allocators call each other (glibc's realloc(NULL, n) jumps to malloc, its aligned
 // functions to malloc, pymalloc to malloc for large blocks): a per-thread depth counts only
@@ -177,6 +179,65 @@ static __always_inline void alloc_forget(__u32 tgid, __u32 tid, __u64 addr)
 		count(COUNTER_ALLOC_FREES);
 }
 
+// A sampled block was resized from `old` to `to` (`size` bytes): its entry moves there with
+// the new size, keeping its allocation time (user space keeps its stack and weight), and
+// user space hears of the move. A block not tracked here (not sampled, sampled while
+// alloc_live was full, or before the probes were attached) is left alone.
+struct alloc_move_record {
+	struct sample_header hdr; // SAMPLE_FREE | SAMPLE_ALLOC_MOVED: aux the old address, value the size
+	__u64 to;                 // the new address
+};
+
+static __always_inline void alloc_move(__u32 tgid, __u32 tid, __u64 old, __u64 to, __u64 size)
+{
+	struct alloc_key key = { .pid = tgid, .addr = old };
+	struct alloc_block *b = bpf_map_lookup_elem(&alloc_live, &key);
+	if (!b)
+		return;
+	struct alloc_block moved = { .size = size, .timestamp_ns = b->timestamp_ns };
+	if (old != to)
+		bpf_map_delete_elem(&alloc_live, &key);
+	key.addr = to;
+	__u32 flags = SAMPLE_FREE | SAMPLE_ALLOC_MOVED;
+	if (bpf_map_update_elem(&alloc_live, &key, &moved, BPF_ANY)) {
+		// No room after all (another thread took the slot): user space forgets it too.
+		count(COUNTER_ALLOC_LIVE_FULL);
+		flags = SAMPLE_FREE;
+	}
+	struct alloc_move_record rec = {};
+	rec.hdr.timestamp_ns = bpf_ktime_get_ns();
+	rec.hdr.pid = tgid;
+	rec.hdr.tid = tid;
+	rec.hdr.cpu = bpf_get_smp_processor_id();
+	rec.hdr.kernel_stack_id = -1;
+	rec.hdr.flags = flags;
+	rec.hdr.aux = old;
+	rec.hdr.value = size;
+	rec.to = to;
+	if (send_record(&rec, sizeof(rec)))
+		count(COUNTER_RINGBUF_DROPS);
+}
+
+// Sends a sampled allocation of `size` bytes at `addr`: its record carries the stack walked
+// from `ctx`, the program's registers right after its allocator call returned.
+static __always_inline void alloc_send(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u64 now,
+				       __u32 flags, __u64 size, __u64 addr)
+{
+	__u32 zero = 0;
+	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
+	if (!rec)
+		return;
+	record_header(&rec->hdr, now, tgid, tid, flags);
+	rec->hdr.value = size;
+	rec->hdr.aux = addr;
+	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
+	__u64 bytes = record_size(&rec->hdr, sizeof(*rec));
+	if (send_record(rec, bytes))
+		count(COUNTER_RINGBUF_DROPS);
+	else
+		count(COUNTER_ALLOC_SAMPLES);
+}
+
 SEC("uprobe")
 int alloc_enter(struct pt_regs *ctx)
 {
@@ -277,8 +338,11 @@ int alloc_return(struct pt_regs *ctx)
 		if (ret == 0 && t->memptr)
 			bpf_probe_read_user(&addr, sizeof(addr), (void *)t->memptr);
 	}
-	// A resize frees the old block when it succeeds, and realloc(p, 0) frees it too.
-	if (t->old && (addr || t->size == 0))
+	// A sampled block moves with its resize (its entry stays the allocation's that made it),
+	// realloc(p, 0) frees it, a failed resize leaves it.
+	if (t->old && addr)
+		alloc_move(tgid, tid, t->old, addr, t->size);
+	else if (t->old && t->size == 0)
 		alloc_forget(tgid, tid, t->old);
 	if (!addr || !t->sampled)
 		return 0;
@@ -286,26 +350,20 @@ int alloc_return(struct pt_regs *ctx)
 	__u64 now = bpf_ktime_get_ns();
 	struct alloc_key key = { .pid = tgid, .addr = addr };
 	struct alloc_block block = { .size = size, .timestamp_ns = now };
-	if (bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY))
+	__u32 flags = SAMPLE_ALLOC;
+	if (t->old) {
+		// A resize counts as allocated, never as in use, as in the library.
+		flags |= SAMPLE_ALLOC_UNTRACKED;
+	} else if (bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY)) {
 		count(COUNTER_ALLOC_LIVE_FULL);
-
-	__u32 zero = 0;
-	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
-	if (!rec)
-		return 0;
-	record_header(&rec->hdr, now, tgid, tid, SAMPLE_ALLOC);
-	rec->hdr.value = size;
-	rec->hdr.aux = addr;
-	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
-	__u64 bytes = record_size(&rec->hdr, sizeof(*rec));
-	if (send_record(rec, bytes))
-		count(COUNTER_RINGBUF_DROPS);
-	else
-		count(COUNTER_ALLOC_SAMPLES);
+		flags |= SAMPLE_ALLOC_UNTRACKED;
+	}
+	alloc_send(ctx, tgid, tid, now, flags, size, addr);
 	return 0;
 }
 
 #define PRELOAD_TRACKED 1 // pyrometer_alloc_sampled's flags: the library tracks the block
+#define PRELOAD_RESIZED 2 // a realloc: counted as allocated, never in use (see alloc_preload_move)
 
 // The return of pyrometer_alloc_sampled(ptr, size, flags), which returns ptr and leaves
 // size and flags in their argument registers: the allocator functions tail-call it, so this
@@ -327,23 +385,14 @@ int alloc_preload(struct pt_regs *ctx)
 	__u32 record_flags = SAMPLE_ALLOC | SAMPLE_ALLOC_PRELOAD;
 	struct alloc_key key = { .pid = tgid, .addr = addr };
 	struct alloc_block block = { .size = size, .timestamp_ns = now };
-	if (!(flags & PRELOAD_TRACKED) || bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY)) {
+	if (flags & PRELOAD_RESIZED) {
+		record_flags |= SAMPLE_ALLOC_UNTRACKED;
+	} else if (!(flags & PRELOAD_TRACKED) ||
+		   bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY)) {
 		count(COUNTER_ALLOC_LIVE_FULL);
 		record_flags |= SAMPLE_ALLOC_UNTRACKED;
 	}
-	__u32 zero = 0;
-	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
-	if (!rec)
-		return 0;
-	record_header(&rec->hdr, now, tgid, tid, record_flags);
-	rec->hdr.value = size;
-	rec->hdr.aux = addr;
-	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
-	__u64 bytes = record_size(&rec->hdr, sizeof(*rec));
-	if (send_record(rec, bytes))
-		count(COUNTER_RINGBUF_DROPS);
-	else
-		count(COUNTER_ALLOC_SAMPLES);
+	alloc_send(ctx, tgid, tid, now, record_flags, size, addr);
 	return 0;
 }
 
@@ -359,5 +408,21 @@ int alloc_preload_free(struct pt_regs *ctx)
 	__u64 addr = PT_REGS_PARM1(ctx);
 	if (addr)
 		alloc_forget(tgid, tid, addr);
+	return 0;
+}
+
+// pyrometer_realloc_sampled(old, new, size): a block the library sampled was resized.
+SEC("uprobe")
+int alloc_preload_move(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	if (!alloc_preload_target(tgid))
+		return 0;
+	__u64 old = PT_REGS_PARM1(ctx), to = PT_REGS_PARM2(ctx), size = PT_REGS_PARM3(ctx);
+	barrier_var(old);
+	barrier_var(to);
+	barrier_var(size);
+	alloc_move(tgid, tid, old, to, size);
 	return 0;
 }

@@ -65,6 +65,9 @@
 // With SAMPLE_ALLOC: the block is not tracked for its free (a table was full): it counts as
 // allocated, never as in use.
 #define SAMPLE_ALLOC_UNTRACKED 16384
+// With SAMPLE_FREE: a sampled block was resized (realloc), not freed: value is its new size,
+// and the u64 after the header (struct alloc_move_record) its new address.
+#define SAMPLE_ALLOC_MOVED 32768
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1

@@ -1,6 +1,6 @@
 //! The preloaded sampler library (`libpyrometer_alloc.so`, the `alloc-preload` crate): where
 //! it is, which processes load it, the mean its countdown uses in each, and the two probes on
-//! it (`alloc_preload`, `alloc_preload_free` in `ebpf/src/bpf/alloc.h`). A probe is attached
+//! it (`alloc_preload`, `alloc_preload_free`, `alloc_preload_move` in `ebpf/src/bpf/alloc.h`). A probe is attached
 //! once per copy of the library, for every process: its functions run only in processes that
 //! load it and only for sampled allocations, so nobody else pays for it.
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSymbol};
 
-use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, Uprobes};
+use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, ALLOC_PRELOAD_MOVE, Uprobes};
 use crate::elfsyms::{file_offset, loads};
 use crate::procs::{BinaryKey, MappingKind, Process};
 
@@ -25,6 +25,7 @@ pub const DEFAULT_MEAN: u64 = 512 * 1024;
 
 const SAMPLED_FN: &str = "pyrometer_alloc_sampled";
 const FREE_FN: &str = "pyrometer_free_sampled";
+const MOVE_FN: &str = "pyrometer_realloc_sampled";
 
 /// The library shipped with this `pyrometer`: `$PYROMETER_ALLOC_LIB`, else next to the
 /// executable (a cargo build, a tarball), else `../lib/pyrometer/` from it (a package).
@@ -53,11 +54,14 @@ pub fn ld_preload(library: &Path, existing: Option<OsString>) -> OsString {
     value
 }
 
-/// The file offsets of the library's two probe functions.
+/// The file offsets of the library's probe functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeOffsets {
     pub sampled: u64,
     pub free: u64,
+    /// None in a copy from before resizes moved their blocks' entries: its resizes of
+    /// sampled blocks report a free and, when sampled, a new allocation.
+    pub moved: Option<u64>,
 }
 
 /// Finds the probe functions in the library at `path`.
@@ -74,6 +78,7 @@ pub fn probe_offsets(path: &Path) -> Result<ProbeOffsets, String> {
     Ok(ProbeOffsets {
         sampled: find(SAMPLED_FN)?,
         free: find(FREE_FN)?,
+        moved: find(MOVE_FN).ok(),
     })
 }
 
@@ -124,8 +129,8 @@ pub struct PreloadProbes {
 }
 
 impl PreloadProbes {
-    /// Attaches the two probes to the library at `path` (identified by `key`) unless they
-    /// are on it already.
+    /// Attaches the probes to the library at `path` (identified by `key`) unless they are on
+    /// it already.
     pub fn attach(
         &mut self,
         key: BinaryKey,
@@ -139,6 +144,10 @@ impl PreloadProbes {
         probes
             .attach_uprobe(ALLOC_PRELOAD, path, offsets.sampled)
             .and_then(|()| probes.attach_uprobe(ALLOC_PRELOAD_FREE, path, offsets.free))
+            .and_then(|()| match offsets.moved {
+                Some(at) => probes.attach_uprobe(ALLOC_PRELOAD_MOVE, path, at),
+                None => Ok(()),
+            })
             .map_err(|e| e.to_string())?;
         self.attached.insert(key);
         Ok(())

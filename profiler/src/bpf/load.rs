@@ -231,6 +231,7 @@ pub fn feature_programs(feature: Feature) -> Vec<(&'static str, Kind)> {
             (super::ALLOC_RETURN, Kind::Uprobe),
             (super::ALLOC_PRELOAD, Kind::Uprobe),
             (super::ALLOC_PRELOAD_FREE, Kind::Uprobe),
+            (super::ALLOC_PRELOAD_MOVE, Kind::Uprobe),
         ],
     }
 }

@@ -169,9 +169,10 @@ pub const DEFAULT_ALLOC_LIVE: u32 = 262_144;
 pub const ALLOC_ENTER: &str = "alloc_enter";
 pub const ALLOC_RETURN: &str = "alloc_return";
 /// The preloaded sampler library's probe functions' programs (`pyrometer_alloc_sampled`,
-/// `pyrometer_free_sampled`), attached for every process.
+/// `pyrometer_free_sampled`, `pyrometer_realloc_sampled`), attached for every process.
 pub const ALLOC_PRELOAD: &str = "alloc_preload";
 pub const ALLOC_PRELOAD_FREE: &str = "alloc_preload_free";
+pub const ALLOC_PRELOAD_MOVE: &str = "alloc_preload_move";
 
 impl Default for SamplerConfig {
     fn default() -> Self {

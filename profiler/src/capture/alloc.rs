@@ -30,6 +30,8 @@ pub struct AllocState {
     /// Sampled allocations and frees read.
     pub samples: u64,
     pub frees: u64,
+    /// Resizes of sampled blocks read (their entries moved).
+    pub moves: u64,
     /// Estimated allocations and bytes allocated.
     pub objects: f64,
     pub bytes: f64,
@@ -150,6 +152,19 @@ impl Capture {
         }
     }
 
+    /// A sampled block was resized: it stays in use under the stack, time and weight of
+    /// the allocation that made it, at its new address and size (the resize itself, when
+    /// the countdown sampled it, came as an untracked allocation).
+    pub fn count_move(&mut self, pid: u32, from: u64, to: u64, size: u64) {
+        if let Some(a) = self.alloc.as_mut() {
+            a.moves += 1;
+            if let Some(mut block) = a.live.remove(&(pid, from)) {
+                block.size = size;
+                a.live.insert((pid, to), block);
+            }
+        }
+    }
+
     /// A process exec'd a new image: its old blocks are gone with the old image (and its
     /// sampler library's mean, read from the environment, may change).
     pub fn forget_allocations(&mut self, pid: u32) {
@@ -237,6 +252,41 @@ mod tests {
         assert_eq!(value(&p, "inuse_objects"), 2);
         assert_eq!(value(&p, "inuse_space"), 57);
         assert_eq!(value(&p, "samples"), 0, "allocations are not CPU samples");
+    }
+
+    #[test]
+    fn a_resized_block_stays_in_use_under_its_allocation() {
+        let mut c = Capture {
+            alloc: Some(AllocState::new(4096)),
+            ..Capture::default()
+        };
+        c.count_alloc(stack(1), 1024, 0x1000, 10);
+        c.count_alloc(stack(2), 1024, 0x2000, 20);
+        // 0x1000 grows to 8 KiB at 0x5000; 0x2000 grows in place, then is freed.
+        c.count_move(4_000_000, 0x1000, 0x5000, 8192);
+        c.count_move(4_000_000, 0x2000, 0x2000, 4096);
+        c.count_free(4_000_000, 0x2000);
+        // A move of a block never seen (sampled before the recording) changes nothing.
+        c.count_move(4_000_000, 0x9000, 0xa000, 64);
+        let a = c.alloc.as_ref().unwrap();
+        assert_eq!(a.moves, 3);
+        let live: Vec<_> = a.live.iter().collect();
+        assert_eq!(live.len(), 1);
+        let (&(_, addr), block) = live[0];
+        assert_eq!((addr, block.size, block.timestamp_ns), (0x5000, 8192, 10));
+        assert_eq!(block.stack.tid, 1, "the allocating stack");
+        let w = crate::alloc::weight(1024, 4096);
+        assert!(
+            (block.weight - w).abs() < 1e-9,
+            "the weight of the 1 KiB allocation that was sampled"
+        );
+        let used = a.in_use(100);
+        assert!(
+            (used[0].2 - w * 8192.0).abs() < 1e-6,
+            "in use at the new size"
+        );
+        // Allocated: the two 1 KiB blocks only (the moves are no allocations).
+        assert!((a.bytes - 2.0 * w * 1024.0).abs() < 1e-6);
     }
 
     #[test]

@@ -208,7 +208,10 @@ impl Capture {
         };
         let h = sample.header;
         if h.flags & pyrometer_ebpf::SAMPLE_FREE != 0 {
-            self.count_free(h.pid, h.aux);
+            match sample.moved_to() {
+                Some(to) => self.count_move(h.pid, h.aux, to, h.value),
+                None => self.count_free(h.pid, h.aux),
+            }
             return;
         }
         if h.flags & pyrometer_ebpf::SAMPLE_EVENT_EXEC != 0 {

@@ -680,6 +680,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             mean: a.mean,
             samples: a.samples,
             frees: a.frees,
+            moves: a.moves,
+            uprobes: 0,
+            preload_libraries: 0,
             objects: a.objects,
             bytes: a.bytes,
             leaks: None,
@@ -689,6 +692,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     });
     if let (Some(report), Some(probes)) = (alloc_report.as_mut(), tables.alloc.as_ref()) {
         report.live_dropped = capture.alloc_live_dropped;
+        report.uprobes = probes.attached;
+        report.preload_libraries = probes.preload.len();
         let mut pids: Vec<u32> = capture.pids.iter().copied().collect();
         pids.sort_unstable();
         for pid in pids {

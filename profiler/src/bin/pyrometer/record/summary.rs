@@ -42,6 +42,12 @@ pub struct AllocReport {
     pub mean: u64,
     pub samples: u64,
     pub frees: u64,
+    /// Resizes of sampled blocks (their in-use entries moved).
+    pub moves: u64,
+    /// Uprobes attached on allocator functions (0 when every target preloads the sampler
+    /// library), and copies of the library probed.
+    pub uprobes: u64,
+    pub preload_libraries: usize,
     pub objects: f64,
     pub bytes: f64,
     /// With --leaks: the minimum age of a block counted, and the top sites.
@@ -278,6 +284,9 @@ impl RunReport {
         if let Some(a) = &self.alloc {
             json["alloc_samples"] = a.samples.into();
             json["alloc_frees"] = a.frees.into();
+            json["alloc_moves"] = a.moves.into();
+            json["alloc_uprobes"] = a.uprobes.into();
+            json["alloc_preload_libraries"] = a.preload_libraries.into();
             json["alloc_estimated_bytes"] = a.bytes.into();
             json["alloc_estimated_objects"] = a.objects.into();
         }
