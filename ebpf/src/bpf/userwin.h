@@ -65,8 +65,6 @@ static __always_inline __u8 *user_win_at(struct user_win *w, __u64 addr, __u32 s
 			w->len = 0;
 			return 0;
 		}
-		count_n(COUNTER_ALLOC_THREADS_FULL, 1);
-		count_n(COUNTER_ALLOC_PRELOAD_FREES, len);
 		if (bpf_probe_read_user(b->bytes, len, (void *)base)) {
 			w->len = 0;
 			return 0;
