@@ -56,8 +56,9 @@ static __always_inline __u8 *user_win_at(struct user_win *w, __u64 addr, __u32 s
 	struct user_win_buf *b = bpf_map_lookup_elem(&user_wins, &which);
 	if (!b || size == 0 || size > PY_FRAME_READ_MAX)
 		return 0;
+	// Written so nothing wraps: a garbage address near 2^64 must miss, not hit an empty window.
 	__u64 off = addr - w->base;
-	if (addr < w->base || off + size > w->len) {
+	if (addr < w->base || off >= w->len || size > w->len - off) {
 		__u64 base = addr & ~USER_WIN_MASK;
 		__u64 len = (((addr + size - 1) | USER_WIN_MASK) + 1) - base;
 		barrier_var(len);
