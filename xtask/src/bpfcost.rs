@@ -84,6 +84,42 @@ def main(seconds):
 main(float(sys.argv[1]))
 "#;
 
+/// A C program whose stack is `main`, 86 distinct functions with frames of 16 to 128 bytes,
+/// and a CPU-burning leaf: ~90 native frames over a few pages of stack, each frame with its
+/// own unwind row, where `recurse.c` repeats one 16-byte frame (the best case for the
+/// unwinder's row lookups and its page-at-a-time stack reads).
+fn distinct_c() -> String {
+    const FUNCTIONS: usize = 86;
+    let mut c = String::from(
+        "#include <stdlib.h>\n#include <time.h>\nstatic volatile unsigned long sink;\n\
+         __attribute__((noinline)) void bottom(void) {\n    unsigned long x = sink;\n    \
+         for (int i = 0; i < 2000000; i++)\n        x = x * 6364136223846793005UL + 1;\n    \
+         sink = x;\n}\n",
+    );
+    for k in (0..FUNCTIONS).rev() {
+        let callee = if k + 1 == FUNCTIONS {
+            "bottom".to_string()
+        } else {
+            format!("f{}", k + 1)
+        };
+        // A volatile local array sizes the frame; the add after the call keeps it from being
+        // a tail call.
+        let pad = 8 + (k * 7 % 8) * 16;
+        c.push_str(&format!(
+            "__attribute__((noinline)) void f{k}(void) {{\n    volatile char pad[{pad}];\n    \
+             pad[0] = {k};\n    {callee}();\n    sink += pad[0];\n}}\n"
+        ));
+    }
+    c.push_str(
+        "int main(int argc, char **argv) {\n    double seconds = argc > 1 ? atof(argv[1]) : 2.0;\n    \
+         struct timespec t;\n    clock_gettime(CLOCK_MONOTONIC, &t);\n    \
+         double end = t.tv_sec + t.tv_nsec / 1e9 + seconds, now;\n    do {\n        f0();\n        \
+         clock_gettime(CLOCK_MONOTONIC, &t);\n        now = t.tv_sec + t.tv_nsec / 1e9;\n    \
+         } while (now < end);\n    return 0;\n}\n",
+    );
+    c
+}
+
 /// One line of the table: what to record and how to read the result.
 struct Case {
     label: &'static str,
@@ -149,6 +185,24 @@ pub fn bench(root: &Path, pyrometer: &Path, dir: &Path) -> Result<()> {
         python: false,
     })
     .collect();
+    let distinct_src = dir.join("distinct.c");
+    std::fs::write(&distinct_src, distinct_c())?;
+    let distinct = dir.join("distinct-nofp");
+    run(Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer"])
+        .arg(&distinct_src)
+        .arg("-o")
+        .arg(&distinct))?;
+    cases.insert(
+        3,
+        Case {
+            label: "90 native frames, distinct functions, DWARF",
+            args: ["--unwind", "dwarf", "--", &distinct.to_string_lossy(), "2"]
+                .map(String::from)
+                .to_vec(),
+            python: false,
+        },
+    );
     let python = crate::pyenv_python();
     if python.exists() {
         for (label, name, text) in [
