@@ -161,6 +161,15 @@ struct py_walk {
 	__u32 code_firstlineno;
 	__u32 lasti_unit;
 	__u32 reserved;
+	// The copy of the data-stack pages the walk is in (userwin.h): 3.11+ frames lie next to
+	// one another there, so one read serves the frames of a page.
+	struct user_win win;
+	// The code object of the last frame and its co_firstlineno: recursion and loops repeat
+	// a code object along one stack, and a code object cannot change or be freed while a
+	// frame of the stack holds it.
+	__u64 last_code;
+	__u32 last_firstline;
+	__u32 reserved2;
 };
 
 static __always_inline __u64 buf_u64(__u8 *buf, __u32 off)
@@ -184,6 +193,32 @@ static __always_inline __u8 buf_u8(__u8 *buf, __u32 off)
 	return buf[off];
 }
 
+// Copies the first `len` bytes of the frame at `frame` into the frame buffer of the window's
+// scratch kind: from the window for a 3.11+ frame (`windowed`), else read directly (a
+// PyFrameObject of 3.8-3.10 is a heap object of its own, where a page copy per frame would
+// cost more than the frame's read). Returns 0 on success. Global, like user_win_u64.
+__attribute__((noinline)) int py_frame_read(struct user_win *win, __u64 frame, __u64 len,
+					    __u64 windowed)
+{
+	if (!win)
+		return -1;
+	__u32 which = win->which;
+	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &which);
+	if (!fb)
+		return -1;
+	if (len > PY_FRAME_READ_MAX)
+		len = PY_FRAME_READ_MAX;
+	// 64-bit arguments: the verifier knows nothing of a global function's argument
+	// registers, so a 32-bit clamp would leave the upper half unbounded.
+	__u8 *p = windowed ? user_win_at(win, frame, len) : 0;
+	if (p) {
+		// The window has PY_FRAME_READ_MAX bytes of slack: a constant-size copy.
+		__builtin_memcpy(fb->bytes, p, PY_FRAME_READ_MAX);
+		return 0;
+	}
+	return bpf_probe_read_user(fb->bytes, len, (void *)frame) ? -1 : 0;
+}
+
 static long py_walk_step(__u32 index, struct py_walk *w)
 {
 	if (!w->frame)
@@ -197,15 +232,13 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &w->which);
 	if (!slots || !fb)
 		return 1;
-	__u32 len = w->frame_read;
-	if (len > PY_FRAME_READ_MAX)
-		len = PY_FRAME_READ_MAX;
-	if (bpf_probe_read_user(fb->bytes, len, (void *)w->frame)) {
+	if (py_frame_read(&w->win, w->frame, w->frame_read, w->frame_kind != PY_FRAME_OBJECT)) {
 		w->flags |= PY_WALK_READ_ERROR;
 		return 1;
 	}
-	__u64 code = buf_u64(fb->bytes, w->frame_code);
-	__u64 previous = buf_u64(fb->bytes, w->frame_previous);
+	__u8 *bytes = fb->bytes;
+	__u64 code = buf_u64(bytes, w->frame_code);
+	__u64 previous = buf_u64(bytes, w->frame_previous);
 	if (previous == w->frame)
 		previous = 0;
 	// barrier_var (bpf_helpers.h) keeps the masks below: without it clang drops them on the
@@ -214,7 +247,7 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 	barrier_var(i0);
 	barrier_var(i1);
 	if (w->cstack_owner != PY_ABSENT &&
-	    buf_u8(fb->bytes, w->frame_owner) == (__u8)w->cstack_owner) {
+	    buf_u8(bytes, w->frame_owner) == (__u8)w->cstack_owner) {
 		// A shim _PyEval_EvalFrameDefault pushes on entry (3.12+): the frame below it is
 		// the outermost of that call. The agent reads the marker and marks that frame.
 		slots[i0 & (MAX_SLOTS - 1)] = 0;
@@ -226,14 +259,14 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 	__u64 addr = PY_ADDR_UNKNOWN;
 	__u64 entry = 0;
 	if (w->frame_kind == PY_FRAME_OBJECT) {
-		__s32 lasti = (__s32)buf_u32(fb->bytes, w->frame_instr);
+		__s32 lasti = (__s32)buf_u32(bytes, w->frame_instr);
 		addr = lasti < 0 ? 0 : (__u64)lasti * w->lasti_unit;
 		entry = PY_ENTRY_BIT;
 	} else {
 		// 3.14+: f_executable is a tagged _PyStackRef; object pointers are 8-aligned, so
 		// clearing the low bits is right for every 3.11+ frame.
 		code &= PY_STACKREF_TAG_MASK;
-		__u64 instr = buf_u64(fb->bytes, w->frame_instr);
+		__u64 instr = buf_u64(bytes, w->frame_instr);
 		__u64 start = code + w->code_adaptive;
 		if (instr >= start && instr - start < PY_ADDR_UNKNOWN)
 			addr = instr - start;
@@ -241,12 +274,17 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 			// 3.11/3.12 push a frame with prev_instr one code unit before its first
 			// instruction: the frame is entering, at its first line.
 			addr = 0;
-		if (w->frame_is_entry != PY_ABSENT && buf_u8(fb->bytes, w->frame_is_entry))
+		if (w->frame_is_entry != PY_ABSENT && buf_u8(bytes, w->frame_is_entry))
 			entry = PY_ENTRY_BIT;
 	}
-	__u32 firstline = 0;
-	if (bpf_probe_read_user(&firstline, sizeof(firstline), (void *)(code + w->code_firstlineno)))
-		firstline = 0;
+	__u32 firstline = w->last_firstline;
+	if (code != w->last_code) {
+		if (bpf_probe_read_user(&firstline, sizeof(firstline),
+					(void *)(code + w->code_firstlineno)))
+			firstline = 0;
+		w->last_code = code;
+		w->last_firstline = firstline;
+	}
 	slots[i0 & (MAX_SLOTS - 1)] = code;
 	slots[i1 & (MAX_SLOTS - 1)] =
 		(addr & PY_ADDR_MASK) |
@@ -304,6 +342,7 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.code_adaptive = p->off.code_adaptive,
 		.code_firstlineno = p->off.code_firstlineno,
 		.lasti_unit = p->off.lasti_unit,
+		.win = { .which = a->which },
 	};
 	bpf_loop(MAX_PY_FRAMES, py_walk_step, &w, 0);
 	a->used = w.used;

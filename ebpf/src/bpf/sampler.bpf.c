@@ -156,6 +156,7 @@ static __always_inline __u64 *scratch_slots(__u32 which)
 	return rec ? rec->user : 0;
 }
 
+#include "userwin.h"
 #include "unwind.h"
 #include "python.h"
 #include "spans.h"

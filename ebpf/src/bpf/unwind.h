@@ -151,6 +151,9 @@ struct unwind_state {
 	// one another cannot share one.
 	__u32 which;
 	__u32 reserved;
+	// The copy of the stack pages the walk is in (userwin.h): the return address and saved
+	// rbp of the frames of one page come from one read.
+	struct user_win win;
 };
 
 struct mapping_lookup {
@@ -247,8 +250,8 @@ __attribute__((noinline)) int frame_pointer_step(struct unwind_state *st)
 	if (!st)
 		return -1;
 	__u64 next_bp = 0, ra = 0;
-	if (st->bp == 0 || bpf_probe_read_user(&next_bp, 8, (void *)st->bp) ||
-	    bpf_probe_read_user(&ra, 8, (void *)(st->bp + 8)))
+	if (st->bp == 0 || user_win_u64(&st->win, st->bp, &next_bp) ||
+	    user_win_u64(&st->win, st->bp + 8, &ra))
 		return -1;
 	if (st->trampoline && ra == st->trampoline)
 		ra = uretprobe_original(st->bp + 8);
@@ -349,7 +352,7 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 		return 1;
 	}
 	__u64 ra = 0;
-	if (bpf_probe_read_user(&ra, 8, (void *)(cfa - 8))) {
+	if (user_win_u64(&st->win, cfa - 8, &ra)) {
 		st->stop_reason = COUNTER_UNWIND_BAD_CFA;
 		return 1;
 	}
@@ -357,7 +360,7 @@ static long unwind_step(__u32 index, struct unwind_state *st)
 		ra = uretprobe_original(cfa - 8);
 	if (row->rbp_type == RBP_OFFSET) {
 		__u64 bp = 0;
-		if (bpf_probe_read_user(&bp, 8, (void *)(cfa + row->rbp_offset))) {
+		if (user_win_u64(&st->win, cfa + row->rbp_offset, &bp)) {
 			st->stop_reason = COUNTER_UNWIND_BAD_CFA;
 			return 1;
 		}
@@ -404,6 +407,7 @@ __attribute__((noinline)) int dwarf_walk(struct dwarf_walk_args *a)
 		.pid = pid,
 		.which = a->which,
 		.trampoline = uretprobe_trampoline(),
+		.win = { .which = a->which },
 	};
 	if (st.trampoline && st.pc - st.trampoline < 4096)
 		uretprobe_in_trampoline(&st.pc, &st.sp);
