@@ -26,6 +26,9 @@ pub struct AgentMetrics {
     pub push_ns: AtomicU64,
     pub spool_batches: AtomicU64,
     pub spool_bytes: AtomicU64,
+    /// Times the kernel dropped process events (`--comm` discovery) and every process was
+    /// read again.
+    pub process_event_overflows: AtomicU64,
     /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
@@ -55,6 +58,12 @@ impl AgentMetrics {
             "counter",
             "Samples read from the kernel.",
             self.samples.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_process_event_overflows_total",
+            "counter",
+            "Times the kernel dropped process events (its socket buffer was full) and every process was read again to find those chosen by name.",
+            self.process_event_overflows.load(Relaxed),
         );
         one(
             "pyrometer_agent_batches_spooled_total",
