@@ -7,9 +7,10 @@
 //! kernel queues the events in the socket's receive buffer between reads; when that fills, it
 //! drops them and says so (ENOBUFS), and the caller falls back to one full scan.
 //!
-//! Subscribing needs CAP_NET_ADMIN in the initial user namespace, checked against whoever
-//! opened the socket: it is opened before the agent drops its capabilities, and reading needs
-//! none. The kernel sends these events only to listeners in the initial network namespace.
+//! Older kernels ask for CAP_NET_ADMIN to subscribe (recent ones let anyone listen): the agent
+//! subscribes before it drops its capabilities, and reading needs none. The kernel sends these
+//! events only to listeners in the initial network namespace; elsewhere the subscription is
+//! not confirmed and the caller scans.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -90,8 +91,8 @@ impl ProcEvents {
         }
         // SAFETY: `raw` is a descriptor this function just opened and owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // A larger buffer needs CAP_NET_ADMIN (which subscribing needs anyway); without it
-        // the default one holds a few hundred events, and overflows are still detected.
+        // A larger buffer than the system's maximum needs CAP_NET_ADMIN; without it the
+        // default one holds a few hundred events, and overflows are still detected.
         for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
             if setsockopt_int(&fd, opt, RECEIVE_BUFFER).is_ok() {
                 break;
@@ -237,8 +238,9 @@ impl ProcEvents {
 }
 
 impl Drop for ProcEvents {
-    /// The kernel counts listeners and builds events while any is left: say goodbye. The
-    /// permission is checked against the socket's opener, so this works after a drop.
+    /// The kernel counts listeners and builds events while any is left: say goodbye (an
+    /// older kernel may refuse it once the agent has dropped CAP_NET_ADMIN; it is the
+    /// agent's exit then, and nothing else can be done).
     fn drop(&mut self) {
         let _ = self.control(PROC_CN_MCAST_IGNORE);
     }

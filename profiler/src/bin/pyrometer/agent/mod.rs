@@ -190,7 +190,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
-    let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
+    let mut symbolizer = Symbolizer::new()
+        .with_debug_dirs(debug_dirs)
+        .with_dwarf_max_bytes(DWARF_MAX_BYTES);
     // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
     if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
         eprintln!(
@@ -422,6 +424,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 }
             }
             symbolizer.release_files();
+            metrics
+                .dwarf_skipped_files
+                .store(symbolizer.stats().dwarf_skipped_files, Relaxed);
             // The interval's samples are symbolized: processes gone since are not needed.
             registry.forget_exited();
             young.forget_exited(proc_root);
@@ -461,6 +466,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         "spool_samples": spool.samples(),
         "process_events": by_name && discovery.event_driven(),
         "process_event_overflows": discovery.overflows,
+        "symbolized_without_dwarf": m.dwarf_skipped_files.load(Relaxed),
     });
     if let Some(x) = &exporter {
         let c = &x.counts;
@@ -586,6 +592,13 @@ fn ring_buffer_bytes() -> u32 {
         .next_power_of_two()
         .clamp(1 << 20, 8 << 20)
 }
+
+/// Binaries (or their debug files) larger than this are symbolized from their symbol table
+/// only. The C library's debug file (4 MB here), an interpreter's (11 MB) and a pyenv
+/// libpython (23 MB) keep their lines and inlined functions; a debug build of a large program
+/// (100-400 MB, most of it DWARF) does not: parsing one took 100-300 MB of memory and tens
+/// of ms each time such a program started on a busy node.
+const DWARF_MAX_BYTES: u64 = 32 << 20;
 
 /// The longest the sampling loop sleeps between two reads of the ring buffer.
 const POLL: Duration = Duration::from_millis(200);
