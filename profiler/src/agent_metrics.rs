@@ -26,6 +26,11 @@ pub struct AgentMetrics {
     pub push_ns: AtomicU64,
     pub spool_batches: AtomicU64,
     pub spool_bytes: AtomicU64,
+    /// Times the kernel dropped process events (`--comm` discovery) and every process was
+    /// read again.
+    pub process_event_overflows: AtomicU64,
+    /// Times the symbolizer opened a file too large for its DWARF (symbol table only).
+    pub dwarf_skipped_files: AtomicU64,
     /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
@@ -55,6 +60,18 @@ impl AgentMetrics {
             "counter",
             "Samples read from the kernel.",
             self.samples.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_process_event_overflows_total",
+            "counter",
+            "Times the kernel dropped process events (its socket buffer was full) and every process was read again to find those chosen by name.",
+            self.process_event_overflows.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_symbolized_without_dwarf_total",
+            "counter",
+            "Times a binary too large for its DWARF to be read was symbolized from its symbol table only (frames without lines or inlined functions).",
+            self.dwarf_skipped_files.load(Relaxed),
         );
         one(
             "pyrometer_agent_batches_spooled_total",

@@ -13,6 +13,7 @@ pub mod model;
 pub mod otlp;
 pub mod output;
 pub mod privileges;
+pub mod procevents;
 pub mod procs;
 pub mod push;
 pub mod python;

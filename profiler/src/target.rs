@@ -47,21 +47,83 @@ pub fn new_comm_matches(re: &regex::Regex, known: &mut HashSet<u32>) -> Vec<u32>
     out
 }
 
+/// Like [`new_comm_matches`], among `candidates` only (processes the kernel said started,
+/// exec'd or renamed themselves): one `comm` read each instead of a scan of `/proc`.
+pub fn comm_matches_among(
+    re: &regex::Regex,
+    candidates: &[u32],
+    known: &mut HashSet<u32>,
+) -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let mut path = String::new();
+    for &pid in candidates {
+        if pid == me || known.contains(&pid) {
+            continue;
+        }
+        use std::fmt::Write as _;
+        path.clear();
+        let _ = write!(path, "/proc/{pid}/comm");
+        let Some(comm) = read_small(&path) else {
+            continue;
+        };
+        if re.is_match(comm.trim_end_matches('\n')) {
+            known.insert(pid);
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A small /proc file in one open and one read (`read_to_string` asks for its size first,
+/// which /proc files do not have).
+fn read_small(path: &str) -> Option<String> {
+    use std::io::Read as _;
+    let mut buf = [0u8; 64];
+    let n = std::fs::File::open(path).ok()?.read(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
 /// Adds the processes whose comm matches `re` and that are not in `known` (which gains them)
 /// as targets, pyrometer itself excepted, each after its unwind tables are loaded so that none
 /// of its samples is walked without them. Returns one message per pid that could not be
-/// added. `record --comm` and the agent call this every few hundred milliseconds, so
-/// processes started later are found too.
+/// added. `record --comm` calls this every few hundred milliseconds, so processes started
+/// later are found too (the agent, where it can, only for the processes the kernel says
+/// started: `candidates`).
 pub fn add_comm_matches(
     sampler: &mut crate::bpf::Sampler,
-    mut unwinder: Option<&mut crate::unwinder::Unwinder>,
+    unwinder: Option<&mut crate::unwinder::Unwinder>,
     registry: &mut crate::procs::ProcessRegistry,
     re: &regex::Regex,
     known: &mut HashSet<u32>,
     follow_children: bool,
 ) -> Vec<String> {
+    let pids = new_comm_matches(re, known);
+    add_targets(sampler, unwinder, registry, pids, follow_children)
+}
+
+/// [`add_comm_matches`] among `candidates` only ([`comm_matches_among`]).
+pub fn add_comm_matches_among(
+    sampler: &mut crate::bpf::Sampler,
+    unwinder: Option<&mut crate::unwinder::Unwinder>,
+    registry: &mut crate::procs::ProcessRegistry,
+    re: &regex::Regex,
+    candidates: &[u32],
+    known: &mut HashSet<u32>,
+) -> Vec<String> {
+    let pids = comm_matches_among(re, candidates, known);
+    add_targets(sampler, unwinder, registry, pids, false)
+}
+
+fn add_targets(
+    sampler: &mut crate::bpf::Sampler,
+    mut unwinder: Option<&mut crate::unwinder::Unwinder>,
+    registry: &mut crate::procs::ProcessRegistry,
+    pids: Vec<u32>,
+    follow_children: bool,
+) -> Vec<String> {
     let mut errors = Vec::new();
-    for pid in new_comm_matches(re, known) {
+    for pid in pids {
         if let Some(u) = unwinder.as_deref_mut()
             && let Ok(p) = registry.observe(pid)
         {
@@ -239,6 +301,34 @@ fn pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comm_matches_among_reads_only_the_candidates() {
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let re = regex::Regex::new("^sleep$").unwrap();
+        let mut known = HashSet::new();
+        assert!(
+            comm_matches_among(&re, &[std::process::id()], &mut known).is_empty(),
+            "a candidate that does not match"
+        );
+        assert_eq!(comm_matches_among(&re, &[1, pid, pid], &mut known), [pid]);
+        assert!(known.contains(&pid));
+        assert!(
+            comm_matches_among(&re, &[pid], &mut known).is_empty(),
+            "known already"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        known.clear();
+        assert!(
+            comm_matches_among(&re, &[pid], &mut known).is_empty(),
+            "gone"
+        );
+    }
 
     #[test]
     fn stat_fields_survive_odd_comms() {

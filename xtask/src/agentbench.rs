@@ -4,6 +4,9 @@
 //! one core after start-up and its resident memory, peak and steady (the median of the
 //! second half). A figure, not a pass/fail. BENCH_AGENT_COLLECTOR names a collector binary
 //! to push to instead of building the release one (its own cost is not measured).
+//! BENCH_AGENT_BASELINE names another `pyrometer` binary (say, a build of main) to run in
+//! alternating rounds with this one (BENCH_AGENT_ROUNDS, default 1), for before/after
+//! medians measured under the same neighbours.
 //!
 //! A second run samples only the burners (`--comm`): on a machine where other work starts
 //! new programs all the time (a shared build machine), the first run mostly measures the
@@ -55,33 +58,94 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     let burner = dir.join("pyroburn");
     std::fs::copy("/bin/sh", &burner).context("copying /bin/sh for the CPU burners")?;
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Before/after on a shared machine: the two binaries alternate, round after round, so a
+    // neighbour's build weighs on both alike; medians are printed.
+    let baseline = std::env::var_os("BENCH_AGENT_BASELINE").map(std::path::PathBuf::from);
+    let rounds: usize = std::env::var("BENCH_AGENT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let mut binaries = Vec::new();
+    if let Some(b) = &baseline {
+        binaries.push(("baseline", b.as_path()));
+    }
+    binaries.push(("this build", pyrometer));
     println!();
     for (what, args) in [
         ("every process", &[][..]),
         ("the burners only (--comm)", &["--comm", "pyroburn"][..]),
     ] {
-        let r = run_agent(&dir, pyrometer, &collector_bin, &burner, seconds, args)?;
-        println!(
-            "agent footprint: {seconds} s at 19 Hz, {what}, {cpus} CPUs busy ({cpus} burners); \
-             start-up {:.1} s",
-            r.startup_s
-        );
-        println!(
-            "  CPU {:.3} % of one core; RSS peak {:.1} MB (start-up included), steady {:.1} MB; \
-             {} samples, {} pushed",
-            r.cpu * 100.0,
-            r.peak_kb as f64 / 1024.0,
-            r.steady_kb / 1024.0,
-            r.stats["samples"],
-            r.stats["samples_pushed"]
-        );
+        let mut runs: Vec<Vec<Footprint>> = binaries.iter().map(|_| Vec::new()).collect();
+        for _ in 0..rounds {
+            for (i, (_, bin)) in binaries.iter().enumerate() {
+                runs[i].push(run_agent(
+                    &dir,
+                    bin,
+                    &collector_bin,
+                    &burner,
+                    seconds,
+                    args,
+                )?);
+            }
+        }
+        for ((name, _), runs) in binaries.iter().zip(runs) {
+            let label = if baseline.is_some() {
+                format!(", {name}")
+            } else {
+                String::new()
+            };
+            print_footprint(&format!("{what}{label}"), seconds, cpus, &runs);
+        }
     }
     Ok(())
 }
 
+/// One line of what was run, one of the medians over the rounds (with each round's CPU
+/// share when there were several).
+fn print_footprint(what: &str, seconds: u64, cpus: usize, runs: &[Footprint]) {
+    let med = |f: &dyn Fn(&Footprint) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        crate::bench::median(&mut v)
+    };
+    println!(
+        "agent footprint: {seconds} s at 19 Hz, {what}, {cpus} CPUs busy ({cpus} burners); \
+         start-up {:.1} s; load average {:.1}{}",
+        med(&|r| r.startup_s),
+        med(&|r| r.load),
+        if runs.len() > 1 {
+            format!("; medians of {} alternating rounds", runs.len())
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "  CPU {:.3} % of one core ({:.3} % in the second half); RSS peak {:.1} MB (start-up \
+         included), steady {:.1} MB; {} samples, {} pushed",
+        med(&|r| r.cpu) * 100.0,
+        med(&|r| r.cpu_second_half) * 100.0,
+        med(&|r| r.peak_kb as f64) / 1024.0,
+        med(&|r| r.steady_kb) / 1024.0,
+        med(&|r| r.stats["samples"].as_f64().unwrap_or(0.0)),
+        med(&|r| r.stats["samples_pushed"].as_f64().unwrap_or(0.0)),
+    );
+    if runs.len() > 1 {
+        let each: Vec<String> = runs
+            .iter()
+            .map(|r| format!("{:.3}", r.cpu * 100.0))
+            .collect();
+        println!("  CPU of each round (%): {}", each.join(", "));
+    }
+}
+
 struct Footprint {
     startup_s: f64,
+    /// The 1-minute load average at the end of the run.
+    load: f64,
     cpu: f64,
+    /// The CPU share over the second half of the run: without the first push's work
+    /// (parsing the symbols and debug files of the node's long-running binaries once).
+    cpu_second_half: f64,
     peak_kb: u64,
     steady_kb: f64,
     stats: serde_json::Value,
@@ -152,11 +216,22 @@ fn run_agent(
     let cpu0 = cpu_ns(pid)?;
     let t0 = Instant::now();
     let mut rss_kb = Vec::new();
+    let mut half: Option<(u64, Instant)> = None;
     while t0.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(Duration::from_secs(1));
         rss_kb.push(status_kb(pid, "VmRSS:")?);
+        if half.is_none() && t0.elapsed() >= Duration::from_secs(seconds) / 2 {
+            half = Some((cpu_ns(pid)?, Instant::now()));
+        }
     }
-    let cpu = (cpu_ns(pid)? - cpu0) as f64 / t0.elapsed().as_nanos() as f64;
+    let cpu1 = cpu_ns(pid)?;
+    let cpu = (cpu1 - cpu0) as f64 / t0.elapsed().as_nanos() as f64;
+    let (cpu_half, t_half) = half.unwrap_or((cpu0, t0));
+    let cpu_second_half = (cpu1 - cpu_half) as f64 / t_half.elapsed().as_nanos().max(1) as f64;
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN);
     let peak_kb = status_kb(pid, "VmHWM:")?;
     let mut steady: Vec<f64> = rss_kb[rss_kb.len() / 2..]
         .iter()
@@ -171,7 +246,9 @@ fn run_agent(
         serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json"))?)?;
     Ok(Footprint {
         startup_s,
+        load,
         cpu,
+        cpu_second_half,
         peak_kb,
         steady_kb,
         stats,

@@ -45,6 +45,11 @@ pub struct AllocProbes {
     /// allocator functions get no uprobes).
     pub preload: preload::PreloadProbes,
     preloaded: HashSet<u32>,
+    /// The processes whose allocator functions get uprobes, when not every synced one does
+    /// (the agent: only those chosen with `--alloc-pid`/`--alloc-comm`). Node-wide, reading
+    /// every new binary's symbols (and its debug file) for allocator sites that nobody asked
+    /// to probe was a third of the agent's CPU time on a busy node.
+    chosen: Option<HashSet<u32>>,
     /// Probes attached so far.
     pub attached: u64,
 }
@@ -61,7 +66,23 @@ impl AllocProbes {
             failures: HashMap::new(),
             preload: preload::PreloadProbes::default(),
             preloaded: HashSet::new(),
+            chosen: None,
             attached: 0,
+        }
+    }
+
+    /// Probes the allocator functions only of the processes passed to
+    /// [`AllocProbes::choose`]; the others are still checked for the preloaded library.
+    pub fn only_chosen(mut self) -> Self {
+        self.chosen = Some(HashSet::new());
+        self
+    }
+
+    /// Process `pid`'s allocator functions are to be probed (with
+    /// [`AllocProbes::only_chosen`]; every process's are without it).
+    pub fn choose(&mut self, pid: u32) {
+        if let Some(c) = self.chosen.as_mut() {
+            c.insert(pid);
         }
     }
 
@@ -84,6 +105,9 @@ impl AllocProbes {
                     self.failures.insert(pid, e);
                 }
             }
+        }
+        if self.chosen.as_ref().is_some_and(|c| !c.contains(&pid)) {
+            return;
         }
         for m in process.mappings() {
             if m.kind != MappingKind::File {
@@ -227,12 +251,68 @@ impl AllocProbes {
         self.with_malloc.remove(&pid);
         self.preloaded.remove(&pid);
         self.failures.remove(&pid);
+        if let Some(c) = self.chosen.as_mut() {
+            c.remove(&pid);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records the probes asked for (the selection logic, not the kernel, is under test).
+    #[derive(Default)]
+    struct Asked(Vec<(u32, u64)>);
+
+    impl Uprobes for Asked {
+        fn attach_uprobe(&mut self, _: &str, _: &Path, _: u64) -> Result<(), crate::bpf::BpfError> {
+            Ok(())
+        }
+        fn attach_process_probe(
+            &mut self,
+            _: &'static str,
+            _: &Path,
+            offset: u64,
+            _: u64,
+            pid: u32,
+        ) -> Result<(), crate::bpf::BpfError> {
+            self.0.push((pid, offset));
+            Ok(())
+        }
+        fn detach_process_probes(&mut self, _: u32) {}
+    }
+
+    #[test]
+    fn only_chosen_processes_get_allocator_probes() {
+        let me = std::process::id();
+        let mut registry = crate::procs::ProcessRegistry::new();
+        let process = registry.observe(me).unwrap();
+        // This test binary maps libc (or defines malloc itself): something to probe.
+        let mut every = AllocProbes::new(Vec::new());
+        let mut asked = Asked::default();
+        every.sync(process, &mut asked);
+        assert!(
+            !asked.0.is_empty() && every.has_allocator(me),
+            "record --alloc probes every synced process"
+        );
+
+        let mut chosen = AllocProbes::new(Vec::new()).only_chosen();
+        let mut asked = Asked::default();
+        chosen.sync(process, &mut asked);
+        assert!(asked.0.is_empty(), "not chosen: no probes, {:?}", asked.0);
+        assert!(!chosen.has_allocator(me));
+        chosen.choose(me);
+        chosen.sync(process, &mut asked);
+        assert!(
+            !asked.0.is_empty() && chosen.has_allocator(me),
+            "chosen: probed"
+        );
+        chosen.forget(me);
+        let before = asked.0.len();
+        chosen.sync(process, &mut asked);
+        assert_eq!(asked.0.len(), before, "forgotten: not chosen any more");
+    }
 
     #[test]
     fn weights_invert_the_sampling_probability() {

@@ -48,10 +48,12 @@ pub struct Sites {
 /// Finds the allocator sites of the binary at `path`; `debug_file` is its separate debug
 /// file (for pymalloc's static symbols in a stripped interpreter).
 pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Mapped, not read: a large library's debug file is hundreds of MB, of which the
+    // symbol tables are a small part, and only the pages touched become resident.
+    let data = map(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let obj = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
     let loads = loads(&obj);
-    let debug_data = debug_file.and_then(|p| std::fs::read(p).ok());
+    let debug_data = debug_file.and_then(|p| map(p).ok());
     let debug_obj = debug_data
         .as_deref()
         .and_then(|d| object::File::parse(d).ok());
@@ -80,6 +82,14 @@ pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
     }
     out.sites.sort_unstable();
     Ok(out)
+}
+
+fn map(path: &Path) -> std::io::Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: the mapping is only read; a binary rewritten in place while it is parsed
+    // (never done to a binary in use, which would crash its processes) at worst yields
+    // wrong symbols, and `object` bounds-checks every read.
+    unsafe { memmap2::Mmap::map(&file) }
 }
 
 #[cfg(test)]

@@ -63,6 +63,9 @@ pub struct SymbolizerStats {
     pub cache_hits: u64,
     /// User addresses that needed a lookup in a binary.
     pub cache_misses: u64,
+    /// Times a file was opened for its symbol table only, past
+    /// [`Symbolizer::with_dwarf_max_bytes`]: its frames have no lines or inlined functions.
+    pub dwarf_skipped_files: u64,
 }
 
 /// One function at an address, before it is dressed up as a [`Frame`] for a given mapping.
@@ -113,6 +116,8 @@ pub struct Symbolizer {
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
+    /// Files larger than this are read for their symbol table only (None: no limit).
+    dwarf_max_bytes: Option<u64>,
 }
 
 impl Default for Symbolizer {
@@ -147,11 +152,21 @@ impl Symbolizer {
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
+            dwarf_max_bytes: None,
         }
     }
 
     /// Directories holding separate debug files (`<dir>/.build-id/xx/yyyy.debug`,
     /// `<dir>/<binary's dir>/<debuglink>`).
+    /// Reads files larger than `bytes` (a debug build of a large program: hundreds of MB of
+    /// DWARF) for their symbol table only, without lines or inlined functions. For the
+    /// always-on agent: parsing such a file's DWARF took hundreds of MB and most of its CPU
+    /// time on a node where new programs of that kind kept starting.
+    pub fn with_dwarf_max_bytes(mut self, bytes: u64) -> Self {
+        self.dwarf_max_bytes = Some(bytes);
+        self
+    }
+
     pub fn with_debug_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
         self.debug_dirs = dirs;
         self
@@ -380,19 +395,24 @@ impl Symbolizer {
 
     fn resolve(&mut self, info: &ElfInfo, file_offset: u64) -> Option<Rc<[Resolved]>> {
         let vaddr = info.vaddr(file_offset)?;
-        let mut elf = Elf::new(&info.source);
-        elf.debug_syms = info.debug_syms;
-        let src = Source::from(elf);
         let period = self.period;
-        let file = self
-            .open
-            .entry(info.source.clone())
-            .or_insert_with(|| OpenFile {
+        let mut opened = false;
+        let file = self.open.entry(info.source.clone()).or_insert_with(|| {
+            opened = true;
+            OpenFile {
                 blaze: Self::blaze(),
                 used: period,
                 lookups: 0,
                 bytes: std::fs::metadata(&info.source).map_or(u64::MAX, |m| m.len()),
-            });
+            }
+        });
+        let huge = self.dwarf_max_bytes.is_some_and(|max| file.bytes > max);
+        if opened && huge && info.debug_syms {
+            self.stats.dwarf_skipped_files += 1;
+        }
+        let mut elf = Elf::new(&info.source);
+        elf.debug_syms = info.debug_syms && !huge;
+        let src = Source::from(elf);
         if file.used != period {
             file.used = period;
             file.lookups = 0;

@@ -91,6 +91,27 @@ fn names_a_function_from_its_file_offset() {
 }
 
 #[test]
+fn files_past_the_dwarf_limit_are_named_from_their_symbol_table() {
+    let tmp = TempDir::new("sym-dwarf-limit");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g", "-Wl,--build-id"]);
+    let (off, _) = symbol(&prog, "known_function", false);
+    let size = std::fs::metadata(&prog).unwrap().len();
+    let mut within = Symbolizer::new()
+        .with_debug_dirs(vec![])
+        .with_dwarf_max_bytes(size);
+    let f = &within.symbolize_elf(&prog, off + 4)[0];
+    assert_eq!((f.function.as_str(), f.line), ("known_function", Some(5)));
+    assert_eq!(within.stats().dwarf_skipped_files, 0);
+    let mut past = Symbolizer::new()
+        .with_debug_dirs(vec![])
+        .with_dwarf_max_bytes(size - 1);
+    let f = &past.symbolize_elf(&prog, off + 4)[0];
+    assert_eq!(f.function, "known_function", "named from .symtab");
+    assert_eq!((f.file.as_deref(), f.line), (None, None), "no DWARF read");
+    assert_eq!(past.stats().dwarf_skipped_files, 1);
+}
+
+#[test]
 fn inlined_function_yields_two_frames_with_lines() {
     let tmp = TempDir::new("sym-inline");
     let src = "static inline __attribute__((always_inline)) int inner(int x) { volatile int y = x * 3; return y + 1; }

@@ -28,6 +28,7 @@ use pyrometer_proto::ingest::PushRequest;
 use crate::{EXIT_PRIVILEGES, exit_error};
 
 mod config;
+mod discover;
 mod otlp;
 mod young;
 
@@ -148,14 +149,28 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         .map(PathBuf::from)
         .collect();
     let alloc_probes = (!sampler.refused(Feature::Alloc)).then(|| {
-        let mut probes = AllocProbes::new(debug_dirs.clone());
+        // Uprobes on allocator functions only for the processes chosen with --alloc-pid or
+        // --alloc-comm; every other process is only checked for the preloaded library.
+        let mut probes = AllocProbes::new(debug_dirs.clone()).only_chosen();
         attach_own_library(&mut probes, &mut sampler);
         probes
     });
     let mut tables = Tables::new(unwinder, python, alloc_probes);
     let mut registry = ProcessRegistry::new();
     let mut known = Known::default();
-    scan(&mut sampler, &mut tables, &mut registry, &cfg, &mut known);
+    // Opened while the agent still has CAP_NET_ADMIN, which subscribing needs.
+    let by_name = cfg.comm.is_some() || cfg.alloc.as_ref().is_some_and(|a| a.comm.is_some());
+    let mut discovery = discover::Discovery::new(by_name.then(open_process_events).flatten());
+    let mut exited = Vec::new();
+    let due = discovery.due(&mut exited);
+    scan(
+        &mut sampler,
+        &mut tables,
+        &mut registry,
+        &cfg,
+        &mut known,
+        &due,
+    );
     // Tables for the processes already known, so their first samples unwind fully; with
     // neither --pid nor --comm, new processes get theirs when their first sample arrives.
     for &pid in &cfg.pids {
@@ -175,7 +190,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
-    let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
+    let mut symbolizer = Symbolizer::new()
+        .with_debug_dirs(debug_dirs)
+        .with_dwarf_max_bytes(DWARF_MAX_BYTES);
     // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
     if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
         eprintln!(
@@ -297,7 +314,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut capture = new_capture(Default::default(), None);
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
-    let mut last_scan = Instant::now();
     let mut last_counters: Option<Instant> = None;
     let mut young = young::Young::default();
     let mut ray_seen: Option<Instant> = None;
@@ -333,9 +349,27 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
             eprintln!("pyrometer agent: {notice}");
         }
         let stopping = signals::take().is_some();
-        if last_scan.elapsed() >= Duration::from_millis(500) {
-            last_scan = Instant::now();
-            scan(&mut sampler, &mut tables, &mut registry, &cfg, &mut known);
+        if by_name {
+            exited.clear();
+            let due = discovery.due(&mut exited);
+            // A pid that exited may come back as another process, to be looked at again.
+            for pid in &exited {
+                known.targets.remove(pid);
+                known.alloc.remove(pid);
+            }
+            if due != discover::Due::Nothing {
+                scan(
+                    &mut sampler,
+                    &mut tables,
+                    &mut registry,
+                    &cfg,
+                    &mut known,
+                    &due,
+                );
+            }
+            metrics
+                .process_event_overflows
+                .store(discovery.overflows, Relaxed);
         }
         // Some 25 map reads: once a second is as fresh as /metrics needs.
         if stopping || last_counters.is_none_or(|t| t.elapsed() >= COUNTERS_EVERY) {
@@ -390,6 +424,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 }
             }
             symbolizer.release_files();
+            metrics
+                .dwarf_skipped_files
+                .store(symbolizer.stats().dwarf_skipped_files, Relaxed);
             // The interval's samples are symbolized: processes gone since are not needed.
             registry.forget_exited();
             young.forget_exited(proc_root);
@@ -427,6 +464,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         "push_errors": m.push_errors.load(Relaxed),
         "spool_batches": spool.len(),
         "spool_samples": spool.samples(),
+        "process_events": by_name && discovery.event_driven(),
+        "process_event_overflows": discovery.overflows,
+        "symbolized_without_dwarf": m.dwarf_skipped_files.load(Relaxed),
     });
     if let Some(x) = &exporter {
         let c = &x.counts;
@@ -496,16 +536,27 @@ fn add_alloc_targets(
     tables: &mut Tables,
     registry: &mut ProcessRegistry,
     alloc: &config::AllocTargets,
-    known: &mut HashSet<u32>,
+    known: &mut Known,
+    due: &discover::Due,
 ) {
-    let mut pids: Vec<u32> = alloc
-        .pids
-        .iter()
-        .copied()
-        .filter(|&p| known.insert(p))
-        .collect();
+    let mut pids: Vec<u32> = Vec::new();
+    if !std::mem::replace(&mut known.alloc_pids_added, true) {
+        pids.extend(
+            alloc
+                .pids
+                .iter()
+                .copied()
+                .filter(|&p| known.alloc.insert(p)),
+        );
+    }
     if let Some(re) = &alloc.comm {
-        pids.extend(pyrometer::target::new_comm_matches(re, known));
+        pids.extend(match due {
+            discover::Due::Nothing => Vec::new(),
+            discover::Due::All => pyrometer::target::new_comm_matches(re, &mut known.alloc),
+            discover::Due::These(candidates) => {
+                pyrometer::target::comm_matches_among(re, candidates, &mut known.alloc)
+            }
+        });
     }
     for pid in pids {
         if let Err(e) = sampler.add_alloc_target(pid) {
@@ -516,6 +567,7 @@ fn add_alloc_targets(
             continue;
         };
         if let Some(probes) = tables.alloc.as_mut() {
+            probes.choose(pid);
             probes.sync(p, sampler);
             if probes.has_allocator(pid) {
                 eprintln!(
@@ -541,6 +593,13 @@ fn ring_buffer_bytes() -> u32 {
         .clamp(1 << 20, 8 << 20)
 }
 
+/// Binaries (or their debug files) larger than this are symbolized from their symbol table
+/// only. The C library's debug file (4 MB here), an interpreter's (11 MB) and a pyenv
+/// libpython (23 MB) keep their lines and inlined functions; a debug build of a large program
+/// (100-400 MB, most of it DWARF) does not: parsing one took 100-300 MB of memory and tens
+/// of ms each time such a program started on a busy node.
+const DWARF_MAX_BYTES: u64 = 32 << 20;
+
 /// The longest the sampling loop sleeps between two reads of the ring buffer.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -551,37 +610,69 @@ const RAY_LINGER: Duration = Duration::from_secs(5);
 /// How often the kernel's counters are copied to /metrics.
 const COUNTERS_EVERY: Duration = Duration::from_secs(1);
 
-/// Processes already chosen: as sampling targets, and for allocation sampling.
+/// Processes already chosen (until they exit): as sampling targets, and for allocation
+/// sampling.
 #[derive(Default)]
 struct Known {
     targets: HashSet<u32>,
     alloc: HashSet<u32>,
+    /// The `--alloc-pid` processes were added (once: a chosen pid that exits is not
+    /// chosen again when the number comes back).
+    alloc_pids_added: bool,
 }
 
-/// Adds the processes chosen by name (`--comm`, `--alloc-comm`) that were not seen before,
-/// and the `--alloc-pid` ones on the first call.
+/// The kernel's process events for finding processes by name, or None (said once) when
+/// they cannot be had: the agent then reads every process's name twice a second.
+fn open_process_events() -> Option<pyrometer::procevents::ProcEvents> {
+    match pyrometer::procevents::ProcEvents::open() {
+        Ok(events) => Some(events),
+        Err(e) => {
+            eprintln!(
+                "pyrometer agent: {e}; finding processes by name by reading every process's name every {} ms instead",
+                discover::SCAN_EVERY.as_millis()
+            );
+            None
+        }
+    }
+}
+
+/// Adds the processes chosen by name (`--comm`, `--alloc-comm`) among those `due`, and the
+/// `--alloc-pid` ones on the first call.
 fn scan(
     sampler: &mut Sampler,
     tables: &mut Tables,
     registry: &mut ProcessRegistry,
     cfg: &config::Config,
     known: &mut Known,
+    due: &discover::Due,
 ) {
     if let Some(re) = &cfg.comm {
         let unwinder = tables.unwinder.as_mut();
-        for e in pyrometer::target::add_comm_matches(
-            sampler,
-            unwinder,
-            registry,
-            re,
-            &mut known.targets,
-            false,
-        ) {
+        let errors = match due {
+            discover::Due::Nothing => Vec::new(),
+            discover::Due::All => pyrometer::target::add_comm_matches(
+                sampler,
+                unwinder,
+                registry,
+                re,
+                &mut known.targets,
+                false,
+            ),
+            discover::Due::These(candidates) => pyrometer::target::add_comm_matches_among(
+                sampler,
+                unwinder,
+                registry,
+                re,
+                candidates,
+                &mut known.targets,
+            ),
+        };
+        for e in errors {
             eprintln!("pyrometer agent: {e}");
         }
     }
     if let Some(a) = &cfg.alloc {
-        add_alloc_targets(sampler, tables, registry, a, &mut known.alloc);
+        add_alloc_targets(sampler, tables, registry, a, known, due);
     }
 }
 
