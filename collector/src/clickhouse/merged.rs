@@ -38,12 +38,7 @@ impl ClickHouseStore {
         selection: &Selection<'_>,
         keep: &[&str],
     ) -> Result<Vec<Stacked>, StoreError> {
-        let Some(Selected {
-            ty,
-            present,
-            filter,
-        }) = self.selected(selection)?
-        else {
+        let Some(Selected { present, rows }) = self.selected(selection)? else {
             return Ok(Vec::new());
         };
         let mut members: BTreeMap<LabelSet, Vec<u64>> = BTreeMap::new();
@@ -75,14 +70,8 @@ impl ClickHouseStore {
                 list(&onto)
             )
         };
-        let (from_s, to_s) = (selection.from_s, selection.to_s);
         let raw = self.select_raw(&format!(
-            "SELECT {key} AS g, stack, sum(value) FROM {db}.samples
-             WHERE type = {ty} AND bucket >= {from_s} AND bucket < {to_s} {filter}
-               AND {winners}
-             GROUP BY g, stack",
-            db = self.db,
-            winners = self.winners(from_s, to_s)
+            "SELECT {key} AS g, stack, sum(value) {rows} GROUP BY g, stack"
         ))?;
         let mut r = Reader::new(&raw);
         let mut rows = Vec::with_capacity(raw.len() / 24);
