@@ -77,9 +77,11 @@ const MIGRATIONS: &[(u32, &[Step])] = &[
     (
         2,
         &[
-            // The same rows sorted by label set before time: a query for some label sets
-            // (one node, one process name) reads only their ranges of the sort key instead
-            // of every row of the time range. A sort key cannot change in place, and copying
+            // The same rows sorted by hour, then label set, then time: a query for some
+            // label sets (one node, one process name) reads only their ranges of each hour
+            // instead of every row of the time range, and a query of an hour still reads
+            // that hour's (at most two hours') rows only, however many days are stored
+            // (label set first would read a whole day of each label set). A sort key cannot change in place, and copying
             // the old rows over is not idempotent (collectors starting together would copy
             // twice), so new rows go to a new table and version 1's `samples` stays
             // readable, through `all_samples`, until retention has dropped its days.
@@ -88,7 +90,7 @@ const MIGRATIONS: &[(u32, &[Step])] = &[
                 bucket Int64, type UInt64, labelset UInt64, stack UInt64, value Int64,
                 batch UInt64, agent UInt64, sequence UInt64
             ) ENGINE = MergeTree() PARTITION BY intDiv(bucket, 86400)
-              ORDER BY (type, labelset, bucket, stack)",
+              ORDER BY (type, intDiv(bucket, 3600), labelset, bucket, stack)",
             ),
             // Reads both, each through its own sort key; version 1 collectors still running
             // during an upgrade keep writing to `samples` and are read too.
