@@ -446,6 +446,9 @@ impl ClickHouseStore {
 struct Selected {
     present: HashMap<u64, Arc<LabelSet>>,
     rows: String,
+    /// Only the matching label sets' rows are read (an `IN` list): none stored since
+    /// `present` was read can be among them.
+    filtered: bool,
 }
 
 impl ClickHouseStore {
@@ -470,10 +473,11 @@ impl ClickHouseStore {
             return Ok(None);
         }
         wanted.sort_unstable();
-        let filter = if wanted.len() == present.len() {
-            String::new()
-        } else {
+        let filtered = wanted.len() != present.len();
+        let filter = if filtered {
             format!("AND labelset IN ({})", list(&wanted))
+        } else {
+            String::new()
         };
         let (from_s, to_s) = (selection.from_s, selection.to_s);
         let rows = format!(
@@ -483,7 +487,11 @@ impl ClickHouseStore {
             db = self.db,
             winners = self.winners(from_s, to_s)
         );
-        Ok(Some(Selected { present, rows }))
+        Ok(Some(Selected {
+            present,
+            rows,
+            filtered,
+        }))
     }
 
     /// `present` plus the label sets among `answered` that it lacks and the selection matches:
@@ -621,7 +629,7 @@ impl Store for ClickHouseStore {
     }
 
     fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError> {
-        let Some(Selected { present, rows }) = self.selected(selection)? else {
+        let Some(Selected { present, rows, .. }) = self.selected(selection)? else {
             return Ok(Vec::new());
         };
         let raw = self.select_raw(&format!(
@@ -667,7 +675,7 @@ impl Store for ClickHouseStore {
     fn series(&self, selection: &Selection<'_>, step_s: i64) -> Result<Vec<Point>, StoreError> {
         // The API validates steps; a non-positive one here is read as the finest.
         let step_s = step_s.max(1);
-        let Some(Selected { present, rows }) = self.selected(selection)? else {
+        let Some(Selected { present, rows, .. }) = self.selected(selection)? else {
             return Ok(Vec::new());
         };
         // The step's start as `bucket - bucket.rem_euclid(step)`, written with `%` twice since
