@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use prost::Message;
 use pyrometer_proto::ingest::PushRequest;
-use pyrometer_proto::{Profile, Sample};
 
 use crate::idmap::IdMap;
 use crate::store::{Batch, LabelSet, Row};
+use crate::wire::{self, LabelView, ProfileView, PushView};
 
 /// Limits on one batch; beyond them it is refused as a whole.
 #[derive(Debug, Clone, Copy)]
@@ -47,21 +47,27 @@ fn invalid(what: impl Into<String>) -> IngestError {
 /// Suffix FlameGraph and inferno use for kernel frames (as `pyrometer record` writes them).
 const KERNEL_SUFFIX: &str = "_[k]";
 
+/// Decodes a pushed `PushRequest` (borrowing its strings, see [`crate::wire`]) into a batch.
 pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
-    let req = PushRequest::decode(bytes).map_err(|e| IngestError::Decode(e.to_string()))?;
-    from_request(req, limits, now_s)
+    let req = wire::decode(bytes).map_err(|e| IngestError::Decode(e.to_string()))?;
+    from_view(&req, limits, now_s)
 }
 
-/// A decoded push (or one made from another format, e.g. OTLP) as a batch, every index and
-/// limit checked.
+/// A push made from another format (e.g. OTLP) as a batch, every index and limit checked.
+/// Encoded and decoded again so there is one path from a push to a batch; these pushes are
+/// rare next to the agents'.
 pub fn from_request(req: PushRequest, limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
+    decode(&req.encode_to_vec(), limits, now_s)
+}
+
+fn from_view(req: &PushView<'_>, limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
     if req.agent_id.is_empty() || req.agent_id.len() > 256 {
         return Err(invalid("agent_id must have 1 to 256 bytes"));
     }
     if req.node.is_empty() || req.node.len() > 256 {
         return Err(invalid("node must have 1 to 256 bytes"));
     }
-    let profile = req.profile.ok_or_else(|| invalid("no profile"))?;
+    let profile = req.profile.as_ref().ok_or_else(|| invalid("no profile"))?;
     if profile.sample.len() > limits.max_samples {
         return Err(invalid(format!(
             "{} samples, more than the limit of {}",
@@ -73,7 +79,7 @@ pub fn from_request(req: PushRequest, limits: &Limits, now_s: i64) -> Result<Bat
         let s = usize::try_from(i)
             .ok()
             .and_then(|i| profile.string_table.get(i))
-            .map(String::as_str)
+            .copied()
             .ok_or_else(|| invalid(format!("string index {i} out of range")))?;
         if s.len() > limits.max_string {
             return Err(invalid("string longer than the limit"));
@@ -86,52 +92,62 @@ pub fn from_request(req: PushRequest, limits: &Limits, now_s: i64) -> Result<Bat
     let sample_types = profile
         .sample_type
         .iter()
-        .map(|t| Ok((s(t.r#type)?.to_string(), s(t.unit)?.to_string())))
+        .map(|&(ty, unit)| Ok((s(ty)?.to_string(), s(unit)?.to_string())))
         .collect::<Result<Vec<_>, IngestError>>()?;
     if sample_types.is_empty() {
         return Err(invalid("no sample types"));
     }
-    let frames = location_names(&profile, &s)?;
+    let frames = location_names(profile, &s)?;
     let time_s = if profile.time_nanos > 0 {
         profile.time_nanos / 1_000_000_000
     } else {
         now_s
     };
 
-    let mut label_cache: HashMap<Vec<(i64, i64, i64)>, Arc<LabelSet>> = HashMap::new();
-    let mut stack_cache: HashMap<&[u64], Arc<Vec<String>>> = HashMap::new();
+    let mut label_cache: IdMap<&[LabelView], Arc<LabelSet>> = IdMap::default();
+    let mut stack_cache: IdMap<&[u64], Arc<Vec<String>>> = IdMap::default();
     let mut names: Vec<&str> = Vec::new();
     let mut rows = Vec::with_capacity(profile.sample.len() * sample_types.len());
     for sample in &profile.sample {
-        if sample.value.len() != sample_types.len() {
+        let values = profile.values(sample);
+        let location_ids = profile.location_ids(sample);
+        let sample_labels = profile.labels(sample);
+        if values.len() != sample_types.len() {
             return Err(invalid(
                 "a sample's value count differs from the sample types",
             ));
         }
-        if sample.location_id.len() > limits.max_depth {
+        if location_ids.len() > limits.max_depth {
             return Err(invalid("a stack deeper than the limit"));
         }
-        if sample.label.len() > limits.max_labels {
+        if sample_labels.len() > limits.max_labels {
             return Err(invalid("a sample with more labels than the limit"));
         }
-        let labels = labels(sample, &req.node, &s, &mut label_cache)?;
-        let stack = match stack_cache.get(sample.location_id.as_slice()) {
+        let labels = match label_cache.get(sample_labels) {
+            Some(set) => set.clone(),
+            None => {
+                let set = labels(sample_labels, req.node, &s)?;
+                label_cache.insert(sample_labels, set.clone());
+                set
+            }
+        };
+        let stack = match stack_cache.get(location_ids) {
             Some(st) => st.clone(),
             None => {
                 names.clear();
                 // location_id is leaf first; inlined lines within a location innermost first.
-                for id in sample.location_id.iter().rev() {
+                for id in location_ids.iter().rev() {
                     let lines = frames
                         .get(*id)
                         .ok_or_else(|| invalid(format!("location id {id} not in the profile")))?;
                     names.extend(lines.iter().rev().map(|n| n.as_ref()));
                 }
                 let st = shared_stack(&names);
-                stack_cache.insert(&sample.location_id, st.clone());
+                stack_cache.insert(location_ids, st.clone());
                 st
             }
         };
-        for (i, &value) in sample.value.iter().enumerate() {
+        for (i, &value) in values.iter().enumerate() {
             if value != 0 {
                 rows.push(Row {
                     labels: labels.clone(),
@@ -143,7 +159,7 @@ pub fn from_request(req: PushRequest, limits: &Limits, now_s: i64) -> Result<Bat
         }
     }
     Ok(Batch {
-        agent_id: req.agent_id,
+        agent_id: req.agent_id.to_string(),
         sequence: req.sequence,
         time_s,
         sample_types,
@@ -201,7 +217,7 @@ impl<'p> Locations<'p> {
 
 /// Frame names per location id, innermost inlined function first.
 fn location_names<'p>(
-    profile: &'p Profile,
+    profile: &ProfileView<'p>,
     s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
 ) -> Result<Locations<'p>, IngestError> {
     let functions: IdMap<u64, (&str, &str)> = profile
@@ -213,8 +229,8 @@ fn location_names<'p>(
         profile
             .mapping
             .iter()
-            .filter(|m| s(m.filename).is_ok_and(pred))
-            .map(|m| m.id)
+            .filter(|&&(_, filename)| s(filename).is_ok_and(pred))
+            .map(|&(id, _)| id)
             .collect()
     };
     let kernel_mappings = mapping_ids(&|f| f.starts_with("[kernel.kallsyms]"));
@@ -229,16 +245,13 @@ fn location_names<'p>(
         let python = python_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
         let start = out.names.len();
         let names = &mut out.names;
-        for line in &loc.line {
-            let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
-                invalid(format!(
-                    "function id {} not in the profile",
-                    line.function_id
-                ))
-            })?;
+        for &(function_id, line) in profile.lines(loc) {
+            let &(name, file) = functions
+                .get(&function_id)
+                .ok_or_else(|| invalid(format!("function id {function_id} not in the profile")))?;
             if python {
                 // As the node's own outputs name them: `function (file:line)`.
-                let line = u32::try_from(line.line).ok().filter(|&l| l > 0);
+                let line = u32::try_from(line).ok().filter(|&l| l > 0);
                 let label = pyrometer_proto::naming::python_frame_name(name, Some(file), line);
                 names.push(Cow::Owned(frame_name(&label, false).into_owned()));
             } else {
@@ -259,11 +272,20 @@ fn location_names<'p>(
 
 /// The name as folded output spells it: `;` separates frames, so it cannot appear in one.
 /// Borrowed when the name is already so (the common case: no copy).
+/// Whether `name` holds a `;` or a control character; ASCII names (nearly all) are checked
+/// a byte at a time without decoding characters.
+fn has_separator_or_control(name: &str) -> bool {
+    if name.is_ascii() {
+        return name.bytes().any(|b| b == b';' || b.is_ascii_control());
+    }
+    name.chars().any(|c| c == ';' || c.is_control())
+}
+
 fn frame_name(name: &str, kernel: bool) -> Cow<'_, str> {
     let clean = !name.is_empty()
         && !name.starts_with(char::is_whitespace)
         && !name.ends_with(char::is_whitespace)
-        && !name.chars().any(|c| c == ';' || c.is_control())
+        && !has_separator_or_control(name)
         && (!kernel || name.ends_with(KERNEL_SUFFIX));
     if clean {
         return Cow::Borrowed(name);
@@ -289,39 +311,32 @@ fn frame_name(name: &str, kernel: bool) -> Cow<'_, str> {
 }
 
 fn labels<'p>(
-    sample: &Sample,
+    labels: &[LabelView],
     node: &str,
     s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
-    cache: &mut HashMap<Vec<(i64, i64, i64)>, Arc<LabelSet>>,
 ) -> Result<Arc<LabelSet>, IngestError> {
-    let key: Vec<(i64, i64, i64)> = sample.label.iter().map(|l| (l.key, l.str, l.num)).collect();
-    if let Some(set) = cache.get(&key) {
-        return Ok(set.clone());
-    }
     let mut set = LabelSet::new();
-    for l in &sample.label {
-        let name = s(l.key)?;
+    for &(key, str, num) in labels {
+        let name = s(key)?;
         if name.is_empty() || name == "node" {
             continue;
         }
-        let value = if l.str != 0 {
-            s(l.str)?.to_string()
+        let value = if str != 0 {
+            s(str)?.to_string()
         } else {
-            l.num.to_string()
+            num.to_string()
         };
         set.insert(name.to_string(), value);
     }
     // The pushing agent's node wins over any sample label of that name.
     set.insert("node".into(), node.to_string());
-    let set = Arc::new(set);
-    cache.insert(key, set.clone());
-    Ok(set)
+    Ok(Arc::new(set))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pyrometer_proto::{Function, Line, Location, Mapping, ValueType};
+    use pyrometer_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
 
     /// A Python frame (under the `[python]` mapping) reads `function (file:line)`, as the
     /// node's own outputs write it; a native one its function name.
@@ -418,6 +433,8 @@ mod tests {
         assert_eq!(frame_name("a;b", false), "a:b");
         assert_eq!(frame_name("  pad\t", false), "pad");
         assert_eq!(frame_name("x\ny", false), "x y");
+        assert_eq!(frame_name("x\u{85}y", false), "x y");
+        assert!(matches!(frame_name("größe", false), Cow::Borrowed(_)));
         assert_eq!(frame_name(" ", false), "[unknown]");
         assert_eq!(frame_name("", false), "[unknown]");
         assert_eq!(frame_name("schedule", true), "schedule_[k]");

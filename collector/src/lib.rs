@@ -17,3 +17,4 @@ pub mod store;
 pub mod tls;
 pub mod trace_link;
 pub mod ui;
+pub mod wire;

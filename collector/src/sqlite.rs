@@ -9,7 +9,7 @@
 mod chunk;
 mod merged;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -265,32 +265,31 @@ impl From<chunk::Corrupt> for StoreError {
 /// `(type, label set, stack) -> value` of one bucket.
 type Sums = IdMap<(i64, i64, i64), i64>;
 
-/// Writes `sums` as chunks of at most [`CHUNK_ENTRIES`] entries, one type per chunk.
+/// Writes `sums` as chunks of at most [`CHUNK_ENTRIES`] entries (more only when one label
+/// set has more), one type per chunk. Sorted flat rather than in nested maps: a batch's few
+/// hundred entries then cost one allocation and one sort.
 fn write_chunks(tx: &rusqlite::Transaction<'_>, bucket: i64, sums: Sums) -> Result<(), StoreError> {
-    let mut by_type: BTreeMap<i64, BTreeMap<i64, BTreeMap<i64, i64>>> = BTreeMap::new();
-    for ((ty, labelset, stack), value) in sums {
-        if value != 0 {
-            *by_type
-                .entry(ty)
-                .or_default()
-                .entry(labelset)
-                .or_default()
-                .entry(stack)
-                .or_default() += value;
-        }
-    }
+    let mut sorted: Vec<(i64, i64, i64, i64)> = sums
+        .into_iter()
+        .filter(|&(_, value)| value != 0)
+        .map(|((ty, labelset, stack), value)| (ty, labelset, stack, value))
+        .collect();
+    sorted.sort_unstable();
     let mut insert =
         tx.prepare_cached("INSERT INTO chunks (bucket, type, data) VALUES (?1, ?2, ?3)")?;
-    for (ty, groups) in by_type {
-        let mut part: BTreeMap<i64, BTreeMap<i64, i64>> = BTreeMap::new();
-        let mut entries = 0;
-        for (labelset, stacks) in groups {
-            entries += stacks.len();
-            part.insert(labelset, stacks);
-            if entries >= CHUNK_ENTRIES {
+    let mut part: Vec<(i64, i64, i64)> = Vec::new();
+    for of_type in sorted.chunk_by(|a, b| a.0 == b.0) {
+        let ty = of_type[0].0;
+        part.clear();
+        for group in of_type.chunk_by(|a, b| a.1 == b.1) {
+            part.extend(
+                group
+                    .iter()
+                    .map(|&(_, labelset, stack, value)| (labelset, stack, value)),
+            );
+            if part.len() >= CHUNK_ENTRIES {
                 insert.execute(params![bucket, ty, chunk::encode(&part)])?;
                 part.clear();
-                entries = 0;
             }
         }
         if !part.is_empty() {

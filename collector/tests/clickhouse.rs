@@ -131,6 +131,18 @@ async fn two_collectors_share_one_store_and_store_each_batch_once() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Batch `seq` of the outage test's agent, and its sample count.
+fn outage_batch(seq: u64, now: i64) -> (bytes::Bytes, i64) {
+    let samples = 1 + (seq as i64 % 4);
+    let body = request(
+        "agent-o",
+        seq,
+        "n-o",
+        profile("app", &["main", "work"], samples, now - 300 + seq as i64),
+    );
+    (body, samples)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_killed_mid_run_loses_and_doubles_nothing() {
     let dir = scratch("outage");
@@ -148,13 +160,7 @@ async fn clickhouse_killed_mid_run_loses_and_doubles_nothing() {
         let mut refused = 0u64;
         let mut sent = 0i64;
         for seq in 1..=batches {
-            let samples = 1 + (seq as i64 % 4);
-            let body = request(
-                "agent-o",
-                seq,
-                "n-o",
-                profile("app", &["main", "work"], samples, now - 300 + seq as i64),
-            );
+            let (body, samples) = outage_batch(seq, now);
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
                 match push(addr, None, body.clone()).await {
@@ -198,13 +204,7 @@ async fn clickhouse_killed_mid_run_loses_and_doubles_nothing() {
     assert_eq!(folded_total(&folded), sent, "{folded}");
     // Replaying everything (an agent that lost all acknowledgements) adds nothing.
     for seq in 1..=batches {
-        let samples = 1 + (seq as i64 % 4);
-        let body = request(
-            "agent-o",
-            seq,
-            "n-o",
-            profile("app", &["main", "work"], samples, now - 300 + seq as i64),
-        );
+        let (body, _) = outage_batch(seq, now);
         assert!(push(addr, None, body).await.unwrap().duplicate, "{seq}");
     }
     let (_, folded) = get(addr, "/api/v1/profile?format=folded").await;
@@ -241,13 +241,13 @@ fn schema_versions_credentials_and_retention() {
             .trim(),
         pyrometer_collector::clickhouse::schema::VERSION.to_string()
     );
-    // Opening again (a second collector) changes nothing.
+    // Opening again (a second collector) changes nothing: one row per version applied.
     drop(clickhouse_store(&server, "versioned"));
     assert_eq!(
         server
             .sql("SELECT count() FROM versioned.schema_version")
             .trim(),
-        "1"
+        pyrometer_collector::clickhouse::schema::VERSION.to_string()
     );
 
     // Retention drops whole days older than the cut.
@@ -311,6 +311,145 @@ fn schema_versions_credentials_and_retention() {
     .expect("nothing listens");
     assert!(e.is_unavailable(), "{e}");
     assert!(started.elapsed() < Duration::from_secs(4));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn everything(store: &dyn Store, from_s: i64, to_s: i64) -> i64 {
+    let all = |_: &LabelSet| true;
+    store
+        .select(&Selection {
+            from_s,
+            to_s,
+            sample_type: "samples",
+            labels: &all,
+        })
+        .unwrap()
+        .iter()
+        .map(|s| s.value)
+        .sum()
+}
+
+fn pushed(store: &dyn Store, agent: &str, seq: u64, node: &str, time_s: i64) -> bool {
+    let bytes = request(agent, seq, node, profile("app", &["main"], 4, time_s));
+    let batch = pyrometer_collector::ingest::decode(&bytes, &Limits::default(), time_s).unwrap();
+    !store.ingest(&batch).unwrap().duplicate
+}
+
+/// Waits (up to a minute) for ClickHouse's background mutations of `db` to finish.
+fn mutations_done(server: &ClickHouse, db: &str) {
+    let started = Instant::now();
+    let sql =
+        format!("SELECT count() FROM system.mutations WHERE database = '{db}' AND NOT is_done");
+    while server.sql(&sql).trim() != "0" {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "mutations never finished"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A store of schema version 1 (rows sorted by time first, in `samples`; label sets
+/// without a write time) opens as version 2: its rows stay readable beside new ones in
+/// `samples_v2`, a replay of an old batch is still recognized, and retention drops days of
+/// both tables.
+#[test]
+fn a_version_1_store_is_upgraded_in_place() {
+    let dir = scratch("upgrade");
+    let server = ClickHouse::start(&dir);
+    let now = now_s();
+    let day = 86_400;
+    let old = now - 3 * day;
+    {
+        let store = clickhouse_store(&server, "up");
+        assert!(pushed(&store, "a", 1, "n1", old));
+        assert!(pushed(&store, "a", 2, "n1", now));
+    }
+    // What version 1 left: the rows in `samples`, no `samples_v2`, `all_samples` or `at`.
+    for sql in [
+        "INSERT INTO up.samples SELECT * FROM up.samples_v2",
+        "DROP TABLE up.all_samples",
+        "DROP TABLE up.samples_v2",
+        "ALTER TABLE up.labelsets DROP COLUMN at",
+        "DROP TABLE up.schema_version",
+        "CREATE TABLE up.schema_version (version UInt32, applied_at DateTime DEFAULT now())
+         ENGINE = ReplacingMergeTree() ORDER BY version",
+        "INSERT INTO up.schema_version (version) VALUES (1)",
+    ] {
+        server.sql(sql);
+    }
+    let store = clickhouse_store(&server, "up");
+    assert_eq!(
+        server
+            .sql("SELECT max(version) FROM up.schema_version")
+            .trim(),
+        "2"
+    );
+    assert_eq!(
+        server
+            .sql("SELECT count() FROM system.columns WHERE database = 'up' AND table = 'labelsets' AND name = 'at'")
+            .trim(),
+        "1"
+    );
+    assert_eq!(everything(&store, old - day, now + 1), 8);
+    assert!(
+        !pushed(&store, "a", 2, "n1", now),
+        "an old batch's replay is stored again"
+    );
+    assert!(pushed(&store, "a", 3, "n2", now));
+    assert_eq!(
+        server
+            .sql("SELECT count() FROM up.samples_v2 WHERE type = 0")
+            .trim(),
+        "1"
+    );
+    assert_eq!(everything(&store, old - day, now + 1), 12);
+    // A second collector opening it changes nothing.
+    drop(clickhouse_store(&server, "up"));
+    assert_eq!(everything(&store, old - day, now + 1), 12);
+    assert!(store.expire(now - day).unwrap() > 0);
+    assert_eq!(everything(&store, old - day, now + 1), 8);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Retention removes the label sets no sample row uses any more (once they are older than
+/// the grace a collector's cache relies on), keeps those still used, and a label set seen
+/// again after its removal is written again and read back.
+#[test]
+fn retention_removes_label_sets_no_sample_uses() {
+    let dir = scratch("labelsets");
+    let server = ClickHouse::start(&dir);
+    let now = now_s();
+    let day = 86_400;
+    let store = clickhouse_store(&server, "ls");
+    assert!(pushed(&store, "a", 1, "gone-node", now - 3 * day));
+    assert!(pushed(&store, "a", 2, "kept-node", now));
+    let count = |node: &str| {
+        server
+            .sql(&format!(
+                "SELECT count() FROM ls.labelsets WHERE labels LIKE '%\"{node}\"%'"
+            ))
+            .trim()
+            .to_string()
+    };
+    // Written just now: within the grace, nothing is removed yet.
+    store.expire(now - day).unwrap();
+    mutations_done(&server, "ls");
+    assert_eq!(count("gone-node"), "1");
+    // As if written long ago.
+    server.sql("ALTER TABLE ls.labelsets UPDATE at = toDateTime(1000) WHERE 1");
+    mutations_done(&server, "ls");
+    store.expire(now - day).unwrap();
+    mutations_done(&server, "ls");
+    assert_eq!(count("gone-node"), "0");
+    assert_eq!(count("kept-node"), "1");
+    assert_eq!(everything(&store, now - 4 * day, now + 1), 4);
+    // Another collector (its cache empty) meets the label set again.
+    let other = clickhouse_store(&server, "ls");
+    assert!(pushed(&other, "b", 1, "gone-node", now));
+    assert_eq!(count("gone-node"), "1");
+    let values = store.label_values("node", now - 60, now + 1).unwrap();
+    assert_eq!(values, ["gone-node", "kept-node"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Client, HttpError};
 use rowbinary::{Reader, Writer};
@@ -97,11 +97,22 @@ const CACHE_ENTRIES: usize = 1 << 20;
 /// Ids per `IN (...)` list sent in one query.
 const IN_CHUNK: usize = 20_000;
 
+/// A label set this collector wrote within this long is not written again; older ones are
+/// (a row a label set, an hour, a collector), so retention can remove a label set no sample
+/// uses once it is older than [`LABELSET_GRACE`] without a collector still skipping it.
+const LABELSET_REWRITE: Duration = Duration::from_secs(3600);
+/// Label sets written this long ago or more, and used by no sample row, are removed by
+/// [`Store::expire`]: twice [`LABELSET_REWRITE`], so a label set written within it is safe.
+const LABELSET_GRACE_S: u64 = 2 * 3600;
+
 #[derive(Default)]
 struct Caches {
     /// Interned entries known to be in ClickHouse (written by us or read back).
     stored_types: HashSet<u64>,
     labelsets: HashMap<u64, Arc<LabelSet>>,
+    /// When this collector last wrote each label set: only these are skipped when interning
+    /// (label sets read back may be about to be removed by retention).
+    written_labelsets: HashMap<u64, Instant>,
     stacks: HashMap<u64, Arc<Vec<String>>>,
 }
 
@@ -109,6 +120,9 @@ impl Caches {
     fn bound(&mut self) {
         if self.labelsets.len() > CACHE_ENTRIES {
             self.labelsets.clear();
+        }
+        if self.written_labelsets.len() > CACHE_ENTRIES {
+            self.written_labelsets.clear();
         }
         if self.stacks.len() > CACHE_ENTRIES {
             self.stacks.clear();
@@ -236,7 +250,7 @@ impl ClickHouseStore {
     /// `[from_s, to_s)` (see [`schema`]).
     fn winners(&self, from_s: i64, to_s: i64) -> String {
         format!(
-            "batch IN (SELECT min(batch) FROM {db}.samples
+            "batch IN (SELECT min(batch) FROM {db}.all_samples
                        WHERE type = 0 AND bucket >= {from_s} AND bucket < {to_s}
                        GROUP BY agent, sequence)",
             db = self.db
@@ -245,7 +259,7 @@ impl ClickHouseStore {
 
     fn has_marker(&self, bucket: i64, agent: u64, sequence: u64) -> Result<bool, StoreError> {
         let raw = self.select_raw(&format!(
-            "SELECT count() FROM {}.samples
+            "SELECT count() FROM {}.all_samples
              WHERE type = 0 AND bucket = {bucket} AND agent = {agent} AND sequence = {sequence}",
             self.db
         ))?;
@@ -254,53 +268,49 @@ impl ClickHouseStore {
 
     /// Label sets of `ids`, from the cache or ClickHouse.
     fn labelsets(&self, ids: &[u64]) -> Result<HashMap<u64, Arc<LabelSet>>, StoreError> {
-        let mut out = HashMap::with_capacity(ids.len());
-        let mut missing = Vec::new();
-        {
-            let caches = self.caches();
-            for &id in ids {
-                match caches.labelsets.get(&id) {
-                    Some(l) => {
-                        out.insert(id, l.clone());
-                    }
-                    None => missing.push(id),
-                }
-            }
-        }
-        for chunk in missing.chunks(IN_CHUNK) {
-            let raw = self.select_raw(&format!(
-                "SELECT id, any(labels) FROM {}.labelsets WHERE id IN ({}) GROUP BY id",
-                self.db,
-                list(chunk)
-            ))?;
-            let mut r = Reader::new(&raw);
-            let mut fetched = Vec::new();
-            while !r.is_empty() {
-                let id = r.u64()?;
+        self.fetch_by_id(
+            ids,
+            "labelsets",
+            "labels",
+            |c| &mut c.labelsets,
+            |id, r| {
                 let json = r.str()?;
-                let labels: LabelSet = serde_json::from_str(&json)
-                    .map_err(|e| StoreError::Corrupt(format!("label set {id}: {e}")))?;
-                fetched.push((id, Arc::new(labels)));
-            }
-            let mut caches = self.caches();
-            caches.bound();
-            for (id, l) in fetched {
-                caches.labelsets.insert(id, l.clone());
-                out.insert(id, l);
-            }
-        }
-        Ok(out)
+                serde_json::from_str(&json)
+                    .map_err(|e| StoreError::Corrupt(format!("label set {id}: {e}")))
+            },
+        )
     }
 
+    /// Stacks of `ids`, from the cache or ClickHouse.
     fn stacks(&self, ids: &[u64]) -> Result<HashMap<u64, Arc<Vec<String>>>, StoreError> {
+        self.fetch_by_id(
+            ids,
+            "stacks",
+            "frames",
+            |c| &mut c.stacks,
+            |_, r| Ok(r.strs()?),
+        )
+    }
+
+    /// Entries of an interned table by id: those `cache` lacks are read, [`IN_CHUNK`] ids a
+    /// query, with `read` decoding the `column`, and remembered.
+    fn fetch_by_id<T>(
+        &self,
+        ids: &[u64],
+        table: &str,
+        column: &str,
+        cache: impl Fn(&mut Caches) -> &mut HashMap<u64, Arc<T>>,
+        read: impl Fn(u64, &mut Reader<'_>) -> Result<T, StoreError>,
+    ) -> Result<HashMap<u64, Arc<T>>, StoreError> {
         let mut out = HashMap::with_capacity(ids.len());
         let mut missing = Vec::new();
         {
-            let caches = self.caches();
+            let mut caches = self.caches();
+            let cached = cache(&mut caches);
             for &id in ids {
-                match caches.stacks.get(&id) {
-                    Some(s) => {
-                        out.insert(id, s.clone());
+                match cached.get(&id) {
+                    Some(v) => {
+                        out.insert(id, v.clone());
                     }
                     None => missing.push(id),
                 }
@@ -308,7 +318,7 @@ impl ClickHouseStore {
         }
         for chunk in missing.chunks(IN_CHUNK) {
             let raw = self.select_raw(&format!(
-                "SELECT id, any(frames) FROM {}.stacks WHERE id IN ({}) GROUP BY id",
+                "SELECT id, any({column}) FROM {}.{table} WHERE id IN ({}) GROUP BY id",
                 self.db,
                 list(chunk)
             ))?;
@@ -316,13 +326,14 @@ impl ClickHouseStore {
             let mut fetched = Vec::new();
             while !r.is_empty() {
                 let id = r.u64()?;
-                fetched.push((id, Arc::new(r.strs()?)));
+                fetched.push((id, Arc::new(read(id, &mut r)?)));
             }
             let mut caches = self.caches();
             caches.bound();
-            for (id, s) in fetched {
-                caches.stacks.insert(id, s.clone());
-                out.insert(id, s);
+            let cached = cache(&mut caches);
+            for (id, v) in fetched {
+                cached.insert(id, v.clone());
+                out.insert(id, v);
             }
         }
         Ok(out)
@@ -335,7 +346,7 @@ impl ClickHouseStore {
         to_s: i64,
     ) -> Result<HashMap<u64, Arc<LabelSet>>, StoreError> {
         let ids = self.select_ids(&format!(
-            "SELECT DISTINCT labelset FROM {}.samples
+            "SELECT DISTINCT labelset FROM {}.all_samples
              WHERE type != 0 AND bucket >= {from_s} AND bucket < {to_s}",
             self.db
         ))?;
@@ -372,7 +383,12 @@ impl ClickHouseStore {
                 .collect();
             let new_labelsets: Vec<(u64, Arc<LabelSet>)> = labelsets
                 .iter()
-                .filter(|(id, _)| !caches.labelsets.contains_key(id))
+                .filter(|(id, _)| {
+                    caches
+                        .written_labelsets
+                        .get(id)
+                        .is_none_or(|at| at.elapsed() >= LABELSET_REWRITE)
+                })
                 .map(|(&id, &l)| (id, l.clone()))
                 .collect();
             let new_stacks: Vec<(u64, Arc<Vec<String>>)> = stacks
@@ -392,6 +408,8 @@ impl ClickHouseStore {
             }
             self.insert("types (id, name, unit)", &w.0, new_types.len())?;
         }
+        // Taken before writing: the row's `at` is no earlier than this.
+        let written_at = Instant::now();
         if !new_labelsets.is_empty() {
             let mut w = Writer::default();
             for (id, labels) in &new_labelsets {
@@ -413,18 +431,24 @@ impl ClickHouseStore {
         for i in new_types {
             caches.stored_types.insert(types[i]);
         }
-        caches.labelsets.extend(new_labelsets);
+        for (id, labels) in new_labelsets {
+            caches.written_labelsets.insert(id, written_at);
+            caches.labelsets.insert(id, labels);
+        }
         caches.stacks.extend(new_stacks);
         Ok(())
     }
 }
 
-/// What a selection reads: its sample type's id, the label sets stored, and the `AND
-/// labelset IN (...)` condition keeping the matching ones (empty when all match).
+/// What a selection reads: the label sets stored, and the `FROM ... WHERE ...` of the sample
+/// rows it sums (its type and time range, the matching label sets unless all match, and
+/// only each batch's first stored attempt).
 struct Selected {
-    ty: u64,
     present: HashMap<u64, Arc<LabelSet>>,
-    filter: String,
+    rows: String,
+    /// Only the matching label sets' rows are read (an `IN` list): none stored since
+    /// `present` was read can be among them.
+    filtered: bool,
 }
 
 impl ClickHouseStore {
@@ -449,15 +473,24 @@ impl ClickHouseStore {
             return Ok(None);
         }
         wanted.sort_unstable();
-        let filter = if wanted.len() == present.len() {
-            String::new()
-        } else {
+        let filtered = wanted.len() != present.len();
+        let filter = if filtered {
             format!("AND labelset IN ({})", list(&wanted))
+        } else {
+            String::new()
         };
+        let (from_s, to_s) = (selection.from_s, selection.to_s);
+        let rows = format!(
+            "FROM {db}.all_samples
+             WHERE type = {ty} AND bucket >= {from_s} AND bucket < {to_s} {filter}
+               AND {winners}",
+            db = self.db,
+            winners = self.winners(from_s, to_s)
+        );
         Ok(Some(Selected {
-            ty,
             present,
-            filter,
+            rows,
+            filtered,
         }))
     }
 
@@ -480,6 +513,49 @@ impl ClickHouseStore {
             }
         }
         Ok(present)
+    }
+}
+
+impl ClickHouseStore {
+    /// Removes label sets that no sample row uses and that were written at least
+    /// [`LABELSET_GRACE_S`] ago; returns how many. A collector about to store samples of a
+    /// label set has written it within [`LABELSET_REWRITE`] (see `intern`), so its row is
+    /// younger than the grace and stays. Skipped while version 1 collectors (which never
+    /// write a cached label set again) may still be ingesting.
+    fn prune_labelsets(&self) -> Result<u64, StoreError> {
+        let raw = self.select_raw(&format!(
+            "SELECT toUInt64(now()) - {LABELSET_GRACE_S},
+                    (SELECT count() FROM {db}.samples WHERE bucket >= toInt64(now()) - {LABELSET_GRACE_S})",
+            db = self.db
+        ))?;
+        let mut r = Reader::new(&raw);
+        let (cutoff, recent_v1) = (r.u64()?, r.u64()?);
+        if recent_v1 > 0 {
+            return Ok(0);
+        }
+        let unused = self.select_ids(&format!(
+            "SELECT DISTINCT id FROM {db}.labelsets
+             WHERE at < toDateTime({cutoff})
+               AND id NOT IN (SELECT DISTINCT labelset FROM {db}.all_samples WHERE type != 0)",
+            db = self.db
+        ))?;
+        for chunk in unused.chunks(IN_CHUNK) {
+            // Only the old rows: a collector may have written the label set again since.
+            let sql = format!(
+                "ALTER TABLE {}.labelsets DELETE WHERE id IN ({}) AND at < toDateTime({cutoff})",
+                self.db,
+                list(chunk)
+            );
+            self.client.post(
+                &[("max_query_size", &(sql.len() + 1024).to_string())],
+                sql.as_bytes(),
+            )?;
+        }
+        let mut caches = self.caches();
+        for id in &unused {
+            caches.labelsets.remove(id);
+        }
+        Ok(unused.len() as u64)
     }
 }
 
@@ -542,7 +618,7 @@ impl Store for ClickHouseStore {
         w.u64(agent);
         w.u64(batch.sequence);
         self.insert(
-            "samples (bucket, type, labelset, stack, value, batch, agent, sequence)",
+            "samples_v2 (bucket, type, labelset, stack, value, batch, agent, sequence)",
             &w.0,
             merged.len() + 1,
         )?;
@@ -553,22 +629,11 @@ impl Store for ClickHouseStore {
     }
 
     fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError> {
-        let Some(Selected {
-            ty,
-            present,
-            filter,
-        }) = self.selected(selection)?
-        else {
+        let Some(Selected { present, rows, .. }) = self.selected(selection)? else {
             return Ok(Vec::new());
         };
-        let (from_s, to_s) = (selection.from_s, selection.to_s);
         let raw = self.select_raw(&format!(
-            "SELECT labelset, stack, sum(value) FROM {db}.samples
-             WHERE type = {ty} AND bucket >= {from_s} AND bucket < {to_s} {filter}
-               AND {winners}
-             GROUP BY labelset, stack",
-            db = self.db,
-            winners = self.winners(from_s, to_s)
+            "SELECT labelset, stack, sum(value) {rows} GROUP BY labelset, stack"
         ))?;
         let mut r = Reader::new(&raw);
         let mut sums = Vec::with_capacity(raw.len() / 24);
@@ -610,15 +675,9 @@ impl Store for ClickHouseStore {
     fn series(&self, selection: &Selection<'_>, step_s: i64) -> Result<Vec<Point>, StoreError> {
         // The API validates steps; a non-positive one here is read as the finest.
         let step_s = step_s.max(1);
-        let Some(Selected {
-            ty,
-            present,
-            filter,
-        }) = self.selected(selection)?
-        else {
+        let Some(Selected { present, rows, .. }) = self.selected(selection)? else {
             return Ok(Vec::new());
         };
-        let (from_s, to_s) = (selection.from_s, selection.to_s);
         // The step's start as `bucket - bucket.rem_euclid(step)`, written with `%` twice since
         // ClickHouse's `%` (and `intDiv`) truncate toward zero; no `toStartOfInterval`, whose
         // arbitrary-seconds form 18.16 lacks and which works on DateTime, not Int64 buckets.
@@ -626,12 +685,8 @@ impl Store for ClickHouseStore {
             "SELECT labelset,
                     toInt64(bucket - ((bucket % {step_s}) + {step_s}) % {step_s}) AS step_start,
                     sum(value)
-             FROM {db}.samples
-             WHERE type = {ty} AND bucket >= {from_s} AND bucket < {to_s} {filter}
-               AND {winners}
-             GROUP BY labelset, step_start",
-            db = self.db,
-            winners = self.winners(from_s, to_s)
+             {rows}
+             GROUP BY labelset, step_start"
         ))?;
         let mut r = Reader::new(&raw);
         let mut sums = Vec::with_capacity(raw.len() / 24);
@@ -683,16 +738,24 @@ impl Store for ClickHouseStore {
     }
 
     /// Drops whole days: a partition goes once every bucket in it is older than `before_s`
-    /// (so up to a day more than the retention is kept).
+    /// (so up to a day more than the retention is kept). Then removes the label sets no
+    /// sample row uses any more (see [`ClickHouseStore::prune_labelsets`]).
     fn expire(&self, before_s: i64) -> Result<u64, StoreError> {
+        let tables = schema::SAMPLE_TABLES
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let raw = self.select_raw(&format!(
-            "SELECT partition, toUInt64(sum(rows)) FROM system.parts
-             WHERE database = '{}' AND table = 'samples' AND active GROUP BY partition",
+            "SELECT table, partition, toUInt64(sum(rows)) FROM system.parts
+             WHERE database = '{}' AND table IN ({tables}) AND active
+             GROUP BY table, partition",
             self.db
         ))?;
         let mut r = Reader::new(&raw);
         let mut removed = 0;
         while !r.is_empty() {
+            let table = r.str()?;
             let partition = r.str()?;
             let rows = r.u64()?;
             let day: i64 = partition
@@ -700,11 +763,12 @@ impl Store for ClickHouseStore {
                 .parse()
                 .map_err(|_| StoreError::Corrupt(format!("partition '{partition}'")))?;
             if (day + 1) * 86_400 <= before_s {
-                let sql = format!("ALTER TABLE {}.samples DROP PARTITION {day}", self.db);
+                let sql = format!("ALTER TABLE {}.{table} DROP PARTITION {day}", self.db);
                 self.client.post(&[], sql.as_bytes())?;
                 removed += rows;
             }
         }
+        self.prune_labelsets()?;
         Ok(removed)
     }
 

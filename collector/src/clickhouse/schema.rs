@@ -21,30 +21,94 @@
 use super::http::{Client, HttpError};
 
 /// The version this collector writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
-/// `(version, statements)`, in order; `{db}` is the database.
-const MIGRATIONS: &[(u32, &[&str])] = &[(
-    1,
-    &[
-        // One row per (bucket, type, label set, stack) of one insert attempt; markers have
-        // type 0. Sorted so a query reads one type's contiguous time range; a partition a
-        // day, so retention is DROP PARTITION.
-        "CREATE TABLE IF NOT EXISTS {db}.samples (
-            bucket Int64, type UInt64, labelset UInt64, stack UInt64, value Int64,
-            batch UInt64, agent UInt64, sequence UInt64
-        ) ENGINE = MergeTree() PARTITION BY intDiv(bucket, 86400)
-          ORDER BY (type, bucket, labelset, stack)",
-        // Interned by a hash of their content, so collectors agree on ids without talking;
-        // a row inserted twice collapses in a merge, and readers take any one copy.
-        "CREATE TABLE IF NOT EXISTS {db}.labelsets (id UInt64, labels String)
-          ENGINE = ReplacingMergeTree() ORDER BY id",
-        "CREATE TABLE IF NOT EXISTS {db}.stacks (id UInt64, frames Array(String))
-          ENGINE = ReplacingMergeTree() ORDER BY id",
-        "CREATE TABLE IF NOT EXISTS {db}.types (id UInt64, name String, unit String)
-          ENGINE = ReplacingMergeTree() ORDER BY id",
-    ],
-)];
+/// The table sample rows are written to.
+pub const SAMPLES: &str = "samples_v2";
+/// The table sample rows are read from: every version's sample table at once.
+pub const ALL_SAMPLES: &str = "all_samples";
+/// Sample tables of every version (retention drops their partitions).
+pub const SAMPLE_TABLES: &[&str] = &["samples", SAMPLES];
+
+/// One schema change; each is idempotent, so collectors starting together cannot break
+/// each other.
+enum Step {
+    Sql(&'static str),
+    /// `ALTER TABLE {db}.table ADD COLUMN column definition` unless the column exists (18.16
+    /// has no `ADD COLUMN IF NOT EXISTS`).
+    AddColumn {
+        table: &'static str,
+        column: &'static str,
+        definition: &'static str,
+    },
+}
+
+/// `(version, steps)`, in order; `{db}` is the database.
+const MIGRATIONS: &[(u32, &[Step])] = &[
+    (
+        1,
+        &[
+            // One row per (bucket, type, label set, stack) of one insert attempt; markers
+            // have type 0. Sorted so a query reads one type's contiguous time range; a
+            // partition a day, so retention is DROP PARTITION. Written by version 1 only.
+            Step::Sql(
+                "CREATE TABLE IF NOT EXISTS {db}.samples (
+                bucket Int64, type UInt64, labelset UInt64, stack UInt64, value Int64,
+                batch UInt64, agent UInt64, sequence UInt64
+            ) ENGINE = MergeTree() PARTITION BY intDiv(bucket, 86400)
+              ORDER BY (type, bucket, labelset, stack)",
+            ),
+            // Interned by a hash of their content, so collectors agree on ids without
+            // talking; a row inserted twice collapses in a merge, and readers take any one.
+            Step::Sql(
+                "CREATE TABLE IF NOT EXISTS {db}.labelsets (id UInt64, labels String)
+              ENGINE = ReplacingMergeTree() ORDER BY id",
+            ),
+            Step::Sql(
+                "CREATE TABLE IF NOT EXISTS {db}.stacks (id UInt64, frames Array(String))
+              ENGINE = ReplacingMergeTree() ORDER BY id",
+            ),
+            Step::Sql(
+                "CREATE TABLE IF NOT EXISTS {db}.types (id UInt64, name String, unit String)
+              ENGINE = ReplacingMergeTree() ORDER BY id",
+            ),
+        ],
+    ),
+    (
+        2,
+        &[
+            // The same rows sorted by hour, then label set, then time: a query for some
+            // label sets (one node, one process name) reads only their ranges of each hour
+            // instead of every row of the time range, and a query of an hour still reads
+            // that hour's (at most two hours') rows only, however many days are stored
+            // (label set first would read a whole day of each label set). A sort key cannot change in place, and copying
+            // the old rows over is not idempotent (collectors starting together would copy
+            // twice), so new rows go to a new table and version 1's `samples` stays
+            // readable, through `all_samples`, until retention has dropped its days.
+            Step::Sql(
+                "CREATE TABLE IF NOT EXISTS {db}.samples_v2 (
+                bucket Int64, type UInt64, labelset UInt64, stack UInt64, value Int64,
+                batch UInt64, agent UInt64, sequence UInt64
+            ) ENGINE = MergeTree() PARTITION BY intDiv(bucket, 86400)
+              ORDER BY (type, intDiv(bucket, 3600), labelset, bucket, stack)",
+            ),
+            // Reads both, each through its own sort key; version 1 collectors still running
+            // during an upgrade keep writing to `samples` and are read too.
+            Step::Sql(
+                "CREATE TABLE IF NOT EXISTS {db}.all_samples AS {db}.samples_v2
+              ENGINE = Merge({db}, '^samples(_v2)?$')",
+            ),
+            // When a label set was written, so retention removes only label sets that no
+            // sample row uses and no collector has written lately (see `expire`). Rows
+            // written before this column existed read as written now: never removed early.
+            Step::AddColumn {
+                table: "labelsets",
+                column: "at",
+                definition: "DateTime DEFAULT now()",
+            },
+        ],
+    ),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
@@ -83,12 +147,43 @@ pub fn migrate(client: &Client, db: &str) -> Result<u32, SchemaError> {
     if found > VERSION {
         return Err(SchemaError::Newer { found });
     }
-    for &(version, statements) in MIGRATIONS {
+    for &(version, steps) in MIGRATIONS {
         if version <= found {
             continue;
         }
-        for s in statements {
-            sql(client, &s.replace("{db}", db))?;
+        for step in steps {
+            match step {
+                Step::Sql(s) => {
+                    sql(client, &s.replace("{db}", db))?;
+                }
+                Step::AddColumn {
+                    table,
+                    column,
+                    definition,
+                } => {
+                    let exists = sql(
+                        client,
+                        &format!(
+                            "SELECT count() FROM system.columns
+                             WHERE database = '{db}' AND table = '{table}' AND name = '{column}'"
+                        ),
+                    )?;
+                    if exists == "0" {
+                        let added = sql(
+                            client,
+                            &format!("ALTER TABLE {db}.{table} ADD COLUMN {column} {definition}"),
+                        );
+                        // Another collector may have added it since the check.
+                        match added {
+                            Err(HttpError::Server { ref message, .. })
+                                if message.contains("Code: 44,") => {}
+                            other => {
+                                other?;
+                            }
+                        }
+                    }
+                }
+            }
         }
         sql(
             client,

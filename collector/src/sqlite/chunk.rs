@@ -8,8 +8,6 @@
 //! entry  = stack:varint  value:zigzag-varint
 //! ```
 
-use std::collections::BTreeMap;
-
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt chunk: {0}")]
 pub struct Corrupt(pub(super) &'static str);
@@ -35,17 +33,18 @@ fn get(data: &[u8], at: &mut usize) -> Result<u64, Corrupt> {
     Err(Corrupt("varint too long"))
 }
 
-/// Encodes `(label set, [(stack, value)])` groups.
-pub fn encode(groups: &BTreeMap<i64, BTreeMap<i64, i64>>) -> Vec<u8> {
-    let mut out = Vec::new();
+/// Encodes `(label set, stack, value)` entries sorted by label set (and, for a compact
+/// chunk, by stack): one group per run of equal label sets.
+pub fn encode(sorted: &[(i64, i64, i64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(sorted.len() * 6);
     let mut entries = Vec::new();
-    for (&labelset, stacks) in groups {
+    for group in sorted.chunk_by(|a, b| a.0 == b.0) {
         entries.clear();
-        for (&stack, &value) in stacks {
+        for &(_, stack, value) in group {
             put(&mut entries, stack as u64);
             put(&mut entries, ((value << 1) ^ (value >> 63)) as u64);
         }
-        put(&mut out, labelset as u64);
+        put(&mut out, group[0].0 as u64);
         put(&mut out, entries.len() as u64);
         out.extend_from_slice(&entries);
     }
@@ -84,13 +83,18 @@ pub use crate::idmap::{IdMap, IdSet};
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn round_trip_and_corruption() {
         let mut groups = BTreeMap::new();
         groups.insert(3, BTreeMap::from([(1, 5), (70_000, -2)]));
         groups.insert(1 << 40, BTreeMap::from([(2, i64::MAX)]));
-        let data = encode(&groups);
+        let flat: Vec<(i64, i64, i64)> = groups
+            .iter()
+            .flat_map(|(&l, stacks)| stacks.iter().map(move |(&s, &v)| (l, s, v)))
+            .collect();
+        let data = encode(&flat);
         let mut back: BTreeMap<i64, BTreeMap<i64, i64>> = BTreeMap::new();
         each_group(&data, |l, entries| {
             each_entry(entries, |s, v| {
