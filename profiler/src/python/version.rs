@@ -371,19 +371,9 @@ fn analyze(
     })
 }
 
-/// Run-time address minus link-time address for the object `mapping` maps: the segment
-/// holding the mapping's file offset, aligned to pages as the loader maps it.
+/// Run-time address minus link-time address for the object `mapping` maps.
 fn load_bias(segments: &[(u64, u64, u64)], mapping: &Mapping) -> Option<u64> {
-    const PAGE: u64 = 0xfff;
-    segments.iter().find_map(|&(off, address, size)| {
-        let page_off = off & !PAGE;
-        if page_off <= mapping.offset && mapping.offset < off + size.max(1) {
-            let vaddr = (address & !PAGE) + (mapping.offset - page_off);
-            Some(mapping.start.wrapping_sub(vaddr))
-        } else {
-            None
-        }
-    })
+    crate::unwinder::load_bias(segments, mapping.start, mapping.offset)
 }
 
 fn read_at_vaddr(elf: &object::File<'_>, addr: u64, len: u64) -> Option<Vec<u8>> {
