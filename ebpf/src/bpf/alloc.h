@@ -159,8 +159,10 @@ static __always_inline __u64 alloc_sample(__u64 size)
 }
 
 // A free (or a realloc's old block): when the block was sampled, it leaves alloc_live and
-// the agent hears of it.
-static __always_inline void alloc_forget(__u32 tgid, __u32 tid, __u64 addr)
+// the agent hears of it. Not inlined, like alloc_move: their records' stack space would
+// otherwise be alloc_return's own, under the stack walk's calls, and 6.1's verifier refuses a
+// call chain over 512 bytes of stack.
+static __attribute__((noinline)) void alloc_forget(__u32 tgid, __u32 tid, __u64 addr)
 {
 	struct alloc_key key = { .pid = tgid, .addr = addr };
 	if (bpf_map_delete_elem(&alloc_live, &key))
@@ -188,7 +190,7 @@ struct alloc_move_record {
 	__u64 to;                 // the new address
 };
 
-static __always_inline void alloc_move(__u32 tgid, __u32 tid, __u64 old, __u64 to, __u64 size)
+static __attribute__((noinline)) void alloc_move(__u32 tgid, __u32 tid, __u64 old, __u64 to, __u64 size)
 {
 	struct alloc_key key = { .pid = tgid, .addr = old };
 	struct alloc_block *b = bpf_map_lookup_elem(&alloc_live, &key);
