@@ -63,13 +63,14 @@ static __always_inline __u32 span_own_tid(__u32 tid)
 // of /proc/PID/maps (which still finds tables mapped elsewhere).
 #define SPAN_TABLE_AT 0x607079720000ULL
 // A registered Python process without a table is looked at no more often than every
-// SPAN_PROBE_EVERY units of 2^20 ns (~8 ms) for its first SPAN_PROBES_FAST looks (at least
-// ~2 s of its samples: the package's table is usually made at start-up), then every
-// SPAN_PROBE_SLOW (~67 ms). A look at a process without the package is one failed user read
-// of an unmapped address (a caught page fault, 1-2 us here).
+// SPAN_PROBE_EVERY units of 2^20 ns (~8 ms), SPAN_PROBES at most (at least ~2 s of its
+// samples: the package's table is made when tracing is set up, usually at start-up). Then
+// the kernel stops looking, so a process without the package pays nothing more: a look at
+// one is a failed user read of an unmapped address (a caught page fault, 1-2 us here). A
+// table made later is found by the agent's scan of /proc/PID/maps (spans.rs), as one mapped
+// elsewhere is.
 #define SPAN_PROBE_EVERY 8
-#define SPAN_PROBE_SLOW 64
-#define SPAN_PROBES_FAST 256
+#define SPAN_PROBES 256
 // "PYROSPAN" read as a little-endian u64.
 #define SPAN_MAGIC 0x4e4150534f525950ULL
 #define SPAN_MAX_SLOTS (1U << 20)
@@ -78,13 +79,13 @@ static __always_inline __u32 span_own_tid(__u32 tid)
 // checks of spans.rs's parse_header).
 static __always_inline void span_probe(struct py_process *p)
 {
+	if (p->span_probes >= SPAN_PROBES)
+		return;
 	__u16 now = bpf_ktime_get_ns() >> 20;
-	__u16 every = p->span_probes < SPAN_PROBES_FAST ? SPAN_PROBE_EVERY : SPAN_PROBE_SLOW;
-	if ((__u16)(now - p->span_probed_at) < every)
+	if ((__u16)(now - p->span_probed_at) < SPAN_PROBE_EVERY)
 		return;
 	p->span_probed_at = now;
-	if (p->span_probes < 0xffff)
-		p->span_probes++;
+	p->span_probes++;
 	struct {
 		__u64 magic;
 		__u32 version, count, slot_size, header_size;
