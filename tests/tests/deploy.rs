@@ -297,6 +297,121 @@ fn copy_into(context: &Path, inside: &Path, from: &Path) {
     std::fs::copy(from, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
 }
 
+/// A shipped Dockerfile's instructions, continuation lines joined, comments left out.
+fn instructions(dockerfile: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dockerfile).unwrap();
+    let mut out = Vec::new();
+    let mut line = String::new();
+    for l in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        match l.strip_suffix('\\') {
+            Some(head) => line.push_str(head),
+            None => {
+                line.push_str(l);
+                if !line.trim().is_empty() {
+                    out.push(line.trim().to_string());
+                }
+                line.clear();
+            }
+        }
+    }
+    out
+}
+
+/// The files a runtime stage takes from the build stage:
+/// `COPY --from=build /src/target/release/NAME DEST` as (NAME, DEST).
+fn build_outputs(stage: &[String]) -> Vec<(String, String)> {
+    stage
+        .iter()
+        .filter_map(|i| {
+            let rest = i.strip_prefix("COPY --from=build ")?;
+            let (from, dest) = rest.split_once(' ')?;
+            let name = from.strip_prefix("/src/target/release/")?;
+            Some((name.to_string(), dest.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The stage after a Dockerfile's last `FROM`.
+fn last_stage(dockerfile: &Path) -> Vec<String> {
+    let all = instructions(dockerfile);
+    let from = all
+        .iter()
+        .rposition(|i| i.starts_with("FROM "))
+        .expect("a FROM");
+    all[from + 1..].to_vec()
+}
+
+/// A shipped Dockerfile's runtime stage on the local image `base`: its build-stage copies
+/// from the build context instead (by file name), its `RUN`s left out (they install packages
+/// from Debian's mirrors, which a base made here has no apt for). Returns the Dockerfile and
+/// the files it copies, as (NAME, DEST).
+fn runtime_stage(dockerfile: &Path, base: &str) -> (String, Vec<(String, String)>) {
+    let stage = last_stage(dockerfile);
+    let files = build_outputs(&stage);
+    assert!(
+        !files.is_empty(),
+        "{} copies nothing built",
+        dockerfile.display()
+    );
+    let mut text = format!("FROM {base}\n");
+    for i in &stage {
+        if i.starts_with("RUN ") {
+            continue;
+        }
+        match i.strip_prefix("COPY --from=build /src/target/release/") {
+            Some(rest) => text.push_str(&format!("COPY {rest}\n")),
+            None => text.push_str(&format!("{i}\n")),
+        }
+    }
+    (text, files)
+}
+
+/// The JSON array of an `ENTRYPOINT [...]` or `CMD [...]` instruction.
+fn exec_form(stage: &[String], what: &str) -> Vec<String> {
+    stage
+        .iter()
+        .find_map(|i| i.strip_prefix(&format!("{what} ")))
+        .map(|json| serde_json::from_str(json).expect("exec form"))
+        .unwrap_or_default()
+}
+
+/// The shipped Dockerfiles (what users build, from a public base) copy files the workspace
+/// builds, start a binary they copied, and pass it only options it has.
+#[test]
+fn shipped_dockerfiles_copy_built_files_and_pass_known_options() {
+    let built_dir = pyrometer_bin().parent().unwrap().to_path_buf();
+    for (file, subcommand) in [("Dockerfile.agent", true), ("Dockerfile.collector", false)] {
+        let path = root().join("deploy").join(file);
+        let stage = last_stage(&path);
+        let files = build_outputs(&stage);
+        assert!(
+            !files.is_empty(),
+            "{file} copies nothing from its build stage"
+        );
+        for (name, _) in &files {
+            assert!(
+                built_dir.join(name).exists(),
+                "{file} copies {name}, which the workspace does not build"
+            );
+        }
+        let mut command = exec_form(&stage, "ENTRYPOINT");
+        command.extend(exec_form(&stage, "CMD"));
+        let program = command.first().expect("an ENTRYPOINT");
+        let (name, _) = files
+            .iter()
+            .find(|(_, dest)| dest == program)
+            .unwrap_or_else(|| panic!("{file}: {program} is not one of its copies"));
+        let bin = built_dir.join(name);
+        let args: Vec<String> = command[1..].to_vec();
+        let sub: Vec<&str> = if subcommand {
+            vec![args[0].as_str()]
+        } else {
+            vec![]
+        };
+        assert_known_flags(&args, &help_options(&bin, &sub), file);
+    }
+}
+
 #[test]
 fn agent_image_records_a_workload_in_its_container() {
     if !privileged() {
@@ -333,15 +448,19 @@ fn agent_image_records_a_workload_in_its_container() {
     let tag = format!("pyrometer-e2e-base:{}", std::process::id());
     let built = dockerd.docker(&["build", "-q", "-t", &tag, base.to_str().unwrap()]);
     assert!(built.status.success(), "base image: {}", stderr(&built));
-    // The agent image on that base, as deploy/Dockerfile.agent lays it out.
+    // The agent image: deploy/Dockerfile.agent's runtime stage on that base, with this
+    // build's binaries where it copies the build stage's, and the workload beside them.
     let ctx = dir.join("agent");
-    copy_into(&ctx, Path::new("/usr/local/bin/pyrometer"), &pyrometer);
+    let (stage, files) = runtime_stage(&root().join("deploy/Dockerfile.agent"), &tag);
+    let built_dir = pyrometer.parent().unwrap();
+    for (name, _) in &files {
+        let from = built_dir.join(name);
+        assert!(from.exists(), "{} is not built", from.display());
+        std::fs::create_dir_all(&ctx).unwrap();
+        std::fs::copy(&from, ctx.join(name)).unwrap();
+    }
     copy_into(&ctx, Path::new("/usr/local/bin/cpu631"), &workload);
-    std::fs::write(
-        ctx.join("Dockerfile"),
-        format!("FROM {tag}\nCOPY usr /usr\nENTRYPOINT [\"/usr/local/bin/pyrometer\"]\n"),
-    )
-    .unwrap();
+    std::fs::write(ctx.join("Dockerfile"), format!("{stage}COPY usr /usr\n")).unwrap();
     let image = format!("pyrometer-e2e-agent:{}", std::process::id());
     let built = dockerd.docker(&["build", "-q", "-t", &image, ctx.to_str().unwrap()]);
     assert!(built.status.success(), "agent image: {}", stderr(&built));
