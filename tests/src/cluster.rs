@@ -107,6 +107,29 @@ impl Collector {
         let body = self.get(path);
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
     }
+
+    /// Samples of the last hour by the values of `label` (`/api/v1/profile?by=LABEL`); empty
+    /// while the store has none (404).
+    pub fn totals_by(&self, label: &str) -> std::collections::BTreeMap<String, i64> {
+        let path = format!("/api/v1/profile?by={label}&from=now-1h&type=samples");
+        match http_get(self.addr, &path) {
+            Some((404, _)) => return Default::default(),
+            Some((200, _)) => {}
+            other => panic!("GET {path}: {other:?}"),
+        }
+        let v = self.get_json(&path);
+        v["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .map(|g| {
+                (
+                    g["labels"][label].as_str().unwrap().to_string(),
+                    g["total"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    }
 }
 
 impl Drop for Collector {

@@ -132,9 +132,12 @@ fn check_python_leak(python: &Interpreter) {
     if !python.present() {
         return;
     }
-    // A chrooted interpreter's probes go in once it runs (its launcher is a script): the
-    // script waits for them before it grows its list.
-    let delay = if python.in_forky() { "3" } else { "0" };
+    // A process has native frames only until its first sample has been seen and its
+    // interpreter registered (python.md), and a chrooted interpreter's probes go in once it
+    // runs (its launcher is a script): the script waits before it grows its list, so what is
+    // checked is the naming, not that start-up race (which took a third of the leak's samples
+    // on a loaded runner).
+    let delay = if python.in_forky() { "3" } else { "1" };
     let dir = scratch(&format!("alloc-python-{}", python.label.replace(' ', "-")));
     let out = dir.join("leak.pb.gz");
     let script = source("py_leak.py");

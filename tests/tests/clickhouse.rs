@@ -30,24 +30,7 @@ fn leaf_shares(c: &Collector, node: &str) -> BTreeMap<String, f64> {
 
 /// Samples per node; empty while the store holds nothing (404).
 fn by_node(c: &Collector) -> BTreeMap<String, i64> {
-    let path = "/api/v1/profile?by=node&from=now-1h&type=samples";
-    match http_get(c.addr, path) {
-        Some((404, _)) => return BTreeMap::new(),
-        Some((200, _)) => {}
-        other => panic!("GET {path}: {other:?}"),
-    }
-    let v = c.get_json(path);
-    v["groups"]
-        .as_array()
-        .expect("groups")
-        .iter()
-        .map(|g| {
-            (
-                g["labels"]["node"].as_str().unwrap().to_string(),
-                g["total"].as_i64().unwrap(),
-            )
-        })
-        .collect()
+    c.totals_by("node")
 }
 
 /// Workload processes, killed when dropped (also when an assertion fails).

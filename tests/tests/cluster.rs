@@ -11,18 +11,7 @@ use pyrometer_e2e::cluster::{
 use pyrometer_e2e::{privileged, scratch};
 
 fn by_node(c: &Collector) -> BTreeMap<String, i64> {
-    let v = c.get_json("/api/v1/profile?by=node&from=now-1h&type=samples");
-    v["groups"]
-        .as_array()
-        .expect("groups")
-        .iter()
-        .map(|g| {
-            (
-                g["labels"]["node"].as_str().unwrap().to_string(),
-                g["total"].as_i64().unwrap(),
-            )
-        })
-        .collect()
+    c.totals_by("node")
 }
 
 fn sent(stats: &serde_json::Value) -> i64 {

@@ -53,22 +53,6 @@ fn width(v: &Value, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no frame {name}: {v}"))
 }
 
-/// Samples by process name over the last hour, from the collector's API.
-fn by_comm(c: &Collector) -> Vec<(String, f64)> {
-    let v = c.get_json("/api/v1/profile?by=comm&from=now-1h&type=samples");
-    v["groups"]
-        .as_array()
-        .expect("groups")
-        .iter()
-        .map(|g| {
-            (
-                g["labels"]["comm"].as_str().unwrap().to_string(),
-                g["total"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn a_real_agents_deep_stack_leaves_the_flame_graph_readable() {
     if !privileged() {
@@ -97,13 +81,12 @@ fn a_real_agents_deep_stack_leaves_the_flame_graph_readable() {
     let _ = deep.wait();
     let _ = shallow.wait();
 
-    let groups = by_comm(&collector);
-    let total: f64 = groups.iter().map(|(_, v)| v).sum();
+    let groups = collector.totals_by("comm");
+    let total: i64 = groups.values().sum();
     let share = |comm: &str| {
         groups
-            .iter()
-            .find(|(c, _)| c == comm)
-            .map(|(_, v)| v / total)
+            .get(comm)
+            .map(|&v| v as f64 / total as f64)
             .unwrap_or_else(|| panic!("no {comm} samples: {groups:?}\n{stats}"))
     };
     let (deep_share, shallow_share) = (share("deepwl"), share("shallowwl"));
