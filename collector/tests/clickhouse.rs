@@ -259,20 +259,7 @@ fn schema_versions_credentials_and_retention() {
         let batch = pyrometer_collector::ingest::decode(&bytes, &Limits::default(), now).unwrap();
         store.ingest(&batch).unwrap();
     }
-    let total = |from: i64| -> i64 {
-        let all = |_: &pyrometer_collector::store::LabelSet| true;
-        store
-            .select(&pyrometer_collector::store::Selection {
-                from_s: from,
-                to_s: now + 1,
-                sample_type: "samples",
-                labels: &all,
-            })
-            .unwrap()
-            .iter()
-            .map(|s| s.value)
-            .sum()
-    };
+    let total = |from: i64| everything(&store, from, now + 1);
     assert_eq!(total(old - day), 8);
     assert!(store.expire(now - day).unwrap() > 0);
     assert_eq!(total(old - day), 4);

@@ -453,10 +453,10 @@ fn agent_image_records_a_workload_in_its_container() {
     let ctx = dir.join("agent");
     let (stage, files) = runtime_stage(&root().join("deploy/Dockerfile.agent"), &tag);
     let built_dir = pyrometer.parent().unwrap();
+    std::fs::create_dir_all(&ctx).unwrap();
     for (name, _) in &files {
         let from = built_dir.join(name);
         assert!(from.exists(), "{} is not built", from.display());
-        std::fs::create_dir_all(&ctx).unwrap();
         std::fs::copy(&from, ctx.join(name)).unwrap();
     }
     copy_into(&ctx, Path::new("/usr/local/bin/cpu631"), &workload);

@@ -12,6 +12,7 @@ use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
 use super::PythonError;
 use crate::procs::{Mapping, Process};
+use crate::unwinder::load_bias;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PythonVersion {
@@ -243,10 +244,11 @@ fn detect_with(
         }
         Err(Failure::Other(e)) => return Err(PythonError::Message(e)),
     };
-    let bias = load_bias(&py.segments, mapping).ok_or_else(|| PythonError::Elf {
-        path: mapping.path.clone(),
-        reason: "no loadable segment covers the mapping".into(),
-    })?;
+    let bias =
+        load_bias(&py.segments, mapping.start, mapping.offset).ok_or_else(|| PythonError::Elf {
+            path: mapping.path.clone(),
+            reason: "no loadable segment covers the mapping".into(),
+        })?;
     let required = |addr: Option<u64>, name: &str| {
         addr.map(|a| a.wrapping_add(bias))
             .ok_or_else(|| PythonError::MissingSymbol {
@@ -369,11 +371,6 @@ fn analyze(
         type_type: symbol("PyType_Type"),
         segments,
     })
-}
-
-/// Run-time address minus link-time address for the object `mapping` maps.
-fn load_bias(segments: &[(u64, u64, u64)], mapping: &Mapping) -> Option<u64> {
-    crate::unwinder::load_bias(segments, mapping.start, mapping.offset)
 }
 
 fn read_at_vaddr(elf: &object::File<'_>, addr: u64, len: u64) -> Option<Vec<u8>> {
