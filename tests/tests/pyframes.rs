@@ -217,7 +217,9 @@ fn chroot_debug_files_name_the_interpreter() {
     }
     let dir = scratch("pyframes-forky-debug");
     let out = dir.join("all.folded");
-    let err = record(&["--frames", "all"], &out, &python, &["100"]);
+    // 300 rounds, as in check_split: 100 gave 299 samples of the 300 checked below on an idle
+    // runner.
+    let err = record(&["--frames", "all"], &out, &python, &["300"]);
     let stacks = read_folded(&out);
     let (mut total, mut unnamed, mut eval) = (0, 0, 0);
     for s in stacks
