@@ -30,7 +30,9 @@ fn record_spans(out: &Path, python: &Path, wrapper: &[&str]) -> HashMap<String, 
     // that on a busy machine (these tests run side by side).
     args.extend(["env", "OTEL_SPANS_SETTLE=1"]);
     args.extend_from_slice(wrapper);
-    args.extend([python.to_str().unwrap(), script.to_str().unwrap(), "30"]);
+    // 90 units: ~490 samples of the two spans at 499 Hz on an idle runner (1.6 s of work),
+    // where 30 gave 186 and the 2:1 split's ±8 points were only 2.3 standard errors.
+    args.extend([python.to_str().unwrap(), script.to_str().unwrap(), "90"]);
     let result = pyrometer(&args);
     assert_ok(&result);
     let stdout = String::from_utf8_lossy(&result.stdout);
