@@ -85,49 +85,50 @@ fn read_small(path: &str) -> Option<String> {
 }
 
 /// Adds the processes whose comm matches `re` and that are not in `known` (which gains them)
-/// as targets, pyrometer itself excepted, each after its unwind tables are loaded so that none
-/// of its samples is walked without them. Returns one message per pid that could not be
+/// as targets, pyrometer itself excepted, each after its tables are up to date (unwind tables,
+/// the Python walker's registration, allocation probes) so that none of its samples is walked
+/// without them: a process that sat idle until now would otherwise lose the Python frames of
+/// its first busy ~100 ms, while its first samples wait for the registration they trigger. Returns one message per pid that could not be
 /// added. `record --comm` calls this every few hundred milliseconds, so processes started
 /// later are found too (the agent, where it can, only for the processes the kernel says
 /// started: `candidates`).
 pub fn add_comm_matches(
     sampler: &mut crate::bpf::Sampler,
-    unwinder: Option<&mut crate::unwinder::Unwinder>,
+    tables: &mut crate::tables::Tables,
     registry: &mut crate::procs::ProcessRegistry,
     re: &regex::Regex,
     known: &mut HashSet<u32>,
     follow_children: bool,
 ) -> Vec<String> {
     let pids = new_comm_matches(re, known);
-    add_targets(sampler, unwinder, registry, pids, follow_children)
+    add_targets(sampler, tables, registry, pids, follow_children)
 }
 
 /// [`add_comm_matches`] among `candidates` only ([`comm_matches_among`]).
 pub fn add_comm_matches_among(
     sampler: &mut crate::bpf::Sampler,
-    unwinder: Option<&mut crate::unwinder::Unwinder>,
+    tables: &mut crate::tables::Tables,
     registry: &mut crate::procs::ProcessRegistry,
     re: &regex::Regex,
     candidates: &[u32],
     known: &mut HashSet<u32>,
+    follow_children: bool,
 ) -> Vec<String> {
     let pids = comm_matches_among(re, candidates, known);
-    add_targets(sampler, unwinder, registry, pids, false)
+    add_targets(sampler, tables, registry, pids, follow_children)
 }
 
 fn add_targets(
     sampler: &mut crate::bpf::Sampler,
-    mut unwinder: Option<&mut crate::unwinder::Unwinder>,
+    tables: &mut crate::tables::Tables,
     registry: &mut crate::procs::ProcessRegistry,
     pids: Vec<u32>,
     follow_children: bool,
 ) -> Vec<String> {
     let mut errors = Vec::new();
     for pid in pids {
-        if let Some(u) = unwinder.as_deref_mut()
-            && let Ok(p) = registry.observe(pid)
-        {
-            let _ = u.sync_process(p);
+        if let Ok(p) = registry.observe(pid) {
+            tables.sync_process(p, sampler);
         }
         if let Err(e) = sampler.add_target(pid, follow_children) {
             errors.push(format!("cannot target pid {pid}: {e}"));

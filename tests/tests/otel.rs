@@ -508,7 +508,8 @@ fn collector_accepts_otlp_pushes() {
 /// types, each under its own trace, on reused workers, and an actor's method calls under a
 /// third (fixtures/ray_traced.py). Every sample in a task's or the actor method's work
 /// function carries its caller's trace (the span of its invocation, on a worker that ran the
-/// other type before), and the two task traces split the CPU 2:1.
+/// other type before), and the two task traces split the samples as the tasks' own measure of
+/// their CPU splits (2:1 in units of work).
 #[test]
 fn ray_tasks_carry_their_invocations_trace() {
     use pyrometer_e2e::ray_cluster::{self, Cluster};
@@ -637,12 +638,25 @@ fn ray_tasks_carry_their_invocations_trace() {
         println!("{function}: {right} of {total} samples carry trace {task}, {wrong} another");
         *by_trace.entry(task.to_string()).or_default() += right;
     }
+    // Against the CPU the tasks measured, not the 2:1 of their units: on the 2-core runner a
+    // unit's CPU time varies with what shares the CPUs with it. (58 % was once seen here: the
+    // workers Ray starts for the driver were found by a scan twice a second, and each lost the
+    // samples of its first task; record now finds them by the kernel's process events.)
+    let cpu = |task: &str| ids["cpu_s"][task].as_f64().unwrap();
+    let want = cpu("alpha") / (cpu("alpha") + cpu("beta"));
     let (a, b) = (by_trace["alpha"], by_trace["beta"]);
     let share = a as f64 / (a + b) as f64;
     assert!(
-        (share - 2.0 / 3.0).abs() <= 0.08,
-        "alpha's trace has {:.1} % (want 66.7 % ± 8 pp): {a} vs {b}",
-        share * 100.0
+        (share - want).abs() <= 0.08,
+        "alpha's trace has {:.1} % of the two traces' samples, the tasks measured {:.1} % of \
+         their CPU (± 8 pp): {a} vs {b}; {ids}",
+        share * 100.0,
+        want * 100.0
+    );
+    println!(
+        "alpha's trace: {:.1} % of samples, {:.1} % of the measured CPU",
+        share * 100.0,
+        want * 100.0
     );
 }
 

@@ -614,3 +614,89 @@ fn comm_finds_running_and_later_processes() {
     assert!(roots.contains("comm-late"), "{roots:?}");
     assert!(!roots.contains("comm-other"), "{roots:?}");
 }
+
+/// A process that takes a `--comm` name after the capture began (as a Ray worker takes
+/// `ray::IDLE` and may start its first task at once) is sampled from its first busy
+/// milliseconds, Python frames included: the kernel's process events name it as it renames
+/// itself. Ground truth is the process's own measure of the CPU its work took: the samples
+/// must cover at least 75 % of it at the recording's rate (reading every name twice a second
+/// lost half of this ~0.4 s of work on average, and up to all of it).
+#[test]
+fn comm_samples_a_renamed_process_from_its_first_busy_milliseconds() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("comm-rename");
+    let out_path = dir.join("out.pb.gz");
+    let mut rec = spawn_pyrometer(&[
+        "record",
+        "--comm",
+        "pyro-renamed",
+        "-F",
+        "499",
+        "-o",
+        out_path.to_str().unwrap(),
+    ]);
+    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
+    let mut log = String::new();
+    while !log.contains("sampling") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut err, &mut line).unwrap() == 0 {
+            panic!("pyrometer did not start sampling: {log}");
+        }
+        log.push_str(&line);
+    }
+    let drain = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+        rest
+    });
+    let script = r#"
+import os, time
+def renamed_work(n):
+    x = 0
+    for i in range(n):
+        x = (x * 31 + i) % 1000003
+    return x
+with open("/proc/self/comm", "w") as f:
+    f.write("pyro-renamed")
+t0 = time.thread_time()
+renamed_work(9_000_000)
+print(time.thread_time() - t0)
+"#;
+    let work = Command::new("python3")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    assert!(work.status.success(), "{}", stderr(&work));
+    let cpu: f64 = String::from_utf8_lossy(&work.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) of our own child: SIGINT ends the recording and writes the profile.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
+    let status = rec.wait().unwrap();
+    log.push_str(&drain.join().unwrap());
+    assert!(status.success(), "{log}");
+    if log.contains("reading every process's name") {
+        println!("skipping the rate check: no process events here ({log})");
+        return;
+    }
+    let p = read_pprof(&out_path);
+    let count = pprof_type(&p, "samples");
+    let (mut all, mut in_work) = (0i64, 0i64);
+    for s in pprof_samples(&p) {
+        all += s.values[count];
+        if s.functions.iter().any(|f| f == "renamed_work") {
+            in_work += s.values[count];
+        }
+    }
+    let want = cpu * 499.0;
+    println!(
+        "{in_work} samples in renamed_work ({all} in all) for {cpu:.3} s of CPU: {want:.0} at 499 Hz"
+    );
+    assert!(
+        in_work as f64 >= 0.75 * want,
+        "{in_work} samples in renamed_work ({all} in all) for {cpu:.3} s of CPU, {want:.0} at 499 Hz\n{log}"
+    );
+}

@@ -28,7 +28,7 @@ use pyrometer_proto::ingest::PushRequest;
 use crate::{EXIT_PRIVILEGES, exit_error};
 
 mod config;
-mod discover;
+pub(crate) mod discover;
 mod otlp;
 mod young;
 
@@ -647,12 +647,11 @@ fn scan(
     due: &discover::Due,
 ) {
     if let Some(re) = &cfg.comm {
-        let unwinder = tables.unwinder.as_mut();
         let errors = match due {
             discover::Due::Nothing => Vec::new(),
             discover::Due::All => pyrometer::target::add_comm_matches(
                 sampler,
-                unwinder,
+                tables,
                 registry,
                 re,
                 &mut known.targets,
@@ -660,11 +659,12 @@ fn scan(
             ),
             discover::Due::These(candidates) => pyrometer::target::add_comm_matches_among(
                 sampler,
-                unwinder,
+                tables,
                 registry,
                 re,
                 candidates,
                 &mut known.targets,
+                false,
             ),
         };
         for e in errors {

@@ -44,7 +44,8 @@ pub struct RecordArgs {
     #[arg(long)]
     subprocesses: bool,
     /// Profile processes whose name (comm, 15 bytes) matches this regex, anchored, including
-    /// ones started during the recording; it runs until --duration or Ctrl-C.
+    /// ones that start or rename themselves during the recording; it runs until --duration or
+    /// Ctrl-C.
     #[arg(long, value_name = "REGEX", conflicts_with_all = ["pids", "command"])]
     comm: Option<String>,
     /// Profile the whole node (every process but the idle task and pyrometer itself).
@@ -158,18 +159,79 @@ fn parse_ring_mb(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
-/// Targets the processes named like `re` that were not seen yet (`--comm`).
-pub fn scan_comm(
-    sampler: &mut Sampler,
-    tables: &mut Tables,
-    registry: &mut ProcessRegistry,
-    re: &regex::Regex,
-    known: &mut std::collections::HashSet<u32>,
-    subprocesses: bool,
-) {
-    let unwinder = tables.unwinder.as_mut();
-    for e in target::add_comm_matches(sampler, unwinder, registry, re, known, subprocesses) {
-        eprintln!("pyrometer: {e}");
+/// Finds the processes `--comm` names as they appear, for `record` and `top`: from the
+/// kernel's process events (a process started, exec'd or renamed itself), looked at on every
+/// turn of the capture loop, so a process is a target within milliseconds of taking the name
+/// (a Ray worker takes `ray::IDLE` after it starts, and its first task may follow at once);
+/// without the events (another network namespace), by reading every process's name twice a
+/// second. The 500 ms scan alone lost a new worker's first ~250 ms of samples on average.
+pub struct CommFinder {
+    re: regex::Regex,
+    follow_children: bool,
+    discovery: crate::agent::discover::Discovery,
+    known: std::collections::HashSet<u32>,
+    exited: Vec<u32>,
+}
+
+impl CommFinder {
+    pub fn new(re: &regex::Regex, follow_children: bool) -> Self {
+        let events = match pyrometer::procevents::ProcEvents::open() {
+            Ok(events) => Some(events),
+            Err(e) => {
+                eprintln!(
+                    "pyrometer: {e}; finding processes by name by reading every process's name every {} ms instead",
+                    crate::agent::discover::SCAN_EVERY.as_millis()
+                );
+                None
+            }
+        };
+        Self {
+            re: re.clone(),
+            follow_children,
+            discovery: crate::agent::discover::Discovery::new(events),
+            known: std::collections::HashSet::new(),
+            exited: Vec::new(),
+        }
+    }
+
+    /// Adds the processes that took a matching name since the last call (every process on
+    /// the first call), each after its tables are up to date; says which could not be added.
+    pub fn poll(
+        &mut self,
+        sampler: &mut Sampler,
+        tables: &mut Tables,
+        registry: &mut ProcessRegistry,
+    ) {
+        use crate::agent::discover::Due;
+        self.exited.clear();
+        let due = self.discovery.due(&mut self.exited);
+        // A pid that exited may come back as another process, to be looked at again.
+        for pid in &self.exited {
+            self.known.remove(pid);
+        }
+        let errors = match due {
+            Due::Nothing => Vec::new(),
+            Due::All => target::add_comm_matches(
+                sampler,
+                tables,
+                registry,
+                &self.re,
+                &mut self.known,
+                self.follow_children,
+            ),
+            Due::These(candidates) => target::add_comm_matches_among(
+                sampler,
+                tables,
+                registry,
+                &self.re,
+                &candidates,
+                &mut self.known,
+                self.follow_children,
+            ),
+        };
+        for e in errors {
+            eprintln!("pyrometer: {e}");
+        }
     }
 }
 
@@ -372,7 +434,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut root_pids: Vec<u32> = Vec::new();
     let mut child: Option<Child> = None;
     let mut held: Option<HeldChild> = None;
-    let mut comm_known = std::collections::HashSet::new();
+    let mut comm_finder = match &targets {
+        Targets::Comm(_, re) => Some(CommFinder::new(re, args.subprocesses)),
+        _ => None,
+    };
     match &targets {
         Targets::All => {}
         Targets::Pids(pids) => {
@@ -462,14 +527,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             }
             held = Some(h);
         }
-        Targets::Comm(_, re) => scan_comm(
-            &mut sampler,
-            &mut tables,
-            &mut registry,
-            re,
-            &mut comm_known,
-            args.subprocesses,
-        ),
+        Targets::Comm(..) => {
+            if let Some(f) = comm_finder.as_mut() {
+                f.poll(&mut sampler, &mut tables, &mut registry);
+            }
+        }
     }
     sampler
         .start(args.frequency)
@@ -532,7 +594,6 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut child_status = None;
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut last_alive_check = Instant::now();
-    let mut last_scan = Instant::now();
     // The GIL table's preempted column: each Python thread's run-queue delay, read while the
     // threads live (a `-- CMD`'s are gone by the time the table is made).
     let mut run_delays = gil_on.then(pyrometer::python::run_delay::RunDelays::default);
@@ -557,18 +618,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         for notice in notices {
             progress.suspend(|| eprintln!("pyrometer: {notice}"));
         }
-        if let Targets::Comm(_, re) = &targets
-            && last_scan.elapsed() >= Duration::from_millis(500)
-        {
-            last_scan = Instant::now();
-            scan_comm(
-                &mut sampler,
-                &mut tables,
-                &mut registry,
-                re,
-                &mut comm_known,
-                args.subprocesses,
-            );
+        if let Some(f) = comm_finder.as_mut() {
+            f.poll(&mut sampler, &mut tables, &mut registry);
         }
         let lost = sampler.counters().ringbuf_drops;
         progress.set_message(format!("{} samples, {lost} lost", capture.samples));

@@ -101,7 +101,10 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
     );
     let (mut sampler, mut tables) = pipeline::open(&config, &debug_dirs)?;
     let mut registry = ProcessRegistry::new();
-    let mut comm_known = std::collections::HashSet::new();
+    let mut comm_finder = match &targets {
+        Targets::Comm(_, re) => Some(crate::record::CommFinder::new(re, args.subprocesses)),
+        _ => None,
+    };
     let mut root_pids = Vec::new();
     match &targets {
         Targets::Pids(pids) => {
@@ -114,14 +117,11 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
             )?;
             root_pids = pids.clone();
         }
-        Targets::Comm(_, re) => crate::record::scan_comm(
-            &mut sampler,
-            &mut tables,
-            &mut registry,
-            re,
-            &mut comm_known,
-            args.subprocesses,
-        ),
+        Targets::Comm(..) => {
+            if let Some(f) = comm_finder.as_mut() {
+                f.poll(&mut sampler, &mut tables, &mut registry);
+            }
+        }
         Targets::All | Targets::Command(_) => {}
     }
     sampler
@@ -144,7 +144,6 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
     let mut ended = false;
     let started = Instant::now();
     let mut last_tick = Instant::now();
-    let mut last_scan = Instant::now();
     let mut last_alive_check = Instant::now();
 
     let terminal = term::Terminal::enter()
@@ -187,18 +186,8 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
         if keys.into_iter().any(|k| view.key(k)) || signals::take().is_some() {
             break;
         }
-        if let Targets::Comm(_, re) = &targets
-            && last_scan.elapsed() >= Duration::from_millis(500)
-        {
-            last_scan = Instant::now();
-            crate::record::scan_comm(
-                &mut sampler,
-                &mut tables,
-                &mut registry,
-                re,
-                &mut comm_known,
-                args.subprocesses,
-            );
+        if let Some(f) = comm_finder.as_mut() {
+            f.poll(&mut sampler, &mut tables, &mut registry);
         }
         if !ended
             && !root_pids.is_empty()
