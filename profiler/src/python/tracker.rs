@@ -9,6 +9,7 @@
 //! reused by another one after it is freed; the kernel records `co_firstlineno` with each
 //! frame, and a cached entry whose first line differs is read again.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,7 +62,7 @@ struct Tracked {
     /// The interpreter binary's path as the process maps it: frames of this module are the
     /// interpreter's own.
     module: Arc<str>,
-    codes: HashMap<u64, Option<CodeEntry>>,
+    codes: HashMap<u64, Code>,
     /// `threading` names by tid, and when they were read.
     names: HashMap<u32, Arc<str>>,
     names_read: Option<Instant>,
@@ -87,6 +88,47 @@ const SPANS_RECHECK_MAX: Duration = Duration::from_secs(2);
 /// read again, at most this often; threads that stay without a name (not started by
 /// `threading`) only every `NAME_REFRESH` after that.
 const NAME_REREAD: Duration = Duration::from_millis(20);
+
+/// A code object that could not be read is read again after this long, doubling each time up
+/// to `CODE_RETRY_MAX`: a read can fail for a moment (a frame seen while its code object was
+/// being set up, a page the process had not touched yet), and caching the failure for good
+/// once named every sample of a hot function `<unreadable frame>` for a whole recording.
+const CODE_RETRY: Duration = Duration::from_millis(50);
+const CODE_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// What is known of one code object address.
+enum Code {
+    Read(CodeEntry),
+    /// The last read failed.
+    Failed(Retry),
+}
+
+/// When a failed read is tried again (first and later failures).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Retry {
+    at: Instant,
+    wait: Duration,
+}
+
+impl Retry {
+    fn first(now: Instant) -> Self {
+        Self {
+            at: now,
+            wait: CODE_RETRY,
+        }
+    }
+
+    fn again(self, now: Instant) -> Self {
+        Self {
+            at: now,
+            wait: (self.wait * 2).min(CODE_RETRY_MAX),
+        }
+    }
+
+    fn due(self, now: Instant) -> bool {
+        now.saturating_duration_since(self.at) >= self.wait
+    }
+}
 const NAME_REFRESH: Duration = Duration::from_secs(1);
 /// Unnamed threads remembered per process (beyond it the list starts over).
 const MAX_UNNAMED: usize = 4096;
@@ -466,8 +508,8 @@ impl PyTracker {
     pub fn resolve(&mut self, pid: u32, frame: RawPyFrame) -> Option<PyFrameName> {
         let t = self.procs.get_mut(&pid)?;
         let stale = match t.codes.get(&frame.code) {
-            Some(Some(e)) => frame.first_line != 0 && e.first_line != frame.first_line,
-            Some(None) => false,
+            Some(Code::Read(e)) => frame.first_line != 0 && e.first_line != frame.first_line,
+            Some(Code::Failed(retry)) => retry.due(Instant::now()),
             None => true,
         };
         if stale {
@@ -487,7 +529,7 @@ impl PyTracker {
                         code,
                         lines: HashMap::new(),
                     };
-                    t.codes.insert(frame.code, Some(entry));
+                    t.codes.insert(frame.code, Code::Read(entry));
                     if frame.first_line != 0 && frame.first_line != first_line {
                         // The address holds another code object by now: the frame's own
                         // was freed (a module body or exec'd string that finished running).
@@ -500,31 +542,39 @@ impl PyTracker {
                     // A good entry stays: the frame that disagreed with it was torn (read
                     // while it changed) or the process is gone, and neither makes the cached
                     // code object wrong for the frames that agree with it.
-                    t.codes.entry(frame.code).or_insert(None);
+                    let now = Instant::now();
+                    match t.codes.entry(frame.code) {
+                        Entry::Occupied(mut o) => {
+                            if let Code::Failed(retry) = o.get_mut() {
+                                *retry = retry.again(now);
+                            }
+                        }
+                        Entry::Vacant(v) => {
+                            v.insert(Code::Failed(Retry::first(now)));
+                        }
+                    }
                     return Some(unreadable());
                 }
             }
         }
         let kind = t.layout.offsets.line_table_kind;
-        Some(
-            match t.codes.get_mut(&frame.code).and_then(Option::as_mut) {
-                Some(e) => {
-                    let line = if frame.addr == PY_ADDR_UNKNOWN {
-                        None
-                    } else {
-                        *e.lines
-                            .entry(frame.addr)
-                            .or_insert_with(|| e.code.line(kind, frame.addr))
-                    };
-                    PyFrameName {
-                        function: e.function.clone(),
-                        file: Some(e.file.clone()),
-                        line,
-                    }
+        Some(match t.codes.get_mut(&frame.code) {
+            Some(Code::Read(e)) => {
+                let line = if frame.addr == PY_ADDR_UNKNOWN {
+                    None
+                } else {
+                    *e.lines
+                        .entry(frame.addr)
+                        .or_insert_with(|| e.code.line(kind, frame.addr))
+                };
+                PyFrameName {
+                    function: e.function.clone(),
+                    file: Some(e.file.clone()),
+                    line,
                 }
-                None => unreadable(),
-            },
-        )
+            }
+            Some(Code::Failed(_)) | None => unreadable(),
+        })
     }
 
     /// The `threading.Thread.name` of thread `tid` of a registered process, read from the
@@ -638,4 +688,31 @@ fn gil_address(pid: u32, rt: &PythonRuntime, o: &PyOffsets) -> u64 {
     mem.read_u64(rt.runtime + u64::from(o.runtime_interpreters_head))
         .and_then(|interp| mem.read_u64(interp + u64::from(o.interp_gil_ptr)))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+
+    #[test]
+    fn failed_code_reads_are_retried_later_and_less_often() {
+        let t0 = Instant::now();
+        let r = Retry::first(t0);
+        assert!(!r.due(t0));
+        assert!(!r.due(t0 + CODE_RETRY / 2));
+        assert!(r.due(t0 + CODE_RETRY));
+        // Each failure doubles the wait, up to the cap: a code object that stays unreadable
+        // (the process is gone, the address was never one) costs a read every 5 s at most.
+        let mut r = r;
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            r = r.again(t0);
+            waits.push(r.wait);
+        }
+        assert_eq!(waits[0], CODE_RETRY * 2);
+        assert_eq!(waits[1], CODE_RETRY * 4);
+        assert_eq!(*waits.last().unwrap(), CODE_RETRY_MAX);
+        assert!(!r.due(t0 + CODE_RETRY_MAX / 2));
+        assert!(r.due(t0 + CODE_RETRY_MAX));
+    }
 }
