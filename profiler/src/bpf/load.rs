@@ -118,8 +118,48 @@ pub struct ProgramLoad {
     pub program: &'static str,
     /// Instructions the verifier processed (`verified_insns`, Linux 5.16+).
     pub processed: Option<u32>,
+    /// What else the verifier said of its work, when asked ([`verifier_stats`]).
+    pub stats: Option<VerifierStats>,
     /// The load system call, verification and JIT included.
     pub load_time: Duration,
+}
+
+/// The verifier's statistics lines for one program: states explored (`total_states`), the
+/// most kept at once (`peak_states`), and its own time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerifierStats {
+    pub processed: Option<u32>,
+    pub total_states: Option<u32>,
+    pub peak_states: Option<u32>,
+    pub time_us: Option<u64>,
+}
+
+/// Reads the statistics lines of a verifier log ("processed N insns (limit L)
+/// max_states_per_insn M total_states T peak_states P mark_read R", "verification time U
+/// usec"); None when it has neither.
+pub fn verifier_stats(log: &str) -> Option<VerifierStats> {
+    let mut stats = VerifierStats::default();
+    let mut found = false;
+    for line in log.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("processed ") {
+            found = true;
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            stats.processed = words.first().and_then(|w| w.parse().ok());
+            let after = |key: &str| {
+                words
+                    .iter()
+                    .position(|w| *w == key)
+                    .and_then(|i| words.get(i + 1))
+                    .and_then(|w| w.parse().ok())
+            };
+            stats.total_states = after("total_states");
+            stats.peak_states = after("peak_states");
+        } else if let Some(rest) = line.strip_prefix("verification time ") {
+            found = true;
+            stats.time_us = rest.split_whitespace().next().and_then(|w| w.parse().ok());
+        }
+    }
+    found.then_some(stats)
 }
 
 /// Why a program did not load.
@@ -330,9 +370,13 @@ pub fn load_program(
                 .program(program)
                 .and_then(|p| p.info().ok())
                 .and_then(|i| i.verified_instruction_count());
+            let stats = aya::programs::take_verifier_stats()
+                .as_deref()
+                .and_then(verifier_stats);
             Ok(ProgramLoad {
                 program,
-                processed,
+                processed: processed.or(stats.and_then(|s| s.processed)),
+                stats,
                 load_time,
             })
         }
@@ -368,6 +412,26 @@ mod tests {
             Some("BPF program is too large. Processed 1000001 insn")
         );
         assert_eq!(verifier_reason("\n\n"), None);
+    }
+
+    #[test]
+    fn verifier_statistics_are_read_from_their_lines() {
+        let log = "processed 58123 insns (limit 1000000) max_states_per_insn 4 total_states 2711 peak_states 913 mark_read 88\n\
+                   verification time 8412 usec\n\
+                   stack depth 48+0+0\n";
+        assert_eq!(
+            verifier_stats(log),
+            Some(VerifierStats {
+                processed: Some(58123),
+                total_states: Some(2711),
+                peak_states: Some(913),
+                time_us: Some(8412),
+            })
+        );
+        // An older kernel's line without the states fields.
+        let old = verifier_stats("processed 17 insns (limit 1000000)\n").unwrap();
+        assert_eq!((old.processed, old.total_states), (Some(17), None));
+        assert_eq!(verifier_stats("0: R1=ctx()\n"), None);
     }
 
     #[test]

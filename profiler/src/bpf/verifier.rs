@@ -120,9 +120,18 @@ pub fn verify_all(btf_path: &Path) -> Result<Vec<Row>, BpfError> {
         reason: e.to_string(),
     })?;
     super::raise_memlock_limit();
+    // States and peak states come only from the verifier's statistics lines, which aya
+    // (patched, third_party/README.md) keeps for a program that loads when asked to.
+    aya::programs::collect_verifier_stats(true);
+    let rows = verify_configurations(btf_path, &btf);
+    aya::programs::collect_verifier_stats(false);
+    rows
+}
+
+fn verify_configurations(btf_path: &Path, btf: &Btf) -> Result<Vec<Row>, BpfError> {
     let mut rows = Vec::new();
     for c in configurations(btf_path) {
-        let mut ebpf = load::open(&c.config, &btf, c.config.dwarf)?;
+        let mut ebpf = load::open(&c.config, btf, c.config.dwarf)?;
         let mut programs: Vec<(&'static str, Kind)> = load::LIFECYCLE
             .iter()
             .map(|&(p, tp)| (p, Kind::Tracepoint(tp)))
@@ -135,7 +144,7 @@ pub fn verify_all(btf_path: &Path) -> Result<Vec<Row>, BpfError> {
             rows.push(Row {
                 configuration: c.name,
                 program,
-                outcome: load::load_program(&mut ebpf, &btf, program, kind),
+                outcome: load::load_program(&mut ebpf, btf, program, kind),
             });
         }
     }
@@ -152,20 +161,42 @@ pub fn render(rows: &[Row], kernel: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<36} {:<18} {:>10} {:>8} {:>10}  result",
-        "configuration", "program", "processed", "limit %", "load ms"
+        "{:<36} {:<18} {:>10} {:>8} {:>7} {:>6} {:>9} {:>8}  result",
+        "configuration",
+        "program",
+        "processed",
+        "limit %",
+        "states",
+        "peak",
+        "verify ms",
+        "load ms"
     );
+    let num = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
     for r in rows {
-        let (processed, share, time, result) = match &r.outcome {
+        let (processed, share, states, peak, verify, time, result) = match &r.outcome {
             Ok(l) => {
-                let p = l.processed.map_or("?".to_string(), |p| p.to_string());
                 let share = l.processed.map_or("?".to_string(), |p| {
                     format!("{:.1}", 100.0 * f64::from(p) / f64::from(VERIFIER_LIMIT))
                 });
                 let result = if r.failed() { "OVER BUDGET" } else { "ok" };
-                (p, share, l.load_time, result.to_string())
+                let stats = l.stats.unwrap_or_default();
+                let verify = stats
+                    .time_us
+                    .map_or("?".to_string(), |us| format!("{:.1}", us as f64 / 1e3));
+                (
+                    num(l.processed),
+                    share,
+                    num(stats.total_states),
+                    num(stats.peak_states),
+                    verify,
+                    l.load_time,
+                    result.to_string(),
+                )
             }
             Err(f) => (
+                "-".into(),
+                "-".into(),
+                "-".into(),
                 "-".into(),
                 "-".into(),
                 f.load_time,
@@ -174,11 +205,14 @@ pub fn render(rows: &[Row], kernel: &str) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<36} {:<18} {:>10} {:>8} {:>10.1}  {}",
+            "{:<36} {:<18} {:>10} {:>8} {:>7} {:>6} {:>9} {:>8.1}  {}",
             r.configuration,
             r.program,
             processed,
             share,
+            states,
+            peak,
+            verify,
             ms(time),
             result
         );
@@ -199,6 +233,9 @@ pub fn to_json(rows: &[Row], kernel: &str) -> serde_json::Value {
                 "configuration": r.configuration,
                 "program": r.program,
                 "processed": l.processed,
+                "total_states": l.stats.and_then(|s| s.total_states),
+                "peak_states": l.stats.and_then(|s| s.peak_states),
+                "verify_us": l.stats.and_then(|s| s.time_us),
                 "load_ms": ms(l.load_time),
                 "ok": !r.failed(),
             }),

@@ -134,7 +134,18 @@ fn verifier(results: &Path) -> Check {
     };
     let (status, detail) = match rc.as_str() {
         "absent" => (Status::Skipped, log_tail(results, "verifier", 1)),
-        "0" => (Status::Ok, log_tail(results, "verifier", 60)),
+        "0" => match without_statistics(
+            &fs::read_to_string(results.join("verifier.log")).unwrap_or_default(),
+        ) {
+            None => (Status::Ok, log_tail(results, "verifier", 60)),
+            Some(row) => (
+                Status::Fail,
+                format!(
+                    "no verifier statistics (states, peak states) for a program that loaded: {row}\n{}",
+                    log_tail(results, "verifier", 60)
+                ),
+            ),
+        },
         "124" | "137" => (
             Status::Fail,
             format!("timed out:\n{}", log_tail(results, "verifier", 20)),
@@ -150,6 +161,29 @@ fn verifier(results: &Path) -> Check {
         seconds,
         detail,
     }
+}
+
+/// The first row of a verifier table whose program loaded without the verifier's statistics
+/// (`?` for states or peak states), or None when every loaded program has them (or the table
+/// has no rows). Rows end "... processed limit% states peak verify-ms load-ms ok".
+fn without_statistics(table: &str) -> Option<String> {
+    let mut rows = 0;
+    for line in table.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.last() != Some(&"ok") || words.len() < 8 {
+            continue;
+        }
+        rows += 1;
+        let n = words.len();
+        let (states, peak) = (words[n - 5], words[n - 4]);
+        if states.parse::<u32>().is_err() || peak.parse::<u32>().is_err() {
+            return Some(line.to_string());
+        }
+    }
+    if rows == 0 && !table.trim().is_empty() {
+        return Some("no row of a program that loaded".to_string());
+    }
+    None
 }
 
 /// The `record` step: it must exit 0 and write a folded profile, which is returned for the
@@ -319,6 +353,22 @@ mod tests {
             frames: line.split(';').map(str::to_string).collect(),
             count,
         }
+    }
+
+    #[test]
+    fn verifier_rows_need_their_statistics() {
+        let head = "BPF verifier on Linux 6.1.0: processed instructions per program (budget 100000, limit 1000000)\n\
+                    configuration                        program             processed  limit %  states   peak verify ms  load ms  result\n";
+        let good = format!(
+            "{head}--pid --off-cpu --gil --alloc        on_cpu_clock            57873      5.8    2304   3971      77.9     78.0  ok\n"
+        );
+        assert_eq!(without_statistics(&good), None);
+        let bad = format!(
+            "{head}--all                                on_cpu_clock            57452      5.7       ?      ?         ?     77.7  ok\n"
+        );
+        assert!(without_statistics(&bad).unwrap().contains("on_cpu_clock"));
+        assert!(without_statistics(head).is_some(), "a table without rows");
+        assert_eq!(without_statistics(""), None);
     }
 
     #[test]
