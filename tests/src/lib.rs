@@ -44,7 +44,54 @@ pub fn pyrometer_bin() -> PathBuf {
         "{} is missing: run `cargo build -p pyrometer` first (cargo xtask test does)",
         bin.display()
     );
+    static FRESH: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if let Some(stale) = FRESH.get_or_init(|| stale_against_sources(&bin)) {
+        panic!("{stale}");
+    }
     bin
+}
+
+/// Why `bin` cannot be the build of this checkout's sources: a source file of a crate it is
+/// built from is newer (`cargo nextest run` rebuilds the tests, not the binary they run, so
+/// after an edit they would test the previous build without saying so).
+fn stale_against_sources(bin: &Path) -> Option<String> {
+    let built = std::fs::metadata(bin).and_then(|m| m.modified()).ok()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    let mut dirs: Vec<PathBuf> = [
+        "profiler/src",
+        "ebpf/src",
+        "unwind/src",
+        "proto/src",
+        "diff/src",
+    ]
+    .iter()
+    .map(|d| root.join(d))
+    .collect();
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                dirs.push(path);
+            } else if let Ok(t) = meta.modified()
+                && newest.as_ref().is_none_or(|(n, _)| t > *n)
+            {
+                newest = Some((t, path));
+            }
+        }
+    }
+    let (t, path) = newest?;
+    (t > built).then(|| {
+        format!(
+            "{} is older than {}: run `cargo build --bins` first (cargo xtask test does), or these tests run the previous build",
+            bin.display(),
+            path.display()
+        )
+    })
 }
 
 /// True when sampling can run; otherwise prints the reason the calling test skips.
