@@ -375,9 +375,15 @@ impl PyTracker {
             }
         };
         let mapping_start = interpreter_start(process, &runtime.path);
+        // Registered already, unless the kernel dropped the entry since: its exec tracepoint
+        // deletes it, and fires after the new image's maps are visible, so a sync that read
+        // them for an earlier exec event can register the new image just before that delete
+        // (a chrooted interpreter, started through sh, unshare and chroot, lost its Python
+        // frames for its whole life one run in five).
         if let Some(t) = self.procs.get(&pid)
             && t.runtime.path == runtime.path
             && t.mapping_start == mapping_start
+            && self.map.as_ref().is_none_or(|m| m.get(&pid, 0).is_ok())
         {
             return;
         }
