@@ -88,10 +88,11 @@ fn read_small(path: &str) -> Option<String> {
 /// as targets, pyrometer itself excepted, each after its tables are up to date (unwind tables,
 /// the Python walker's registration, allocation probes) so that none of its samples is walked
 /// without them: a process that sat idle until now would otherwise lose the Python frames of
-/// its first busy ~100 ms, while its first samples wait for the registration they trigger. Returns one message per pid that could not be
-/// added. `record --comm` calls this every few hundred milliseconds, so processes started
-/// later are found too (the agent, where it can, only for the processes the kernel says
-/// started: `candidates`).
+/// its first busy ~100 ms, while its first samples wait for the registration they trigger.
+/// Returns one message per pid that could not be added. `record`, `top` and the agent call
+/// this for every process at first, then, where they can, [`add_comm_matches_among`] the
+/// processes the kernel says started, exec'd or renamed themselves (`candidates`), else this
+/// again twice a second.
 pub fn add_comm_matches(
     sampler: &mut crate::bpf::Sampler,
     tables: &mut crate::tables::Tables,

@@ -456,21 +456,19 @@ fn process_exiting_mid_capture_keeps_its_samples() {
 }
 
 /// Waits for `record`'s "sampling ..." line (start-up can take seconds on a loaded machine),
-/// then keeps reading its stderr on a thread so it never blocks on a full pipe.
-fn wait_until_sampling(rec: &mut std::process::Child) -> std::thread::JoinHandle<()> {
+/// then keeps reading its stderr on a thread so it never blocks on a full pipe; the thread
+/// returns all of it.
+fn wait_until_sampling(rec: &mut std::process::Child) -> std::thread::JoinHandle<String> {
     let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
-    let mut line = String::new();
-    while std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0
-        && !line.contains("sampling")
-    {
-        line.clear();
+    let mut log = String::new();
+    while !log.contains("sampling") {
+        if std::io::BufRead::read_line(&mut err, &mut log).unwrap() == 0 {
+            panic!("pyrometer did not start sampling: {log}");
+        }
     }
-    assert!(
-        line.contains("sampling"),
-        "pyrometer did not start sampling"
-    );
     std::thread::spawn(move || {
-        let _ = std::io::Read::read_to_string(&mut err, &mut String::new());
+        let _ = std::io::Read::read_to_string(&mut err, &mut log);
+        log
     })
 }
 
@@ -637,20 +635,7 @@ fn comm_samples_a_renamed_process_from_its_first_busy_milliseconds() {
         "-o",
         out_path.to_str().unwrap(),
     ]);
-    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
-    let mut log = String::new();
-    while !log.contains("sampling") {
-        let mut line = String::new();
-        if std::io::BufRead::read_line(&mut err, &mut line).unwrap() == 0 {
-            panic!("pyrometer did not start sampling: {log}");
-        }
-        log.push_str(&line);
-    }
-    let drain = std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut rest);
-        rest
-    });
+    let drain = wait_until_sampling(&mut rec);
     let script = r#"
 import os, time
 def renamed_work(n):
@@ -676,7 +661,7 @@ print(time.thread_time() - t0)
     // SAFETY: kill(2) of our own child: SIGINT ends the recording and writes the profile.
     unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
     let status = rec.wait().unwrap();
-    log.push_str(&drain.join().unwrap());
+    let log = drain.join().unwrap();
     assert!(status.success(), "{log}");
     if log.contains("reading every process's name") {
         println!("skipping the rate check: no process events here ({log})");

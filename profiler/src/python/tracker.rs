@@ -88,6 +88,11 @@ const SPANS_RECHECK_MAX: Duration = Duration::from_secs(2);
 /// read again, at most this often; threads that stay without a name (not started by
 /// `threading`) only every `NAME_REFRESH` after that.
 const NAME_REREAD: Duration = Duration::from_millis(20);
+const NAME_REFRESH: Duration = Duration::from_secs(1);
+/// Unnamed threads remembered per process (beyond it the list starts over).
+const MAX_UNNAMED: usize = 4096;
+/// Thread names remembered per process, ended threads' included.
+const MAX_NAMES: usize = 4096;
 
 /// A code object that could not be read is read again after this long, doubling each time up
 /// to `CODE_RETRY_MAX`: a read can fail for a moment (a frame seen while its code object was
@@ -129,11 +134,6 @@ impl Retry {
         now.saturating_duration_since(self.at) >= self.wait
     }
 }
-const NAME_REFRESH: Duration = Duration::from_secs(1);
-/// Unnamed threads remembered per process (beyond it the list starts over).
-const MAX_UNNAMED: usize = 4096;
-/// Thread names remembered per process, ended threads' included.
-const MAX_NAMES: usize = 4096;
 
 /// Counters for the record summary and `--stats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

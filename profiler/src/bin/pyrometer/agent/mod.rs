@@ -160,7 +160,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut known = Known::default();
     // Opened while the agent still has CAP_NET_ADMIN, which subscribing needs.
     let by_name = cfg.comm.is_some() || cfg.alloc.as_ref().is_some_and(|a| a.comm.is_some());
-    let mut discovery = discover::Discovery::new(by_name.then(open_process_events).flatten());
+    let mut discovery = discover::Discovery::new(
+        by_name
+            .then(|| discover::open_events("pyrometer agent"))
+            .flatten(),
+    );
     let mut exited = Vec::new();
     let due = discovery.due(&mut exited);
     scan(
@@ -621,21 +625,6 @@ struct Known {
     alloc_pids_added: bool,
 }
 
-/// The kernel's process events for finding processes by name, or None (said once) when
-/// they cannot be had: the agent then reads every process's name twice a second.
-fn open_process_events() -> Option<pyrometer::procevents::ProcEvents> {
-    match pyrometer::procevents::ProcEvents::open() {
-        Ok(events) => Some(events),
-        Err(e) => {
-            eprintln!(
-                "pyrometer agent: {e}; finding processes by name by reading every process's name every {} ms instead",
-                discover::SCAN_EVERY.as_millis()
-            );
-            None
-        }
-    }
-}
-
 /// Adds the processes chosen by name (`--comm`, `--alloc-comm`) among those `due`, and the
 /// `--alloc-pid` ones on the first call.
 fn scan(
@@ -647,26 +636,15 @@ fn scan(
     due: &discover::Due,
 ) {
     if let Some(re) = &cfg.comm {
-        let errors = match due {
-            discover::Due::Nothing => Vec::new(),
-            discover::Due::All => pyrometer::target::add_comm_matches(
-                sampler,
-                tables,
-                registry,
-                re,
-                &mut known.targets,
-                false,
-            ),
-            discover::Due::These(candidates) => pyrometer::target::add_comm_matches_among(
-                sampler,
-                tables,
-                registry,
-                re,
-                candidates,
-                &mut known.targets,
-                false,
-            ),
-        };
+        let errors = discover::add_comm_matches(
+            due,
+            sampler,
+            tables,
+            registry,
+            re,
+            &mut known.targets,
+            false,
+        );
         for e in errors {
             eprintln!("pyrometer agent: {e}");
         }

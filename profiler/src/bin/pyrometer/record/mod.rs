@@ -175,16 +175,7 @@ pub struct CommFinder {
 
 impl CommFinder {
     pub fn new(re: &regex::Regex, follow_children: bool) -> Self {
-        let events = match pyrometer::procevents::ProcEvents::open() {
-            Ok(events) => Some(events),
-            Err(e) => {
-                eprintln!(
-                    "pyrometer: {e}; finding processes by name by reading every process's name every {} ms instead",
-                    crate::agent::discover::SCAN_EVERY.as_millis()
-                );
-                None
-            }
-        };
+        let events = crate::agent::discover::open_events("pyrometer");
         Self {
             re: re.clone(),
             follow_children,
@@ -202,33 +193,21 @@ impl CommFinder {
         tables: &mut Tables,
         registry: &mut ProcessRegistry,
     ) {
-        use crate::agent::discover::Due;
         self.exited.clear();
         let due = self.discovery.due(&mut self.exited);
         // A pid that exited may come back as another process, to be looked at again.
         for pid in &self.exited {
             self.known.remove(pid);
         }
-        let errors = match due {
-            Due::Nothing => Vec::new(),
-            Due::All => target::add_comm_matches(
-                sampler,
-                tables,
-                registry,
-                &self.re,
-                &mut self.known,
-                self.follow_children,
-            ),
-            Due::These(candidates) => target::add_comm_matches_among(
-                sampler,
-                tables,
-                registry,
-                &self.re,
-                &candidates,
-                &mut self.known,
-                self.follow_children,
-            ),
-        };
+        let errors = crate::agent::discover::add_comm_matches(
+            &due,
+            sampler,
+            tables,
+            registry,
+            &self.re,
+            &mut self.known,
+            self.follow_children,
+        );
         for e in errors {
             eprintln!("pyrometer: {e}");
         }
