@@ -88,6 +88,12 @@ const SPANS_RECHECK_MAX: Duration = Duration::from_secs(2);
 /// read again, at most this often; threads that stay without a name (not started by
 /// `threading`) only every `NAME_REFRESH` after that.
 const NAME_REREAD: Duration = Duration::from_millis(20);
+/// A thread asked about for the first time has its process's names read at once unless a read
+/// is this recent: a new `threading` thread has its name from before its first sample, and
+/// waiting for `NAME_REREAD` left up to 20 ms of a new thread's samples (a fifth of a short
+/// worker's) under its command name. The floor bounds the reads of a process that churns
+/// through short-lived native threads.
+const NAME_NEW_THREAD: Duration = Duration::from_millis(2);
 const NAME_REFRESH: Duration = Duration::from_secs(1);
 /// Unnamed threads remembered per process (beyond it the list starts over).
 const MAX_UNNAMED: usize = 4096;
@@ -225,6 +231,11 @@ impl PyTracker {
     }
 
     /// The probe sites of each interpreter binary probed so far.
+    /// Reads the interpreter a command about to start will run (see `BinaryCache::prewarm`).
+    pub fn prewarm(&mut self, interpreter: &Path) {
+        self.binaries.prewarm(interpreter);
+    }
+
     pub fn gil_binaries(&self) -> &[GilSites] {
         &self.gil_binaries
     }
@@ -594,16 +605,19 @@ impl PyTracker {
         if t.unnamed.len() >= MAX_UNNAMED {
             t.unnamed.clear();
         }
+        let new_thread = !t.unnamed.contains_key(&tid);
         let first_asked = *t.unnamed.entry(tid).or_insert(now);
         let due = match t.names_read {
             None => true,
-            // A thread new since the last read (it may have started since), one seen in the
-            // last NAME_REFRESH (`threading` registers a thread a little after it starts
-            // running), or a stale read.
+            // A thread never asked about, one new since the last read (it may have started
+            // since), one seen in the last NAME_REFRESH (`threading` registers a thread a
+            // little after it starts running), or a stale read.
             Some(read) => {
                 let age = now.duration_since(read);
                 let young = first_asked >= read || now.duration_since(first_asked) < NAME_REFRESH;
-                (young && age >= NAME_REREAD) || age >= NAME_REFRESH
+                (new_thread && age >= NAME_NEW_THREAD)
+                    || (young && age >= NAME_REREAD)
+                    || age >= NAME_REFRESH
             }
         };
         if !due {

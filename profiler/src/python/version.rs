@@ -155,6 +155,33 @@ enum Failure {
     Other(String),
 }
 
+impl BinaryCache {
+    /// Reads an interpreter binary before any process maps it (the interpreter of a command
+    /// about to start), so registering the process once it runs is quick: its samples have no
+    /// Python frames until then. `path` is `interpreter_binary`'s answer.
+    pub fn prewarm(&mut self, path: &Path) {
+        let Ok(key) = crate::procs::BinaryKey::of_file(path) else {
+            return;
+        };
+        if self.binaries.contains_key(&key) {
+            return;
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = name.as_deref().unwrap_or_default();
+        let is_libpython = parse_libpython_name(name).is_some();
+        let name_version = if is_libpython {
+            parse_libpython_name(name)
+        } else {
+            parse_executable_name(name)
+        };
+        // Only a success is kept: a failure is found again, with its own message, when
+        // the process maps the binary.
+        if let Ok(py) = analyze(path, &path.to_string_lossy(), is_libpython, name_version) {
+            self.binaries.insert(key, Ok(Arc::new(py)));
+        }
+    }
+}
+
 /// Locates the interpreter of `process` and reads its version and symbols.
 pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
     detect_cached(process, &mut BinaryCache::default())
@@ -270,6 +297,19 @@ fn detect_with(
     })
 }
 
+/// The symbols `analyze` looks up.
+const WANTED: [&str; 9] = [
+    "_PyRuntime",
+    "Py_Version",
+    "PyCode_Type",
+    "PyUnicode_Type",
+    "PyBytes_Type",
+    "PyDict_Type",
+    "PyLong_Type",
+    "PyModule_Type",
+    "PyType_Type",
+];
+
 /// Reads an interpreter binary's version and symbols. `shown` is the path for messages.
 fn analyze(
     path: &Path,
@@ -285,11 +325,23 @@ fn analyze(
         path: shown.to_string(),
         reason: e.to_string(),
     })?;
+    // One pass over the symbol tables for every name wanted (a shared build with symbols has
+    // tens of thousands; a scan per name made registering a process take ~20 ms, during which
+    // its samples had no Python frames). The dynamic table wins, as it did for a scan each.
+    let mut found: [Option<u64>; WANTED.len()] = [None; WANTED.len()];
+    for s in elf.dynamic_symbols().chain(elf.symbols()) {
+        let Ok(name) = s.name() else { continue };
+        if let Some(i) = WANTED.iter().position(|&w| w == name)
+            && found[i].is_none()
+        {
+            found[i] = Some(s.address());
+        }
+    }
     let symbol = |name: &str| -> Option<u64> {
-        elf.dynamic_symbols()
-            .chain(elf.symbols())
-            .find(|s| s.name() == Ok(name))
-            .map(|s| s.address())
+        WANTED
+            .iter()
+            .position(|&w| w == name)
+            .and_then(|i| found[i])
     };
     let runtime_sym = symbol("_PyRuntime");
     // An executable without the runtime is not Python, whatever its name: a shared build's

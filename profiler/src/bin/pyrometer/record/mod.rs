@@ -450,14 +450,16 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             if let Some(u) = tables.unwinder.as_mut() {
                 prewarm_command(u, exe.as_deref());
             }
+            let interpreter = exe
+                .as_deref()
+                .and_then(pyrometer::python::version::interpreter_binary);
+            if let Some(interpreter) = &interpreter {
+                tables.python.prewarm(interpreter);
+            }
             // The GIL probes go in before the interpreter starts, so its first acquisitions
             // count; a failure is reported when the process shows up.
-            if gil_on
-                && let Some(interpreter) = exe
-                    .as_deref()
-                    .and_then(pyrometer::python::version::interpreter_binary)
-            {
-                let _ = tables.python.prepare_gil(&interpreter, &mut sampler);
+            if gil_on && let Some(interpreter) = &interpreter {
+                let _ = tables.python.prepare_gil(interpreter, &mut sampler);
             }
             // Allocations are sampled in the command's own process when it can preload the
             // sampler library (anything dynamically linked); uprobes on its allocator
