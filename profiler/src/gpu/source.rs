@@ -272,6 +272,10 @@ impl NvmlSource {
                         }
                     }
                 }
+                // No sample since the last one seen: the driver samples processes every
+                // ~1/6 s, and answers NOT_FOUND (not an empty list) for an idle device or a
+                // poll between two samples. The processes keep no utilization for this poll.
+                Err(NvmlError::NotFound) => {}
                 Err(e) => note(Field::ProcessUtilization, &e),
             }
             sample.processes = processes;
