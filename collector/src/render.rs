@@ -179,10 +179,14 @@ pub fn pprof(stacks: &[Stacked], sample_type: (&str, &str)) -> pb::Profile {
                 Some(&f) => f,
                 None => {
                     let f = function.len() as u64 + 1;
+                    let system_name = match pb::Function::system_name_for(name) {
+                        pb::SystemName::SameAsName => id(name),
+                        pb::SystemName::Empty => 0,
+                    };
                     function.push(pb::Function {
                         id: f,
                         name: id(name),
-                        system_name: id(name),
+                        system_name,
                         ..Default::default()
                     });
                     // One location per function: the collector keeps names, not addresses.
@@ -317,6 +321,28 @@ mod tests {
         assert_eq!(p.sample.iter().map(|x| x.value[0]).sum::<i64>(), 6);
         assert!(svg(&s, "t", "samples").unwrap().starts_with(b"<?xml"));
         assert!(matches!(svg(&[], "t", "samples"), Err(RenderError::Empty)));
+    }
+
+    /// `go tool pprof` empties a name in angle brackets whose system name is the same, as a
+    /// C++ template (tests/tests/pyframes.rs shows it on the profiler's output).
+    #[test]
+    fn bracketed_names_have_no_system_name() {
+        let s = [st(
+            "app",
+            "n1",
+            &["main", "<module> (x.py:3)", "<lambda> (x.py:5)"],
+            1,
+        )];
+        let p = pprof(&s, ("samples", "count"));
+        let str_of = |i: i64| p.string_table[i as usize].as_str();
+        let by_name: HashMap<&str, i64> = p
+            .function
+            .iter()
+            .map(|f| (str_of(f.name), f.system_name))
+            .collect();
+        assert_eq!(by_name["<module> (x.py:3)"], 0);
+        assert_eq!(by_name["<lambda> (x.py:5)"], 0);
+        assert_eq!(str_of(by_name["main"]), "main");
     }
 
     #[test]

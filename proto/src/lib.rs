@@ -184,6 +184,29 @@ pub struct Function {
     pub start_line: i64,
 }
 
+impl Function {
+    /// The `system_name` to write for a function called `name` (which is already readable):
+    /// `name` itself, as Go's own profiles do, except where `go tool pprof` would mangle it.
+    /// pprof treats a function whose system name equals its name as not yet demangled and
+    /// "simplifies" anything with angle brackets as C++ templates: `<module>`, `<lambda>`
+    /// and `<genexpr>` became empty names (shown as `[[python]]`), `<T as Trait>::f` became
+    /// `::f`. Such names get an empty system name, which pprof leaves alone.
+    pub fn system_name_for(name: &str) -> SystemName {
+        if name.starts_with('<') {
+            SystemName::Empty
+        } else {
+            SystemName::SameAsName
+        }
+    }
+}
+
+/// See [`Function::system_name_for`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SystemName {
+    SameAsName,
+    Empty,
+}
+
 impl Profile {
     /// The string at a string-table index, or `None` when the index is out of range (a
     /// corrupt or hand-made profile).

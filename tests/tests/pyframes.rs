@@ -491,3 +491,50 @@ fn thread_names_label_samples() {
         );
     }
 }
+
+/// Python's bracketed names (`<module>`, `<lambda>`) reach `go tool pprof -top` as they are:
+/// pprof takes a function whose system name is its name for an undemangled one and strips
+/// `<…>` as C++ template arguments, which left these frames nameless (`[[python]]`).
+#[test]
+fn bracketed_python_names_survive_go_pprof() {
+    if !privileged() {
+        return;
+    }
+    let python = Interpreter::pyenv(12);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("pyframes-go-pprof");
+    let out = dir.join("out.pb.gz");
+    let script = source("py_toplevel.py");
+    record_python(&out, &[], &python.path, &[script.to_str().unwrap(), "6"]);
+    let go = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(&out)
+        .env("HOME", &dir)
+        .env("GOCACHE", dir.join("gocache"))
+        .output()
+        .expect("go is installed by `cargo xtask test` (Debian's golang-go)");
+    let text = String::from_utf8_lossy(&go.stdout);
+    assert!(
+        go.status.success(),
+        "go tool pprof failed: {}",
+        String::from_utf8_lossy(&go.stderr)
+    );
+    // Cumulative time: the loop under `<module>`, the map's calls under `<lambda>`; each
+    // well above a few samples (about 0.7 s of work in all on 3.12).
+    let cum_ms = |name: &str| -> f64 {
+        let v = text
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .unwrap_or_else(|| panic!("{name} missing from go tool pprof -top:\n{text}"));
+        match v.strip_suffix("ms") {
+            Some(ms) => ms.parse::<f64>().unwrap(),
+            None => v.trim_end_matches('s').parse::<f64>().unwrap() * 1000.0,
+        }
+    };
+    assert!(cum_ms("<module>") >= 200.0, "{text}");
+    assert!(cum_ms("<lambda>") >= 40.0, "{text}");
+    assert!(!text.contains("[[python]]"), "{text}");
+}
