@@ -419,18 +419,18 @@ impl Unwinder {
     }
 
     /// First fit in the free list; when nothing fits, evicts unused tables oldest first.
+    /// A table built or looked up during the current sync is in use though nobody counts it
+    /// yet (users are counted when the process's entry is written): evicting it handed its
+    /// rows to the next table while the entry being built still pointed at them, so a
+    /// process with more tables than fit (PyTorch's ~200 libraries against the default
+    /// --unwind-rows) unwound some frames with another library's rows.
     fn allocate(&mut self, count: u32) -> Option<u32> {
+        let now = self.clock;
         loop {
             if let Some(first) = self.free.take(count) {
                 return Some(first);
             }
-            let victim = self
-                .tables
-                .iter()
-                .filter_map(|(k, t)| t.as_ref().map(|t| (k, t)))
-                .filter(|(_, t)| t.users == 0)
-                .min_by_key(|(_, t)| t.last_used)
-                .map(|(k, _)| k.clone())?;
+            let victim = eviction_victim(&self.tables, now)?;
             if let Some(Some(t)) = self.tables.remove(&victim) {
                 self.stats.tables_evicted += 1;
                 self.stats.rows_used -= u64::from(t.count);
@@ -441,6 +441,17 @@ impl Unwinder {
             }
         }
     }
+}
+
+/// The table to evict for room at sync `now`: the least recently used of those no process
+/// maps and the current sync has not touched (see `Unwinder::allocate`).
+fn eviction_victim(tables: &HashMap<TableKey, Option<LoadedTable>>, now: u64) -> Option<TableKey> {
+    tables
+        .iter()
+        .filter_map(|(k, t)| t.as_ref().map(|t| (k, t)))
+        .filter(|(_, t)| t.users == 0 && t.last_used < now)
+        .min_by_key(|(_, t)| t.last_used)
+        .map(|(k, _)| k.clone())
 }
 
 fn load_segments(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
@@ -475,6 +486,39 @@ pub(crate) fn load_bias(loads: &[(u64, u64, u64)], start: u64, offset: u64) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn table(users: u32, last_used: u64) -> Option<LoadedTable> {
+        Some(LoadedTable {
+            first: 0,
+            count: 1,
+            index: None,
+            loads: Vec::new(),
+            users,
+            last_used,
+        })
+    }
+
+    fn key(id: &str) -> TableKey {
+        TableKey::BuildId(id.to_string())
+    }
+
+    #[test]
+    fn eviction_spares_mapped_tables_and_the_current_sync() {
+        let mut tables = HashMap::new();
+        tables.insert(key("mapped"), table(1, 1));
+        tables.insert(key("old"), table(0, 2));
+        tables.insert(key("older"), table(0, 1));
+        // Built earlier in sync 5 for the process being written: nobody counts it yet.
+        tables.insert(key("this sync"), table(0, 5));
+        tables.insert(key("failed"), None);
+        assert_eq!(eviction_victim(&tables, 5), Some(key("older")));
+        tables.remove(&key("older"));
+        assert_eq!(eviction_victim(&tables, 5), Some(key("old")));
+        tables.remove(&key("old"));
+        assert_eq!(eviction_victim(&tables, 5), None);
+        // At the next sync it is fair game unless that process mapped it.
+        assert_eq!(eviction_victim(&tables, 6), Some(key("this sync")));
+    }
 
     #[test]
     fn bias_of_pie_text_mapping() {

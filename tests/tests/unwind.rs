@@ -212,3 +212,60 @@ fn signal_handler_unwinds_through_the_signal_frame() {
             .collect::<Vec<_>>()
     );
 }
+
+/// A table that does not fit in `--unwind-rows` is reported on one line and in `--stats`,
+/// its frames go to frame pointers, and the summary's stop reasons account for every walk
+/// that did not reach the outermost frame. 60,000 rows hold the C library's table (28k) but
+/// not libpython 3.11's (64k).
+#[test]
+fn tables_that_do_not_fit_are_reported() {
+    if !privileged() {
+        return;
+    }
+    let python = "/root/.pyenv/versions/3.11.7/bin/python3.11";
+    if !Path::new(python).exists() {
+        println!("skipping: {python} is not installed");
+        return;
+    }
+    let dir = scratch("unwind-rows-small");
+    let stats_path = dir.join("stats.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/busy.py");
+    let (_, err) = record_folded(
+        "unwind-rows-small",
+        &[
+            "--unwind-rows",
+            "60000",
+            "--stats",
+            stats_path.to_str().unwrap(),
+            "--",
+            python,
+            script.to_str().unwrap(),
+            "1",
+        ],
+    );
+    assert!(
+        err.contains("did not fit in --unwind-rows 60000")
+            && err.contains("walked by frame pointers"),
+        "{err}"
+    );
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&stats_path).unwrap()).unwrap();
+    assert!(stats["unwind_tables_too_big"].as_u64().unwrap() >= 1, "{stats}");
+    // "N% of S stacks reached the outermost frame; stopped early: a no mapping, b no table,
+    // c no CFI row, d bad CFA, e truncated, f ended by frame pointers": the complete walks
+    // (from --stats) and a..f add up to S.
+    let line = err
+        .lines()
+        .find(|l| l.contains("DWARF unwinding"))
+        .unwrap_or_else(|| panic!("no unwinding summary: {err}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit() && c != '.')
+        .filter(|w| !w.is_empty() && !w.contains('.'))
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let samples = numbers[0];
+    let stops: u64 = numbers[1..].iter().sum();
+    let complete = stats["unwind_complete"].as_u64().unwrap();
+    assert_eq!(complete + stops, samples, "{line}; {complete} complete");
+    assert!(samples > 100, "{line}");
+}

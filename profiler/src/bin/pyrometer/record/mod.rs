@@ -879,15 +879,49 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     }
     let uw = counters.unwind;
     if uw.samples > 0 {
+        // A walk that left the tables for frame pointers (code without a table or outside
+        // the known mappings) and followed them to a zero return address has no stop
+        // reason of its own; without this the reasons did not add up to the early stops.
+        let by_frame_pointers = uw.samples.saturating_sub(
+            uw.complete + uw.no_mapping + uw.no_table + uw.no_row + uw.bad_cfa + uw.truncated,
+        );
         eprintln!(
-            "pyrometer: DWARF unwinding: {:.1}% of {} stacks reached the outermost frame; stopped early: {} no mapping, {} no table, {} no CFI row, {} bad CFA, {} truncated",
+            "pyrometer: DWARF unwinding: {:.1}% of {} stacks reached the outermost frame; stopped early: {} no mapping, {} no table, {} no CFI row, {} bad CFA, {} truncated, {} ended by frame pointers",
             100.0 * uw.complete as f64 / uw.samples as f64,
             uw.samples,
             uw.no_mapping,
             uw.no_table,
             uw.no_row,
             uw.bad_cfa,
-            uw.truncated
+            uw.truncated,
+            by_frame_pointers
+        );
+    }
+    if let Some(st) = tables.unwinder.as_ref().map(|u| u.stats())
+        && (st.tables_too_big > 0 || st.mappings_dropped > 0)
+    {
+        let mut parts = Vec::new();
+        if st.tables_too_big > 0 {
+            let what = if st.tables_too_big == 1 {
+                "1 executable's table".to_string()
+            } else {
+                format!("{} executables' tables", st.tables_too_big)
+            };
+            parts.push(format!(
+                "{what} did not fit in --unwind-rows {} (a larger value keeps them)",
+                st.rows_capacity
+            ));
+        }
+        if st.mappings_dropped > 0 {
+            parts.push(format!(
+                "{} executable mappings beyond {} in one process were left out",
+                st.mappings_dropped,
+                pyrometer_ebpf::MAX_MAPPINGS
+            ));
+        }
+        eprintln!(
+            "pyrometer: unwind tables: {}; their frames are walked by frame pointers",
+            parts.join(", and ")
         );
     }
     if let Some(status) = child_status

@@ -281,6 +281,8 @@ impl RunReport {
         });
         json["alloc_preload_frees"] = c.alloc.preload_frees.into();
         json["bpf_python_ns"] = c.python_ns.into();
+        json["unwind_tables_too_big"] = unwinder.tables_too_big.into();
+        json["unwind_mappings_dropped"] = unwinder.mappings_dropped.into();
         if let Some(a) = &self.alloc {
             json["alloc_samples"] = a.samples.into();
             json["alloc_frees"] = a.frees.into();
