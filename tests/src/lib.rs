@@ -268,6 +268,24 @@ pub fn pprof_samples(p: &pyrometer_proto::Profile) -> Vec<PprofSample> {
         .collect()
 }
 
+/// `go tool pprof -top` of the profile at `path`, with Go's caches under `dir` (a test's
+/// scratch directory); panics when it fails.
+pub fn go_pprof_top(path: &Path, dir: &Path) -> String {
+    let go = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(path)
+        .env("HOME", dir)
+        .env("GOCACHE", dir.join("gocache"))
+        .output()
+        .expect("go is installed by `cargo xtask test` (Debian's golang-go)");
+    assert!(
+        go.status.success(),
+        "go tool pprof failed: {}",
+        String::from_utf8_lossy(&go.stderr)
+    );
+    String::from_utf8_lossy(&go.stdout).into_owned()
+}
+
 /// The index of sample type `name` in a decoded pprof profile.
 pub fn pprof_type(p: &pyrometer_proto::Profile, name: &str) -> usize {
     p.sample_type

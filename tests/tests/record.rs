@@ -277,19 +277,7 @@ fn pprof_is_read_by_go_tool_pprof() {
         "2",
     ]);
     assert_ok(&out);
-    let go = Command::new("go")
-        .args(["tool", "pprof", "-top"])
-        .arg(&out_path)
-        .env("HOME", &dir)
-        .env("GOCACHE", dir.join("gocache"))
-        .output()
-        .expect("go is installed by `cargo xtask test` (Debian's golang-go)");
-    let text = String::from_utf8_lossy(&go.stdout);
-    assert!(
-        go.status.success(),
-        "go tool pprof failed: {}",
-        String::from_utf8_lossy(&go.stderr)
-    );
+    let text = go_pprof_top(&out_path, &dir);
     let pos = |name: &str| {
         text.lines()
             .position(|l| l.split_whitespace().last() == Some(name))

@@ -15,6 +15,17 @@ fn record_folded(test: &str, args: &[&str]) -> (Vec<FoldedStack>, String) {
     (read_folded(&out_path), stderr(&out))
 }
 
+/// pyenv's CPython 3.11 (a shared build without frame pointers), or None after saying why.
+fn pyenv_311() -> Option<&'static str> {
+    let python = "/root/.pyenv/versions/3.11.7/bin/python3.11";
+    if Path::new(python).exists() {
+        Some(python)
+    } else {
+        println!("skipping: {python} is not installed");
+        None
+    }
+}
+
 fn fixture_str(name: &str) -> String {
     fixture(name).to_string_lossy().into_owned()
 }
@@ -149,11 +160,9 @@ fn cpython_311_native_stack_reaches_main() {
     if !privileged() {
         return;
     }
-    let python = "/root/.pyenv/versions/3.11.7/bin/python3.11";
-    if !Path::new(python).exists() {
-        println!("skipping: {python} is not installed");
+    let Some(python) = pyenv_311() else {
         return;
-    }
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/busy.py");
     // Every native frame: the default view leaves the interpreter's own frames out.
     let (stacks, err) = record_folded(
@@ -222,11 +231,9 @@ fn tables_that_do_not_fit_are_reported() {
     if !privileged() {
         return;
     }
-    let python = "/root/.pyenv/versions/3.11.7/bin/python3.11";
-    if !Path::new(python).exists() {
-        println!("skipping: {python} is not installed");
+    let Some(python) = pyenv_311() else {
         return;
-    }
+    };
     let dir = scratch("unwind-rows-small");
     let stats_path = dir.join("stats.json");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/busy.py");
@@ -250,7 +257,10 @@ fn tables_that_do_not_fit_are_reported() {
     );
     let stats: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&stats_path).unwrap()).unwrap();
-    assert!(stats["unwind_tables_too_big"].as_u64().unwrap() >= 1, "{stats}");
+    assert!(
+        stats["unwind_tables_too_big"].as_u64().unwrap() >= 1,
+        "{stats}"
+    );
     // "N% of S stacks reached the outermost frame; stopped early: a no mapping, b no table,
     // c no CFI row, d bad CFA, e truncated, f ended by frame pointers": the complete walks
     // (from --stats) and a..f add up to S.

@@ -36,8 +36,11 @@ pub use timeline::{
 pub struct RawStack {
     pub pid: u32,
     pub tid: u32,
-    /// The thread's comm at sample time.
+    /// The thread's `threading` name, else its comm, at sample time.
     pub thread: String,
+    /// `thread` is the `threading` name (false: the comm, for a Python thread whose name was
+    /// not readable yet, see [`Capture::name_late_threads`]).
+    pub thread_named: bool,
     /// User return addresses, leaf first.
     pub user: Vec<u64>,
     /// Kernel addresses, leaf first.
@@ -147,7 +150,14 @@ pub struct Capture {
     spans: Interner<RawSpan>,
     kernel_stack_cache: HashMap<i32, Vec<u64>>,
     titles: crate::ray::TitleCache,
+    /// Threads of registered Python processes sampled before their `threading` name could be
+    /// read (bounded by `MAX_LATE_THREADS`), and the names found for them later.
+    unnamed_threads: HashSet<(u32, u32)>,
+    late_names: HashMap<(u32, u32), String>,
 }
+
+/// Python threads remembered per capture for naming late.
+const MAX_LATE_THREADS: usize = 4096;
 
 impl Capture {
     /// A capture that also keeps per-sample times, up to `timeline.capacity` of them.
@@ -270,9 +280,14 @@ impl Capture {
         let comm = sample.comm();
         let ray = self.titles.labels(h.pid, &comm);
         // Python threads are labelled with their `threading` name where it can be read.
-        let thread = match python.thread_name(h.pid, h.tid) {
-            Some(name) => name.to_string(),
-            None => comm,
+        let (thread, thread_named) = match python.thread_name(h.pid, h.tid) {
+            Some(name) => (name.to_string(), true),
+            None => {
+                if self.unnamed_threads.len() < MAX_LATE_THREADS && python.module(h.pid).is_some() {
+                    self.unnamed_threads.insert((h.pid, h.tid));
+                }
+                (comm, false)
+            }
         };
         let py = if h.py_frames > 0 {
             self.python_frames(&sample, python)
@@ -285,6 +300,7 @@ impl Capture {
             pid: h.pid,
             tid: h.tid,
             thread,
+            thread_named,
             user,
             kernel,
             ray,
@@ -431,6 +447,19 @@ impl Capture {
         self.samples += 1;
     }
 
+    /// Names the Python threads sampled before their `threading` name could be read, where it
+    /// can be by now (the tracker keeps ended threads' names): a thread is often sampled as it
+    /// starts, before `threading` registers it, and the names are read at most every few
+    /// milliseconds, so its first samples went under its command name. Called before
+    /// [`Capture::into_profile`].
+    pub fn name_late_threads(&mut self, python: &mut PyTracker) {
+        for &(pid, tid) in &self.unnamed_threads {
+            if let Some(name) = python.thread_name(pid, tid) {
+                self.late_names.insert((pid, tid), name.to_string());
+            }
+        }
+    }
+
     /// Symbolizes every distinct stack into a CPU profile (`period_ns` per sample).
     pub fn into_profile(
         self,
@@ -539,11 +568,15 @@ impl Capture {
                 .get(raw.pid)
                 .map(|p| p.comm.clone())
                 .unwrap_or_else(|| raw.thread.clone());
+            let thread = match self.late_names.get(&(raw.pid, raw.tid)) {
+                Some(name) if !raw.thread_named => name.clone(),
+                _ => raw.thread,
+            };
             let labels = Labels::new()
                 .with("pid", LabelValue::Num(i64::from(raw.pid)))
                 .with("tid", LabelValue::Num(i64::from(raw.tid)))
                 .with("comm", LabelValue::Str(process))
-                .with("thread", LabelValue::Str(raw.thread));
+                .with("thread", LabelValue::Str(thread));
             let labels = match raw.ray.as_deref() {
                 Some(ray) => {
                     let mut l = labels.with("ray_task", LabelValue::Str(ray.task.clone()));
@@ -637,6 +670,7 @@ mod tests {
             pid: 4_000_000,
             tid,
             thread: format!("t{tid}"),
+            thread_named: true,
             user: Vec::new(),
             kernel: vec![kernel],
             ray: None,

@@ -103,8 +103,11 @@ const MAX_NAMES: usize = 4096;
 /// A code object that could not be read is read again after this long, doubling each time up
 /// to `CODE_RETRY_MAX`: a read can fail for a moment (a frame seen while its code object was
 /// being set up, a page the process had not touched yet), and caching the failure for good
-/// once named every sample of a hot function `<unreadable frame>` for a whole recording.
-const CODE_RETRY: Duration = Duration::from_millis(50);
+/// once named every sample of a hot function `<unreadable frame>` for a whole recording. The
+/// first wait is short because addresses are reused: a start-up module body's code object,
+/// freed as its frame was read, gives its address (and its first line, 1) to the script's own
+/// `<module>`, which a 50 ms wait left unnamed for 20-odd samples on a busy machine.
+const CODE_RETRY: Duration = Duration::from_millis(5);
 const CODE_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What is known of one code object address.

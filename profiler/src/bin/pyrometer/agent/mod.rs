@@ -395,6 +395,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 a.forget_exited(Path::new("/proc"));
                 a.live.clone()
             });
+            capture.name_late_threads(&mut tables.python);
             let taken = std::mem::replace(&mut capture, new_capture(reported, live));
             let duration = interval_start.elapsed();
             interval_start = Instant::now();

@@ -744,6 +744,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
     let sampled_pids = capture.pids.clone();
     let activity = capture.activity.take();
+    capture.name_late_threads(&mut tables.python);
     let (mut profile, mut timeline) =
         capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
     if alloc {

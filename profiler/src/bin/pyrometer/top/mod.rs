@@ -200,6 +200,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
         }
         if last_tick.elapsed() >= Duration::from_secs(1) {
             last_tick = Instant::now();
+            capture.name_late_threads(&mut tables.python);
             let taken = std::mem::replace(&mut capture, new_capture());
             // Paused: the window keeps what it shows; the second's samples are let go.
             if !view.paused {
