@@ -4,6 +4,7 @@
 //! and one() do 6:3:1 units of the same loop. Needs root (BPF); each interpreter that is missing
 //! prints `skipping: …`.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use pyrometer_e2e::python::{Interpreter, debian, forky, line_of, source, supported};
@@ -527,4 +528,63 @@ fn bracketed_python_names_survive_go_pprof() {
     assert!(cum_ms("<module>") >= 200.0, "{text}");
     assert!(cum_ms("<lambda>") >= 40.0, "{text}");
     assert!(!text.contains("[[python]]"), "{text}");
+}
+
+/// A thread sampled before `threading` knows it gets the name it registers under later:
+/// started with `_thread`, it spins in `before()` unregistered, then registers through
+/// `threading.current_thread()`, renames itself and spins in `after()`. Its samples in
+/// `before()` were labelled with the command name until the profile named them at the end.
+#[test]
+fn samples_before_a_thread_registers_get_its_later_name() {
+    if !privileged() {
+        return;
+    }
+    let python = Interpreter::pyenv(11);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("pyframes-late-name");
+    let out = dir.join("out.pb.gz");
+    record_python(
+        &out,
+        &[],
+        &python.path,
+        &[
+            "-c",
+            "import _thread, threading\n\
+             done = threading.Event()\n\
+             def before():\n\
+             \x20   x = 0\n\
+             \x20   for i in range(3000000): x += i\n\
+             def after():\n\
+             \x20   x = 0\n\
+             \x20   for i in range(3000000): x += i\n\
+             def work():\n\
+             \x20   before()\n\
+             \x20   threading.current_thread().name = 'late-named'\n\
+             \x20   after()\n\
+             \x20   done.set()\n\
+             _thread.start_new_thread(work, ())\n\
+             done.wait()\n",
+        ],
+    );
+    let samples = pprof_samples(&read_pprof(&out));
+    for function in ["before", "after"] {
+        let mut labels: HashMap<String, i64> = HashMap::new();
+        for smp in samples
+            .iter()
+            .filter(|smp| smp.functions.iter().any(|f| f == function))
+        {
+            *labels
+                .entry(smp.labels.get("thread").cloned().unwrap_or_default())
+                .or_default() += smp.values[0];
+        }
+        let total: i64 = labels.values().sum();
+        assert!(total >= 10, "only {total} samples in {function}");
+        assert_eq!(
+            labels.get("late-named").copied().unwrap_or(0),
+            total,
+            "{function}: {labels:?}"
+        );
+    }
 }

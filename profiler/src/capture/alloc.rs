@@ -221,6 +221,7 @@ mod tests {
             pid: 4_000_000,
             tid,
             thread: format!("t{tid}"),
+            thread_named: true,
             user: Vec::new(),
             kernel: vec![0xffff_ffff_8100_0000 + u64::from(tid)],
             ray: None,
