@@ -34,7 +34,14 @@ pub struct AgentMetrics {
     /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
-    pub unwind_stopped: [AtomicU64; 5],
+    pub unwind_stopped: [AtomicU64; 6],
+    /// Executables whose unwind tables did not fit in `--unwind-rows`, executable mappings
+    /// beyond the per-process bound, and the row array's use: the signs that a node needs a
+    /// larger `--unwind-rows` (a PyTorch process alone needs several million rows).
+    pub unwind_tables_too_big: AtomicU64,
+    pub unwind_mappings_dropped: AtomicU64,
+    pub unwind_rows_used: AtomicU64,
+    pub unwind_rows_capacity: AtomicU64,
     /// The GPU poller's state, when GPUs are polled: rendered as the `pyrometer_gpu_*`
     /// gauges.
     pub gpu: OnceLock<Arc<Mutex<crate::gpu::GpuState>>>,
@@ -43,8 +50,16 @@ pub struct AgentMetrics {
     pub refused: OnceLock<Vec<(&'static str, String)>>,
 }
 
-pub const UNWIND_STOP_REASONS: [&str; 5] =
-    ["no_mapping", "no_table", "no_row", "bad_cfa", "truncated"];
+/// `frame_pointers`: walks that left the tables for frame pointers and ended on a zero
+/// return address, which the kernel gives no reason of their own.
+pub const UNWIND_STOP_REASONS: [&str; 6] = [
+    "no_mapping",
+    "no_table",
+    "no_row",
+    "bad_cfa",
+    "truncated",
+    "frame_pointers",
+];
 
 impl AgentMetrics {
     pub fn render(&self) -> String {
@@ -126,6 +141,30 @@ impl AgentMetrics {
             "counter",
             "User stacks walked by the in-kernel DWARF unwinder.",
             self.unwind_walks.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_unwind_tables_too_big_total",
+            "counter",
+            "Executables whose unwind tables did not fit in --unwind-rows (walked by frame pointers).",
+            self.unwind_tables_too_big.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_unwind_mappings_dropped_total",
+            "counter",
+            "Executable mappings beyond 128 in one process, left to frame pointers.",
+            self.unwind_mappings_dropped.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_unwind_rows_used",
+            "gauge",
+            "Rows of the unwind row array in use.",
+            self.unwind_rows_used.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_unwind_rows_capacity",
+            "gauge",
+            "Rows of the unwind row array (--unwind-rows).",
+            self.unwind_rows_capacity.load(Relaxed),
         );
         if let Some(refused) = self.refused.get() {
             let _ = write!(

@@ -237,6 +237,22 @@ fn metrics_pass_promtool() {
     let _ = load.kill();
     let _ = load.wait();
     assert!(agent_metrics.contains("pyrometer_agent_samples_pushed_total"));
+    // The unwind row array as the node sees it: the default capacity, some rows in use (the
+    // workload's and the C library's tables), and every stop reason named.
+    let value = |name: &str| -> f64 {
+        agent_metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing: {agent_metrics}"))
+    };
+    assert_eq!(value("pyrometer_agent_unwind_rows_capacity"), 1048576.0);
+    assert!(value("pyrometer_agent_unwind_rows_used") > 0.0);
+    assert_eq!(value("pyrometer_agent_unwind_tables_too_big_total"), 0.0);
+    assert!(
+        agent_metrics.contains("pyrometer_agent_unwind_stopped_total{reason=\"frame_pointers\"}"),
+        "{agent_metrics}"
+    );
     promtool_check("agent", &agent_metrics);
     assert!(sent(&stats) > 0);
     let _ = collector.get("/api/v1/profile?format=folded");

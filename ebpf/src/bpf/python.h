@@ -81,6 +81,10 @@ struct ts_search {
 	__u64 found;
 	__u32 off_next;
 	__u32 off_id;
+	// 1 once a thread state was looked at. A flag, not a count: a count would make every
+	// iteration's callback state distinct, and the verifier walks a bpf_loop callback until
+	// its states converge (a counter here took on_cpu_clock past 1M instructions on 6.18).
+	__u32 visited;
 };
 
 static long ts_search_step(__u32 index, struct ts_search *s)
@@ -90,6 +94,7 @@ static long ts_search_step(__u32 index, struct ts_search *s)
 	__u64 id = 0;
 	if (bpf_probe_read_user(&id, sizeof(id), (void *)(s->ts + s->off_id)))
 		return 1;
+	s->visited = 1;
 	if (id == s->want) {
 		s->found = s->ts;
 		return 1;
@@ -135,6 +140,11 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, __u32 tid)
 			break;
 		interp = read_user_u64(interp + p->off.interp_next);
 	}
+	// An interpreter without thread states yet (a process registered as it starts, before
+	// Py_Initialize made the main thread's) says nothing about this thread: caching that
+	// answer left a script's first 200 ms without Python frames.
+	if (!s.found && !s.visited)
+		return 0;
 	struct py_thread v = { .tstate = s.found, .checked_ns = now };
 	bpf_map_update_elem(&py_threads, &tid, &v, BPF_ANY);
 	return s.found;

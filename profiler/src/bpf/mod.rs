@@ -284,6 +284,22 @@ pub struct UnwindCounters {
     pub truncated: u64,
 }
 
+impl UnwindCounters {
+    /// Walks that left the tables for frame pointers (code without a table or outside the
+    /// known mappings) and followed them to a zero return address: the kernel counts no
+    /// reason for them, so they are what the reasons and the complete walks leave over.
+    pub fn by_frame_pointers(&self) -> u64 {
+        self.samples.saturating_sub(
+            self.complete
+                + self.no_mapping
+                + self.no_table
+                + self.no_row
+                + self.bad_cfa
+                + self.truncated,
+        )
+    }
+}
+
 /// Run time and count of the perf_event program, from `kernel.bpf_stats_enabled`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProgramStats {

@@ -319,6 +319,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let mut interval_start = Instant::now();
     let mut interval_wall = SystemTime::now();
     let mut last_counters: Option<Instant> = None;
+    let mut told_rows_full = false;
     let mut young = young::Young::default();
     let mut ray_seen: Option<Instant> = None;
     let proc_root = std::path::Path::new("/proc");
@@ -378,7 +379,24 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         // Some 25 map reads: once a second is as fresh as /metrics needs.
         if stopping || last_counters.is_none_or(|t| t.elapsed() >= COUNTERS_EVERY) {
             last_counters = Some(Instant::now());
-            publish_counters(&sampler, &metrics, samples_total + capture.samples);
+            let unwinder = tables.unwinder.as_ref().map(|u| u.stats());
+            publish_counters(
+                &sampler,
+                &metrics,
+                samples_total + capture.samples,
+                unwinder,
+            );
+            // Once: the node's processes need more unwind rows than it was given.
+            if let Some(u) = unwinder
+                && u.tables_too_big > 0
+                && !told_rows_full
+            {
+                told_rows_full = true;
+                eprintln!(
+                    "pyrometer agent: unwind tables no longer fit in --unwind-rows {}: those executables are walked by frame pointers (pyrometer_agent_unwind_tables_too_big_total); a larger --unwind-rows keeps them",
+                    u.rows_capacity
+                );
+            }
         }
         if stopping || interval_start.elapsed() >= cfg.interval {
             if off_cpu {
@@ -493,8 +511,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// Copies the kernel's counters to /metrics.
-fn publish_counters(sampler: &Sampler, metrics: &AgentMetrics, samples: u64) {
+/// Copies the kernel's counters and the unwind tables' to /metrics.
+fn publish_counters(
+    sampler: &Sampler,
+    metrics: &AgentMetrics,
+    samples: u64,
+    unwinder: Option<pyrometer::unwinder::UnwinderStats>,
+) {
     let c = sampler.counters();
     metrics.samples.store(samples, Relaxed);
     metrics.lost_ring_buffer.store(c.ringbuf_drops, Relaxed);
@@ -512,8 +535,19 @@ fn publish_counters(sampler: &Sampler, metrics: &AgentMetrics, samples: u64) {
         u.no_row,
         u.bad_cfa,
         u.truncated,
+        u.by_frame_pointers(),
     ]) {
         slot.store(v, Relaxed);
+    }
+    if let Some(t) = unwinder {
+        metrics
+            .unwind_tables_too_big
+            .store(t.tables_too_big, Relaxed);
+        metrics
+            .unwind_mappings_dropped
+            .store(t.mappings_dropped, Relaxed);
+        metrics.unwind_rows_used.store(t.rows_used, Relaxed);
+        metrics.unwind_rows_capacity.store(t.rows_capacity, Relaxed);
     }
 }
 

@@ -880,12 +880,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     }
     let uw = counters.unwind;
     if uw.samples > 0 {
-        // A walk that left the tables for frame pointers (code without a table or outside
-        // the known mappings) and followed them to a zero return address has no stop
-        // reason of its own; without this the reasons did not add up to the early stops.
-        let by_frame_pointers = uw.samples.saturating_sub(
-            uw.complete + uw.no_mapping + uw.no_table + uw.no_row + uw.bad_cfa + uw.truncated,
-        );
+        let by_frame_pointers = uw.by_frame_pointers();
         eprintln!(
             "pyrometer: DWARF unwinding: {:.1}% of {} stacks reached the outermost frame; stopped early: {} no mapping, {} no table, {} no CFI row, {} bad CFA, {} truncated, {} ended by frame pointers",
             100.0 * uw.complete as f64 / uw.samples as f64,
