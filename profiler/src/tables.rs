@@ -62,6 +62,14 @@ impl Tables {
         if self.last_gc.elapsed() >= GC_INTERVAL {
             self.last_gc = Instant::now();
             self.gc(Path::new("/proc"), probes);
+            // Rows freed by processes that exited go to the tables that did not fit before.
+            if let Some(u) = self.unwinder.as_mut() {
+                for pid in u.retry_pids() {
+                    if let Some(p) = registry.get(pid) {
+                        let _ = u.sync_process(p);
+                    }
+                }
+            }
         }
     }
 

@@ -58,7 +58,8 @@ pub struct UnwinderStats {
     pub tables_evicted: u64,
     pub rows_used: u64,
     pub rows_capacity: u64,
-    /// Tables that did not fit even after eviction: those mappings unwind by frame pointer.
+    /// Tables that did not fit even after eviction (each counted once until it fits): those
+    /// mappings unwind by frame pointer until rows free up.
     pub tables_too_big: u64,
     pub processes: u64,
     /// Executable mappings beyond MAX_MAPPINGS in one process (left out of its table).
@@ -196,11 +197,26 @@ pub struct Unwinder {
     index: MmapArray,
     procs: BpfHashMap<MapData, u32, ProcessUnwind>,
     tables: HashMap<TableKey, Option<LoadedTable>>,
+    /// Tables that did not fit, with the rows each needs: built again once that many rows
+    /// could be had (processes exited), not cached as failed for good, or an agent that once
+    /// met more tables than rows would walk those executables by frame pointer until restart.
+    too_big: HashMap<TableKey, u32>,
+    /// Per process, the executables it maps that are in `too_big`.
+    missing: HashMap<u32, Vec<TableKey>>,
     free: Ranges,
     index_free: Ranges,
     process_tables: HashMap<u32, Vec<TableKey>>,
     clock: u64,
     stats: UnwinderStats,
+}
+
+/// What building a table came to.
+enum Built {
+    Loaded(LoadedTable),
+    /// It needs this many rows, more than could be had now.
+    TooBig(u32),
+    /// The file could not be read or has no usable unwind information.
+    Failed,
 }
 
 impl Unwinder {
@@ -218,6 +234,8 @@ impl Unwinder {
             index: MmapArray::new(index_map, 8)?,
             procs,
             tables: HashMap::new(),
+            too_big: HashMap::new(),
+            missing: HashMap::new(),
             free: Ranges(vec![(0, capacity)]),
             index_free: Ranges(vec![(0, index_capacity)]),
             process_tables: HashMap::new(),
@@ -243,6 +261,7 @@ impl Unwinder {
             maps: [ExecMapping::default(); MAX_MAPPINGS],
         };
         let mut keys = Vec::new();
+        let mut missing = Vec::new();
         let mut n = 0usize;
         for m in process.mappings() {
             if m.kind != MappingKind::File {
@@ -265,7 +284,12 @@ impl Unwinder {
                     let bias = load_bias(&t.loads, m.start, m.offset);
                     (t.first, t.count, t.index, bias)
                 }
-                None => (0, 0, None, None),
+                None => {
+                    if self.too_big.contains_key(&key) && !missing.contains(&key) {
+                        missing.push(key.clone());
+                    }
+                    (0, 0, None, None)
+                }
             };
             let (first, count, index, bias) = match bias {
                 Some(b) => (first, count, index, b),
@@ -296,6 +320,11 @@ impl Unwinder {
                 t.users += 1;
             }
         }
+        if missing.is_empty() {
+            self.missing.remove(&process.pid);
+        } else {
+            self.missing.insert(process.pid, missing);
+        }
         if let Some(old) = self.process_tables.insert(process.pid, keys) {
             self.release(&old);
         } else {
@@ -320,6 +349,7 @@ impl Unwinder {
 
     /// Forgets a process that exited; its tables become evictable when nobody else maps them.
     pub fn remove_process(&mut self, pid: u32) {
+        self.missing.remove(&pid);
         if let Some(keys) = self.process_tables.remove(&pid) {
             self.release(&keys);
             self.stats.processes = self.stats.processes.saturating_sub(1);
@@ -349,22 +379,75 @@ impl Unwinder {
         }
     }
 
+    /// Live processes that map an executable whose table did not fit, now that enough rows
+    /// could be had for one of them (checked every few seconds): syncing them again builds it.
+    pub fn retry_pids(&self) -> Vec<u32> {
+        if self.missing.is_empty() {
+            return Vec::new();
+        }
+        let available = self.available_rows();
+        self.missing
+            .iter()
+            .filter(|(_, keys)| {
+                keys.iter()
+                    .any(|k| self.too_big.get(k).is_some_and(|&n| n <= available))
+            })
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
+    /// Rows free or held by tables no process maps (which `allocate` may evict); contiguous
+    /// or not, so a build tried on this can still not fit.
+    fn available_rows(&self) -> u32 {
+        let free: u32 = self.free.0.iter().map(|&(_, len)| len).sum();
+        let evictable: u32 = self
+            .tables
+            .values()
+            .flatten()
+            .filter(|t| t.users == 0 && t.last_used < self.clock)
+            .map(|t| t.count)
+            .sum();
+        free.saturating_add(evictable)
+    }
+
     fn table_for(&mut self, key: &TableKey, path: &Path) -> Option<&mut LoadedTable> {
         if !self.tables.contains_key(key) {
-            let loaded = self.build(path);
-            self.tables.insert(key.clone(), loaded);
+            if let Some(&needed) = self.too_big.get(key)
+                && needed > self.available_rows()
+            {
+                return None;
+            }
+            match self.build(path) {
+                Built::Loaded(t) => {
+                    self.too_big.remove(key);
+                    self.tables.insert(key.clone(), Some(t));
+                }
+                Built::TooBig(needed) => {
+                    if self.too_big.insert(key.clone(), needed).is_none() {
+                        self.stats.tables_too_big += 1;
+                    }
+                    return None;
+                }
+                Built::Failed => {
+                    self.tables.insert(key.clone(), None);
+                }
+            }
         }
         self.tables.get_mut(key).and_then(Option::as_mut)
     }
 
-    fn build(&mut self, path: &Path) -> Option<LoadedTable> {
+    fn build(&mut self, path: &Path) -> Built {
         let started = std::time::Instant::now();
         // Mapped, not read: a copy of a large binary on the heap would keep the allocator's
         // high-water mark long after the table is built.
-        let file = std::fs::File::open(path).ok()?;
+        let Ok(file) = std::fs::File::open(path) else {
+            return Built::Failed;
+        };
         // SAFETY: a read-only private mapping; a binary rewritten underneath (not done to
         // mapped executables) could only make the table wrong, which the walk tolerates.
-        let bytes = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let Ok(bytes) = (unsafe { memmap2::Mmap::map(&file) }) else {
+            return Built::Failed;
+        };
         let loads = load_segments(&bytes);
         let table = pyrometer_unwind::build_table(&bytes);
         self.stats.build_ns += started.elapsed().as_nanos() as u64;
@@ -372,23 +455,21 @@ impl Unwinder {
             Ok(t) if !t.rows.is_empty() && !loads.is_empty() => t,
             _ => {
                 self.stats.tables_failed += 1;
-                return None;
+                return Built::Failed;
             }
         };
-        let count = u32::try_from(table.rows.len()).ok()?;
-        let first = match self.allocate(count) {
-            Some(f) => f,
-            None => {
-                self.stats.tables_too_big += 1;
-                return None;
-            }
+        let Ok(count) = u32::try_from(table.rows.len()) else {
+            return Built::TooBig(u32::MAX);
+        };
+        let Some(first) = self.allocate(count) else {
+            return Built::TooBig(count);
         };
         match self.rows.window(first, count) {
             Ok(window) => window.write(&table.rows),
             Err(_) => {
                 self.free.give_back(first, count);
                 self.stats.tables_failed += 1;
-                return None;
+                return Built::Failed;
             }
         }
         let buckets = bucket_index(&table.rows);
@@ -408,7 +489,7 @@ impl Unwinder {
             });
         self.stats.tables_built += 1;
         self.stats.rows_used += u64::from(count);
-        Some(LoadedTable {
+        Built::Loaded(LoadedTable {
             first,
             count,
             index,
