@@ -528,7 +528,20 @@ impl PyTracker {
     pub fn resolve(&mut self, pid: u32, frame: RawPyFrame) -> Option<PyFrameName> {
         let t = self.procs.get_mut(&pid)?;
         let stale = match t.codes.get(&frame.code) {
-            Some(Code::Read(e)) => frame.first_line != 0 && e.first_line != frame.first_line,
+            Some(Code::Read(e)) if frame.first_line != 0 && e.first_line != frame.first_line => {
+                true
+            }
+            // Module bodies (and other bracketed code: `<lambda>`, `<genexpr>`) are the code
+            // objects freed while the process runs, after their one run, and all modules start
+            // on line 1: a start-up module's cached entry named the script's `<module>` at the
+            // same address `<frozen site>`. Their filename reference is checked on each use.
+            Some(Code::Read(e)) if e.function.starts_with('<') => {
+                let mem = ProcessMemory::new(pid);
+                Walker::new(&mem, &t.layout.offsets, &t.runtime)
+                    .filename_ref(frame.code)
+                    .map_or(true, |r| r != e.code.filename_ref)
+            }
+            Some(Code::Read(_)) => false,
             Some(Code::Failed(retry)) => retry.due(Instant::now()),
             None => true,
         };

@@ -52,6 +52,9 @@ pub struct CodeObject {
     pub file: String,
     pub first_line: u32,
     pub line_table: Vec<u8>,
+    /// The address of its `co_filename` string: what tells a code object apart from the next
+    /// one at a reused address when both start on the same line (see `Walker::filename_ref`).
+    pub filename_ref: u64,
 }
 
 impl CodeObject {
@@ -289,7 +292,8 @@ impl<'a, M: Memory> Walker<'a, M> {
             o.code_name
         };
         let function = self.string(self.field(code, name_field)?)?;
-        let file = self.string(self.field(code, o.code_filename)?)?;
+        let filename_ref = self.field(code, o.code_filename)?;
+        let file = self.string(filename_ref)?;
         let first_line = self.mem.read_u32(code + u64::from(o.code_firstlineno))?;
         let line_table = self.bytes(self.field(code, o.code_linetable)?)?;
         Ok(CodeObject {
@@ -297,7 +301,13 @@ impl<'a, M: Memory> Walker<'a, M> {
             file,
             first_line,
             line_table,
+            filename_ref,
         })
+    }
+
+    /// The `co_filename` address of the code object at `code` (one read).
+    pub fn filename_ref(&self, code: u64) -> Result<u64, PythonError> {
+        self.field(code, self.off.code_filename)
     }
 
     /// Byte offset into the bytecode of the frame's current instruction.
