@@ -179,14 +179,11 @@ pub fn pprof(stacks: &[Stacked], sample_type: (&str, &str)) -> pb::Profile {
                 Some(&f) => f,
                 None => {
                     let f = function.len() as u64 + 1;
-                    let system_name = match pb::Function::system_name_for(name) {
-                        pb::SystemName::SameAsName => id(name),
-                        pb::SystemName::Empty => 0,
-                    };
+                    let name_index = id(name);
                     function.push(pb::Function {
                         id: f,
-                        name: id(name),
-                        system_name,
+                        name: name_index,
+                        system_name: pb::Function::system_name_index(name, name_index),
                         ..Default::default()
                     });
                     // One location per function: the collector keeps names, not addresses.

@@ -50,6 +50,15 @@ struct LoadedTable {
     last_used: u64,
 }
 
+impl LoadedTable {
+    /// Whether `allocate` may evict it at sync `now`: no process maps it, and the current sync
+    /// has not touched it (it may be for the process being written, whose users are counted
+    /// only once its entry is).
+    fn evictable(&self, now: u64) -> bool {
+        self.users == 0 && self.last_used < now
+    }
+}
+
 /// Counters for the record summary, `--stats` and the benchmark.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UnwinderStats {
@@ -197,10 +206,13 @@ pub struct Unwinder {
     index: MmapArray,
     procs: BpfHashMap<MapData, u32, ProcessUnwind>,
     tables: HashMap<TableKey, Option<LoadedTable>>,
-    /// Tables that did not fit, with the rows each needs: built again once that many rows
-    /// could be had (processes exited), not cached as failed for good, or an agent that once
-    /// met more tables than rows would walk those executables by frame pointer until restart.
-    too_big: HashMap<TableKey, u32>,
+    /// Tables that did not fit: (rows needed, rows that could be had when it failed). Built
+    /// again once that many rows could be had and more than then (processes exited), not
+    /// cached as failed for good, or an agent that once met more tables than rows would walk
+    /// those executables by frame pointer until restart; nor every few seconds while nothing
+    /// changed, since a build parses the whole `.eh_frame` and may fail again for want of a
+    /// contiguous range.
+    too_big: HashMap<TableKey, (u32, u32)>,
     /// Per process, the executables it maps that are in `too_big`.
     missing: HashMap<u32, Vec<TableKey>>,
     free: Ranges,
@@ -388,12 +400,17 @@ impl Unwinder {
         let available = self.available_rows();
         self.missing
             .iter()
-            .filter(|(_, keys)| {
-                keys.iter()
-                    .any(|k| self.too_big.get(k).is_some_and(|&n| n <= available))
-            })
+            .filter(|(_, keys)| keys.iter().any(|k| self.worth_retrying(k, available)))
             .map(|(&pid, _)| pid)
             .collect()
+    }
+
+    /// A table that did not fit may now: enough rows could be had, and more than when it
+    /// failed. True for a table that never failed.
+    fn worth_retrying(&self, key: &TableKey, available: u32) -> bool {
+        self.too_big
+            .get(key)
+            .is_none_or(|&(needed, then)| needed <= available && available > then)
     }
 
     /// Rows free or held by tables no process maps (which `allocate` may evict); contiguous
@@ -404,7 +421,7 @@ impl Unwinder {
             .tables
             .values()
             .flatten()
-            .filter(|t| t.users == 0 && t.last_used < self.clock)
+            .filter(|t| t.evictable(self.clock))
             .map(|t| t.count)
             .sum();
         free.saturating_add(evictable)
@@ -412,9 +429,8 @@ impl Unwinder {
 
     fn table_for(&mut self, key: &TableKey, path: &Path) -> Option<&mut LoadedTable> {
         if !self.tables.contains_key(key) {
-            if let Some(&needed) = self.too_big.get(key)
-                && needed > self.available_rows()
-            {
+            let available = self.available_rows();
+            if !self.worth_retrying(key, available) {
                 return None;
             }
             match self.build(path) {
@@ -423,7 +439,9 @@ impl Unwinder {
                     self.tables.insert(key.clone(), Some(t));
                 }
                 Built::TooBig(needed) => {
-                    if self.too_big.insert(key.clone(), needed).is_none() {
+                    // What could be had once the failed allocation evicted all it could.
+                    let then = self.available_rows();
+                    if self.too_big.insert(key.clone(), (needed, then)).is_none() {
                         self.stats.tables_too_big += 1;
                     }
                     return None;
@@ -530,7 +548,7 @@ fn eviction_victim(tables: &HashMap<TableKey, Option<LoadedTable>>, now: u64) ->
     tables
         .iter()
         .filter_map(|(k, t)| t.as_ref().map(|t| (k, t)))
-        .filter(|(_, t)| t.users == 0 && t.last_used < now)
+        .filter(|(_, t)| t.evictable(now))
         .min_by_key(|(_, t)| t.last_used)
         .map(|(k, _)| k.clone())
 }

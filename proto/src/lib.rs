@@ -185,26 +185,16 @@ pub struct Function {
 }
 
 impl Function {
-    /// The `system_name` to write for a function called `name` (which is already readable):
-    /// `name` itself, as Go's own profiles do, except where `go tool pprof` would mangle it.
-    /// pprof treats a function whose system name equals its name as not yet demangled and
-    /// "simplifies" anything with angle brackets as C++ templates: `<module>`, `<lambda>`
-    /// and `<genexpr>` became empty names (shown as `[[python]]`), `<T as Trait>::f` became
-    /// `::f`. Such names get an empty system name, which pprof leaves alone.
-    pub fn system_name_for(name: &str) -> SystemName {
-        if name.starts_with('<') {
-            SystemName::Empty
-        } else {
-            SystemName::SameAsName
-        }
+    /// The `system_name` string index to write for a function called `name` (already
+    /// readable) whose own index is `name_index`: the name itself, as Go's own profiles do,
+    /// except where `go tool pprof` would mangle it. pprof treats a function whose system name
+    /// equals its name as not yet demangled and "simplifies" anything with angle brackets as
+    /// C++ templates: `<module>`, `<lambda>` and `<genexpr>` became empty names (shown as
+    /// `[[python]]`), `<T as Trait>::f` became `::f`. Such names get the empty string (index
+    /// 0), which pprof leaves alone.
+    pub fn system_name_index(name: &str, name_index: i64) -> i64 {
+        if name.starts_with('<') { 0 } else { name_index }
     }
-}
-
-/// See [`Function::system_name_for`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SystemName {
-    SameAsName,
-    Empty,
 }
 
 impl Profile {

@@ -114,14 +114,10 @@ impl Writer {
         }
         let id = self.functions.len() as u64 + 1;
         let name = self.strings.id(&frame.function);
-        let system_name = match pb::Function::system_name_for(&frame.function) {
-            pb::SystemName::SameAsName => name,
-            pb::SystemName::Empty => 0,
-        };
         let f = pb::Function {
             id,
             name,
-            system_name,
+            system_name: pb::Function::system_name_index(&frame.function, name),
             filename: self.strings.id(file),
             start_line: 0,
         };

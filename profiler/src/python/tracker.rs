@@ -233,12 +233,12 @@ impl PyTracker {
         });
     }
 
-    /// The probe sites of each interpreter binary probed so far.
     /// Reads the interpreter a command about to start will run (see `BinaryCache::prewarm`).
     pub fn prewarm(&mut self, interpreter: &Path) {
         self.binaries.prewarm(interpreter);
     }
 
+    /// The probe sites of each interpreter binary probed so far.
     pub fn gil_binaries(&self) -> &[GilSites] {
         &self.gil_binaries
     }

@@ -169,11 +169,7 @@ impl BinaryCache {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         let name = name.as_deref().unwrap_or_default();
         let is_libpython = parse_libpython_name(name).is_some();
-        let name_version = if is_libpython {
-            parse_libpython_name(name)
-        } else {
-            parse_executable_name(name)
-        };
+        let name_version = version_in_name(name, is_libpython);
         // Only a success is kept: a failure is found again, with its own message, when
         // the process maps the binary.
         if let Ok(py) = analyze(path, &path.to_string_lossy(), is_libpython, name_version) {
@@ -238,11 +234,7 @@ fn detect_with(
         comm: process.comm.clone(),
     };
     let (mapping, is_libpython) = interpreter_mapping(process)?;
-    let name_version = if is_libpython {
-        parse_libpython_name(mapping.basename())
-    } else {
-        parse_executable_name(mapping.basename())
-    };
+    let name_version = version_in_name(mapping.basename(), is_libpython);
     if !read_unnamed && !is_libpython && name_version.is_none() {
         return Err(not_python());
     }
@@ -295,6 +287,15 @@ fn detect_with(
         module_type: required(py.module_type, "PyModule_Type")?,
         type_type: required(py.type_type, "PyType_Type")?,
     })
+}
+
+/// The version an interpreter binary's file name gives (`libpython3.11.so.1.0`, `python3.11`).
+fn version_in_name(name: &str, is_libpython: bool) -> Option<(u32, u32, &str)> {
+    if is_libpython {
+        parse_libpython_name(name)
+    } else {
+        parse_executable_name(name)
+    }
 }
 
 /// The symbols `analyze` looks up.
