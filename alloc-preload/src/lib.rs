@@ -72,6 +72,16 @@ pub(crate) fn account(ptr: *mut c_void, size: usize) -> *mut c_void {
     if ptr.is_null() || !countdown::sample(size) {
         return ptr;
     }
+    report(ptr, size)
+}
+
+/// Reports a sampled block (made by the caller, whose last act this is): into the table of
+/// sampled addresses, then to the kernel. Returns the block.
+#[inline(always)]
+pub(crate) fn report(ptr: *mut c_void, size: usize) -> *mut c_void {
+    if ptr.is_null() {
+        return ptr;
+    }
     let flags = if SAMPLED.insert(ptr as usize) {
         TRACKED
     } else {

@@ -8,7 +8,8 @@
 //!   nanoseconds of an unsampled allocator call;
 //! - the same under `pyrometer record --alloc` (the library, the default 512 KiB rate), and
 //!   tests/fixtures/py_allocs.py (dicts, tuples and strings made and dropped, on pyenv's
-//!   3.11) alone, under `record --alloc` and under memray 1.x (`memray run`, from a venv
+//!   3.11) alone, with the library preloaded but no profiler (the pymalloc wrapper's cost),
+//!   under `record --alloc` and under memray 1.x (`memray run`, from a venv
 //!   under target/bench when pip can install it);
 //! - the uprobe path (`PYROMETER_ALLOC_LIB` pointing nowhere), on a tenth of the work (a trap
 //!   per call makes it ~200x slower), against the program alone on the same work.
@@ -218,6 +219,14 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     let mut py_variants: Vec<Variant<'_>> = vec![
         ("alone", Box::new(|| plain(&[py_os, script_os]))),
         (
+            "preloaded",
+            Box::new(|| {
+                let mut c = plain(&[py_os, script_os]);
+                c.env("LD_PRELOAD", &library);
+                c
+            }),
+        ),
+        (
             "record --alloc",
             Box::new(|| record(&[py_os, script_os], false)),
         ),
@@ -286,15 +295,20 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     );
     let (wall, cpu) = both(&py, 1, &ratio);
     println!(
-        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
+        "    libpyrometer_alloc.so preloaded, no profiler   {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
         ms(&py.wall, 1),
+    );
+    let (wall, cpu) = both(&py, 2, &ratio);
+    println!(
+        "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
+        ms(&py.wall, 2),
     );
     match &memray_bin {
         Ok(_) => {
-            let (wall, cpu) = both(&py, 2, &ratio);
+            let (wall, cpu) = both(&py, 3, &ratio);
             println!(
                 "    memray run (every allocation)                   {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
-                ms(&py.wall, 2),
+                ms(&py.wall, 3),
             )
         }
         Err(why) => println!("    memray run: not measured ({why})"),
