@@ -15,6 +15,7 @@
 //! handlers and in exiting threads.
 
 pub mod countdown;
+pub mod hold;
 pub mod probe;
 pub mod python;
 pub mod real;
@@ -47,6 +48,8 @@ extern "C" fn init() {
         }
     }
     let _ = real::get();
+    // Before the interpreter's helper thread: nothing else runs while the program is held.
+    hold::wait_if_asked();
     python::start();
 }
 

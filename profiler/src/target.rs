@@ -195,6 +195,58 @@ pub fn descendants(proc_root: &Path, roots: &[u32]) -> Vec<u32> {
 /// A child started by `-- CMD`, stopped just before `exec` until [`HeldChild::release`]:
 /// the gap lets the caller put its pid into the kernel filter, so not one sample of the
 /// command (nor of anything it forks) is missed.
+/// The descriptor number the command gets its end of the start-up hold socket under.
+pub const HOLD_FD: std::os::fd::RawFd = 4;
+
+/// `pyrometer record`'s end of the start-up handshake with the allocation sampler library
+/// (`alloc-preload/src/hold.rs`): the library's constructor, which runs once the dynamic
+/// loader has mapped the command's libraries and before its `main`, writes a byte and waits
+/// for one back, so record can read the mappings and load their unwind tables before the
+/// program runs; a command that lives a few milliseconds is then unwound from its first
+/// allocation on.
+pub struct StartupHold {
+    ours: std::os::unix::net::UnixStream,
+    theirs: Option<std::os::unix::net::UnixStream>,
+}
+
+impl StartupHold {
+    pub fn new() -> std::io::Result<Self> {
+        // Both ends close on exec; the command's copy is made by dup2 in the child.
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        Ok(Self {
+            ours,
+            theirs: Some(theirs),
+        })
+    }
+
+    /// The descriptor to hand to [`HeldChild::spawn_holding`].
+    pub fn child_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.theirs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
+    }
+
+    /// After the spawn: the command has its copy, this one goes (so a command that never
+    /// loads the library, or exits, shows as the end of the stream).
+    pub fn spawned(&mut self) {
+        self.theirs = None;
+    }
+
+    /// Waits up to `wait` for the library to say the program is about to run. True when it
+    /// did; the program then waits for [`StartupHold::release`] (or its own timeout).
+    pub fn wait_ready(&mut self, wait: std::time::Duration) -> bool {
+        use std::io::Read;
+        let _ = self
+            .ours
+            .set_read_timeout(Some(wait.max(std::time::Duration::from_millis(1))));
+        let mut byte = [0u8; 1];
+        matches!(self.ours.read(&mut byte), Ok(1))
+    }
+
+    /// Lets the program run.
+    pub fn release(mut self) {
+        let _ = self.ours.write_all(b"g");
+    }
+}
+
 pub struct HeldChild {
     child: Child,
     gate: std::fs::File,
@@ -209,6 +261,17 @@ impl HeldChild {
     pub fn spawn_with_env(
         argv: &[String],
         env: &[(&str, std::ffi::OsString)],
+    ) -> Result<Self, TargetError> {
+        Self::spawn_holding(argv, env, None)
+    }
+
+    /// Like [`HeldChild::spawn_with_env`]; with `hold`, the command (not the gate before it)
+    /// gets that descriptor as [`HOLD_FD`] and its number in `PYROMETER_ALLOC_HOLD`, for the
+    /// allocation sampler library's start-up handshake (see [`StartupHold`]).
+    pub fn spawn_holding(
+        argv: &[String],
+        env: &[(&str, std::ffi::OsString)],
+        hold: Option<std::os::fd::RawFd>,
     ) -> Result<Self, TargetError> {
         let program = argv.first().ok_or_else(|| TargetError::Spawn {
             program: String::new(),
@@ -225,10 +288,16 @@ impl HeldChild {
         // then execs the command in the same process, keeping the pid we registered.
         let mut cmd = Command::new("/bin/sh");
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
-        cmd.arg("-c")
-            .arg("read _ <&3 || exit 125; exec 3<&-; exec \"$@\"")
-            .arg("pyrometer-gate")
-            .args(argv);
+        // The hold variable is exported by the gate just before the command's exec, so the
+        // gate's own start (it has the sampler library preloaded too) does not hold.
+        let script = if hold.is_some() {
+            format!(
+                "read _ <&3 || exit 125; exec 3<&-; export PYROMETER_ALLOC_HOLD={HOLD_FD}; exec \"$@\""
+            )
+        } else {
+            "read _ <&3 || exit 125; exec 3<&-; exec \"$@\"".to_string()
+        };
+        cmd.arg("-c").arg(script).arg("pyrometer-gate").args(argv);
         // SAFETY: dup2 is async-signal-safe; it runs in the forked child before exec.
         unsafe {
             cmd.pre_exec(move || {
@@ -240,6 +309,12 @@ impl HeldChild {
                 };
                 if !ok {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = hold {
+                    // dup2 clears FD_CLOEXEC on the copy; the original keeps it.
+                    if libc::dup2(fd, HOLD_FD) != HOLD_FD {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });

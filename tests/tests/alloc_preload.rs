@@ -86,6 +86,44 @@ fn unsampled_frees_never_reach_the_kernel() {
     );
 }
 
+/// A command that lives a few milliseconds (a twentieth of the totals work): the library holds
+/// it between the dynamic loader's work and its main until record has loaded the unwind
+/// tables of its libraries, so every allocation's stack is unwound to the outermost frame.
+/// Without the hold record learns of libc's mapping only from the first samples that pass
+/// through it, and most of this command's stacks stopped there ("no mapping").
+#[test]
+fn a_short_command_is_unwound_from_its_first_allocation() {
+    if !privileged() {
+        return;
+    }
+    let stats = scratch("alloc-preload-short-stats").join("stats.json");
+    let (result, out) = record_allocs(
+        "alloc-preload-short",
+        &["--alloc", "--stats", stats.to_str().unwrap()],
+        &["totals", "0.05"],
+    );
+    let err = stderr(&result);
+    assert_preloaded(&err);
+    let json = read_stats(&stats);
+    let walked = json["unwind_samples"].as_f64().unwrap();
+    let complete = json["unwind_complete"].as_f64().unwrap();
+    let no_mapping = json["unwind_no_mapping"].as_f64().unwrap();
+    println!("{complete} of {walked} stacks complete, {no_mapping} stopped at an unknown mapping");
+    assert!(walked >= 20.0, "too few samples to judge: {walked}\n{err}");
+    assert!(
+        no_mapping == 0.0 && complete >= 0.97 * walked,
+        "{complete} of {walked} stacks complete, {no_mapping} stopped at an unknown mapping\n{err}"
+    );
+    // Named, not estimated: a twentieth of the work is ~60 samples of make_600.
+    let p = read_pprof(&out);
+    let named = by_function(
+        &pprof_samples(&p),
+        pprof_type(&p, "alloc_space"),
+        "make_600",
+    );
+    assert!(named > 0.0, "no allocation under make_600\n{err}");
+}
+
 /// keep_1k() keeps 102400 blocks of 1 KiB, regrow() resizes each to 2 KiB, drop_half() frees
 /// every other one (sampled every 64 KiB, ~800 blocks in use sampled, for a tight estimate):
 /// a sampled block's in-use entry moves with its resize, so what is in use is

@@ -239,6 +239,11 @@ fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
 /// The sampler library a command gets preloaded, with its probes attached: None (uprobes
 /// then) when there is no library next to pyrometer, the command is statically linked, or
 /// the probes cannot be attached (said in one line).
+/// How long record waits for a command it preloaded the sampler library into to reach the
+/// library's constructor (the command waits up to 2 s more for the answer). A command that
+/// never loads the library (a set-user-ID program ignores LD_PRELOAD) costs this once.
+const STARTUP_HOLD_WAIT: Duration = Duration::from_secs(1);
+
 fn preload_library(
     probes: &mut pyrometer::alloc::AllocProbes,
     exe: &Path,
@@ -413,6 +418,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut root_pids: Vec<u32> = Vec::new();
     let mut child: Option<Child> = None;
     let mut held: Option<HeldChild> = None;
+    let mut startup_hold: Option<pyrometer::target::StartupHold> = None;
     let mut comm_finder = match &targets {
         Targets::Comm(_, re) => Some(CommFinder::new(re, args.subprocesses)),
         _ => None,
@@ -477,8 +483,18 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
                     (preload::MEAN_ENV, sample_bytes.to_string().into()),
                 ]
             });
-            let h = HeldChild::spawn_with_env(argv, env.as_deref().unwrap_or_default())
-                .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
+            startup_hold = preload
+                .as_ref()
+                .and_then(|_| pyrometer::target::StartupHold::new().ok());
+            let h = HeldChild::spawn_holding(
+                argv,
+                env.as_deref().unwrap_or_default(),
+                startup_hold.as_ref().and_then(|s| s.child_fd()),
+            )
+            .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
+            if let Some(s) = startup_hold.as_mut() {
+                s.spawned();
+            }
             sampler.add_target(h.pid(), true)?;
             if let (Some(a), Some(lib)) = (tables.alloc.as_mut(), preload.as_deref()) {
                 a.mark_preloaded(h.pid());
@@ -518,7 +534,18 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         .start(args.frequency)
         .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
     if let Some(h) = held.take() {
+        let pid = h.pid();
         child = Some(h.release());
+        // The sampler library holds the command between the loader's work and its main: its
+        // libraries are mapped, so their tables go in before it runs (see StartupHold).
+        if let Some(mut hold) = startup_hold.take()
+            && hold.wait_ready(STARTUP_HOLD_WAIT)
+        {
+            if let Ok(p) = registry.exec(pid) {
+                tables.sync_process(p, &mut sampler);
+            }
+            hold.release();
+        }
     }
 
     eprintln!(
