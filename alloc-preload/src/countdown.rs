@@ -91,7 +91,16 @@ compile_error!("pyrometer-alloc's initial-exec TLS access is written for x86_64 
 /// Whether an allocation of `size` bytes is sampled on this thread.
 #[inline(always)]
 pub fn sample(size: usize) -> bool {
-    let Some(s) = state() else { return false };
+    !skip(size) && sample_crossing(size)
+}
+
+/// The fast half of [`sample`]: counts `size` down and returns true when the countdown stays
+/// above zero (not sampled). False means the caller must call [`sample_crossing`], which
+/// decides; split so a caller's fast path holds no call (whose saved registers the compiler
+/// would hoist into every call).
+#[inline(always)]
+pub fn skip(size: usize) -> bool {
+    let Some(s) = state() else { return true };
     let size = size.min(i64::MAX as usize) as i64;
     // SAFETY: the state is this thread's own; a signal handler that allocates between the
     // load and the store costs one update of the countdown, nothing else.
@@ -99,10 +108,19 @@ pub fn sample(size: usize) -> bool {
         let left = (*s).remaining - size;
         if left > 0 {
             (*s).remaining = left;
-            return false;
+            return true;
         }
-        crossed(s, size)
     }
+    false
+}
+
+/// The slow half of [`sample`], after [`skip`] returned false for the same `size`.
+#[inline(always)]
+pub fn sample_crossing(size: usize) -> bool {
+    let Some(s) = state() else { return false };
+    let size = size.min(i64::MAX as usize) as i64;
+    // SAFETY: as in `skip`.
+    unsafe { crossed(s, size) }
 }
 
 /// The countdown reached zero, or the thread has not drawn its first gap yet.

@@ -168,12 +168,41 @@ pub fn untracked() -> u64 {
 /// The C `malloc` contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let Some(r) = real::ready() else {
+        return malloc_unresolved(size);
+    };
+    // Counted before the call, so the unsampled path is a jump to the wrapped malloc with
+    // nothing saved (the rare failed allocation still counts down).
+    if countdown::skip(size) {
+        // SAFETY: forwarded as called.
+        return unsafe { (r.malloc)(size) };
+    }
+    sampled_malloc(r, size)
+}
+
+/// `malloc` before the wrapped allocator was looked up (its first calls, and `dlsym`'s own).
+#[cold]
+#[inline(never)]
+fn malloc_unresolved(size: usize) -> *mut c_void {
     let Some(r) = real::get() else {
         return real::arena_alloc(size, 16);
     };
     // SAFETY: forwarded as called.
     let p = unsafe { (r.malloc)(size) };
     account(p, size)
+}
+
+/// A sampled malloc: out of line, and a tail call from `malloc`, so the report's probe still
+/// returns into the program.
+#[cold]
+#[inline(never)]
+fn sampled_malloc(r: &real::Real, size: usize) -> *mut c_void {
+    // SAFETY (both calls): forwarded as called.
+    if !countdown::sample_crossing(size) {
+        return unsafe { (r.malloc)(size) };
+    }
+    let p = unsafe { (r.malloc)(size) };
+    report(p, size)
 }
 
 /// # Safety
@@ -186,9 +215,23 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
             .checked_mul(size)
             .map_or(core::ptr::null_mut(), |b| real::arena_alloc(b, 16));
     };
-    // SAFETY: forwarded as called.
+    if countdown::skip(n.wrapping_mul(size)) {
+        // SAFETY: forwarded as called.
+        return unsafe { (r.calloc)(n, size) };
+    }
+    sampled_calloc(r, n, size)
+}
+
+/// A sampled calloc, as [`sampled_malloc`].
+#[cold]
+#[inline(never)]
+fn sampled_calloc(r: &real::Real, n: usize, size: usize) -> *mut c_void {
+    // SAFETY (both calls): forwarded as called.
+    if !countdown::sample_crossing(n.wrapping_mul(size)) {
+        return unsafe { (r.calloc)(n, size) };
+    }
     let p = unsafe { (r.calloc)(n, size) };
-    account(p, n.wrapping_mul(size))
+    report(p, n.wrapping_mul(size))
 }
 
 /// # Safety
@@ -198,6 +241,24 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if ptr.is_null() || real::in_arena(ptr) {
         return;
     }
+    if let Some(r) = real::ready()
+        && !SAMPLED.may_contain(ptr as usize)
+    {
+        // SAFETY: a block of the wrapped allocator.
+        return unsafe { (r.free)(ptr) };
+    }
+    // SAFETY: as called.
+    unsafe { free_slow(ptr) }
+}
+
+/// `free` of a block that may have been sampled, or before the wrapped allocator was looked
+/// up: out of line, so the common free saves no registers.
+///
+/// # Safety
+/// The C `free` contract.
+#[cold]
+#[inline(never)]
+unsafe fn free_slow(ptr: *mut c_void) {
     forget(ptr);
     if let Some(r) = real::get() {
         // SAFETY: a block of the wrapped allocator.

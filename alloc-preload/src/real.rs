@@ -88,6 +88,18 @@ pub fn get() -> Option<&'static Real> {
     resolve()
 }
 
+/// The wrapped allocator once looked up; None before (the caller then takes a slow path that
+/// calls [`get`]). Kept apart from `get` so the fast paths hold no call to the lookup, whose
+/// saved registers the compiler would otherwise hoist into every call.
+#[inline(always)]
+pub fn ready() -> Option<&'static Real> {
+    if STATE.load(Ordering::Acquire) == READY {
+        // SAFETY: READY is stored after REAL is written, once.
+        return Some(unsafe { &*REAL.as_ptr() });
+    }
+    None
+}
+
 struct RealCell(core::cell::UnsafeCell<core::mem::MaybeUninit<Real>>);
 // SAFETY: written once by the thread that wins RESOLVING, read only after READY.
 unsafe impl Sync for RealCell {}

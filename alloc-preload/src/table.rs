@@ -96,6 +96,13 @@ impl Table {
         false
     }
 
+    /// False when `addr` is certainly not in the table (its filter bucket is empty): one byte
+    /// of a line that stays cached.
+    #[inline(always)]
+    pub fn may_contain(&self, addr: usize) -> bool {
+        self.bucket(addr).load(Ordering::Relaxed) != 0 && addr > TOMBSTONE
+    }
+
     /// Forgets `addr`; true when it was there.
     #[inline(always)]
     pub fn remove(&self, addr: usize) -> bool {
