@@ -411,10 +411,13 @@ fn check_otlp(exported: &Path, ids: &serde_json::Value, pid: u32, stats: &serde_
         "OTLP: heavy's trace has {:.1} % (want 66.7 % ± 8 pp): {heavy} vs {light}",
         share * 100.0
     );
+    // A span is in the table from its processor's on_start to its on_end, so a sample in the
+    // SDK's own start or end of the span (Span.end calling the processors, say) is linked to
+    // it without heavy() on its stack: what must never be linked is other work.
     for s in samples.iter().filter(|s| s["trace_id"] == trace("heavy")) {
         assert!(
-            has(s, "heavy"),
-            "heavy's trace links a stack without heavy(): {s}"
+            !has(s, "light") && !has(s, "outside"),
+            "heavy's trace links another span's or no span's work: {s}"
         );
         assert_eq!(s["span_id"], ids["heavy"]["span_id"], "{s}");
         assert_eq!(s["attributes"]["span_name"], "heavy", "{s}");

@@ -545,6 +545,9 @@ fn bracketed_python_names_survive_go_pprof() {
 /// started with `_thread`, it spins in `before()` unregistered, then registers through
 /// `threading.current_thread()`, renames itself and spins in `after()`. Its samples in
 /// `before()` were labelled with the command name until the profile named them at the end.
+/// `before()` spins ~0.7 s: on a loaded runner `record` registers the interpreter (and reads
+/// Python frames) some hundreds of milliseconds after the command starts, and one CI run had
+/// no `before()` frame at all when it spun 0.2 s.
 #[test]
 fn samples_before_a_thread_registers_get_its_later_name() {
     if !privileged() {
@@ -566,7 +569,7 @@ fn samples_before_a_thread_registers_get_its_later_name() {
              done = threading.Event()\n\
              def before():\n\
              \x20   x = 0\n\
-             \x20   for i in range(3000000): x += i\n\
+             \x20   for i in range(10000000): x += i\n\
              def after():\n\
              \x20   x = 0\n\
              \x20   for i in range(3000000): x += i\n\
