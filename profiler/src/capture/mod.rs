@@ -133,6 +133,11 @@ pub struct Capture {
     pub exec_lazily: bool,
     /// With `exec_lazily`: the pids that exec'd, for the caller to take.
     pub execs: Vec<u32>,
+    /// Pids whose maps the caller read after their exec, and when (CLOCK_MONOTONIC ns):
+    /// `record`'s start-up handshake with the sampler library. Their exec events from before
+    /// that read are not read again: by the time the event is taken a short command may have
+    /// exited, and re-reading its maps then would lose the ones that were read.
+    pub maps_read_after_exec: HashMap<u32, u64>,
     /// Pids whose memory map was (re)read since the caller last took this list: the DWARF
     /// unwinder's tables for them need an update.
     pub maps_changed: Vec<u32>,
@@ -233,6 +238,13 @@ impl Capture {
                 return;
             }
             self.pids.insert(h.pid);
+            if self
+                .maps_read_after_exec
+                .get(&h.pid)
+                .is_some_and(|&read| h.timestamp_ns <= read)
+            {
+                return;
+            }
             if registry.exec(h.pid).is_ok() {
                 self.maps_changed.push(h.pid);
             }

@@ -419,6 +419,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     let mut child: Option<Child> = None;
     let mut held: Option<HeldChild> = None;
     let mut startup_hold: Option<pyrometer::target::StartupHold> = None;
+    // The command's pid and when its maps were read at the handshake, for the capture.
+    let mut held_maps_read: Option<(u32, u64)> = None;
     let mut comm_finder = match &targets {
         Targets::Comm(_, re) => Some(CommFinder::new(re, args.subprocesses)),
         _ => None,
@@ -541,8 +543,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
         if let Some(mut hold) = startup_hold.take()
             && hold.wait_ready(STARTUP_HOLD_WAIT)
         {
+            let read_at = monotonic_now_ns();
             if let Ok(p) = registry.exec(pid) {
                 tables.sync_process(p, &mut sampler);
+                held_maps_read = Some((pid, read_at));
             }
             hold.release();
         }
@@ -574,6 +578,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     } else {
         Capture::default()
     };
+    capture.maps_read_after_exec.extend(held_maps_read);
     capture.off_cpu = off_cpu_on;
     capture.gil = gil_on;
     capture.frames = FrameView::parse(&args.frames).expect("clap checked the value");
