@@ -309,10 +309,12 @@ fn views() {
     record(&["--frames", "python"], &py_only, &python, &["40"]);
     for s in read_folded(&py_only) {
         if s.frames.iter().any(|f| f.starts_with("<module> (")) {
+            // `<unreadable frame>` is a Python frame whose code object was freed or changing
+            // while it was read (start-up imports, in one CI run): still no native frame.
             assert!(
                 s.frames[1..]
                     .iter()
-                    .all(|f| f.contains(".py:") || f.contains(" (<")),
+                    .all(|f| f.contains(".py:") || f.contains(" (<") || f == "<unreadable frame>"),
                 "python: only Python frames: {:?}",
                 s.frames
             );
