@@ -10,10 +10,10 @@
 //! children), and the socket is closed after. Anything but a socket under that number is left
 //! alone. If record never answers, the program goes on after the wait.
 
-use core::ffi::c_int;
+use core::ffi::{CStr, c_int};
 
 /// The environment variable record sets: the socket's descriptor number.
-pub const HOLD_ENV: &str = "PYROMETER_ALLOC_HOLD";
+pub const HOLD_ENV: &CStr = c"PYROMETER_ALLOC_HOLD";
 
 /// The longest the program waits for record's answer.
 pub const WAIT_MS: c_int = 2000;
@@ -22,14 +22,14 @@ pub const WAIT_MS: c_int = 2000;
 pub fn wait_if_asked() {
     // SAFETY: getenv/unsetenv in the constructor, before the program can start threads;
     // neither allocates.
-    let value = unsafe { libc::getenv(c"PYROMETER_ALLOC_HOLD".as_ptr()) };
+    let value = unsafe { libc::getenv(HOLD_ENV.as_ptr()) };
     if value.is_null() {
         return;
     }
     // SAFETY: getenv returns a NUL-terminated string.
-    let fd = crate::parse_mean(unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes());
+    let fd = crate::parse_decimal(unsafe { CStr::from_ptr(value) }.to_bytes());
     // SAFETY: as above.
-    unsafe { libc::unsetenv(c"PYROMETER_ALLOC_HOLD".as_ptr()) };
+    unsafe { libc::unsetenv(HOLD_ENV.as_ptr()) };
     let Some(fd) = fd.and_then(|fd| c_int::try_from(fd).ok()) else {
         return;
     };

@@ -42,7 +42,7 @@ extern "C" fn init() {
     if !value.is_null() {
         // SAFETY: getenv returns a NUL-terminated string.
         let bytes = unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes();
-        if let Some(mean) = parse_mean(bytes) {
+        if let Some(mean) = parse_decimal(bytes) {
             countdown::set_mean(mean);
             countdown::reset_thread();
         }
@@ -57,8 +57,9 @@ extern "C" fn init() {
 #[unsafe(link_section = ".init_array")]
 static INIT: extern "C" fn() = init;
 
-/// A decimal number of bytes; None when it is not one (the default mean stays).
-pub fn parse_mean(s: &[u8]) -> Option<u64> {
+/// A decimal number (of bytes, or a descriptor); None when it is not one (the default mean
+/// stays).
+pub fn parse_decimal(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 19 {
         return None;
     }
@@ -429,11 +430,11 @@ mod tests {
     }
 
     #[test]
-    fn means_parse_as_decimal_bytes() {
-        assert_eq!(parse_mean(b"524288"), Some(524_288));
-        assert_eq!(parse_mean(b"1"), Some(1));
-        assert_eq!(parse_mean(b""), None);
-        assert_eq!(parse_mean(b"12k"), None);
-        assert_eq!(parse_mean(b"99999999999999999999"), None);
+    fn means_parse_as_decimal_numbers() {
+        assert_eq!(parse_decimal(b"524288"), Some(524_288));
+        assert_eq!(parse_decimal(b"1"), Some(1));
+        assert_eq!(parse_decimal(b""), None);
+        assert_eq!(parse_decimal(b"12k"), None);
+        assert_eq!(parse_decimal(b"99999999999999999999"), None);
     }
 }

@@ -308,28 +308,27 @@ unsafe extern "C" fn py_calloc<const D: usize>(
 fn sampled_block(a: &Allocator, n: usize, size: usize, zeroed: bool) -> *mut c_void {
     // SAFETY (each call): an allocation as the caller was asked for, by the wrapped
     // allocator or (under pymalloc) the C allocator, to which pymalloc hands the block back.
-    let p = unsafe {
-        if !REDIRECT.load(Ordering::Relaxed) {
-            if zeroed {
-                (a.calloc.unwrap_unchecked())(a.ctx, n, size)
-            } else {
-                (a.malloc.unwrap_unchecked())(a.ctx, size)
-            }
-        } else if let Some(r) = crate::real::get() {
+    let own = || unsafe {
+        if zeroed {
+            (a.calloc.unwrap_unchecked())(a.ctx, n, size)
+        } else {
+            (a.malloc.unwrap_unchecked())(a.ctx, size)
+        }
+    };
+    let p = if !REDIRECT.load(Ordering::Relaxed) {
+        own()
+    } else if let Some(r) = crate::real::get() {
+        unsafe {
             if zeroed {
                 (r.calloc)(n.max(1), size.max(1))
             } else {
                 (r.malloc)(size.max(1))
             }
-        } else {
-            // Cannot happen (the C allocator is resolved before Python starts); a pymalloc
-            // block in the table would never leave it, since free is not wrapped.
-            return if zeroed {
-                (a.calloc.unwrap_unchecked())(a.ctx, n, size)
-            } else {
-                (a.malloc.unwrap_unchecked())(a.ctx, size)
-            };
         }
+    } else {
+        // Cannot happen (the C allocator is resolved before Python starts); a pymalloc
+        // block in the table would never leave it, since free is not wrapped.
+        return own();
     };
     crate::report(p, n.saturating_mul(size))
 }

@@ -81,11 +81,7 @@ unsafe extern "C" fn fallback_posix_memalign(
 /// The wrapped allocator, or None while it is being looked up (the caller uses the arena).
 #[inline(always)]
 pub fn get() -> Option<&'static Real> {
-    if STATE.load(Ordering::Acquire) == READY {
-        // SAFETY: READY is stored after REAL is written, once.
-        return Some(unsafe { &*REAL.as_ptr() });
-    }
-    resolve()
+    ready().or_else(resolve)
 }
 
 /// The wrapped allocator once looked up; None before (the caller then takes a slow path that
@@ -118,12 +114,7 @@ fn resolve() -> Option<&'static Real> {
         .is_err()
     {
         // Another thread (or this one, inside dlsym) is resolving.
-        return if STATE.load(Ordering::Acquire) == READY {
-            // SAFETY: as in `get`.
-            Some(unsafe { &*REAL.as_ptr() })
-        } else {
-            None
-        };
+        return ready();
     }
     for (slot, name) in SLOTS.iter().zip(NAMES) {
         // SAFETY: dlsym with a NUL-terminated name.
@@ -149,7 +140,7 @@ fn resolve() -> Option<&'static Real> {
     // SAFETY: only the thread that won RESOLVING writes, before READY.
     unsafe { REAL.as_ptr().write(real) };
     STATE.store(READY, Ordering::Release);
-    // SAFETY: as in `get`.
+    // SAFETY: as in `ready`.
     Some(unsafe { &*REAL.as_ptr() })
 }
 

@@ -108,7 +108,7 @@ impl Table {
     pub fn remove(&self, addr: usize) -> bool {
         // A block being freed was handed to this thread after its insertion finished (the
         // program's own synchronisation), so a relaxed load sees its bucket raised.
-        if self.bucket(addr).load(Ordering::Relaxed) == 0 || addr <= TOMBSTONE {
+        if !self.may_contain(addr) {
             return false;
         }
         self.remove_slow(addr)
@@ -116,7 +116,7 @@ impl Table {
 
     /// Whether `addr` is in the table.
     pub fn contains(&self, addr: usize) -> bool {
-        if self.bucket(addr).load(Ordering::Relaxed) == 0 || addr <= TOMBSTONE {
+        if !self.may_contain(addr) {
             return false;
         }
         let start = Self::start(addr);

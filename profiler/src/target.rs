@@ -192,11 +192,12 @@ pub fn descendants(proc_root: &Path, roots: &[u32]) -> Vec<u32> {
     out
 }
 
-/// A child started by `-- CMD`, stopped just before `exec` until [`HeldChild::release`]:
-/// the gap lets the caller put its pid into the kernel filter, so not one sample of the
-/// command (nor of anything it forks) is missed.
 /// The descriptor number the command gets its end of the start-up hold socket under.
 pub const HOLD_FD: std::os::fd::RawFd = 4;
+
+/// The variable that tells the command its descriptor number (read by
+/// `alloc-preload/src/hold.rs`).
+pub const HOLD_ENV: &str = "PYROMETER_ALLOC_HOLD";
 
 /// `pyrometer record`'s end of the start-up handshake with the allocation sampler library
 /// (`alloc-preload/src/hold.rs`): the library's constructor, which runs once the dynamic
@@ -247,6 +248,9 @@ impl StartupHold {
     }
 }
 
+/// A child started by `-- CMD`, stopped just before `exec` until [`HeldChild::release`]:
+/// the gap lets the caller put its pid into the kernel filter, so not one sample of the
+/// command (nor of anything it forks) is missed.
 pub struct HeldChild {
     child: Child,
     gate: std::fs::File,
@@ -266,7 +270,7 @@ impl HeldChild {
     }
 
     /// Like [`HeldChild::spawn_with_env`]; with `hold`, the command (not the gate before it)
-    /// gets that descriptor as [`HOLD_FD`] and its number in `PYROMETER_ALLOC_HOLD`, for the
+    /// gets that descriptor as [`HOLD_FD`] and its number in [`HOLD_ENV`], for the
     /// allocation sampler library's start-up handshake (see [`StartupHold`]).
     pub fn spawn_holding(
         argv: &[String],
@@ -290,13 +294,12 @@ impl HeldChild {
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         // The hold variable is exported by the gate just before the command's exec, so the
         // gate's own start (it has the sampler library preloaded too) does not hold.
-        let script = if hold.is_some() {
-            format!(
-                "read _ <&3 || exit 125; exec 3<&-; export PYROMETER_ALLOC_HOLD={HOLD_FD}; exec \"$@\""
-            )
+        let export = if hold.is_some() {
+            format!("export {HOLD_ENV}={HOLD_FD}; ")
         } else {
-            "read _ <&3 || exit 125; exec 3<&-; exec \"$@\"".to_string()
+            String::new()
         };
+        let script = format!("read _ <&3 || exit 125; exec 3<&-; {export}exec \"$@\"");
         cmd.arg("-c").arg(script).arg("pyrometer-gate").args(argv);
         // SAFETY: dup2 is async-signal-safe; it runs in the forked child before exec.
         unsafe {

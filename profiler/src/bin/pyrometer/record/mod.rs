@@ -236,14 +236,14 @@ fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
         .unwrap_or_else(|_| profile.single_type_default())
 }
 
-/// The sampler library a command gets preloaded, with its probes attached: None (uprobes
-/// then) when there is no library next to pyrometer, the command is statically linked, or
-/// the probes cannot be attached (said in one line).
 /// How long record waits for a command it preloaded the sampler library into to reach the
 /// library's constructor (the command waits up to 2 s more for the answer). A command that
 /// never loads the library (a set-user-ID program ignores LD_PRELOAD) costs this once.
 const STARTUP_HOLD_WAIT: Duration = Duration::from_secs(1);
 
+/// The sampler library a command gets preloaded, with its probes attached: None (uprobes
+/// then) when there is no library next to pyrometer, the command is statically linked, or
+/// the probes cannot be attached (said in one line).
 fn preload_library(
     probes: &mut pyrometer::alloc::AllocProbes,
     exe: &Path,
