@@ -196,18 +196,20 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         c.args(&argv[1..]);
         c
     };
-    let (tree_os, full, tenth) = (tree.as_os_str(), "10".as_ref(), "1".as_ref());
+    // With the library preloaded and no profiler: what an unsampled allocator call costs.
+    let preloaded = |argv: &[&std::ffi::OsStr]| {
+        let mut c = plain(argv);
+        c.env("LD_PRELOAD", &library);
+        c
+    };
+    // alloctree.c's rounds of work: the whole run, and a tenth of it for the uprobe path.
+    const TREE_ROUNDS: usize = 10;
+    let full_rounds = TREE_ROUNDS.to_string();
+    let (tree_os, full, tenth) = (tree.as_os_str(), full_rounds.as_ref(), "1".as_ref());
 
     let mut c_variants: Vec<Variant<'_>> = vec![
         ("alone", Box::new(|| plain(&[tree_os, full]))),
-        (
-            "preloaded",
-            Box::new(|| {
-                let mut c = plain(&[tree_os, full]);
-                c.env("LD_PRELOAD", &library);
-                c
-            }),
-        ),
+        ("preloaded", Box::new(|| preloaded(&[tree_os, full]))),
         (
             "record --alloc",
             Box::new(|| record(&[tree_os, full], false)),
@@ -227,14 +229,7 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     let memray_bin = memray(&dir, &python);
     let mut py_variants: Vec<Variant<'_>> = vec![
         ("alone", Box::new(|| plain(&[py_os, script_os]))),
-        (
-            "preloaded",
-            Box::new(|| {
-                let mut c = plain(&[py_os, script_os]);
-                c.env("LD_PRELOAD", &library);
-                c
-            }),
-        ),
+        ("preloaded", Box::new(|| preloaded(&[py_os, script_os]))),
         (
             "record --alloc",
             Box::new(|| record(&[py_os, script_os], false)),
@@ -294,9 +289,10 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     );
     if c.best.iter().all(|b| b.len() == pairs) {
         println!(
-            "    quickest of its 10 rounds (CPU): alone {:.2} ms, preloaded {:+.1} ns per call, record --alloc {:.2} x",
+            "    quickest of its {TREE_ROUNDS} rounds (CPU): alone {:.2} ms, preloaded {:+.1} ns per call, record --alloc {:.2} x",
             ms(&c.best, 0),
-            paired(&c.best, 1, |t, base| (t - base) / (calls / 10.0)),
+            paired(&c.best, 1, |t, base| (t - base)
+                / (calls / TREE_ROUNDS as f64)),
             paired(&c.best, 2, ratio),
         );
     }
