@@ -69,6 +69,10 @@ struct Entry {
     /// The actor class this worker ran methods of: between calls an actor's title is its
     /// class alone (`ray::Trainer`), which names no method.
     actor: Option<String>,
+    /// The main thread's name when the title was last read. The title is set from the main
+    /// thread, and a retitle or an exec renames it, so a new name means a new title is likely
+    /// (whatever the name is: not every setproctitle writes the title itself there).
+    main_comm: String,
 }
 
 /// The 15 bytes of `title` the kernel keeps as a thread name (fewer at a UTF-8 boundary).
@@ -101,11 +105,15 @@ impl TitleCache {
     }
 
     /// The Ray labels of `pid` now, or None when it is not a Ray worker. `thread_comm` is the
-    /// sampled thread's name: setproctitle sets it too (`ray::train_ste`, 15 bytes), so a
-    /// process that just became a worker is re-read at once rather than after OTHER_REFRESH.
-    pub fn labels(&mut self, pid: u32, thread_comm: &str) -> Option<Arc<RayLabels>> {
+    /// name of the sampled thread `tid`: setproctitle sets it too (`ray::train_ste`, 15
+    /// bytes), so a process that just became a worker is re-read at once rather than after
+    /// OTHER_REFRESH; so is one whose main thread was renamed since the last read.
+    pub fn labels(&mut self, pid: u32, tid: u32, thread_comm: &str) -> Option<Arc<RayLabels>> {
+        let main = tid == pid;
         if let Some(e) = self.entries.get(&pid) {
-            let max_age = if e.labels.is_some() {
+            let max_age = if main && thread_comm != e.main_comm {
+                Duration::ZERO
+            } else if e.labels.is_some() {
                 // When the thread name no longer matches the title, the worker has moved on
                 // to another task.
                 if thread_comm.starts_with("ray::") && thread_comm != e.comm {
@@ -128,11 +136,15 @@ impl TitleCache {
         let dir = self.proc_root.join(pid.to_string());
         let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
         // A process that has exited (gone, or a zombie with an empty cmdline) keeps the title
-        // it last had: its final samples are often delivered after it is gone.
-        if cmdline.is_empty()
+        // it last had: its final samples are often delivered after it is gone. So does one
+        // caught rewriting its title (cleared, not yet written).
+        if cmdline.first().is_none_or(|&b| b == 0)
             && let Some(e) = self.entries.get_mut(&pid)
         {
             e.read_at = Instant::now();
+            if main {
+                e.main_comm.replace_range(.., thread_comm);
+            }
             return e.labels.clone();
         }
         let is_ray = cmdline.starts_with(b"ray::");
@@ -142,8 +154,12 @@ impl TitleCache {
             comm: String::new(),
             job: None,
             actor: None,
+            main_comm: String::new(),
         });
         entry.read_at = Instant::now();
+        if main {
+            entry.main_comm.replace_range(.., thread_comm);
+        }
         if !is_ray {
             entry.labels = None;
             return None;
@@ -175,6 +191,13 @@ impl TitleCache {
             entry.labels = fresh.map(Arc::new);
         }
         entry.labels.clone()
+    }
+
+    /// Forgets what `pid`'s title and environment said: it exec'd, so both are new (a sample
+    /// of the image before, say the shell that ran it, would otherwise stand for
+    /// OTHER_REFRESH).
+    pub fn forget(&mut self, pid: u32) {
+        self.entries.remove(&pid);
     }
 }
 
@@ -214,37 +237,70 @@ mod tests {
         std::fs::write(dir.join("cmdline"), b"ray::a\0").unwrap();
         std::fs::write(dir.join("environ"), b"RAY_JOB_ID=07000000\0").unwrap();
         let mut cache = TitleCache::new(&root);
-        assert_eq!(cache.labels(42, "ray::a").unwrap().task, "a");
+        assert_eq!(cache.labels(42, 42, "ray::a").unwrap().task, "a");
         std::fs::write(dir.join("cmdline"), b"ray::Actor.m\0").unwrap();
         std::fs::write(dir.join("environ"), b"RAY_JOB_ID=changed\0").unwrap();
         std::thread::sleep(RAY_REFRESH * 2);
-        let l = cache.labels(42, "ray::Actor.m").unwrap();
+        let l = cache.labels(42, 42, "ray::Actor.m").unwrap();
         assert_eq!(l.task, "Actor.m");
         assert_eq!(l.job.as_deref(), Some("07000000"));
         // Between method calls the title is the class alone: still that actor.
         std::fs::write(dir.join("cmdline"), b"ray::Actor\0").unwrap();
-        let l = cache.labels(42, "ray::Actor").unwrap();
+        let l = cache.labels(42, 42, "ray::Actor").unwrap();
         assert_eq!(
             (l.task.as_str(), l.actor.as_deref()),
             ("Actor", Some("Actor"))
         );
-        assert_eq!(cache.labels(43, "python3"), None);
+        assert_eq!(cache.labels(43, 43, "python3"), None);
         // A process seen before it became a worker: its new thread name triggers a re-read.
         let dir = root.join("44");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cmdline"), b"python3\0worker.py\0").unwrap();
-        assert_eq!(cache.labels(44, "python3"), None);
+        assert_eq!(cache.labels(44, 44, "python3"), None);
         std::fs::write(dir.join("cmdline"), b"ray::f\0").unwrap();
         assert_eq!(
-            cache.labels(44, "python3"),
+            cache.labels(44, 45, "python3"),
             None,
             "not re-read within OTHER_REFRESH"
         );
-        assert_eq!(cache.labels(44, "ray::f").unwrap().task, "f");
+        assert_eq!(cache.labels(44, 44, "ray::f").unwrap().task, "f");
         // Its last samples, delivered after it exited, keep the title it last had.
         std::fs::remove_dir_all(&dir).unwrap();
         std::thread::sleep(RAY_REFRESH * 2);
-        assert_eq!(cache.labels(44, "ray::f").unwrap().task, "f");
+        assert_eq!(cache.labels(44, 44, "ray::f").unwrap().task, "f");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_renamed_main_thread_or_an_exec_triggers_a_re_read() {
+        let root = std::env::temp_dir().join(format!("pyrometer-ray-main-{}", std::process::id()));
+        let dir = root.join("50");
+        std::fs::create_dir_all(&dir).unwrap();
+        // Sampled as the shell that runs the worker, then as the worker before its retitle.
+        std::fs::write(dir.join("cmdline"), b"sh\0-c\0exec worker\0").unwrap();
+        std::fs::write(dir.join("environ"), b"X=1\0").unwrap();
+        let mut cache = TitleCache::new(&root);
+        assert_eq!(cache.labels(50, 50, "sh"), None);
+        std::fs::write(dir.join("cmdline"), b"worker\0").unwrap();
+        std::fs::write(dir.join("environ"), b"RAY_JOB_ID=05000000\0").unwrap();
+        cache.forget(50);
+        assert_eq!(cache.labels(50, 50, "worker"), None);
+        // Its retitle renames the main thread, not necessarily to `ray::...`.
+        std::fs::write(dir.join("cmdline"), b"ray::task_a\0").unwrap();
+        let l = cache.labels(50, 50, "task_a").unwrap();
+        assert_eq!(
+            (l.task.as_str(), l.job.as_deref()),
+            ("task_a", Some("05000000")),
+            "the job of the image after exec"
+        );
+        std::fs::write(dir.join("cmdline"), b"ray::Trainer.step\0").unwrap();
+        assert_eq!(
+            cache.labels(50, 50, "Trainer.step").unwrap().task,
+            "Trainer.step"
+        );
+        // A title caught half-written (cleared) keeps the one before.
+        std::fs::write(dir.join("cmdline"), b"\0\0\0\0").unwrap();
+        assert_eq!(cache.labels(50, 50, "task_b").unwrap().task, "Trainer.step");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -231,6 +231,7 @@ impl Capture {
         }
         if h.flags & pyrometer_ebpf::SAMPLE_EVENT_EXEC != 0 {
             self.forget_allocations(h.pid);
+            self.titles.forget(h.pid);
             if self.exec_lazily {
                 self.pids.remove(&h.pid);
                 registry.forget(h.pid);
@@ -290,7 +291,7 @@ impl Capture {
             sample.inline_kernel_frames().collect()
         };
         let comm = sample.comm();
-        let ray = self.titles.labels(h.pid, &comm);
+        let ray = self.titles.labels(h.pid, h.tid, &comm);
         // Python threads are labelled with their `threading` name where it can be read.
         let (thread, thread_named) = match python.thread_name(h.pid, h.tid) {
             Some(name) => (name.to_string(), true),
