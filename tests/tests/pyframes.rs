@@ -454,7 +454,10 @@ fn thread_names_label_samples() {
             python.label.replace(' ', "-")
         ));
         let out = dir.join("out.pb.gz");
-        record_python(
+        // ~0.4 s of work: a CPU-only `record -- CMD` registers the interpreter once it has run
+        // a while (there is no start-up hold without the allocation library), and on a loaded
+        // 2-CPU runner that once took longer than a 0.1 s spin lasted.
+        let log = record_python(
             &out,
             &[],
             &python.path,
@@ -463,7 +466,7 @@ fn thread_names_label_samples() {
                 "import threading\n\
                  def spin():\n\
                  \x20   x = 0\n\
-                 \x20   for i in range(3000000): x += i\n\
+                 \x20   for i in range(12000000): x += i\n\
                  t = threading.Thread(target=spin, name='cruncher-1')\n\
                  t.start(); t.join()\n",
             ],
@@ -485,7 +488,7 @@ fn thread_names_label_samples() {
             .sum();
         assert!(
             spin_total >= 10,
-            "{}: only {spin_total} samples in spin",
+            "{}: only {spin_total} samples in spin; record said:\n{log}",
             python.label
         );
         assert!(
