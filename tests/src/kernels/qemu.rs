@@ -1,5 +1,7 @@
-//! Booting a prepared kernel under `qemu-system-x86_64 -accel tcg` (this machine's /dev/kvm
-//! is a nested paravirtual one that cannot boot stock kernels): 2 vCPUs, 512 MiB, the
+//! Booting a prepared kernel under `qemu-system-x86_64 -accel tcg,thread=single` (this
+//! machine's /dev/kvm is a nested paravirtual one that cannot boot stock kernels; one emulator
+//! thread for both vCPUs, because with one each a vCPU once ran a half-patched jump label of
+//! the booting kernel and it died in `int3`): 2 vCPUs, 512 MiB, the
 //! machine's root shared read-only over 9p (virtfs) and the results directory shared writable.
 //! A busybox initramfs loads the 9p modules, mounts what the payload needs, chroots into the
 //! shared root, runs the payload and powers off. The serial console goes to
@@ -132,7 +134,7 @@ pub fn boot_with(
     let log = dir.join("serial.log");
     let _ = fs::remove_file(&log);
     let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args(["-accel", "tcg", "-smp", "2", "-m", "512M"])
+    cmd.args(["-accel", "tcg,thread=single", "-smp", "2", "-m", "512M"])
         .args(["-nodefaults", "-no-reboot", "-display", "none"])
         .arg("-kernel")
         .arg(&kernel.vmlinuz)
