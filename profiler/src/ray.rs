@@ -135,19 +135,6 @@ impl TitleCache {
         }
         let dir = self.proc_root.join(pid.to_string());
         let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
-        // A process that has exited (gone, or a zombie with an empty cmdline) keeps the title
-        // it last had: its final samples are often delivered after it is gone. So does one
-        // caught rewriting its title (cleared, not yet written).
-        if cmdline.first().is_none_or(|&b| b == 0)
-            && let Some(e) = self.entries.get_mut(&pid)
-        {
-            e.read_at = Instant::now();
-            if main {
-                e.main_comm.replace_range(.., thread_comm);
-            }
-            return e.labels.clone();
-        }
-        let is_ray = cmdline.starts_with(b"ray::");
         let entry = self.entries.entry(pid).or_insert(Entry {
             read_at: Instant::now(),
             labels: None,
@@ -160,7 +147,13 @@ impl TitleCache {
         if main {
             entry.main_comm.replace_range(.., thread_comm);
         }
-        if !is_ray {
+        // A process that has exited (gone, or a zombie with an empty cmdline) keeps the title
+        // it last had: its final samples are often delivered after it is gone. So does one
+        // caught rewriting its title (cleared, not yet written). One never read has none.
+        if cmdline.first().is_none_or(|&b| b == 0) {
+            return entry.labels.clone();
+        }
+        if !cmdline.starts_with(b"ray::") {
             entry.labels = None;
             return None;
         }
