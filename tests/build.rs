@@ -48,6 +48,12 @@ fn main() {
     );
     let threaded = [&fp[..], &["-pthread"]].concat();
     gcc(&fixtures.join("gap.c"), &out.join("gap"), &threaded);
+    // A native thread that calls into Python late (loaded by fixtures/late_thread.py).
+    gcc(
+        &fixtures.join("latethread.c"),
+        &out.join("liblatethread.so"),
+        &[&threaded[..], &["-shared", "-fPIC"]].concat(),
+    );
     gcc(&fixtures.join("offcpu.c"), &out.join("offcpu"), &threaded);
 
     // Without frame pointers, for the DWARF unwinder: -O2 as distributions build.

@@ -454,9 +454,9 @@ fn thread_names_label_samples() {
             python.label.replace(' ', "-")
         ));
         let out = dir.join("out.pb.gz");
-        // ~0.4 s of work: a CPU-only `record -- CMD` registers the interpreter once it has run
-        // a while (there is no start-up hold without the allocation library), and on a loaded
-        // 2-CPU runner that once took longer than a 0.1 s spin lasted.
+        // ~0.4 s of work: two CI runs had no sample in a 0.1-0.2 s spin (the worker sampled
+        // as it started, before it set its thread_id, had its Python frames hidden for
+        // 200 ms; see late_native_threads_get_their_python_frames_at_once).
         let log = record_python(
             &out,
             &[],
@@ -546,13 +546,74 @@ fn bracketed_python_names_survive_go_pprof() {
     assert!(!text.contains("[[python]]"), "{text}");
 }
 
+/// Native threads that become Python threads late (fixtures/late_thread.py: a C thread spins
+/// 0.1 s, another 0.3 s, then each calls into Python through ctypes): every sample of a
+/// thread's Python work carries its Python frames. The kernel caches that a thread has no
+/// thread state; the cache held for 200 ms whatever happened, so the first thread's Python
+/// work had no Python frame (a `threading` thread sampled as it started lost the same 200 ms,
+/// its whole life in two CI runs), and the second's lost what ran before the entry expired.
+#[test]
+fn late_native_threads_get_their_python_frames_at_once() {
+    if !privileged() {
+        return;
+    }
+    let script = source("late_thread.py");
+    let lib = fixture("liblatethread.so");
+    for python in supported().into_iter().chain([debian()]) {
+        if !python.present() {
+            continue;
+        }
+        let label = &python.label;
+        let dir = scratch(&format!("pyframes-late-{}", label.replace(' ', "-")));
+        let out = dir.join("late.folded");
+        let log = record_python(
+            &out,
+            &["--frames", "all"],
+            &python.path,
+            &[script.to_str().unwrap(), lib.to_str().unwrap()],
+        );
+        let stacks = read_folded(&out);
+        // The threads' Python work: their stacks from the callback on (past native_spin).
+        let callback = |s: &&FoldedStack| {
+            s.frames.iter().any(|f| f == "late_thread_main")
+                && !s.frames.iter().any(|f| f == "native_spin")
+                && s.frames
+                    .iter()
+                    .any(|f| f.contains("_PyEval_EvalFrameDefault"))
+        };
+        for work in ["young_work", "late_work"] {
+            let named: u64 = stacks
+                .iter()
+                .filter(callback)
+                .filter(|s| s.frames.iter().any(|f| function(f) == work))
+                .map(|s| s.count)
+                .sum();
+            assert!(
+                named >= 10,
+                "{label}: {named} samples in {work}; record said:\n{log}"
+            );
+        }
+        let evaluating: u64 = stacks.iter().filter(callback).map(|s| s.count).sum();
+        let with_python: u64 = stacks
+            .iter()
+            .filter(callback)
+            .filter(|s| s.frames.iter().any(|f| f.contains(".py:")))
+            .map(|s| s.count)
+            .sum();
+        assert!(
+            with_python * 10 >= evaluating * 9,
+            "{label}: {with_python} of {evaluating} samples evaluating Python in the late threads have Python frames; record said:\n{log}"
+        );
+    }
+}
+
 /// A thread sampled before `threading` knows it gets the name it registers under later:
 /// started with `_thread`, it spins in `before()` unregistered, then registers through
 /// `threading.current_thread()`, renames itself and spins in `after()`. Its samples in
 /// `before()` were labelled with the command name until the profile named them at the end.
-/// `before()` spins ~0.7 s: on a loaded runner `record` registers the interpreter (and reads
-/// Python frames) some hundreds of milliseconds after the command starts, and one CI run had
-/// no `before()` frame at all when it spun 0.2 s.
+/// `before()` spins ~0.7 s: one CI run had no `before()` frame at all when it spun 0.2 s
+/// (likely the thread sampled as it started: see
+/// late_native_threads_get_their_python_frames_at_once).
 #[test]
 fn samples_before_a_thread_registers_get_its_later_name() {
     if !privileged() {

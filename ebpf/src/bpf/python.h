@@ -31,6 +31,7 @@ struct {
 struct py_thread {
 	__u64 tstate;     // 0: the thread has no thread state (as of checked_ns)
 	__u64 checked_ns; // when a search last ran
+	__u64 head;       // with tstate 0: the first interpreter's newest thread state then
 };
 
 // tid -> thread state. LRU: threads come and go, and a stale entry only costs a search.
@@ -53,8 +54,12 @@ struct {
 	__type(value, struct py_frame_buf);
 } py_frame_bufs SEC(".maps");
 
-// A thread that had no thread state is looked for again after this long: a new thread
-// registers only after it started running.
+// A thread that had no thread state is looked for again after this long, or at once when the
+// interpreter has a new thread state since (a native thread calling into Python through
+// PyGILState_Ensure makes one, at the head of the list). A thread younger than this is
+// looked for on every sample: `threading` makes a new thread's state before it runs, and the
+// thread binds it (sets its thread_id) as it starts, so a sample in the microseconds between
+// used to hide that thread's Python frames for the next 200 ms, a short thread's whole life.
 #define PY_NO_THREAD_TTL_NS 200000000ULL
 #define PY_MAX_INTERPRETERS 4
 #define PY_MAX_THREADS 512
@@ -65,6 +70,7 @@ struct thread_struct {
 
 struct task_struct___py {
 	struct thread_struct thread;
+	__u64 start_time;
 } __attribute__((preserve_access_index));
 
 static __always_inline __u64 read_user_u64(__u64 addr)
@@ -115,22 +121,31 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, __u32 tid)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	struct py_thread *cached = bpf_map_lookup_elem(&py_threads, &tid);
+	// Read only for a thread known to have none (two reads), or for a search.
+	__u64 interp = 0, head = 0;
 	if (cached) {
 		__u64 ts = cached->tstate;
 		if (ts) {
 			if (read_user_u64(ts + p->off.tstate_thread_id) == fsbase)
 				return ts;
-		} else if (now - cached->checked_ns < PY_NO_THREAD_TTL_NS) {
-			return 0;
+		} else if (now - cached->checked_ns < PY_NO_THREAD_TTL_NS &&
+			   now - BPF_CORE_READ(task, start_time) >= PY_NO_THREAD_TTL_NS) {
+			interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
+			head = read_user_u64(interp + p->off.interp_threads_head);
+			if (head == cached->head)
+				return 0;
 		}
 	}
 	count(COUNTER_PY_TSTATE_SEARCHES);
+	if (!interp) {
+		interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
+		head = read_user_u64(interp + p->off.interp_threads_head);
+	}
 	struct ts_search s = {
 		.want = fsbase,
 		.off_next = p->off.tstate_next,
 		.off_id = p->off.tstate_thread_id,
 	};
-	__u64 interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
 	for (int k = 0; k < PY_MAX_INTERPRETERS; k++) {
 		if (!interp)
 			break;
@@ -145,7 +160,7 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, __u32 tid)
 	// answer left a script's first 200 ms without Python frames.
 	if (!s.found && !s.visited)
 		return 0;
-	struct py_thread v = { .tstate = s.found, .checked_ns = now };
+	struct py_thread v = { .tstate = s.found, .checked_ns = now, .head = head };
 	bpf_map_update_elem(&py_threads, &tid, &v, BPF_ANY);
 	return s.found;
 }
