@@ -24,3 +24,8 @@ pub mod symbolize;
 pub mod tables;
 pub mod target;
 pub mod unwinder;
+
+/// A hash map for the per-sample and per-push paths: std's SipHash was a tenth of the
+/// always-on agent's time there. Randomly seeded per process, so stacks and names a
+/// profiled program chooses cannot be made to collide ahead of time.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -2,7 +2,6 @@
 //! stacks, samples aggregated by (stack, labels), several value types per sample (pprof's
 //! model, so writing pprof is a direct mapping).
 
-use std::collections::HashMap;
 use std::hash::Hash;
 
 /// What kind of code a frame belongs to; outputs colour and suffix frames by it.
@@ -130,14 +129,14 @@ impl Labels {
 #[derive(Debug, Clone)]
 pub struct Interner<T: Hash + Eq + Clone> {
     items: Vec<T>,
-    ids: HashMap<T, u32>,
+    ids: crate::FastMap<T, u32>,
 }
 
 impl<T: Hash + Eq + Clone> Default for Interner<T> {
     fn default() -> Self {
         Self {
             items: Vec::new(),
-            ids: HashMap::new(),
+            ids: Default::default(),
         }
     }
 }
@@ -188,7 +187,7 @@ pub struct Profile {
     /// Stacks as frame ids, leaf first (as the kernel and pprof order them).
     pub stacks: Interner<Vec<u32>>,
     pub samples: Vec<Sample>,
-    sample_index: HashMap<(u32, Labels), usize>,
+    sample_index: crate::FastMap<(u32, Labels), usize>,
     /// Wall-clock start of the capture, ns since the Unix epoch (0 when unknown).
     pub time_nanos: i64,
     pub duration_nanos: i64,
@@ -230,7 +229,7 @@ impl Profile {
             frames: Interner::default(),
             stacks: Interner::default(),
             samples: Vec::new(),
-            sample_index: HashMap::new(),
+            sample_index: Default::default(),
             time_nanos: 0,
             duration_nanos: 0,
             period_type: None,
@@ -335,7 +334,7 @@ impl Profile {
     pub fn subset(&self, keep: impl Fn(&Sample) -> bool) -> Profile {
         let mut out = Profile {
             samples: Vec::new(),
-            sample_index: HashMap::new(),
+            sample_index: Default::default(),
             ..self.clone()
         };
         for s in self.samples.iter().filter(|s| keep(s)) {

@@ -5,7 +5,6 @@
 //! Binaries are shared between processes by (device, inode) so a library mapped by a thousand
 //! workers is opened, and its build-id read, once.
 
-use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -231,8 +230,8 @@ impl Process {
 pub struct ProcessRegistry {
     proc_root: PathBuf,
     refresh_interval: Duration,
-    processes: HashMap<u32, Process>,
-    binaries: HashMap<BinaryKey, Arc<Binary>>,
+    processes: crate::FastMap<u32, Process>,
+    binaries: crate::FastMap<BinaryKey, Arc<Binary>>,
 }
 
 impl Default for ProcessRegistry {
@@ -251,8 +250,8 @@ impl ProcessRegistry {
         Self {
             proc_root: proc_root.into(),
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
-            processes: HashMap::new(),
-            binaries: HashMap::new(),
+            processes: Default::default(),
+            binaries: Default::default(),
         }
     }
 

@@ -88,7 +88,7 @@ pub fn monotonic_now_ns() -> u64 {
 /// What the capture loop accumulates.
 #[derive(Default)]
 pub struct Capture {
-    pub stacks: HashMap<RawStack, StackCount>,
+    pub stacks: crate::FastMap<RawStack, StackCount>,
     /// Per-sample times, when an output needs them.
     pub timeline: Option<Timeline>,
     /// Samples per time bucket, when something asks when the targets were on the CPU.

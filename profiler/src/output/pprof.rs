@@ -29,7 +29,7 @@ pub const PYTHON_MAPPING: &str = pyrometer_proto::naming::PYTHON_MAPPING;
 #[derive(Default)]
 struct Strings {
     table: Vec<String>,
-    ids: HashMap<String, i64>,
+    ids: crate::FastMap<String, i64>,
 }
 
 impl Strings {
@@ -54,11 +54,11 @@ type LocationKey = (u64, u64, Vec<(u64, i64)>);
 struct Writer {
     strings: Strings,
     mappings: Vec<pb::Mapping>,
-    mapping_ids: HashMap<(String, String), u64>,
+    mapping_ids: crate::FastMap<(String, String), u64>,
     functions: Vec<pb::Function>,
-    function_ids: HashMap<(String, String), u64>,
+    function_ids: crate::FastMap<(String, String), u64>,
     locations: Vec<pb::Location>,
-    location_ids: HashMap<LocationKey, u64>,
+    location_ids: crate::FastMap<LocationKey, u64>,
 }
 
 impl Writer {

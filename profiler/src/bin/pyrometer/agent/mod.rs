@@ -376,8 +376,10 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 .process_event_overflows
                 .store(discovery.overflows, Relaxed);
         }
-        // Some 25 map reads: once a second is as fresh as /metrics needs.
-        if stopping || last_counters.is_none_or(|t| t.elapsed() >= COUNTERS_EVERY) {
+        let push_due = stopping || interval_start.elapsed() >= cfg.interval;
+        // Some 25 map reads, a system call each: every few seconds, and with each push so
+        // that /metrics agrees with what was pushed.
+        if push_due || last_counters.is_none_or(|t| t.elapsed() >= COUNTERS_EVERY) {
             last_counters = Some(Instant::now());
             let unwinder = tables.unwinder.as_ref().map(|u| u.stats());
             publish_counters(
@@ -398,7 +400,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 );
             }
         }
-        if stopping || interval_start.elapsed() >= cfg.interval {
+        if push_due {
             if off_cpu {
                 // Threads blocked across the push still count in it (an idle worker would
                 // otherwise be missing until it wakes).
@@ -464,7 +466,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     }
     drop(sampler);
     drop(poller);
-    shared.stop.store(true, Relaxed);
+    {
+        // Under the lock: the pusher reads the flag under it before it sleeps untimed, so
+        // the wake-up cannot fall between its check and its sleep.
+        let _spool = shared.spool.lock().expect("not poisoned");
+        shared.stop.store(true, Relaxed);
+    }
     shared.wake.notify_all();
     if let Some(p) = pusher {
         let _ = p.join();
@@ -639,15 +646,19 @@ fn ring_buffer_bytes() -> u32 {
 /// of ms each time such a program started on a busy node.
 const DWARF_MAX_BYTES: u64 = 32 << 20;
 
-/// The longest the sampling loop sleeps between two reads of the ring buffer.
-const POLL: Duration = Duration::from_millis(200);
+/// The longest the sampling loop sleeps between two reads of the ring buffer. Nothing read
+/// here is late at a second: the kernel wakes the loop at once for what is (see the loop),
+/// and samples wait for the push anyway. Each wake-up costs a context switch and the loop's
+/// bookkeeping, which at 19 Hz cost more than the samples it found.
+const POLL: Duration = Duration::from_secs(1);
 
 /// The poll while Ray workers are sampled, and how long after the last of their samples.
 const RAY_POLL: Duration = Duration::from_millis(20);
 const RAY_LINGER: Duration = Duration::from_secs(5);
 
-/// How often the kernel's counters are copied to /metrics.
-const COUNTERS_EVERY: Duration = Duration::from_secs(1);
+/// How often the kernel's counters are copied to /metrics between pushes (Prometheus
+/// scrapes every 15-60 s).
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 
 /// Processes already chosen (until they exit): as sampling targets, and for allocation
 /// sampling.
@@ -779,10 +790,14 @@ fn pusher(shared: Arc<Shared>, mut client: PushClient) {
                     if stop_at.is_some() {
                         return;
                     }
-                    let _ = shared
-                        .wake
-                        .wait_timeout(spool, Duration::from_millis(500))
-                        .expect("not poisoned");
+                    // Until a batch is spooled or the agent stops (both notify): a timed
+                    // wait woke the agent twice a second for nothing.
+                    drop(
+                        shared
+                            .wake
+                            .wait_while(spool, |s| s.is_empty() && !shared.stop.load(Relaxed))
+                            .expect("not poisoned"),
+                    );
                     None
                 }
                 Err(e) => {
