@@ -12,8 +12,12 @@ use std::time::{Duration, Instant};
 /// How stale a Ray worker's title may be: a task switch is seen within this (plus the ring
 /// buffer's delivery delay), which bounds how many samples land under the previous task.
 const RAY_REFRESH: Duration = Duration::from_millis(20);
-/// Other processes are re-read rarely: one may still become a Ray worker (its title is set
-/// after start-up), but most never do.
+/// Other Python processes are re-read rarely: one may still become a Ray worker (its title is
+/// set after start-up) with only its other threads sampled, which a retitle does not rename;
+/// but most never do. Other programs are re-read only when their main thread is renamed or
+/// a thread's name starts with `ray::` (setproctitle renames the main thread): Ray's workers
+/// are Python, and reading `/proc/PID/cmdline` of every sampled process every 2 s was a fifth
+/// of the idle agent's time.
 const OTHER_REFRESH: Duration = Duration::from_secs(2);
 /// Processes remembered at once; beyond it the cache starts over (re-reading is cheap).
 const MAX_PROCESSES: usize = 16384;
@@ -107,8 +111,15 @@ impl TitleCache {
     /// The Ray labels of `pid` now, or None when it is not a Ray worker. `thread_comm` is the
     /// name of the sampled thread `tid`: setproctitle sets it too (`ray::train_ste`, 15
     /// bytes), so a process that just became a worker is re-read at once rather than after
-    /// OTHER_REFRESH; so is one whose main thread was renamed since the last read.
-    pub fn labels(&mut self, pid: u32, tid: u32, thread_comm: &str) -> Option<Arc<RayLabels>> {
+    /// OTHER_REFRESH; so is one whose main thread was renamed since the last read. A process
+    /// that is not `python` is not re-read on a timer.
+    pub fn labels(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        thread_comm: &str,
+        python: bool,
+    ) -> Option<Arc<RayLabels>> {
         let main = tid == pid;
         if let Some(e) = self.entries.get(&pid) {
             let max_age = if main && thread_comm != e.main_comm {
@@ -123,8 +134,10 @@ impl TitleCache {
                 }
             } else if thread_comm.starts_with("ray::") {
                 Duration::ZERO
-            } else {
+            } else if python {
                 OTHER_REFRESH
+            } else {
+                Duration::MAX
             };
             if e.read_at.elapsed() < max_age {
                 return e.labels.clone();
@@ -230,37 +243,37 @@ mod tests {
         std::fs::write(dir.join("cmdline"), b"ray::a\0").unwrap();
         std::fs::write(dir.join("environ"), b"RAY_JOB_ID=07000000\0").unwrap();
         let mut cache = TitleCache::new(&root);
-        assert_eq!(cache.labels(42, 42, "ray::a").unwrap().task, "a");
+        assert_eq!(cache.labels(42, 42, "ray::a", true).unwrap().task, "a");
         std::fs::write(dir.join("cmdline"), b"ray::Actor.m\0").unwrap();
         std::fs::write(dir.join("environ"), b"RAY_JOB_ID=changed\0").unwrap();
         std::thread::sleep(RAY_REFRESH * 2);
-        let l = cache.labels(42, 42, "ray::Actor.m").unwrap();
+        let l = cache.labels(42, 42, "ray::Actor.m", true).unwrap();
         assert_eq!(l.task, "Actor.m");
         assert_eq!(l.job.as_deref(), Some("07000000"));
         // Between method calls the title is the class alone: still that actor.
         std::fs::write(dir.join("cmdline"), b"ray::Actor\0").unwrap();
-        let l = cache.labels(42, 42, "ray::Actor").unwrap();
+        let l = cache.labels(42, 42, "ray::Actor", true).unwrap();
         assert_eq!(
             (l.task.as_str(), l.actor.as_deref()),
             ("Actor", Some("Actor"))
         );
-        assert_eq!(cache.labels(43, 43, "python3"), None);
+        assert_eq!(cache.labels(43, 43, "python3", true), None);
         // A process seen before it became a worker: its new thread name triggers a re-read.
         let dir = root.join("44");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cmdline"), b"python3\0worker.py\0").unwrap();
-        assert_eq!(cache.labels(44, 44, "python3"), None);
+        assert_eq!(cache.labels(44, 44, "python3", true), None);
         std::fs::write(dir.join("cmdline"), b"ray::f\0").unwrap();
         assert_eq!(
-            cache.labels(44, 45, "python3"),
+            cache.labels(44, 45, "python3", true),
             None,
             "not re-read within OTHER_REFRESH"
         );
-        assert_eq!(cache.labels(44, 44, "ray::f").unwrap().task, "f");
+        assert_eq!(cache.labels(44, 44, "ray::f", true).unwrap().task, "f");
         // Its last samples, delivered after it exited, keep the title it last had.
         std::fs::remove_dir_all(&dir).unwrap();
         std::thread::sleep(RAY_REFRESH * 2);
-        assert_eq!(cache.labels(44, 44, "ray::f").unwrap().task, "f");
+        assert_eq!(cache.labels(44, 44, "ray::f", true).unwrap().task, "f");
         let _ = std::fs::remove_dir_all(&root);
     }
 
@@ -273,14 +286,14 @@ mod tests {
         std::fs::write(dir.join("cmdline"), b"sh\0-c\0exec worker\0").unwrap();
         std::fs::write(dir.join("environ"), b"X=1\0").unwrap();
         let mut cache = TitleCache::new(&root);
-        assert_eq!(cache.labels(50, 50, "sh"), None);
+        assert_eq!(cache.labels(50, 50, "sh", true), None);
         std::fs::write(dir.join("cmdline"), b"worker\0").unwrap();
         std::fs::write(dir.join("environ"), b"RAY_JOB_ID=05000000\0").unwrap();
         cache.forget(50);
-        assert_eq!(cache.labels(50, 50, "worker"), None);
+        assert_eq!(cache.labels(50, 50, "worker", true), None);
         // Its retitle renames the main thread, not necessarily to `ray::...`.
         std::fs::write(dir.join("cmdline"), b"ray::task_a\0").unwrap();
-        let l = cache.labels(50, 50, "task_a").unwrap();
+        let l = cache.labels(50, 50, "task_a", true).unwrap();
         assert_eq!(
             (l.task.as_str(), l.job.as_deref()),
             ("task_a", Some("05000000")),
@@ -288,12 +301,41 @@ mod tests {
         );
         std::fs::write(dir.join("cmdline"), b"ray::Trainer.step\0").unwrap();
         assert_eq!(
-            cache.labels(50, 50, "Trainer.step").unwrap().task,
+            cache.labels(50, 50, "Trainer.step", true).unwrap().task,
             "Trainer.step"
         );
         // A title caught half-written (cleared) keeps the one before.
         std::fs::write(dir.join("cmdline"), b"\0\0\0\0").unwrap();
-        assert_eq!(cache.labels(50, 50, "task_b").unwrap().task, "Trainer.step");
+        assert_eq!(
+            cache.labels(50, 50, "task_b", true).unwrap().task,
+            "Trainer.step"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn only_python_processes_are_re_read_on_a_timer() {
+        let root = std::env::temp_dir().join(format!("pyrometer-ray-timer-{}", std::process::id()));
+        for pid in [60, 61] {
+            std::fs::create_dir_all(root.join(pid.to_string())).unwrap();
+            std::fs::write(root.join(format!("{pid}/cmdline")), b"prog\0").unwrap();
+        }
+        let mut cache = TitleCache::new(&root);
+        assert_eq!(cache.labels(60, 60, "prog", false), None);
+        assert_eq!(cache.labels(61, 61, "prog", true), None);
+        for pid in [60, 61] {
+            std::fs::write(root.join(format!("{pid}/cmdline")), b"ray::f\0").unwrap();
+        }
+        std::thread::sleep(OTHER_REFRESH + RAY_REFRESH);
+        // Sampled in a thread the retitle did not rename.
+        assert_eq!(
+            cache.labels(60, 62, "worker", false),
+            None,
+            "not on a timer"
+        );
+        assert_eq!(cache.labels(61, 63, "worker", true).unwrap().task, "f");
+        // A renamed main thread is re-read whatever the program.
+        assert_eq!(cache.labels(60, 60, "f", false).unwrap().task, "f");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

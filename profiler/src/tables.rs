@@ -61,7 +61,7 @@ impl Tables {
         }
         if self.last_gc.elapsed() >= GC_INTERVAL {
             self.last_gc = Instant::now();
-            self.gc(Path::new("/proc"), probes);
+            self.gc(probes);
             // Rows freed by processes that exited go to the tables that did not fit before.
             if let Some(u) = self.unwinder.as_mut() {
                 for pid in u.retry_pids() {
@@ -73,14 +73,14 @@ impl Tables {
         }
     }
 
-    fn gc(&mut self, proc_root: &Path, probes: &mut (dyn Uprobes + '_)) {
+    fn gc(&mut self, probes: &mut (dyn Uprobes + '_)) {
         if let Some(u) = self.unwinder.as_mut() {
-            u.gc(proc_root);
+            u.gc();
         }
-        self.python.gc(proc_root);
+        self.python.gc();
         if let Some(a) = self.alloc.as_mut() {
             for pid in a.pids() {
-                if !crate::target::alive(proc_root, pid) {
+                if !crate::target::alive(Path::new("/proc"), pid) {
                     a.forget(pid);
                     probes.detach_process_probes(pid);
                 }

@@ -375,9 +375,9 @@ impl Unwinder {
     }
 
     /// Forgets processes that are gone (every few seconds from the capture loop).
-    pub fn gc(&mut self, proc_root: &Path) {
+    pub fn gc(&mut self) {
         for pid in self.pids() {
-            if !crate::target::alive(proc_root, pid) {
+            if !crate::target::exists(pid) {
                 self.remove_process(pid);
             }
         }

@@ -1,8 +1,10 @@
 //! `cargo xtask bench` part `agent`: the always-on footprint. The release agent samples every
-//! process of the node at 19 Hz for a minute (BENCH_AGENT_SECONDS) while one CPU burner per
-//! CPU keeps the node busy, pushing to a collector on loopback; printed are its CPU share of
-//! one core after start-up and its resident memory, peak and steady (the median of the
-//! second half). A figure, not a pass/fail. BENCH_AGENT_COLLECTOR names a collector binary
+//! process of the node at 19 Hz for two minutes (BENCH_AGENT_SECONDS) while one CPU burner
+//! per CPU keeps the node busy, pushing to a collector on loopback; printed are its CPU share
+//! of one core after start-up, over the whole run and over each half (the first minute holds
+//! the one-off work for the node's binaries: their unwind tables, their symbols and debug
+//! files at the first push; the second is the agent as it runs for days), and its resident
+//! memory, peak and steady (the median of the second half). A figure, not a pass/fail. BENCH_AGENT_COLLECTOR names a collector binary
 //! to push to instead of building the release one (its own cost is not measured).
 //! BENCH_AGENT_BASELINE names another `pyrometer` binary (say, a build of main) to run in
 //! alternating rounds with this one (BENCH_AGENT_ROUNDS, default 1), for before/after
@@ -36,7 +38,7 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     let seconds: u64 = std::env::var("BENCH_AGENT_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(120);
     let collector_bin = match std::env::var_os("BENCH_AGENT_COLLECTOR") {
         Some(path) => std::path::PathBuf::from(path),
         None => {
@@ -120,9 +122,10 @@ fn print_footprint(what: &str, seconds: u64, cpus: usize, runs: &[Footprint]) {
         }
     );
     println!(
-        "  CPU {:.3} % of one core ({:.3} % in the second half); RSS peak {:.1} MB (start-up \
-         included), steady {:.1} MB; {} samples, {} pushed",
+        "  CPU {:.3} % of one core ({:.3} % in the first half, {:.3} % in the second); RSS peak \
+         {:.1} MB (start-up included), steady {:.1} MB; {} samples, {} pushed",
         med(&|r| r.cpu) * 100.0,
+        med(&|r| r.cpu_first_half) * 100.0,
         med(&|r| r.cpu_second_half) * 100.0,
         med(&|r| r.peak_kb as f64) / 1024.0,
         med(&|r| r.steady_kb) / 1024.0,
@@ -132,9 +135,19 @@ fn print_footprint(what: &str, seconds: u64, cpus: usize, runs: &[Footprint]) {
     if runs.len() > 1 {
         let each: Vec<String> = runs
             .iter()
-            .map(|r| format!("{:.3}", r.cpu * 100.0))
+            .map(|r| {
+                format!(
+                    "{:.3} ({:.3} + {:.3})",
+                    r.cpu * 100.0,
+                    r.cpu_first_half * 100.0,
+                    r.cpu_second_half * 100.0
+                )
+            })
             .collect();
-        println!("  CPU of each round (%): {}", each.join(", "));
+        println!(
+            "  CPU of each round, whole (first half + second half), %: {}",
+            each.join(", ")
+        );
     }
 }
 
@@ -143,6 +156,8 @@ struct Footprint {
     /// The 1-minute load average at the end of the run.
     load: f64,
     cpu: f64,
+    /// The CPU share over the first half of the run: start-up's tail and the first push.
+    cpu_first_half: f64,
     /// The CPU share over the second half of the run: without the first push's work
     /// (parsing the symbols and debug files of the node's long-running binaries once).
     cpu_second_half: f64,
@@ -227,6 +242,8 @@ fn run_agent(
     let cpu1 = cpu_ns(pid)?;
     let cpu = (cpu1 - cpu0) as f64 / t0.elapsed().as_nanos() as f64;
     let (cpu_half, t_half) = half.unwrap_or((cpu0, t0));
+    let cpu_first_half =
+        (cpu_half - cpu0) as f64 / t_half.duration_since(t0).as_nanos().max(1) as f64;
     let cpu_second_half = (cpu1 - cpu_half) as f64 / t_half.elapsed().as_nanos().max(1) as f64;
     let load = std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -248,6 +265,7 @@ fn run_agent(
         startup_s,
         load,
         cpu,
+        cpu_first_half,
         cpu_second_half,
         peak_kb,
         steady_kb,

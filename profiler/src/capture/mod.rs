@@ -291,7 +291,9 @@ impl Capture {
             sample.inline_kernel_frames().collect()
         };
         let comm = sample.comm();
-        let ray = self.titles.labels(h.pid, h.tid, &comm);
+        let ray = self
+            .titles
+            .labels(h.pid, h.tid, &comm, python.module(h.pid).is_some());
         // Python threads are labelled with their `threading` name where it can be read.
         let (thread, thread_named) = match python.thread_name(h.pid, h.tid) {
             Some(name) => (name.to_string(), true),

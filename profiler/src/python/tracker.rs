@@ -661,7 +661,7 @@ impl PyTracker {
     /// Forgets processes that are gone (every few seconds from the capture loop), and looks
     /// again for the GIL of processes registered before their interpreter had one (3.12+
     /// point to it from the interpreter state, which a just-started process may not have yet).
-    pub fn gc(&mut self, proc_root: &Path) {
+    pub fn gc(&mut self) {
         if let Some(map) = self.map.as_mut() {
             for (&pid, t) in &self.procs {
                 if let Ok(mut entry) = map.get(&pid, 0)
@@ -675,7 +675,7 @@ impl PyTracker {
             }
         }
         for pid in self.pids() {
-            if !crate::target::alive(proc_root, pid) {
+            if !crate::target::exists(pid) {
                 self.remove(pid);
                 self.noticed.remove(&pid);
             }
