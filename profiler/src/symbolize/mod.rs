@@ -88,6 +88,12 @@ enum ModKey {
 /// a debug build of a large program (hundreds of MB of DWARF) does not.
 pub const KEEP_OPEN_BYTES: u64 = 24 << 20;
 
+/// How many [`Symbolizer::release_files`] periods (pushes: 10 s each in the agent) a file
+/// stays open without being used, budget permitting. A binary that keeps running does not
+/// meet a new address every push: released after one push without one, the C library's debug
+/// file was decompressed again (~30 ms) at the next, every minute or so on a quiet node.
+pub const KEEP_OPEN_PERIODS: u64 = 30;
+
 /// One file's blazesym reader, and how it was used.
 struct OpenFile {
     blaze: blazesym::symbolize::Symbolizer,
@@ -192,23 +198,23 @@ impl Symbolizer {
     /// from them), keeping the results and what is known of each binary. A long-running agent
     /// calls it after each push: otherwise every binary a profile ever touched stays in its
     /// resident set, on a busy node hundreds of MB. The files used most since the previous
-    /// call stay open, up to [`KEEP_OPEN_BYTES`]: a binary that keeps running keeps meeting
+    /// calls stay open, up to [`KEEP_OPEN_BYTES`]: a binary that keeps running keeps meeting
     /// addresses not seen before (libc's, the interpreter's), and parsing it again for each
-    /// (decompressing a debug file's DWARF) was most of an always-on agent's CPU time. A
-    /// later miss opens a released file again.
+    /// (decompressing a debug file's DWARF) was most of an always-on agent's CPU time. The
+    /// most recently used first, then the most used; none unused for [`KEEP_OPEN_PERIODS`].
+    /// A later miss opens a released file again.
     pub fn release_files(&mut self) {
         let period = self.period;
-        // The most used first, while they fit in KEEP_OPEN_BYTES.
-        let mut used: Vec<(u64, u64, PathBuf)> = self
+        let mut used: Vec<(u64, u64, u64, PathBuf)> = self
             .open
             .iter()
-            .filter(|(_, f)| f.used == period)
-            .map(|(p, f)| (f.lookups, f.bytes, p.clone()))
+            .filter(|(_, f)| period - f.used < KEEP_OPEN_PERIODS)
+            .map(|(p, f)| (f.used, f.lookups, f.bytes, p.clone()))
             .collect();
-        used.sort_by_key(|u| std::cmp::Reverse(u.0));
+        used.sort_by_key(|u| std::cmp::Reverse((u.0, u.1)));
         let mut budget = KEEP_OPEN_BYTES;
         let mut keep = std::collections::HashSet::new();
-        for (_, bytes, path) in used {
+        for (_, _, bytes, path) in used {
             if bytes <= budget {
                 budget -= bytes;
                 keep.insert(path);
@@ -224,6 +230,11 @@ impl Symbolizer {
     /// Files open now (for tests and statistics).
     pub fn open_files(&self) -> usize {
         self.open.len()
+    }
+
+    /// Whether `path` is open now (for tests).
+    pub fn is_open(&self, path: &Path) -> bool {
+        self.open.contains_key(path)
     }
 
     /// Symbolizes a user stack of `pid`: `addrs` are leaf first, the first the sampled IP, the

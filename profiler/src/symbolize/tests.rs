@@ -450,10 +450,17 @@ fn release_files_keeps_files_in_use_within_the_budget() {
     assert_eq!(s.open_files(), 1, "used in the period: stays open");
     // A new address of a kept file is read from the open file (and named right).
     assert_eq!(s.symbolize_elf(&prog, hidden)[0].function, "hidden_static");
+    // Kept through periods without a new address, up to KEEP_OPEN_PERIODS of them.
+    for _ in 0..KEEP_OPEN_PERIODS {
+        s.release_files();
+        assert_eq!(
+            s.open_files(),
+            1,
+            "used within KEEP_OPEN_PERIODS: stays open"
+        );
+    }
     s.release_files();
-    assert_eq!(s.open_files(), 1);
-    s.release_files();
-    assert_eq!(s.open_files(), 0, "not used in the last period: let go");
+    assert_eq!(s.open_files(), 0, "unused for KEEP_OPEN_PERIODS: let go");
     // Opened again on a later miss.
     assert_eq!(
         s.symbolize_elf(&prog, hidden + 1)[0].function,
@@ -476,4 +483,27 @@ fn release_files_keeps_files_in_use_within_the_budget() {
     s.symbolize_elf(&prog, hidden + 2);
     s.release_files();
     assert_eq!(s.open_files(), 1, "big not reopened: prog only");
+}
+
+/// Within the budget the most recently used files stay: of two files not used in this period,
+/// the one used in the one before stays rather than the one used earlier.
+#[test]
+fn release_files_prefers_the_most_recently_used() {
+    let tmp = TempDir::new("sym-release-recent");
+    // Three files, any two of which fit in the budget.
+    let pad = KEEP_OPEN_BYTES * 2 / 5;
+    let src = format!("__attribute__((used)) static const char pad[{pad}] = {{1}};\n{PROG}");
+    let [a, b, c] = ["a", "b", "c"].map(|n| compile_c(&tmp, n, &src, &["-O0", "-g"]));
+    let (known, _) = symbol(&a, "known_function", false);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    for (i, f) in [&a, &b, &c].into_iter().enumerate() {
+        // Each used in a period of its own, `a` the most.
+        for k in 0..(3 - i as u64) * 4 {
+            s.symbolize_elf(f, known + k);
+        }
+        s.release_files();
+    }
+    assert_eq!(s.open_files(), 2);
+    assert!(s.is_open(&c) && s.is_open(&b), "the two most recent kept");
+    assert!(!s.is_open(&a), "the oldest let go");
 }
