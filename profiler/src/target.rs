@@ -406,6 +406,18 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
+        // spawn can return before exec has renamed the child (the parent is released when
+        // the child drops its old memory, early in exec): on a busy machine the name was still
+        // the test thread's once, and the first match below failed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default() != "sleep\n"
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleep never named itself"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let re = regex::Regex::new("^sleep$").unwrap();
         let mut known = HashSet::new();
         assert!(
