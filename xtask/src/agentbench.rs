@@ -4,8 +4,9 @@
 //! of one core after start-up, over the whole run and over each half (the first minute holds
 //! the one-off work for the node's binaries: their unwind tables, their symbols and debug
 //! files at the first push; the second is the agent as it runs for days), and its resident
-//! memory, peak and steady (the median of the second half). A figure, not a pass/fail. BENCH_AGENT_COLLECTOR names a collector binary
-//! to push to instead of building the release one (its own cost is not measured).
+//! memory, peak and steady (the median of the second half). A figure, not a pass/fail.
+//! BENCH_AGENT_COLLECTOR names a collector binary to push to instead of building the release
+//! one (its own cost is not measured).
 //! BENCH_AGENT_BASELINE names another `pyrometer` binary (say, a build of main) to run in
 //! alternating rounds with this one (BENCH_AGENT_ROUNDS, default 1), for before/after
 //! medians measured under the same neighbours.

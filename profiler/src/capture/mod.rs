@@ -291,14 +291,13 @@ impl Capture {
             sample.inline_kernel_frames().collect()
         };
         let comm = sample.comm();
-        let ray = self
-            .titles
-            .labels(h.pid, h.tid, &comm, python.module(h.pid).is_some());
+        let is_python = python.module(h.pid).is_some();
+        let ray = self.titles.labels(h.pid, h.tid, &comm, is_python);
         // Python threads are labelled with their `threading` name where it can be read.
         let (thread, thread_named) = match python.thread_name(h.pid, h.tid) {
             Some(name) => (name.to_string(), true),
             None => {
-                if self.unnamed_threads.len() < MAX_LATE_THREADS && python.module(h.pid).is_some() {
+                if self.unnamed_threads.len() < MAX_LATE_THREADS && is_python {
                     self.unnamed_threads.insert((h.pid, h.tid));
                 }
                 (comm, false)
