@@ -166,7 +166,8 @@ pub struct ExecMapping {
     pub row_count: u32,
     /// The table's first bucket in `unwind_index`.
     pub index_first: u32,
-    /// Its buckets (0: no index, the whole table is searched).
+    /// Its buckets (0 only without a table: the kernel searches a bucket's rows, never a
+    /// whole table).
     pub index_count: u32,
     /// The ELF address bucket 0 starts at (the table's first row's pc).
     pub pc_base: u32,

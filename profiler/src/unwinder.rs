@@ -40,9 +40,10 @@ enum TableKey {
 struct LoadedTable {
     first: u32,
     count: u32,
-    /// Its bucket index in `unwind_index`: (first entry, entries, pc of bucket 0); none when
-    /// the index array was full (the kernel then searches the whole table).
-    index: Option<(u32, u32, u32)>,
+    /// Its bucket index in `unwind_index`: (first entry, entries, pc of bucket 0). Every
+    /// loaded table has one: the kernel's row search is bounded by a bucket's rows (at most
+    /// one per byte of its 1 KiB of text), which keeps its loop short for the verifier.
+    index: (u32, u32, u32),
     /// PT_LOAD segments (file offset, vaddr, file size), to turn a mapping into a load bias.
     loads: Vec<(u64, u64, u64)>,
     /// Processes whose mapping table points at these rows.
@@ -294,7 +295,7 @@ impl Unwinder {
                 Some(t) => {
                     t.last_used = clock;
                     let bias = load_bias(&t.loads, m.start, m.offset);
-                    (t.first, t.count, t.index, bias)
+                    (t.first, t.count, Some(t.index), bias)
                 }
                 None => {
                     if self.too_big.contains_key(&key) && !missing.contains(&key) {
@@ -491,20 +492,25 @@ impl Unwinder {
             }
         }
         let buckets = bucket_index(&table.rows);
-        let index = u32::try_from(buckets.len())
-            .ok()
-            .and_then(|n| Some((self.index_free.take(n)?, n)))
-            .and_then(|(at, n)| match self.index.window(at, n) {
-                Ok(window) => {
-                    window.write(&buckets);
-                    Some((at, n, table.rows[0].pc))
-                }
-                Err(_) => {
-                    // Without its index the kernel searches the whole table.
-                    self.index_free.give_back(at, n);
-                    None
-                }
-            });
+        let Ok(n) = u32::try_from(buckets.len()) else {
+            self.free.give_back(first, count);
+            return Built::TooBig(count);
+        };
+        let Some(at) = self.allocate_index(n) else {
+            // Rows without an index cannot be searched by the kernel (see LoadedTable::index).
+            self.free.give_back(first, count);
+            return Built::TooBig(count);
+        };
+        match self.index.window(at, n) {
+            Ok(window) => window.write(&buckets),
+            Err(_) => {
+                self.index_free.give_back(at, n);
+                self.free.give_back(first, count);
+                self.stats.tables_failed += 1;
+                return Built::Failed;
+            }
+        }
+        let index = (at, n, table.rows[0].pc);
         self.stats.tables_built += 1;
         self.stats.rows_used += u64::from(count);
         Built::Loaded(LoadedTable {
@@ -530,14 +536,29 @@ impl Unwinder {
                 return Some(first);
             }
             let victim = eviction_victim(&self.tables, now)?;
-            if let Some(Some(t)) = self.tables.remove(&victim) {
-                self.stats.tables_evicted += 1;
-                self.stats.rows_used -= u64::from(t.count);
-                self.free.give_back(t.first, t.count);
-                if let Some((at, n, _)) = t.index {
-                    self.index_free.give_back(at, n);
-                }
+            self.evict(&victim);
+        }
+    }
+
+    /// The same for a table's bucket index, evicting as `allocate` does.
+    fn allocate_index(&mut self, entries: u32) -> Option<u32> {
+        let now = self.clock;
+        loop {
+            if let Some(at) = self.index_free.take(entries) {
+                return Some(at);
             }
+            let victim = eviction_victim(&self.tables, now)?;
+            self.evict(&victim);
+        }
+    }
+
+    fn evict(&mut self, key: &TableKey) {
+        if let Some(Some(t)) = self.tables.remove(key) {
+            self.stats.tables_evicted += 1;
+            self.stats.rows_used -= u64::from(t.count);
+            self.free.give_back(t.first, t.count);
+            let (at, n, _) = t.index;
+            self.index_free.give_back(at, n);
         }
     }
 }
@@ -590,7 +611,7 @@ mod tests {
         Some(LoadedTable {
             first: 0,
             count: 1,
-            index: None,
+            index: (0, 1, 0),
             loads: Vec::new(),
             users,
             last_used,

@@ -194,7 +194,7 @@ pub fn workload(dir: &Path, name: &str, seconds: u32) -> Child {
 pub fn workload_of(fixture: &str, dir: &Path, name: &str, seconds: u32) -> Child {
     let exe = dir.join(name);
     if !exe.exists() {
-        std::fs::copy(crate::fixture(fixture), &exe).expect("copy the fixture");
+        crate::copy_executable(&crate::fixture(fixture), &exe);
     }
     Command::new(&exe)
         .arg(seconds.to_string())

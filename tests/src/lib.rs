@@ -19,6 +19,24 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("FIXTURE_DIR")).join(name)
 }
 
+/// Copies an executable for a test to run under its own name, with `cp`: a copy written by
+/// this process leaves its write descriptor, for a moment, in the children other test threads
+/// fork meanwhile, and running the copy then fails with "Text file busy" (ETXTBSY); it failed
+/// an agent test once on a busy machine.
+pub fn copy_executable(from: &Path, to: &Path) {
+    let status = std::process::Command::new("cp")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap_or_else(|e| panic!("cp {}: {e}", from.display()));
+    assert!(
+        status.success(),
+        "cp {} {}: {status}",
+        from.display(),
+        to.display()
+    );
+}
+
 /// The NVML test double (`fixtures/nvml_testdouble.c`): scripted GPUs for machines without one.
 pub fn nvml_testdouble() -> PathBuf {
     fixture("libnvml-testdouble.so")

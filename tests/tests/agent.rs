@@ -209,7 +209,7 @@ fn off_cpu_across_pushes_is_counted_once() {
     // SAFETY: mkfifo(3) with a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let exe = dir.join("ocpu-wl");
-    std::fs::copy(pyrometer_e2e::fixture("offcpu"), &exe).unwrap();
+    pyrometer_e2e::copy_executable(&pyrometer_e2e::fixture("offcpu"), &exe);
     let load = Command::new("sh")
         .arg("-c")
         .arg(format!(
@@ -289,7 +289,7 @@ fn allocations_of_a_chosen_process_are_pushed() {
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     // The fixture waits for a line before it allocates, so the probes are in first.
     let exe = dir.join("alloc-wl");
-    std::fs::copy(pyrometer_e2e::fixture("allocs"), &exe).unwrap();
+    pyrometer_e2e::copy_executable(&pyrometer_e2e::fixture("allocs"), &exe);
     let mut workload = Command::new(&exe)
         .args(["pause", "leak"])
         .stdin(Stdio::piped())

@@ -117,7 +117,7 @@ fn the_agent_samples_preloaded_processes_and_forgets_exited_ones() {
         }
     };
     let exe = dir.join("preload-wl");
-    std::fs::copy(fixture("allocs"), &exe).unwrap();
+    pyrometer_e2e::copy_executable(&fixture("allocs"), &exe);
     // Alive for several pushes after its work, holding its leak.
     let workload = Command::new(&exe)
         .args(["leak", "8"])
@@ -151,7 +151,7 @@ fn the_agent_samples_preloaded_processes_and_forgets_exited_ones() {
     // Started now, a second copy holds its leak (until killed below): the positive control of
     // the buckets after the first one exited.
     let live_exe = dir.join("preload-live");
-    std::fs::copy(fixture("allocs"), &live_exe).unwrap();
+    pyrometer_e2e::copy_executable(&fixture("allocs"), &live_exe);
     let control = Killed(
         Command::new(&live_exe)
             .args(["leak", "120"])

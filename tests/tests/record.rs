@@ -559,10 +559,10 @@ fn comm_finds_running_and_later_processes() {
     }
     let dir = scratch("comm");
     let (early, late) = (dir.join("comm-early"), dir.join("comm-late"));
-    std::fs::copy(fixture("cpu631"), &early).unwrap();
-    std::fs::copy(fixture("cpu631"), &late).unwrap();
+    pyrometer_e2e::copy_executable(&fixture("cpu631"), &early);
+    pyrometer_e2e::copy_executable(&fixture("cpu631"), &late);
     let other = dir.join("comm-other");
-    std::fs::copy(fixture("cpu631"), &other).unwrap();
+    pyrometer_e2e::copy_executable(&fixture("cpu631"), &other);
     let spawn = |exe: &Path| {
         Command::new(exe)
             .arg("20")

@@ -61,7 +61,7 @@ fn a_real_agents_deep_stack_leaves_the_flame_graph_readable() {
     let dir = scratch("webui-agents");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     let deep_exe = dir.join("deepwl");
-    std::fs::copy(fixture("recurse"), &deep_exe).expect("copy the recurse fixture");
+    pyrometer_e2e::copy_executable(&fixture("recurse"), &deep_exe);
     let mut deep = std::process::Command::new(&deep_exe)
         .args(["14", &DEPTH.to_string()])
         .spawn()

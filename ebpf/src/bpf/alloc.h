@@ -225,8 +225,7 @@ static __attribute__((noinline)) void alloc_move(__u32 tgid, __u32 tid, __u64 ol
 static __always_inline void alloc_send(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u64 now,
 				       __u32 flags, __u64 size, __u64 addr)
 {
-	__u32 zero = 0;
-	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
+	struct offcpu_record *rec = (struct offcpu_record *)scratch_record(SCRATCH_PROBE);
 	if (!rec)
 		return;
 	record_header(&rec->hdr, now, tgid, tid, flags);

@@ -121,8 +121,7 @@ int gil_take_enter(struct pt_regs *ctx)
 		return 0;
 	}
 
-	__u32 zero = 0;
-	struct offcpu_record *rec = bpf_map_lookup_elem(&probe_scratch, &zero);
+	struct offcpu_record *rec = (struct offcpu_record *)scratch_record(SCRATCH_PROBE);
 	if (!rec)
 		return 0;
 	record_header(&rec->hdr, now, tgid, tid, SAMPLE_GIL_WAIT);

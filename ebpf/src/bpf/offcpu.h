@@ -52,8 +52,7 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 	if (tid == 0 || !is_target(tgid) || gil_waiting(tid))
 		return;
 
-	__u32 zero = 0;
-	struct offcpu_record *rec = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+	struct offcpu_record *rec = (struct offcpu_record *)scratch_record(SCRATCH_OFFCPU);
 	if (!rec)
 		return;
 	record_header(&rec->hdr, bpf_ktime_get_ns(), tgid, tid, SAMPLE_OFFCPU);

@@ -81,6 +81,27 @@ static __always_inline __u64 read_user_u64(__u64 addr)
 	return v;
 }
 
+static __always_inline __u64 buf_u64(__u8 *buf, __u32 off)
+{
+	if (off > PY_FRAME_READ_MAX - 8)
+		return 0;
+	return *(__u64 *)(buf + off);
+}
+
+static __always_inline __u32 buf_u32(__u8 *buf, __u32 off)
+{
+	if (off > PY_FRAME_READ_MAX - 4)
+		return 0;
+	return *(__u32 *)(buf + off);
+}
+
+static __always_inline __u8 buf_u8(__u8 *buf, __u32 off)
+{
+	if (off > PY_FRAME_READ_MAX - 1)
+		return 0;
+	return buf[off];
+}
+
 struct ts_search {
 	__u64 ts;
 	__u64 want;
@@ -112,30 +133,70 @@ static long ts_search_step(__u32 index, struct ts_search *s)
 	return 0;
 }
 
-// The current thread's PyThreadState, or 0.
-static __always_inline __u64 py_find_tstate(struct py_process *p, __u32 tid)
+// The thread id and frame fields of the thread state at `ts`, with one read of the bytes
+// between them when they lie within PY_FRAME_READ_MAX of each other (3.11-3.13), into the
+// frame buffer `fb`: a user read costs ~100 ns in a VM (the helper and copy_from_user's
+// calls and returns), as much as a dozen frames of the walk. Returns 0 on success.
+static __always_inline int py_tstate_fields(struct py_process *p, struct py_frame_buf *fb,
+					    __u64 ts, __u64 *id, __u64 *frame)
 {
-	struct task_struct___py *task = (void *)bpf_get_current_task();
-	__u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
+	// 64-bit throughout: clang checked a 32-bit copy of the length and passed the other.
+	__u64 id_off = p->off.tstate_thread_id, frame_off = p->off.tstate_frame;
+	__u64 lo = id_off < frame_off ? id_off : frame_off;
+	__u64 len = (id_off < frame_off ? frame_off : id_off) + 8 - lo;
+	barrier_var(len);
+	// One bound, one register: clang turned `len > 0 && len <= MAX` into a test of a copy,
+	// which 6.1's and 6.12's verifiers do not carry back to the helper's argument.
+	if (len <= PY_FRAME_READ_MAX) {
+		if (bpf_probe_read_user(fb->bytes, len, (void *)(ts + lo)))
+			return -1;
+		*id = buf_u64(fb->bytes, id_off - lo);
+		*frame = buf_u64(fb->bytes, frame_off - lo);
+		return 0;
+	}
+	if (bpf_probe_read_user(id, 8, (void *)(ts + id_off)) ||
+	    bpf_probe_read_user(frame, 8, (void *)(ts + frame_off)))
+		return -1;
+	return 0;
+}
+
+// The current thread's PyThreadState, or 0; `*frame` is its frame field (tstate_frame) when
+// the cached thread state was confirmed, else 0 (the caller reads it).
+static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_frame_buf *fb,
+					    __u32 tid, __u64 *frame)
+{
+	*frame = 0;
+	// A trusted BTF pointer: the field is a plain load, not a bpf_probe_read_kernel call.
+	struct task_struct___py *task = (void *)bpf_get_current_task_btf();
+	__u64 fsbase = task->thread.fsbase;
 	if (!fsbase)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
 	struct py_thread *cached = bpf_map_lookup_elem(&py_threads, &tid);
 	// Read only for a thread known to have none (two reads), or for a search.
 	__u64 interp = 0, head = 0;
+	__u64 now = 0;
 	if (cached) {
 		__u64 ts = cached->tstate;
 		if (ts) {
-			if (read_user_u64(ts + p->off.tstate_thread_id) == fsbase)
+			__u64 id = 0, f = 0;
+			if (!py_tstate_fields(p, fb, ts, &id, &f) && id == fsbase) {
+				*frame = f;
 				return ts;
-		} else if (now - cached->checked_ns < PY_NO_THREAD_TTL_NS &&
-			   now - BPF_CORE_READ(task, start_time) >= PY_NO_THREAD_TTL_NS) {
-			interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
-			head = read_user_u64(interp + p->off.interp_threads_head);
-			if (head == cached->head)
-				return 0;
+			}
+		} else {
+			now = bpf_ktime_get_ns();
+			if (now - cached->checked_ns < PY_NO_THREAD_TTL_NS &&
+			    now - task->start_time >= PY_NO_THREAD_TTL_NS) {
+				interp = read_user_u64(p->runtime +
+						       p->off.runtime_interpreters_head);
+				head = read_user_u64(interp + p->off.interp_threads_head);
+				if (head == cached->head)
+					return 0;
+			}
 		}
 	}
+	if (!now)
+		now = bpf_ktime_get_ns();
 	count(COUNTER_PY_TSTATE_SEARCHES);
 	if (!interp) {
 		interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
@@ -197,71 +258,52 @@ struct py_walk {
 	__u32 reserved2;
 };
 
-static __always_inline __u64 buf_u64(__u8 *buf, __u32 off)
+// The first `len` bytes of the frame at `frame`: in the window for a 3.11+ frame
+// (`windowed`: they lie next to one another in the interpreter's data stack), else copied
+// into the frame buffer `fb` (a PyFrameObject of 3.8-3.10 is a heap object of its own,
+// where a page copy per frame would cost more than the frame's read). NULL when unreadable.
+// Either way PY_FRAME_READ_MAX bytes may be read past the pointer: the window has that much
+// slack, and the frame buffer is that big.
+static __always_inline __u8 *py_frame_bytes(struct user_win *win, struct user_win_buf *wb,
+					    struct py_frame_buf *fb, __u64 frame, __u32 len,
+					    int windowed)
 {
-	if (off > PY_FRAME_READ_MAX - 8)
-		return 0;
-	return *(__u64 *)(buf + off);
-}
-
-static __always_inline __u32 buf_u32(__u8 *buf, __u32 off)
-{
-	if (off > PY_FRAME_READ_MAX - 4)
-		return 0;
-	return *(__u32 *)(buf + off);
-}
-
-static __always_inline __u8 buf_u8(__u8 *buf, __u32 off)
-{
-	if (off > PY_FRAME_READ_MAX - 1)
-		return 0;
-	return buf[off];
-}
-
-// Copies the first `len` bytes of the frame at `frame` into the frame buffer of the window's
-// scratch kind: from the window for a 3.11+ frame (`windowed`), else read directly (a
-// PyFrameObject of 3.8-3.10 is a heap object of its own, where a page copy per frame would
-// cost more than the frame's read). Returns 0 on success. Global, like user_win_u64.
-__attribute__((noinline)) int py_frame_read(struct user_win *win, __u64 frame, __u64 len,
-					    __u64 windowed)
-{
-	if (!win)
-		return -1;
-	__u32 which = win->which;
-	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &which);
-	if (!fb)
-		return -1;
 	if (len > PY_FRAME_READ_MAX)
 		len = PY_FRAME_READ_MAX;
-	// 64-bit arguments: the verifier knows nothing of a global function's argument
-	// registers, so a 32-bit clamp would leave the upper half unbounded.
-	__u8 *p = windowed ? user_win_at(win, frame, len) : 0;
-	if (p) {
-		// The window has PY_FRAME_READ_MAX bytes of slack: a constant-size copy.
-		__builtin_memcpy(fb->bytes, p, PY_FRAME_READ_MAX);
-		return 0;
+	if (windowed) {
+		__u8 *p = user_win_at_buf(win, wb, frame, len);
+		if (p)
+			return p;
 	}
-	return bpf_probe_read_user(fb->bytes, len, (void *)frame) ? -1 : 0;
+	__u64 n = len;
+	barrier_var(n);
+	if (n > PY_FRAME_READ_MAX)
+		return 0;
+	return bpf_probe_read_user(fb->bytes, n, (void *)frame) ? 0 : fb->bytes;
 }
 
-static long py_walk_step(__u32 index, struct py_walk *w)
+// Frames per call of `py_frames`, for the same reason as UNWIND_BATCH (unwind.h): a frame
+// of a batch costs no call while its frame lies in the window.
+#define PY_BATCH 4
+
+// One frame: writes its slot pair, then moves `w` to the previous frame. Returns 0 to go on,
+// 1 when the walk ends (no frame left, out of slots, or a read failed: `flags` says).
+static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_win_buf *wb,
+				  struct py_frame_buf *fb)
 {
 	if (!w->frame)
 		return 1;
-	// One slot pair per call, at the loop index (a counter carried in `w` would keep the
-	// verifier from settling the loop); the frame stays in `w` when the slots run out.
+	// The slot pairs written so far; the frame stays in `w` when the slots run out.
+	__u32 index = w->used;
 	__u32 at = w->base + 2 * index;
 	if (index >= MAX_PY_FRAMES || at + 1 >= MAX_SLOTS)
 		return 1;
-	__u64 *slots = scratch_slots(w->which);
-	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &w->which);
-	if (!slots || !fb)
-		return 1;
-	if (py_frame_read(&w->win, w->frame, w->frame_read, w->frame_kind != PY_FRAME_OBJECT)) {
+	__u8 *bytes = py_frame_bytes(&w->win, wb, fb, w->frame, w->frame_read,
+				     w->frame_kind != PY_FRAME_OBJECT);
+	if (!bytes) {
 		w->flags |= PY_WALK_READ_ERROR;
 		return 1;
 	}
-	__u8 *bytes = fb->bytes;
 	__u64 code = buf_u64(bytes, w->frame_code);
 	__u64 previous = buf_u64(bytes, w->frame_previous);
 	if (previous == w->frame)
@@ -319,6 +361,31 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 	return 0;
 }
 
+// Up to PY_BATCH frames. Global, like `unwind_frames`: verified once on its own with `w`'s
+// contents unknown (so the slot count is bounded here), the bpf_loop callback a single call.
+// Returns 1 when the walk ended.
+__attribute__((noinline)) int py_frames(struct py_walk *w)
+{
+	if (!w)
+		return 1;
+	__u32 which = w->which;
+	__u64 *slots = scratch_slots(which);
+	struct user_win_buf *wb = user_win_buf(&w->win);
+	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &which);
+	if (!slots || !wb || !fb)
+		return 1;
+	for (int i = 0; i < PY_BATCH; i++) {
+		if (py_one(w, slots, wb, fb))
+			return 1;
+	}
+	return 0;
+}
+
+static long py_walk_step(__u32 index, struct py_walk *w)
+{
+	return py_frames(w) != 0;
+}
+
 // What `py_walk` needs and gives back (on the caller's stack).
 struct py_walk_args {
 	__u32 tgid;
@@ -342,14 +409,20 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		return 0;
 	__u64 start = bpf_ktime_get_ns();
 	count(COUNTER_PY_WALKS);
-	__u64 tstate = py_find_tstate(p, a->tid);
+	__u32 which = a->which;
+	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &which);
+	if (!fb)
+		return 0;
+	__u64 frame = 0;
+	__u64 tstate = py_find_tstate(p, fb, a->tid, &frame);
 	if (!tstate) {
 		a->flags = SAMPLE_PY_NO_THREAD;
 		count(COUNTER_PY_NO_THREAD);
 		count_n(COUNTER_PY_NS, bpf_ktime_get_ns() - start);
 		return 0;
 	}
-	__u64 frame = read_user_u64(tstate + p->off.tstate_frame);
+	if (!frame)
+		frame = read_user_u64(tstate + p->off.tstate_frame);
 	if (frame && p->off.cframe_current_frame != PY_ABSENT)
 		frame = read_user_u64(frame + p->off.cframe_current_frame);
 	struct py_walk w = {
@@ -369,7 +442,7 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.lasti_unit = p->off.lasti_unit,
 		.win = { .which = a->which },
 	};
-	bpf_loop(MAX_PY_FRAMES, py_walk_step, &w, 0);
+	bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
 	a->used = w.used;
 	if (w.flags & PY_WALK_READ_ERROR) {
 		a->flags = SAMPLE_PY_READ_ERROR;

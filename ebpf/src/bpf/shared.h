@@ -132,6 +132,9 @@ struct unwind_row {
 // last bucket). A lookup reads one entry and searches the few rows between the two, instead
 // of binary-searching the whole table: a handful of cache lines a frame, not a dozen pages.
 #define UNWIND_BUCKET_SHIFT 10
+// Halvings that find a row among a bucket's candidates: rows have distinct pcs, so a bucket
+// has at most 2^UNWIND_BUCKET_SHIFT of them past its first, and 11 halvings cover 1024.
+#define UNWIND_SEARCH_STEPS (UNWIND_BUCKET_SHIFT + 1)
 
 // One executable mapping of a process. row_count == 0: no table, walk by frame pointer.
 struct exec_mapping {
