@@ -284,7 +284,7 @@ static __always_inline __u8 *py_frame_bytes(struct user_win *win, struct user_wi
 
 // Frames per call of `py_frames`, for the same reason as UNWIND_BATCH (unwind.h): a frame
 // of a batch costs no call while its frame lies in the window.
-#define PY_BATCH 4
+#define PY_BATCH 8
 
 // One frame: writes its slot pair, then moves `w` to the previous frame. Returns 0 to go on,
 // 1 when the walk ends (no frame left, out of slots, or a read failed: `flags` says).
