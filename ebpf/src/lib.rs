@@ -3,7 +3,8 @@
 
 /// The CPU sampler object: `on_cpu_clock` (perf_event), `on_fork`, `on_exec` and `on_exit`
 /// (BTF tracepoints), the optional `on_sched_switch` (off-CPU time), and the maps `targets`,
-/// `kernel_stacks`, `samples`, `scratch`, `counters`, `offcpu_pending`, `offcpu_scratch`.
+/// `kernel_stacks`, `samples`, `scratch` (one record per CPU for each of the sampler,
+/// sched_switch and the probes), `counters`, `offcpu_pending`.
 pub static SAMPLER_OBJECT: &[u8] = aligned_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
 
 /// Embeds a file with 8-byte alignment: the ELF parser reads its headers in place.

@@ -2,22 +2,24 @@
 //
 // In-kernel DWARF CFI unwinder for x86-64 user stacks. The agent compiles each executable's
 // .eh_frame into sorted rows (pyrometer-unwind) stored in `unwind_rows`, and each process's
-// executable mappings into `unwind_procs`; this walks frame by frame with bpf_loop, so the
-// verifier checks one step instead of 256 unrolled ones.
+// executable mappings into `unwind_procs`; this walks 8 frames a bpf_loop step, so the
+// verifier checks one batch instead of 256 unrolled frames.
 //
 // Per frame: find the mapping (the walk keeps the last one it used: consecutive frames are
-// mostly in one binary), find the row (binary search over the mapping's rows, last row with
-// row.pc <= pc), compute the CFA, read the return address at CFA-8 and the saved rbp where the
-// row says. A mapping without a table falls back to the frame pointer for that frame, as does
-// an address in no known mapping. Every way a walk stops early is counted.
+// mostly in one binary), find the row (the table's bucket index, then a binary search among
+// the bucket's rows for the last row with row.pc <= pc), compute the CFA, read the return
+// address at CFA-8 and the saved rbp where the row says. A mapping without a table falls back
+// to the frame pointer for that frame, as does an address in no known mapping. Every way a
+// walk stops early is counted.
 //
 // Verification cost is bounded by construction, the same on every kernel: the walk itself
-// (`dwarf_walk`) and the two table searches (`unwind_find_mapping`, `unwind_find_row`) are
-// global functions, which the verifier checks once each, on their own, with unknown
-// arguments; a caller is checked against their signatures only. The searches' loops never sit
-// inside the bpf_loop callback, whose body recent verifiers re-walk until its state converges
-// (inlined, every exit of a search loop was a distinct callback state: 1M instructions on 6.18
-// and no end in sight on 7.2). Nothing here depends on which program calls it.
+// (`dwarf_walk`), a batch of frames (`unwind_frames`, the row search inline) and the mapping
+// scan (`unwind_find_mapping`) are global functions, which the verifier checks once each, on
+// their own, with unknown arguments; a caller is checked against their signatures only. No
+// loop sits inside the bpf_loop callback, whose body recent verifiers re-walk until its state
+// converges (an inlined search loop there made every exit a distinct callback state: 1M
+// instructions on 6.18 and no end in sight on 7.2); the callback only calls `unwind_frames`.
+// Nothing here depends on which program calls it.
 
 #pragma once
 
