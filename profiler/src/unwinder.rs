@@ -530,21 +530,18 @@ impl Unwinder {
     /// process with more tables than fit (PyTorch's ~200 libraries against the default
     /// --unwind-rows) unwound some frames with another library's rows.
     fn allocate(&mut self, count: u32) -> Option<u32> {
-        let now = self.clock;
-        loop {
-            if let Some(first) = self.free.take(count) {
-                return Some(first);
-            }
-            let victim = eviction_victim(&self.tables, now)?;
-            self.evict(&victim);
-        }
+        self.take_or_evict(|u| u.free.take(count))
     }
 
-    /// The same for a table's bucket index, evicting as `allocate` does.
+    /// The same for a table's bucket index.
     fn allocate_index(&mut self, entries: u32) -> Option<u32> {
+        self.take_or_evict(|u| u.index_free.take(entries))
+    }
+
+    fn take_or_evict(&mut self, mut take: impl FnMut(&mut Self) -> Option<u32>) -> Option<u32> {
         let now = self.clock;
         loop {
-            if let Some(at) = self.index_free.take(entries) {
+            if let Some(at) = take(self) {
                 return Some(at);
             }
             let victim = eviction_victim(&self.tables, now)?;
