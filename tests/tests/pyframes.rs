@@ -668,3 +668,53 @@ fn samples_before_a_thread_registers_get_its_later_name() {
         );
     }
 }
+
+/// A code object freed and another made at its address (fixtures/reuse_code.py: `first`
+/// spins 1 s, is freed, `second` lands at its address and spins 1 s) are told apart by their
+/// first lines: the kernel sends a code object's first line with its frames, at most 100 ms old
+/// (see `py_code_lines` in python.h), and the agent reads a cached code object again when the
+/// line differs. Named by address alone, all of it would be `first`.
+#[test]
+fn a_reused_code_address_is_named_again() {
+    if !privileged() {
+        return;
+    }
+    let python = Interpreter::pyenv(11);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("pyframes-reused-code");
+    let out = dir.join("reused.folded");
+    let script = source("reuse_code.py");
+    let result = pyrometer(&[
+        "record",
+        "-F",
+        "499",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        python.path.to_str().unwrap(),
+        script.to_str().unwrap(),
+        "1.0",
+    ]);
+    assert_ok(&result);
+    let said = String::from_utf8_lossy(&result.stdout);
+    assert!(said.contains("reused 0x"), "no address was reused: {said}");
+    let stacks = read_folded(&out);
+    let count = |name: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| function(f) == name))
+            .map(|s| s.count)
+            .sum()
+    };
+    let (first, second) = (count("first"), count("second"));
+    let share = second as f64 / (first + second).max(1) as f64;
+    // Each spins 1 s; the first 100 ms of `second` may still carry `first`'s line.
+    assert!(
+        first + second > 200 && (0.35..=0.65).contains(&share),
+        "first {first} samples, second {second} ({:.0} %)\n{}",
+        share * 100.0,
+        stderr(&result)
+    );
+}

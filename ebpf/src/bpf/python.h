@@ -229,6 +229,30 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_fram
 #define PY_WALK_READ_ERROR 1
 #define PY_STACKREF_TAG_MASK (~7ULL)
 
+// The first lines of code objects read in the last PY_CODE_LINE_TTL_NS, per CPU and scratch
+// kind, direct-mapped by address. A code object's first line is what the agent checks a
+// cached code object against, to tell a freed and reused code address apart; reading it is a
+// user read (~100 ns in a VM) for each distinct code object on a stack, which through 28
+// distinct functions was two thirds of the walk. A line taken from here is at most
+// PY_CODE_LINE_TTL_NS old (a hit does not renew it): a code object freed and another made at
+// its address within that time is named as the old one for at most that long, and then read
+// again. The agent at 19 Hz meets a busy CPU's code objects every ~50 ms, so the TTL is above
+// that.
+#define PY_CODE_LINES 256
+#define PY_CODE_LINE_TTL_NS 100000000ULL
+struct py_code_line {
+	__u64 code;
+	__u64 read_ns;
+	__u32 tgid;
+	__u32 firstline;
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SCRATCH_KINDS * PY_CODE_LINES);
+	__type(key, __u32);
+	__type(value, struct py_code_line);
+} py_code_lines SEC(".maps");
+
 struct py_walk {
 	__u64 frame;
 	__u32 which;      // SCRATCH_*: whose record and frame buffer
@@ -255,8 +279,31 @@ struct py_walk {
 	// frame of the stack holds it.
 	__u64 last_code;
 	__u32 last_firstline;
-	__u32 reserved2;
+	__u32 tgid;
+	__u64 now; // when the walk started, for py_code_lines
 };
+
+// The first line of the code object at `code`: from py_code_lines while fresh, else read
+// (0 when unreadable).
+static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code)
+{
+	__u32 slot = ((code >> 4) ^ (code >> 12)) & (PY_CODE_LINES - 1);
+	__u32 key = (w->which & 3) * PY_CODE_LINES + slot;
+	struct py_code_line *e = bpf_map_lookup_elem(&py_code_lines, &key);
+	if (e && e->code == code && e->tgid == w->tgid && w->now - e->read_ns < PY_CODE_LINE_TTL_NS)
+		return e->firstline;
+	__u32 firstline = 0;
+	if (bpf_probe_read_user(&firstline, sizeof(firstline),
+				(void *)(code + w->code_firstlineno)))
+		return 0;
+	if (e) {
+		e->code = code;
+		e->read_ns = w->now;
+		e->tgid = w->tgid;
+		e->firstline = firstline;
+	}
+	return firstline;
+}
 
 // The first `len` bytes of the frame at `frame`: in the window for a 3.11+ frame
 // (`windowed`: they lie next to one another in the interpreter's data stack), else copied
@@ -346,9 +393,7 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	}
 	__u32 firstline = w->last_firstline;
 	if (code != w->last_code) {
-		if (bpf_probe_read_user(&firstline, sizeof(firstline),
-					(void *)(code + w->code_firstlineno)))
-			firstline = 0;
+		firstline = py_code_firstline(w, code);
 		w->last_code = code;
 		w->last_firstline = firstline;
 	}
@@ -441,6 +486,8 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.code_firstlineno = p->off.code_firstlineno,
 		.lasti_unit = p->off.lasti_unit,
 		.win = { .which = a->which },
+		.tgid = tgid,
+		.now = start,
 	};
 	bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
 	a->used = w.used;

@@ -7,7 +7,9 @@
 //! Code objects are read as the records arrive, not when the profile is written: by then a
 //! short-lived process (`record -- python script.py`) is gone. A code object's address can be
 //! reused by another one after it is freed; the kernel records `co_firstlineno` with each
-//! frame, and a cached entry whose first line differs is read again.
+//! frame, and a cached entry whose first line differs is read again. The kernel keeps the
+//! lines it read for up to 100 ms (`py_code_lines` in python.h), so a code object made at a
+//! freed one's address is named as the old one for at most that long.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
