@@ -85,6 +85,8 @@ fn syscall_heavy_workload_shows_kernel_frames() {
     assert_ok(&out);
     let stacks = read_folded(&out_path);
     let total: u64 = stacks.iter().map(|s| s.count).sum();
+    let in_kernel = |s: &&FoldedStack| s.frames.iter().any(|f| f.ends_with("_[k]"));
+    let kernel: u64 = stacks.iter().filter(in_kernel).map(|s| s.count).sum();
     // With frame pointers only, libc's write (built without them) hides write_loop, its
     // caller: the user part of the stack reads main -> write. DWARF unwinding recovers it.
     let kernel_under_loop: u64 = stacks
@@ -96,9 +98,17 @@ fn syscall_heavy_workload_shows_kernel_frames() {
         })
         .map(|s| s.count)
         .sum();
+    // Most of the loop's time is in the kernel, but in a VM many of those ticks are taken on
+    // the instruction after the syscall, where interrupts are enabled again: 45-48 % of the
+    // samples had kernel frames on one machine of this kind, over half on others. A quarter
+    // holds anywhere; what matters is that the user stack under them is whole.
     assert!(
-        kernel_under_loop * 2 > total,
-        "only {kernel_under_loop}/{total} samples have kernel frames under main"
+        kernel * 4 > total,
+        "only {kernel}/{total} samples have kernel frames"
+    );
+    assert!(
+        kernel_under_loop * 100 >= kernel * 95,
+        "only {kernel_under_loop}/{kernel} samples with kernel frames have main under them"
     );
     assert!(
         stacks.iter().any(|s| s
