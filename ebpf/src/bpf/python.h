@@ -161,9 +161,10 @@ static __always_inline int py_tstate_fields(struct py_process *p, struct py_fram
 }
 
 // The current thread's PyThreadState, or 0; `*frame` is its frame field (tstate_frame) when
-// the cached thread state was confirmed, else 0 (the caller reads it).
+// the cached thread state was confirmed, else 0 (the caller reads it). `now`: the walk's
+// start, for the cache's times.
 static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_frame_buf *fb,
-					    __u32 tid, __u64 *frame)
+					    __u32 tid, __u64 now, __u64 *frame)
 {
 	*frame = 0;
 	// A trusted BTF pointer: the field is a plain load, not a bpf_probe_read_kernel call.
@@ -174,7 +175,6 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_fram
 	struct py_thread *cached = bpf_map_lookup_elem(&py_threads, &tid);
 	// Read only for a thread known to have none (two reads), or for a search.
 	__u64 interp = 0, head = 0;
-	__u64 now = 0;
 	if (cached) {
 		__u64 ts = cached->tstate;
 		if (ts) {
@@ -183,20 +183,14 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_fram
 				*frame = f;
 				return ts;
 			}
-		} else {
-			now = bpf_ktime_get_ns();
-			if (now - cached->checked_ns < PY_NO_THREAD_TTL_NS &&
-			    now - task->start_time >= PY_NO_THREAD_TTL_NS) {
-				interp = read_user_u64(p->runtime +
-						       p->off.runtime_interpreters_head);
-				head = read_user_u64(interp + p->off.interp_threads_head);
-				if (head == cached->head)
-					return 0;
-			}
+		} else if (now - cached->checked_ns < PY_NO_THREAD_TTL_NS &&
+			   now - task->start_time >= PY_NO_THREAD_TTL_NS) {
+			interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
+			head = read_user_u64(interp + p->off.interp_threads_head);
+			if (head == cached->head)
+				return 0;
 		}
 	}
-	if (!now)
-		now = bpf_ktime_get_ns();
 	count(COUNTER_PY_TSTATE_SEARCHES);
 	if (!interp) {
 		interp = read_user_u64(p->runtime + p->off.runtime_interpreters_head);
@@ -459,7 +453,7 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 	if (!fb)
 		return 0;
 	__u64 frame = 0;
-	__u64 tstate = py_find_tstate(p, fb, a->tid, &frame);
+	__u64 tstate = py_find_tstate(p, fb, a->tid, start, &frame);
 	if (!tstate) {
 		a->flags = SAMPLE_PY_NO_THREAD;
 		count(COUNTER_PY_NO_THREAD);

@@ -85,12 +85,6 @@ static __always_inline struct user_win_buf *user_win_buf(struct user_win *w)
 	return bpf_map_lookup_elem(&user_wins, &which);
 }
 
-static __always_inline __u8 *user_win_at(struct user_win *w, __u64 addr, __u32 size)
-{
-	struct user_win_buf *b = user_win_buf(w);
-	return b ? user_win_at_buf(w, b, addr, size) : 0;
-}
-
 // The u64 at user address `addr`, from the window's copy `b` when it can, else read
 // directly. Returns 0 on success, like bpf_probe_read_user. For walks that take many words
 // in one global function: the buffer is looked up once, and nothing is called while the
@@ -114,10 +108,8 @@ __attribute__((noinline)) int user_win_u64(struct user_win *w, __u64 addr, __u64
 {
 	if (!w || !out)
 		return -1;
-	__u8 *p = user_win_at(w, addr, 8);
-	if (p) {
-		*out = *(__u64 *)p;
-		return 0;
-	}
-	return bpf_probe_read_user(out, 8, (void *)addr);
+	struct user_win_buf *b = user_win_buf(w);
+	if (!b)
+		return bpf_probe_read_user(out, 8, (void *)addr);
+	return user_win_u64_buf(w, b, addr, out);
 }
