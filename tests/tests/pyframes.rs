@@ -686,19 +686,7 @@ fn a_reused_code_address_is_named_again() {
     let dir = scratch("pyframes-reused-code");
     let out = dir.join("reused.folded");
     let script = source("reuse_code.py");
-    let result = pyrometer(&[
-        "record",
-        "-F",
-        "499",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        python.path.to_str().unwrap(),
-        script.to_str().unwrap(),
-        "1.0",
-    ]);
-    assert_ok(&result);
-    let said = String::from_utf8_lossy(&result.stdout);
+    let said = record_python(&out, &[], &python.path, &[script.to_str().unwrap(), "1.0"]);
     assert!(said.contains("reused 0x"), "no address was reused: {said}");
     let stacks = read_folded(&out);
     let count = |name: &str| -> u64 {
@@ -715,6 +703,6 @@ fn a_reused_code_address_is_named_again() {
         first + second > 200 && (0.35..=0.65).contains(&share),
         "first {first} samples, second {second} ({:.0} %)\n{}",
         share * 100.0,
-        stderr(&result)
+        said
     );
 }
