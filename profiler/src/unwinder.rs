@@ -295,21 +295,21 @@ impl Unwinder {
                 Some(t) => {
                     t.last_used = clock;
                     let bias = load_bias(&t.loads, m.start, m.offset);
-                    (t.first, t.count, Some(t.index), bias)
+                    (t.first, t.count, t.index, bias)
                 }
                 None => {
                     if self.too_big.contains_key(&key) && !missing.contains(&key) {
                         missing.push(key.clone());
                     }
-                    (0, 0, None, None)
+                    (0, 0, (0, 0, 0), None)
                 }
             };
             let (first, count, index, bias) = match bias {
                 Some(b) => (first, count, index, b),
                 // Without a load bias the rows cannot be used: frame pointers for it.
-                None => (0, 0, None, 0),
+                None => (0, 0, (0, 0, 0), 0),
             };
-            let (index_first, index_count, pc_base) = index.unwrap_or((0, 0, 0));
+            let (index_first, index_count, pc_base) = index;
             if count > 0 && !keys.contains(&key) {
                 keys.push(key);
             }
