@@ -85,7 +85,7 @@ impl AgentMetrics {
         one(
             "pyrometer_agent_symbolized_without_dwarf_total",
             "counter",
-            "Times a binary too large for its DWARF to be read was symbolized from its symbol table only (frames without lines or inlined functions).",
+            "Times a binary was opened for its symbol table only, its DWARF not fitting in --dwarf-mb (frames without lines or inlined functions).",
             self.dwarf_skipped_files.load(Relaxed),
         );
         one(

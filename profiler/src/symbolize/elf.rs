@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::procs::read_build_id;
 
@@ -98,6 +98,59 @@ impl ElfInfo {
 
     pub fn vaddr(&self, file_offset: u64) -> Option<u64> {
         offset_to_vaddr(&self.loads, file_offset)
+    }
+}
+
+/// What reading a file costs in memory, from its section headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FileCost {
+    /// The file's size on disk.
+    pub size: u64,
+    /// Its DWARF sections (`.debug_*`, `.zdebug_*`) as stored, compressed or not.
+    pub dwarf_stored: u64,
+    /// The same sections as the DWARF reader holds them: a compressed section is inflated
+    /// into the heap, whole, when the file's first address is looked up in it.
+    pub dwarf: u64,
+}
+
+impl FileCost {
+    /// Reads the section headers only (a few KB of a file of any size). A file that cannot
+    /// be read as ELF costs its size and has no DWARF.
+    pub fn of(path: &Path) -> FileCost {
+        let size = std::fs::metadata(path).map_or(u64::MAX, |m| m.len());
+        let mut cost = FileCost {
+            size,
+            ..FileCost::default()
+        };
+        let Ok(file) = File::open(path) else {
+            return cost;
+        };
+        let cache = object::read::ReadCache::new(file);
+        let Ok(obj) = object::File::parse(&cache) else {
+            return cost;
+        };
+        for sec in obj.sections() {
+            let name = sec.name().unwrap_or("");
+            if !(name.starts_with(".debug_") || name.starts_with(".zdebug_")) {
+                continue;
+            }
+            if let Ok(r) = sec.compressed_file_range() {
+                cost.dwarf_stored += r.compressed_size;
+                cost.dwarf += r.uncompressed_size;
+            }
+        }
+        cost
+    }
+
+    /// What the file costs while open: its DWARF as the reader holds it when `with_dwarf`,
+    /// the rest (symbol tables, code) at its size on disk, which bounds what is mapped.
+    pub fn open(&self, with_dwarf: bool) -> u64 {
+        let rest = self.size.saturating_sub(self.dwarf_stored);
+        if with_dwarf {
+            rest.saturating_add(self.dwarf)
+        } else {
+            rest
+        }
     }
 }
 

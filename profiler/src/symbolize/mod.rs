@@ -23,7 +23,7 @@ use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
 use crate::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
-use elf::{ElfInfo, Vdso};
+use elf::{ElfInfo, FileCost, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
 pub use perfmap::{PerfMapEntry, parse_perf_map};
@@ -63,8 +63,8 @@ pub struct SymbolizerStats {
     pub cache_hits: u64,
     /// User addresses that needed a lookup in a binary.
     pub cache_misses: u64,
-    /// Times a file was opened for its symbol table only, past
-    /// [`Symbolizer::with_dwarf_max_bytes`]: its frames have no lines or inlined functions.
+    /// Times a file with DWARF was opened for its symbol table only, its DWARF not fitting
+    /// in [`Symbolizer::with_dwarf_budget`]: its frames have no lines or inlined functions.
     pub dwarf_skipped_files: u64,
 }
 
@@ -83,9 +83,10 @@ enum ModKey {
     File(BinaryKey),
 }
 
-/// Bytes of files (their size on disk) whose parsed symbol and DWARF tables stay open
-/// across [`Symbolizer::release_files`]: the C library's debug file and an interpreter fit,
-/// a debug build of a large program (hundreds of MB of DWARF) does not.
+/// What files may cost ([`FileCost::open`]: their DWARF as read, inflated, and the rest at
+/// its size on disk) to stay open, with their parsed symbol and DWARF tables, across
+/// [`Symbolizer::release_files`]: the C library's debug file (10 MB of DWARF inflated) and
+/// an interpreter named from its symbol table fit, a debug build of a large program does not.
 pub const KEEP_OPEN_BYTES: u64 = 24 << 20;
 
 /// How many [`Symbolizer::release_files`] periods (pushes: 10 s each in the agent) a file
@@ -101,8 +102,10 @@ struct OpenFile {
     used: u64,
     /// Lookups in that period.
     lookups: u64,
-    /// Its size on disk, the measure of what keeping it open costs.
+    /// What keeping it open costs ([`FileCost::open`]).
     bytes: u64,
+    /// Bytes of DWARF read from it (inflated); None when it is read for its symbol table only.
+    dwarf: Option<u64>,
 }
 
 /// Not `Send`: blazesym's resolvers use `Rc`. Create it on the thread that symbolizes.
@@ -122,8 +125,9 @@ pub struct Symbolizer {
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
-    /// Files larger than this are read for their symbol table only (None: no limit).
-    dwarf_max_bytes: Option<u64>,
+    /// At most this much DWARF (inflated) is read from the files open at once; a file
+    /// whose DWARF does not fit is read for its symbol table only (None: no limit).
+    dwarf_budget: Option<u64>,
 }
 
 impl Default for Symbolizer {
@@ -158,21 +162,24 @@ impl Symbolizer {
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
-            dwarf_max_bytes: None,
+            dwarf_budget: None,
         }
+    }
+
+    /// Reads at most `bytes` of DWARF, counted inflated, from the files open at once; a file
+    /// whose DWARF does not fit in what is left is opened for its symbol table only (names,
+    /// no lines or inlined functions) until it is let go. For the always-on agent, whose
+    /// memory this bounds: the reader holds a compressed debug file's DWARF inflated, and with
+    /// what it parses from it the agent grew by ~1.7 times the inflated size (41 MB for the
+    /// 22 MB of Debian's python3.11 debug file); a debug build of a large program has hundreds
+    /// of MB. Which files get their DWARF depends on the order they are first met in.
+    pub fn with_dwarf_budget(mut self, bytes: u64) -> Self {
+        self.dwarf_budget = Some(bytes);
+        self
     }
 
     /// Directories holding separate debug files (`<dir>/.build-id/xx/yyyy.debug`,
     /// `<dir>/<binary's dir>/<debuglink>`).
-    /// Reads files larger than `bytes` (a debug build of a large program: hundreds of MB of
-    /// DWARF) for their symbol table only, without lines or inlined functions. For the
-    /// always-on agent: parsing such a file's DWARF took hundreds of MB and most of its CPU
-    /// time on a node where new programs of that kind kept starting.
-    pub fn with_dwarf_max_bytes(mut self, bytes: u64) -> Self {
-        self.dwarf_max_bytes = Some(bytes);
-        self
-    }
-
     pub fn with_debug_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
         self.debug_dirs = dirs;
         self
@@ -407,22 +414,30 @@ impl Symbolizer {
     fn resolve(&mut self, info: &ElfInfo, file_offset: u64) -> Option<Rc<[Resolved]>> {
         let vaddr = info.vaddr(file_offset)?;
         let period = self.period;
-        let mut opened = false;
-        let file = self.open.entry(info.source.clone()).or_insert_with(|| {
-            opened = true;
-            OpenFile {
-                blaze: Self::blaze(),
-                used: period,
-                lookups: 0,
-                bytes: std::fs::metadata(&info.source).map_or(u64::MAX, |m| m.len()),
+        if !self.open.contains_key(&info.source) {
+            let cost = FileCost::of(&info.source);
+            let mut dwarf = info.debug_syms;
+            if dwarf && let Some(budget) = self.dwarf_budget {
+                let held: u64 = self.open.values().filter_map(|f| f.dwarf).sum();
+                dwarf = held.saturating_add(cost.dwarf) <= budget;
+                if !dwarf {
+                    self.stats.dwarf_skipped_files += 1;
+                }
             }
-        });
-        let huge = self.dwarf_max_bytes.is_some_and(|max| file.bytes > max);
-        if opened && huge && info.debug_syms {
-            self.stats.dwarf_skipped_files += 1;
+            self.open.insert(
+                info.source.clone(),
+                OpenFile {
+                    blaze: Self::blaze(),
+                    used: period,
+                    lookups: 0,
+                    bytes: cost.open(dwarf),
+                    dwarf: dwarf.then_some(cost.dwarf),
+                },
+            );
         }
+        let file = self.open.get_mut(&info.source)?;
         let mut elf = Elf::new(&info.source);
-        elf.debug_syms = info.debug_syms && !huge;
+        elf.debug_syms = file.dwarf.is_some();
         let src = Source::from(elf);
         if file.used != period {
             file.used = period;

@@ -90,25 +90,65 @@ fn names_a_function_from_its_file_offset() {
     assert_eq!(s.stats().unsymbolized, 1);
 }
 
+/// The budget counts DWARF as the reader holds it: a compressed section inflated.
 #[test]
-fn files_past_the_dwarf_limit_are_named_from_their_symbol_table() {
-    let tmp = TempDir::new("sym-dwarf-limit");
-    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g", "-Wl,--build-id"]);
+fn dwarf_past_the_budget_is_left_unread_counting_it_inflated() {
+    let tmp = TempDir::new("sym-dwarf-budget");
+    let prog = compile_c(
+        &tmp,
+        "prog",
+        PROG,
+        &["-O0", "-g", "-gz=zlib", "-Wl,--build-id"],
+    );
     let (off, _) = symbol(&prog, "known_function", false);
-    let size = std::fs::metadata(&prog).unwrap().len();
+    let cost = FileCost::of(&prog);
+    assert!(
+        cost.dwarf_stored > 0 && cost.dwarf > cost.dwarf_stored,
+        "compressed DWARF: {cost:?}"
+    );
     let mut within = Symbolizer::new()
         .with_debug_dirs(vec![])
-        .with_dwarf_max_bytes(size);
+        .with_dwarf_budget(cost.dwarf);
     let f = &within.symbolize_elf(&prog, off + 4)[0];
     assert_eq!((f.function.as_str(), f.line), ("known_function", Some(5)));
     assert_eq!(within.stats().dwarf_skipped_files, 0);
+    // Its stored (compressed) size fits, the inflated one does not.
     let mut past = Symbolizer::new()
         .with_debug_dirs(vec![])
-        .with_dwarf_max_bytes(size - 1);
+        .with_dwarf_budget(cost.dwarf - 1);
     let f = &past.symbolize_elf(&prog, off + 4)[0];
     assert_eq!(f.function, "known_function", "named from .symtab");
     assert_eq!((f.file.as_deref(), f.line), (None, None), "no DWARF read");
     assert_eq!(past.stats().dwarf_skipped_files, 1);
+    assert_eq!(past.symbolize_elf(&prog, off + 5)[0].line, None);
+    assert_eq!(past.stats().dwarf_skipped_files, 1, "counted per opening");
+}
+
+/// The files open at once share the budget: one that does not fit in what the others left
+/// is read without DWARF until it is let go, and what a let-go file held is free again.
+#[test]
+fn the_dwarf_budget_is_shared_by_the_files_open_at_once() {
+    let tmp = TempDir::new("sym-dwarf-shared");
+    let [a, b, c] = ["a", "b", "c"].map(|n| compile_c(&tmp, n, PROG, &["-O0", "-g"]));
+    let (off, _) = symbol(&a, "known_function", false);
+    let one = FileCost::of(&a).dwarf;
+    assert!(one > 0);
+    let mut s = Symbolizer::new()
+        .with_debug_dirs(vec![])
+        .with_dwarf_budget(one * 3 / 2);
+    let line = |s: &mut Symbolizer, f: &Path, k: u64| s.symbolize_elf(f, off + k)[0].line;
+    assert_eq!(line(&mut s, &a, 4), Some(5), "a fits");
+    assert_eq!(line(&mut s, &b, 4), None, "b does not fit beside a");
+    assert_eq!(s.stats().dwarf_skipped_files, 1);
+    // b stays in use, a goes unused until it is let go.
+    for k in 0..=KEEP_OPEN_PERIODS {
+        line(&mut s, &b, 5 + k);
+        s.release_files();
+    }
+    assert!(!s.is_open(&a) && s.is_open(&b));
+    assert_eq!(line(&mut s, &b, 100), None, "b stays as it was opened");
+    assert_eq!(line(&mut s, &c, 4), Some(5), "what a held is free for c");
+    assert_eq!(s.stats().dwarf_skipped_files, 1);
 }
 
 #[test]

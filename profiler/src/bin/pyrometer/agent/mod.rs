@@ -196,7 +196,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     };
     let mut symbolizer = Symbolizer::new()
         .with_debug_dirs(debug_dirs)
-        .with_dwarf_max_bytes(DWARF_MAX_BYTES);
+        .with_dwarf_budget(cfg.dwarf_budget_bytes);
     // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
     if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
         eprintln!(
@@ -638,13 +638,6 @@ fn ring_buffer_bytes() -> u32 {
         .next_power_of_two()
         .clamp(1 << 20, 8 << 20)
 }
-
-/// Binaries (or their debug files) larger than this are symbolized from their symbol table
-/// only. The C library's debug file (4 MB here), an interpreter's (11 MB) and a pyenv
-/// libpython (23 MB) keep their lines and inlined functions; a debug build of a large program
-/// (100-400 MB, most of it DWARF) does not: parsing one took 100-300 MB of memory and tens
-/// of ms each time such a program started on a busy node.
-const DWARF_MAX_BYTES: u64 = 32 << 20;
 
 /// The longest the sampling loop sleeps between two reads of the ring buffer. Nothing read
 /// here is late at a second: the kernel wakes the loop at once for what is (see the loop),
