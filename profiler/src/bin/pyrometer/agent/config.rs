@@ -74,10 +74,11 @@ pub struct AgentArgs {
     /// 16 MiB of kernel memory).
     #[arg(long, value_name = "ROWS")]
     pub(super) unwind_rows: Option<u32>,
-    /// DWARF (source lines, inlined functions) read at most from the files the symbolizer has
-    /// open at once, in MiB once inflated; a file whose DWARF does not fit is named from its
-    /// symbol table. Bounds the agent's memory (default 12: the C library's debug file, 9.5
-    /// MiB, fits; Debian's python3.11 debug file, 21 MiB, does not; 0: symbol tables only).
+    /// Also read DWARF for native frames' source lines and inlined functions, at most this many
+    /// MiB of it (inflated) from the files open at once; a file whose DWARF does not fit is
+    /// named from its symbol table. Default 0: symbol tables only (function names, static ones
+    /// too from debug files). 12 fits the C library's debug file (9.5 MiB) and costs the agent
+    /// ~20 MB and ~25 ms of CPU when it is first read.
     #[arg(long, value_name = "MIB")]
     pub(super) dwarf_mb: Option<u64>,
     /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
@@ -169,10 +170,13 @@ pub(super) struct AllocTargets {
     pub(super) sample_bytes: u64,
 }
 
-/// The default of `--dwarf-mb`. The agent without DWARF held 22 MB here, and each MB of
-/// compressed DWARF read added ~1.7 MB (inflated, and the reader's tables parsed from it):
-/// 12 MiB keeps the agent under 50 MB with room for the C library's 9.5 MiB.
-pub(super) const DEFAULT_DWARF_MB: u64 = 12;
+/// The default of `--dwarf-mb`: symbol tables only. Reading DWARF was the always-on agent's
+/// largest cost: the C library's debug file alone (`libc6-dbg`, 3.8 MB of zlib-compressed
+/// DWARF, 10 MB inflated) took ~25 ms to inflate at the first push, a third of the agent's
+/// CPU time in its first minute, and each MB read added ~1.7 MB resident (77 MB in all with
+/// Debian's python3.11 debug file). Function names, which is what a flame graph shows, come
+/// from the symbol tables; Python frames have their lines from the interpreter either way.
+pub(super) const DEFAULT_DWARF_MB: u64 = 0;
 
 pub(super) fn input(msg: impl Into<String>) -> anyhow::Error {
     exit_error(EXIT_INPUT, msg)
