@@ -361,6 +361,11 @@ impl ProcessRegistry {
         self.processes.get(&pid)?.find(addr)
     }
 
+    /// Whether some process the registry holds maps the binary `key`.
+    pub fn maps_binary(&self, key: &BinaryKey) -> bool {
+        self.binaries.contains_key(key)
+    }
+
     /// Forgets a process, so that the next [`observe`](Self::observe) reads it afresh.
     pub fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);

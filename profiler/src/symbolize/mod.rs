@@ -234,6 +234,21 @@ impl Symbolizer {
         self.period += 1;
     }
 
+    /// Forgets what it read for processes and binaries `registry` no longer holds: each
+    /// process's perf map, and each binary's ELF layout and debug file location. A
+    /// long-running agent calls it after [`ProcessRegistry::forget_exited`]; these were kept
+    /// for every process and binary a node ever ran, a perf map as large as its JIT wrote it.
+    /// Results stay (bounded by [`MAX_RESULTS`]); a binary met again is read again.
+    pub fn forget_exited(&mut self, registry: &ProcessRegistry) {
+        self.perf_maps.retain(|&pid, _| registry.get(pid).is_some());
+        self.elves.retain(|key, _| registry.maps_binary(key));
+    }
+
+    /// Processes with a perf map read, and binaries with their ELF layout read (for tests).
+    pub fn held(&self) -> (usize, usize) {
+        (self.perf_maps.len(), self.elves.len())
+    }
+
     /// Files open now (for tests and statistics).
     pub fn open_files(&self) -> usize {
         self.open.len()

@@ -321,6 +321,38 @@ fn jit_frames_come_from_the_perf_map_through_the_process_root() {
     );
 }
 
+/// What was read for a process (its perf map) and its binaries goes once the registry has
+/// forgotten them, and a binary met again is read again.
+#[test]
+fn forget_exited_lets_go_of_gone_processes_and_binaries() {
+    let tmp = TempDir::new("sym-forget");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g"]);
+    let (off, _) = symbol(&prog, "known_function", false);
+    let pid = 4_000_321;
+    let (mut reg, start) = fake_process(&tmp, pid, &prog);
+    let dir = tmp.path().join("proc").join(pid.to_string());
+    fs::write(dir.join("stat"), format!("{pid} (prog) R 1 0 0")).unwrap();
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    // A file address (its binary read), and one in no mapping (its perf map looked for).
+    let f = s.user(&mut reg, pid, &[start + off + 4, 0x7f00_0000_0000]);
+    assert_eq!(f[0].function, "known_function");
+    assert_eq!(s.held(), (1, 1));
+    reg.forget_exited();
+    s.forget_exited(&reg);
+    assert_eq!(s.held(), (1, 1), "alive: kept");
+
+    fs::remove_dir_all(&dir).unwrap();
+    reg.forget_exited();
+    s.forget_exited(&reg);
+    assert_eq!(s.held(), (0, 0), "gone: let go");
+
+    let (mut reg, start) = fake_process(&tmp, pid + 1, &prog);
+    // A new address (one already symbolized is answered from the results).
+    let f = s.user(&mut reg, pid + 1, &[start + off + 5]);
+    assert_eq!(f[0].function, "known_function", "read again");
+    assert_eq!(s.held(), (0, 1));
+}
+
 #[test]
 fn live_process_function_and_shared_libc_cache() {
     let tmp = TempDir::new("sym-live");

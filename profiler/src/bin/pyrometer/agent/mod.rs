@@ -454,6 +454,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
                 .store(symbolizer.stats().dwarf_skipped_files, Relaxed);
             // The interval's samples are symbolized: processes gone since are not needed.
             registry.forget_exited();
+            symbolizer.forget_exited(&registry);
             young.forget_exited(proc_root);
             // The interval's profile and symbolization scratch are freed now: hand the pages
             // back rather than keep the heap at its peak until the next push.
