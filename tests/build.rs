@@ -59,7 +59,7 @@ fn main() {
     // Without frame pointers, for the DWARF unwinder: -O2 as distributions build.
     let nofp = ["-O2", "-fomit-frame-pointer"];
     gcc(&fixtures.join("cpu631.c"), &out.join("cpu631-nofp"), &nofp);
-    for name in ["recurse", "sorter", "sighandler"] {
+    for name in ["recurse", "sorter", "sighandler", "bigframes"] {
         gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &nofp);
     }
     gcc(&fixtures.join("dlopener.c"), &out.join("dlopener"), &nofp);

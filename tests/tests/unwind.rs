@@ -101,6 +101,33 @@ fn recursion_100_deep_is_recovered() {
     );
 }
 
+/// Frames hundreds of bytes to kilobytes apart (~40 KB of stack): the walk's copy of the stack
+/// is refilled page after page, each time from just behind the return address it needs.
+#[test]
+fn large_frames_over_many_pages_are_recovered() {
+    if !privileged() {
+        return;
+    }
+    let (stacks, err) = record_folded("bigframes", &["--", &fixture_str("bigframes"), "2"]);
+    let in_bottom = count(&stacks, |s| index_of(s, "bottom").is_some());
+    let chain: Vec<String> = (0..24).map(|i| format!("big{i:02}")).collect();
+    let full = count(&stacks, |s| {
+        let at: Vec<Option<usize>> = chain.iter().map(|f| index_of(s, f)).collect();
+        index_of(s, "main").is_some()
+            && at.iter().all(Option::is_some)
+            && at.windows(2).all(|w| w[0] < w[1])
+            && index_of(s, "bottom") > at[23]
+    });
+    assert!(
+        in_bottom > 100,
+        "too few samples in bottom: {in_bottom}; {err}"
+    );
+    assert!(
+        full as f64 >= 0.95 * in_bottom as f64,
+        "only {full}/{in_bottom} samples in bottom show main, big00..big23 in order and bottom; {err}"
+    );
+}
+
 #[test]
 fn through_libc_qsort_to_the_callback() {
     if !privileged() {

@@ -434,7 +434,7 @@ __attribute__((noinline)) int dwarf_walk(struct dwarf_walk_args *a)
 		.pid = pid,
 		.which = a->which,
 		.trampoline = uretprobe_trampoline(),
-		.win = { .which = a->which },
+		.win = { .which = a->which, .up = 1 },
 	};
 	if (st.trampoline && st.pc - st.trampoline < 4096)
 		uretprobe_in_trampoline(&st.pc, &st.sp);
