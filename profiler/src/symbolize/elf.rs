@@ -48,6 +48,8 @@ pub(crate) struct ElfInfo {
     /// debug file, so blazesym does not go searching (and fail) on its own.
     pub debug_syms: bool,
     pub build_id: Option<String>,
+    /// What reading `source` costs: read once per binary, not at each opening of the file.
+    pub cost: FileCost,
 }
 
 impl ElfInfo {
@@ -60,7 +62,9 @@ impl ElfInfo {
         build_id: Option<&str>,
         debug_dirs: &[PathBuf],
     ) -> Option<ElfInfo> {
-        let cache = object::read::ReadCache::new(File::open(path).ok()?);
+        let file = File::open(path).ok()?;
+        let size = file.metadata().map_or(u64::MAX, |m| m.len());
+        let cache = object::read::ReadCache::new(file);
         let obj = object::File::parse(&cache).ok()?;
         let loads = loads_of(&obj);
         let build_id = build_id
@@ -72,6 +76,7 @@ impl ElfInfo {
                 source: path.to_path_buf(),
                 debug_syms: true,
                 build_id,
+                cost: FileCost::of_object(&obj, size),
             });
         }
         let link = obj.gnu_debuglink().ok().flatten().and_then(|(name, crc)| {
@@ -88,11 +93,16 @@ impl ElfInfo {
             seen_dir,
             debug_dirs,
         );
+        let cost = match &debug {
+            Some(d) => FileCost::of(d),
+            None => FileCost::of_object(&obj, size),
+        };
         Some(ElfInfo {
             loads,
             debug_syms: debug.is_some(),
             source: debug.unwrap_or_else(|| path.to_path_buf()),
             build_id,
+            cost,
         })
     }
 
@@ -117,17 +127,28 @@ impl FileCost {
     /// Reads the section headers only (a few KB of a file of any size). A file that cannot
     /// be read as ELF costs its size and has no DWARF.
     pub fn of(path: &Path) -> FileCost {
-        let size = std::fs::metadata(path).map_or(u64::MAX, |m| m.len());
+        let Ok(file) = File::open(path) else {
+            return FileCost {
+                size: u64::MAX,
+                ..FileCost::default()
+            };
+        };
+        let size = file.metadata().map_or(u64::MAX, |m| m.len());
+        let cache = object::read::ReadCache::new(file);
+        match object::File::parse(&cache) {
+            Ok(obj) => FileCost::of_object(&obj, size),
+            Err(_) => FileCost {
+                size,
+                ..FileCost::default()
+            },
+        }
+    }
+
+    /// The cost of a file of `size` bytes already parsed as `obj`.
+    pub fn of_object<'d, O: Object<'d>>(obj: &O, size: u64) -> FileCost {
         let mut cost = FileCost {
             size,
             ..FileCost::default()
-        };
-        let Ok(file) = File::open(path) else {
-            return cost;
-        };
-        let cache = object::read::ReadCache::new(file);
-        let Ok(obj) = object::File::parse(&cache) else {
-            return cost;
         };
         for sec in obj.sections() {
             let name = sec.name().unwrap_or("");

@@ -23,7 +23,7 @@ use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
 use crate::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
-use elf::{ElfInfo, FileCost, Vdso};
+use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
 pub use perfmap::{PerfMapEntry, parse_perf_map};
@@ -83,7 +83,7 @@ enum ModKey {
     File(BinaryKey),
 }
 
-/// What files may cost ([`FileCost::open`]: their DWARF as read, inflated, and the rest at
+/// What files may cost ([`elf::FileCost::open`]: their DWARF as read, inflated, and the rest at
 /// its size on disk) to stay open, with their parsed symbol and DWARF tables, across
 /// [`Symbolizer::release_files`]: the C library's debug file (10 MB of DWARF inflated) and
 /// an interpreter named from its symbol table fit, a debug build of a large program does not.
@@ -102,7 +102,7 @@ struct OpenFile {
     used: u64,
     /// Lookups in that period.
     lookups: u64,
-    /// What keeping it open costs ([`FileCost::open`]).
+    /// What keeping it open costs ([`elf::FileCost::open`]).
     bytes: u64,
     /// Bytes of DWARF read from it (inflated); None when it is read for its symbol table only.
     dwarf: Option<u64>,
@@ -430,7 +430,7 @@ impl Symbolizer {
         let vaddr = info.vaddr(file_offset)?;
         let period = self.period;
         if !self.open.contains_key(&info.source) {
-            let cost = FileCost::of(&info.source);
+            let cost = info.cost;
             let mut dwarf = info.debug_syms;
             if dwarf && let Some(budget) = self.dwarf_budget {
                 let held: u64 = self.open.values().filter_map(|f| f.dwarf).sum();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
+use super::elf::FileCost;
 use super::testutil::{TempDir, compile_c, compile_cxx, run};
 use super::*;
 use crate::procs::{ProcessRegistry, read_build_id};
