@@ -89,6 +89,9 @@ pub const SAMPLE_ALLOC_UNTRACKED: u32 = 16384;
 /// `SampleHeader::flags`, with `SAMPLE_FREE`: a sampled block was resized, not freed: `aux`
 /// is its old address, `value` its new size and [`RawSample::moved_to`] its new address.
 pub const SAMPLE_ALLOC_MOVED: u32 = 32768;
+/// `SampleHeader::flags`: the Python walk found the thread's state by a search (a thread
+/// new to the kernel side's cache); the record woke the agent.
+pub const SAMPLE_PY_NEW_THREAD: u32 = 65536;
 
 /// Allocator entry points, the probe cookie the kernel side dispatches on (`ALLOC_*` in
 /// alloc.h).

@@ -377,3 +377,97 @@ fn allocations_of_a_chosen_process_are_pushed() {
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
     assert!(agent.0.wait().unwrap().success());
 }
+
+/// Python threads that live less than the agent's poll keep their `threading` names: the
+/// kernel side wakes the agent at a new thread's first sample, and the agent reads the names
+/// again every 20 ms until `threading` has registered it. Reading samples once a second, it
+/// found most of fixtures/short_threads.py's 150 ms threads gone, their samples under the
+/// command name "python".
+#[test]
+fn short_python_threads_keep_their_names() {
+    if !privileged() {
+        return;
+    }
+    let python = pyrometer_e2e::python::pyenv("3.12.1");
+    if !python.exists() {
+        println!("skipping: no {}", python.display());
+        return;
+    }
+    let dir = scratch("agent-short-threads");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let fifo = dir.join("go");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let script = pyrometer_e2e::python::source("short_threads.py");
+    // Started once the agent is attached; exec keeps the pid it follows.
+    let load = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "read x < '{}'; exec '{}' '{}' 8 150",
+            fifo.display(),
+            python.display(),
+            script.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the workload shell");
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let pid = load.id().to_string();
+    let listen = metrics.to_string();
+    let args = ["--pid", &pid, "-F", "199", "--metrics-listen", &listen];
+    let mut agent =
+        pyrometer_e2e::cluster::Agent::start(&dir, "short-node", &collector.url(), &args);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while http_get(metrics, "/metrics").is_none() {
+        assert!(agent.child.try_wait().unwrap().is_none(), "agent exited");
+        assert!(Instant::now() < deadline, "agent never started");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::write(&fifo, "go\n").unwrap();
+    let out = load.wait_with_output().unwrap();
+    assert!(out.status.success(), "workload failed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let cpu: serde_json::Value = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("fixture printed no CPU times: {stdout}"));
+    // The last interval reaches the collector with the next push.
+    std::thread::sleep(Duration::from_secs(3));
+    let stats = agent.stop();
+
+    let burn = |selector: &str| -> i64 {
+        let q = enc(&format!("{{node=\"short-node\", {selector}}}"));
+        collector
+            .get(&format!(
+                "/api/v1/profile?format=folded&query={q}&from=now-10m"
+            ))
+            .lines()
+            .filter(|l| l.split(';').any(|f| f.split(" (").next() == Some("burn")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+            .sum()
+    };
+    let all = burn("thread=~\".*\"");
+    let named = burn("thread=~\"short-.*\"");
+    assert!(
+        all >= 80,
+        "too few samples in burn(): {all}; agent stats {stats}"
+    );
+    // A thread's first sample can come before `threading` registers it (it then goes
+    // under the command name); 20 ms re-reads leave a sample or so a thread.
+    assert!(
+        named as f64 >= 0.9 * all as f64,
+        "{named} of {all} samples in burn() carry a short-* thread name; agent stats {stats}"
+    );
+    for k in 0..8 {
+        let name = format!("short-{k}");
+        assert!(cpu[&name].as_f64().is_some(), "{name} did not run: {cpu}");
+        let n = burn(&format!("thread=\"{name}\""));
+        assert!(
+            n > 0,
+            "no samples named {name}: {named} of {all} named; {stats}"
+        );
+    }
+    println!("{named} of {all} samples in burn() carry their thread's name");
+}

@@ -233,7 +233,8 @@ static __always_inline void alloc_send(struct pt_regs *ctx, __u32 tgid, __u32 ti
 	rec->hdr.aux = addr;
 	record_user_stack(ctx, ctx, tgid, tid, &rec->hdr, rec->user, SCRATCH_PROBE);
 	__u64 bytes = record_size(&rec->hdr, sizeof(*rec));
-	if (send_record(rec, bytes))
+	// A new Python thread's first record wakes the agent, as the CPU sampler's does.
+	if (send_record_wake(rec, bytes, rec->hdr.flags & SAMPLE_PY_NEW_THREAD))
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_ALLOC_SAMPLES);

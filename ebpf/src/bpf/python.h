@@ -161,12 +161,14 @@ static __always_inline int py_tstate_fields(struct py_process *p, struct py_fram
 }
 
 // The current thread's PyThreadState, or 0; `*frame` is its frame field (tstate_frame) when
-// the cached thread state was confirmed, else 0 (the caller reads it). `now`: the walk's
-// start, for the cache's times.
+// the cached thread state was confirmed, else 0 (the caller reads it). `*found_new`: a search
+// found a thread state the cache did not hold for this tid. `now`: the walk's start, for the
+// cache's times.
 static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_frame_buf *fb,
-					    __u32 tid, __u64 now, __u64 *frame)
+					    __u32 tid, __u64 now, __u64 *frame, int *found_new)
 {
 	*frame = 0;
+	*found_new = 0;
 	// A trusted BTF pointer: the field is a plain load, not a bpf_probe_read_kernel call.
 	struct task_struct___py *task = (void *)bpf_get_current_task_btf();
 	__u64 fsbase = task->thread.fsbase;
@@ -217,6 +219,7 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_fram
 		return 0;
 	struct py_thread v = { .tstate = s.found, .checked_ns = now, .head = head };
 	bpf_map_update_elem(&py_threads, &tid, &v, BPF_ANY);
+	*found_new = s.found != 0;
 	return s.found;
 }
 
@@ -453,9 +456,12 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 	if (!fb)
 		return 0;
 	__u64 frame = 0;
-	__u64 tstate = py_find_tstate(p, fb, a->tid, start, &frame);
+	int found_new = 0;
+	__u64 tstate = py_find_tstate(p, fb, a->tid, start, &frame, &found_new);
+	if (found_new)
+		a->flags |= SAMPLE_PY_NEW_THREAD;
 	if (!tstate) {
-		a->flags = SAMPLE_PY_NO_THREAD;
+		a->flags |= SAMPLE_PY_NO_THREAD;
 		count(COUNTER_PY_NO_THREAD);
 		count_n(COUNTER_PY_NS, bpf_ktime_get_ns() - start);
 		return 0;
@@ -486,10 +492,10 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 	bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
 	a->used = w.used;
 	if (w.flags & PY_WALK_READ_ERROR) {
-		a->flags = SAMPLE_PY_READ_ERROR;
+		a->flags |= SAMPLE_PY_READ_ERROR;
 		count(COUNTER_PY_READ_ERRORS);
 	} else if (w.frame) {
-		a->flags = SAMPLE_PY_TRUNCATED;
+		a->flags |= SAMPLE_PY_TRUNCATED;
 		count(COUNTER_PY_TRUNCATED);
 	}
 	count_n(COUNTER_PY_NS, bpf_ktime_get_ns() - start);

@@ -208,9 +208,11 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 
 	// A process the agent has no tables for yet (a new one), or a stack through a mapping
 	// it has not registered: wake it now, so tables, maps and the Python registration are
-	// current before the next samples, not a poll later.
-	int wake = unwind_dwarf && (!(rec->hdr.flags & SAMPLE_DWARF) ||
-				    (rec->hdr.flags & SAMPLE_UNKNOWN_MAPPING));
+	// current before the next samples, not a poll later. A new Python thread: so its name
+	// is read before it ends.
+	int wake = (unwind_dwarf && (!(rec->hdr.flags & SAMPLE_DWARF) ||
+				     (rec->hdr.flags & SAMPLE_UNKNOWN_MAPPING))) ||
+		   (rec->hdr.flags & SAMPLE_PY_NEW_THREAD);
 	if (send_record_wake(rec, size, wake) != 0)
 		count(COUNTER_RINGBUF_DROPS);
 	else

@@ -68,6 +68,11 @@
 // With SAMPLE_FREE: a sampled block was resized (realloc), not freed: value is its new size,
 // and the u64 after the header (struct alloc_move_record) its new address.
 #define SAMPLE_ALLOC_MOVED 32768
+// The Python walk found this thread's thread state by a search, not in its cache: a thread
+// new to the sampler (or one the cache let go). The record wakes the agent, which reads the
+// thread's `threading` name while the thread still lives: a short thread can end before the
+// agent's next poll, and its name with it.
+#define SAMPLE_PY_NEW_THREAD 65536
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1

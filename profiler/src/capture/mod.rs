@@ -465,13 +465,22 @@ impl Capture {
     /// can be by now (the tracker keeps ended threads' names): a thread is often sampled as it
     /// starts, before `threading` registers it, and the names are read at most every few
     /// milliseconds, so its first samples went under its command name. Called before
-    /// [`Capture::into_profile`].
-    pub fn name_late_threads(&mut self, python: &mut PyTracker) {
+    /// [`Capture::into_profile`], and by a caller that reads samples rarely (the agent) after
+    /// each read: true while some of these threads may still get a name
+    /// ([`PyTracker::awaits_name`]), for it to come back soon, before they end.
+    pub fn name_late_threads(&mut self, python: &mut PyTracker) -> bool {
+        let mut waiting = false;
         for &(pid, tid) in &self.unnamed_threads {
+            if self.late_names.contains_key(&(pid, tid)) {
+                continue;
+            }
             if let Some(name) = python.thread_name(pid, tid) {
                 self.late_names.insert((pid, tid), name.to_string());
+            } else if python.awaits_name(pid, tid) {
+                waiting = true;
             }
         }
+        waiting
     }
 
     /// Symbolizes every distinct stack into a CPU profile (`period_ns` per sample).

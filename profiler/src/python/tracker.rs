@@ -660,6 +660,17 @@ impl PyTracker {
         t.names.get(&tid).cloned()
     }
 
+    /// Whether thread `tid` of `pid` was asked about without a name in the last
+    /// `NAME_REFRESH`: `threading` may yet register it, and [`PyTracker::thread_name`] reads
+    /// the names again for it every `NAME_REREAD` (a caller that polls rarely polls sooner
+    /// while so, since the name is gone once the thread ends).
+    pub fn awaits_name(&self, pid: u32, tid: u32) -> bool {
+        self.procs
+            .get(&pid)
+            .and_then(|t| t.unnamed.get(&tid))
+            .is_some_and(|first| first.elapsed() < NAME_REFRESH)
+    }
+
     /// Forgets processes that are gone (every few seconds from the capture loop), and looks
     /// again for the GIL of processes registered before their interpreter had one (3.12+
     /// point to it from the interpreter state, which a just-started process may not have yet).

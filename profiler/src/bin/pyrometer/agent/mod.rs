@@ -325,15 +325,23 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
     let proc_root = std::path::Path::new("/proc");
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut samples_total = 0u64;
+    let mut names_awaited = false;
     loop {
         // The kernel wakes the agent at once for what cannot wait (a new process, an exec, a
         // mapping it has no table for, a filling ring buffer); the rest is read in batches.
         // At 19 Hz on a few CPUs a wake-up every 20 ms found about one sample, and the
         // wake-ups with their counter reads cost more than the samples. A Ray worker's task
         // label is read from its title when its samples are read, and tasks can be short:
-        // while Ray workers are sampled, the loop reads as often as it used to.
+        // while Ray workers are sampled, the loop reads as often as it used to. So are
+        // Python threads' names (a new thread's first sample wakes the loop): while a new
+        // thread has none yet, `threading` may register it any moment, and a short thread
+        // takes its name with it when it ends.
         let ray = ray_seen.is_some_and(|t| t.elapsed() < RAY_LINGER);
-        sampler.wait(if ray { RAY_POLL } else { POLL });
+        sampler.wait(if ray || names_awaited {
+            SHORT_POLL
+        } else {
+            POLL
+        });
         sampler.drain_into(&mut batch);
         if batch.iter().any(|r| {
             pyrometer_ebpf::RawSample::parse(r).is_ok_and(|s| s.header.comm.starts_with(b"ray::"))
@@ -343,6 +351,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
         }
+        names_awaited = capture.name_late_threads(&mut tables.python);
         for pid in capture.execs.drain(..) {
             young.exec(pid);
         }
@@ -646,8 +655,9 @@ fn ring_buffer_bytes() -> u32 {
 /// bookkeeping, which at 19 Hz cost more than the samples it found.
 const POLL: Duration = Duration::from_secs(1);
 
-/// The poll while Ray workers are sampled, and how long after the last of their samples.
-const RAY_POLL: Duration = Duration::from_millis(20);
+/// The poll while Ray workers are sampled (and how long after the last of their samples),
+/// or while new Python threads await their names.
+const SHORT_POLL: Duration = Duration::from_millis(20);
 const RAY_LINGER: Duration = Duration::from_secs(5);
 
 /// How often the kernel's counters are copied to /metrics between pushes (Prometheus
