@@ -214,28 +214,35 @@ static __always_inline struct unwind_row *unwind_find_row(struct table_ref *t, _
 	__u64 *bounds = bpf_map_lookup_elem(&unwind_index, &at);
 	if (!bounds)
 		return 0;
-	__u32 lo = first + (__u32)*bounds;
+	__u32 base = first + (__u32)*bounds;
 	__u32 hi = first + (__u32)(*bounds >> 32) + 1;
-	if (lo >= hi || hi > first + t->row_count)
+	if (base >= hi || hi > first + t->row_count)
 		return 0;
-	// The row at `lo` starts at or before the bucket, so at or before `rel`.
-	lo += 1;
+	// The row at `base` starts at or before the bucket, so at or before `rel`; the rows at
+	// base + n and past it start after `rel`. Each step halves n without a branch on the
+	// comparison: BPF has no conditional move, and a search through distinct functions
+	// made each step's branch a coin toss for the CPU's predictor.
+	__u32 n = hi - base;
 	for (int step = 0; step < UNWIND_SEARCH_STEPS; step++) {
-		if (lo >= hi)
+		if (n <= 1)
 			break;
-		__u32 mid = lo + (hi - lo) / 2;
+		__u32 half = n / 2;
+		__u32 mid = base + half;
 		struct unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &mid);
 		if (!row)
 			return 0;
-		if (row->pc <= rel)
-			lo = mid + 1;
-		else
-			hi = mid;
+		// All ones when row->pc <= rel: the difference of the two 32-bit values, taken in
+		// 64 bits, has its top bit set only when it is negative. The barrier hides the
+		// idiom from clang, which otherwise turns it back into a compare and a branch.
+		__u64 diff = (__u64)rel - (__u64)row->pc;
+		barrier_var(diff);
+		__u64 at_or_before = (diff >> 63) - 1;
+		base += half & (__u32)at_or_before;
+		n -= half;
 	}
-	if (lo == first)
+	if (n > 1)
 		return 0;
-	__u32 idx = lo - 1;
-	struct unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &idx);
+	struct unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &base);
 	if (!row || row->cfa_type == CFA_NONE)
 		return 0;
 	return row;
