@@ -159,6 +159,10 @@ pub struct Capture {
     /// read (bounded by `MAX_LATE_THREADS`), and the names found for them later.
     unnamed_threads: HashSet<(u32, u32)>,
     late_names: HashMap<(u32, u32), String>,
+    /// Those of `unnamed_threads` that may still get a name ([`PyTracker::awaits_name`]):
+    /// what [`Capture::read_awaited_names`] looks at, so a loop that calls it often does not
+    /// go through every unnamed native thread each time.
+    awaited_names: HashSet<(u32, u32)>,
 }
 
 /// Python threads remembered per capture for naming late.
@@ -299,6 +303,7 @@ impl Capture {
             None => {
                 if self.unnamed_threads.len() < MAX_LATE_THREADS && is_python {
                     self.unnamed_threads.insert((h.pid, h.tid));
+                    self.awaited_names.insert((h.pid, h.tid));
                 }
                 (comm, false)
             }
@@ -465,22 +470,31 @@ impl Capture {
     /// can be by now (the tracker keeps ended threads' names): a thread is often sampled as it
     /// starts, before `threading` registers it, and the names are read at most every few
     /// milliseconds, so its first samples went under its command name. Called before
-    /// [`Capture::into_profile`], and by a caller that reads samples rarely (the agent) after
-    /// each read: true while some of these threads may still get a name
-    /// ([`PyTracker::awaits_name`]), for it to come back soon, before they end.
-    pub fn name_late_threads(&mut self, python: &mut PyTracker) -> bool {
-        let mut waiting = false;
+    /// [`Capture::into_profile`].
+    pub fn name_late_threads(&mut self, python: &mut PyTracker) {
         for &(pid, tid) in &self.unnamed_threads {
             if self.late_names.contains_key(&(pid, tid)) {
                 continue;
             }
             if let Some(name) = python.thread_name(pid, tid) {
                 self.late_names.insert((pid, tid), name.to_string());
-            } else if python.awaits_name(pid, tid) {
-                waiting = true;
             }
         }
-        waiting
+    }
+
+    /// Reads the names of the threads sampled without one that `threading` may yet register
+    /// (first asked about in the last second), for a caller that reads samples rarely (the
+    /// agent) to call after each read: a short thread's name is gone once it ends. True
+    /// while some are still waiting, for the caller to come back soon.
+    pub fn read_awaited_names(&mut self, python: &mut PyTracker) -> bool {
+        self.awaited_names.retain(|&(pid, tid)| {
+            if let Some(name) = python.thread_name(pid, tid) {
+                self.late_names.insert((pid, tid), name.to_string());
+                return false;
+            }
+            python.awaits_name(pid, tid)
+        });
+        !self.awaited_names.is_empty()
     }
 
     /// Symbolizes every distinct stack into a CPU profile (`period_ns` per sample).

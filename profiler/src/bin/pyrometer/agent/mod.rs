@@ -351,7 +351,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         for rec in batch.drain(..) {
             capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
         }
-        names_awaited = capture.name_late_threads(&mut tables.python);
+        names_awaited = capture.read_awaited_names(&mut tables.python);
         for pid in capture.execs.drain(..) {
             young.exec(pid);
         }
