@@ -488,11 +488,16 @@ impl Capture {
     /// while some are still waiting, for the caller to come back soon.
     pub fn read_awaited_names(&mut self, python: &mut PyTracker) -> bool {
         self.awaited_names.retain(|&(pid, tid)| {
-            if let Some(name) = python.thread_name(pid, tid) {
-                self.late_names.insert((pid, tid), name.to_string());
+            if !python.awaits_name(pid, tid) {
                 return false;
             }
-            python.awaits_name(pid, tid)
+            match python.thread_name(pid, tid) {
+                Some(name) => {
+                    self.late_names.insert((pid, tid), name.to_string());
+                    false
+                }
+                None => true,
+            }
         });
         !self.awaited_names.is_empty()
     }

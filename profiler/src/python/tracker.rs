@@ -661,14 +661,23 @@ impl PyTracker {
     }
 
     /// Whether thread `tid` of `pid` was asked about without a name in the last
-    /// `NAME_REFRESH`: `threading` may yet register it, and [`PyTracker::thread_name`] reads
-    /// the names again for it every `NAME_REREAD` (a caller that polls rarely polls sooner
-    /// while so, since the name is gone once the thread ends).
+    /// `NAME_REFRESH` and still runs: `threading` may yet register it, and
+    /// [`PyTracker::thread_name`] reads the names again for it every `NAME_REREAD` (a caller
+    /// that polls rarely polls sooner while so, since the name is gone once the thread
+    /// ends). A thread that has ended will not get one: reading the names for it again
+    /// every 20 ms for the rest of its second was most of an agent's CPU on a process
+    /// starting ten short threads a second.
     pub fn awaits_name(&self, pid: u32, tid: u32) -> bool {
         self.procs
             .get(&pid)
             .and_then(|t| t.unnamed.get(&tid))
             .is_some_and(|first| first.elapsed() < NAME_REFRESH)
+            && self
+                .proc_root
+                .join(pid.to_string())
+                .join("task")
+                .join(tid.to_string())
+                .exists()
     }
 
     /// Forgets processes that are gone (every few seconds from the capture loop), and looks
