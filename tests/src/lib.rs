@@ -174,6 +174,27 @@ pub struct FoldedStack {
     pub count: u64,
 }
 
+/// Inclusive sample counts of Python functions in a folded profile (`name (file:line)`
+/// frames), by function name.
+pub fn folded_counts(folded: &str, names: &[&str]) -> Vec<u64> {
+    let mut counts = vec![0u64; names.len()];
+    for line in folded.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let n: u64 = n.parse().unwrap_or(0);
+        for (i, name) in names.iter().enumerate() {
+            if stack
+                .split(';')
+                .any(|f| f.split(" (").next() == Some(*name))
+            {
+                counts[i] += n;
+            }
+        }
+    }
+    counts
+}
+
 pub fn read_folded(path: &Path) -> Vec<FoldedStack> {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pyrometer_e2e::cluster::{Collector, enc, free_port, http_get, workload_of};
-use pyrometer_e2e::{privileged, pyrometer, pyrometer_bin, scratch, stderr};
+use pyrometer_e2e::{folded_counts, privileged, pyrometer, pyrometer_bin, scratch, stderr};
 
 /// CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE (19), CAP_PERFMON (38), CAP_BPF (39).
 const KEPT: u64 = (1 << 2) | (1 << 19) | (1 << 38) | (1 << 39);
@@ -437,16 +437,12 @@ fn short_python_threads_keep_their_names() {
     std::thread::sleep(Duration::from_secs(3));
     let stats = agent.stop();
 
-    let burn = |selector: &str| -> i64 {
+    let burn = |selector: &str| -> u64 {
         let q = enc(&format!("{{node=\"short-node\", {selector}}}"));
-        collector
-            .get(&format!(
-                "/api/v1/profile?format=folded&query={q}&from=now-10m"
-            ))
-            .lines()
-            .filter(|l| l.split(';').any(|f| f.split(" (").next() == Some("burn")))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-            .sum()
+        let folded = collector.get(&format!(
+            "/api/v1/profile?format=folded&query={q}&from=now-10m"
+        ));
+        folded_counts(&folded, &["burn"])[0]
     };
     let all = burn("thread=~\".*\"");
     let named = burn("thread=~\"short-.*\"");

@@ -227,27 +227,6 @@ fn spans_of_a_process_in_its_own_pid_namespace() {
     }
 }
 
-/// Inclusive sample counts of Python functions in a folded profile (`name (file:line)`
-/// frames), by function name.
-fn folded_counts(folded: &str, names: &[&str]) -> Vec<u64> {
-    let mut counts = vec![0u64; names.len()];
-    for line in folded.lines() {
-        let Some((stack, n)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let n: u64 = n.parse().unwrap_or(0);
-        for (i, name) in names.iter().enumerate() {
-            if stack
-                .split(';')
-                .any(|f| f.split(" (").next() == Some(*name))
-            {
-                counts[i] += n;
-            }
-        }
-    }
-    counts
-}
-
 /// The agent pushes the span labels, and the collector answers `{trace_id="…"}` with that
 /// trace's samples only: heavy()'s trace holds heavy() and not light(), and the two traces'
 /// totals split 2:1. The same agent exports OTLP profiles to a receiver that decodes them with
