@@ -293,6 +293,10 @@ pub mod counter {
     pub const PY_NS: u32 = 28;
     /// Frees the preloaded sampler library reported: it reports sampled blocks only.
     pub const ALLOC_PRELOAD_FREES: u32 = 29;
+    /// DWARF frames whose row the kernel's per-CPU row cache gave (checked against the table).
+    pub const UNWIND_ROW_HITS: u32 = 30;
+    /// DWARF frames whose row was searched for in the table's bucket.
+    pub const UNWIND_ROW_SEARCHES: u32 = 31;
     pub const COUNT: u32 = 32;
 }
 

@@ -35,6 +35,9 @@ pub struct AgentMetrics {
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
     pub unwind_stopped: [AtomicU64; 6],
+    /// DWARF frames whose row the kernel's per-CPU row cache gave, and those searched for.
+    pub unwind_row_hits: AtomicU64,
+    pub unwind_row_searches: AtomicU64,
     /// Executables whose unwind tables did not fit in `--unwind-rows`, executable mappings
     /// beyond the per-process bound, and the row array's use: the signs that a node needs a
     /// larger `--unwind-rows` (a PyTorch process alone needs several million rows).
@@ -212,6 +215,15 @@ impl AgentMetrics {
                 v.load(Relaxed)
             );
         }
+        let _ = write!(
+            o,
+            "# HELP pyrometer_agent_unwind_row_lookups_total DWARF frames by where their unwind row came from: the kernel's per-CPU row cache or a search of the table.\n\
+             # TYPE pyrometer_agent_unwind_row_lookups_total counter\n\
+             pyrometer_agent_unwind_row_lookups_total{{source=\"cache\"}} {}\n\
+             pyrometer_agent_unwind_row_lookups_total{{source=\"search\"}} {}\n",
+            self.unwind_row_hits.load(Relaxed),
+            self.unwind_row_searches.load(Relaxed),
+        );
         if let Some(gpu) = self.gpu.get() {
             crate::gpu::metrics::render(&gpu.lock().expect("not poisoned"), &mut o);
         }

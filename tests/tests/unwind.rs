@@ -84,7 +84,18 @@ fn recursion_100_deep_is_recovered() {
     if !privileged() {
         return;
     }
-    let (stacks, err) = record_folded("recurse", &["--", &fixture_str("recurse"), "2", "100"]);
+    let stats_path = scratch("recurse-stats").join("stats.json");
+    let (stacks, err) = record_folded(
+        "recurse",
+        &[
+            "--stats",
+            stats_path.to_str().unwrap(),
+            "--",
+            &fixture_str("recurse"),
+            "2",
+            "100",
+        ],
+    );
     let in_bottom = count(&stacks, |s| index_of(s, "bottom").is_some());
     let full = count(&stacks, |s| {
         index_of(s, "bottom").is_some()
@@ -98,6 +109,16 @@ fn recursion_100_deep_is_recovered() {
     assert!(
         full as f64 >= 0.95 * in_bottom as f64,
         "only {full}/{in_bottom} samples in bottom show all 100 rec frames and main; {err}"
+    );
+    // The same ~105 return addresses in every sample: after the first samples, the kernel's
+    // per-CPU row cache gives their rows (each checked against the table) without a search.
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&stats_path).unwrap()).unwrap();
+    let hits = stats["unwind_row_cache_hits"].as_u64().unwrap();
+    let searches = stats["unwind_row_searches"].as_u64().unwrap();
+    assert!(
+        hits >= 100 * in_bottom && hits >= 20 * searches,
+        "row cache: {hits} hits, {searches} searches for {in_bottom} samples in bottom"
     );
 }
 

@@ -105,6 +105,8 @@
 #define COUNTER_SAMPLE_NS 27        // ns on_cpu_clock spent on target samples (self-timed)
 #define COUNTER_PY_NS 28            // ns spent walking Python frame chains (self-timed)
 #define COUNTER_ALLOC_PRELOAD_FREES 29 // frees the preloaded library reported (sampled blocks only)
+#define COUNTER_UNWIND_ROW_HITS 30   // DWARF frames whose row came from the per-CPU row cache
+#define COUNTER_UNWIND_ROW_SEARCHES 31 // ... and those whose row was searched for in the table
 #define COUNTER_COUNT 32
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.

@@ -282,6 +282,9 @@ pub struct UnwindCounters {
     pub no_row: u64,
     pub bad_cfa: u64,
     pub truncated: u64,
+    /// Frames whose row came from the per-CPU row cache, and those searched for.
+    pub row_hits: u64,
+    pub row_searches: u64,
 }
 
 impl UnwindCounters {
@@ -634,6 +637,8 @@ impl Sampler {
                 no_row: sum(shared::counter::UNWIND_NO_ROW),
                 bad_cfa: sum(shared::counter::UNWIND_BAD_CFA),
                 truncated: sum(shared::counter::UNWIND_TRUNCATED),
+                row_hits: sum(shared::counter::UNWIND_ROW_HITS),
+                row_searches: sum(shared::counter::UNWIND_ROW_SEARCHES),
             },
             offcpu_events: sum(shared::counter::OFFCPU_EVENTS),
             offcpu_map_full: sum(shared::counter::OFFCPU_MAP_FULL),

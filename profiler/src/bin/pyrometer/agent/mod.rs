@@ -546,6 +546,8 @@ fn publish_counters(
         .store(c.kernel_stack_errors, Relaxed);
     let u = c.unwind;
     metrics.unwind_walks.store(u.samples, Relaxed);
+    metrics.unwind_row_hits.store(u.row_hits, Relaxed);
+    metrics.unwind_row_searches.store(u.row_searches, Relaxed);
     for (slot, v) in metrics.unwind_stopped.iter().zip([
         u.no_mapping,
         u.no_table,

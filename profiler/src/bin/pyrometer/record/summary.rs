@@ -280,6 +280,8 @@ impl RunReport {
             "alloc_threads_full": c.alloc.threads_full,
         });
         json["alloc_preload_frees"] = c.alloc.preload_frees.into();
+        json["unwind_row_cache_hits"] = c.unwind.row_hits.into();
+        json["unwind_row_searches"] = c.unwind.row_searches.into();
         json["bpf_python_ns"] = c.python_ns.into();
         json["unwind_tables_too_big"] = unwinder.tables_too_big.into();
         json["unwind_mappings_dropped"] = unwinder.mappings_dropped.into();
