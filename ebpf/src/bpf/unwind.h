@@ -16,7 +16,7 @@
 //
 // Verification cost is bounded by construction, the same on every kernel: the walk itself
 // (`dwarf_walk`), a batch of frames (`unwind_frames`, the row search inline) and the mapping
-// scan (`unwind_find_mapping`) are global functions, which the verifier checks once each, on
+// scan (`unwind_switch_mapping`) are global functions, which the verifier checks once each, on
 // their own, with unknown arguments; a caller is checked against their signatures only. No
 // loop sits inside the bpf_loop callback, whose body recent verifiers re-walk until its state
 // converges (an inlined search loop there made every exit a distinct callback state: 1M
@@ -197,12 +197,10 @@ struct unwind_state {
 
 // The executable mapping of process `pid` that holds `pc`. A linear scan with constant
 // indices: a binary search indexes the array with values the verifier must track precisely.
-// Returns 0 when found (copied to `out`), -1 when the address is in no known mapping, -2
-// when the process has no unwind information.
-__attribute__((noinline)) int unwind_find_mapping(__u32 pid, __u64 pc, struct mapping_lookup *out)
+// Returns 0 when found (copied to `out`, which is left alone otherwise), -1 when the address
+// is in no known mapping, -2 when the process has no unwind information.
+static __always_inline int find_mapping(__u32 pid, __u64 pc, struct mapping_lookup *out)
 {
-	if (!out)
-		return -1;
 	struct process_unwind *proc = bpf_map_lookup_elem(&unwind_procs, &pid);
 	if (!proc)
 		return -2;
@@ -306,24 +304,29 @@ static __always_inline struct unwind_row *unwind_find_row(struct table_ref *t, _
 }
 
 // Makes the mapping holding `lookup` the walk's current one, the current one becoming the
-// previous one. Returns 0, or -1 when no known mapping holds `lookup` (`cur` is then
-// unset). Global, so its branches are verified once, not at each frame of a batch (inline,
-// they took `on_cpu_clock` from 38k to 52k processed instructions on 6.18). The scan writes
-// into `prev`, which then trades places with `cur` word by word: a mapping copied through
-// the stack would take the call chain past the 512 bytes that 6.1's verifier allows it
-// (alloc_return's chain measured 528).
+// previous one. Returns 0, or find_mapping's -1 or -2 (`cur` is then unset). Global: the
+// scan's loop is verified once, on its own. The scan writes straight into `prev`, which then
+// trades places with `cur` word by word, and it is inline here, not a function of its own:
+// 6.1's verifier allows a call chain 512 bytes of stack, counting at least 32 for each
+// function on it, and alloc_return's chain measured 528 bytes with a mapping copied through
+// this function's stack, 544 with the scan a call deeper.
 __attribute__((noinline)) int unwind_switch_mapping(struct unwind_state *st, __u64 lookup)
 {
 	if (!st)
 		return -1;
-	struct mapping_lookup m = st->prev;
-	if ((lookup < m.start || lookup >= m.end) &&
-	    unwind_find_mapping(st->pid, lookup, &m) < 0) {
-		st->cur.end = 0;
-		return -1;
+	if (lookup < st->prev.start || lookup >= st->prev.end) {
+		int found = find_mapping(st->pid, lookup, &st->prev);
+		if (found < 0) {
+			st->cur.end = 0;
+			return found;
+		}
 	}
-	st->prev = st->cur;
-	st->cur = m;
+	__u64 *a = (__u64 *)&st->cur, *b = (__u64 *)&st->prev;
+	for (int w = 0; w < sizeof(st->cur) / 8; w++) {
+		__u64 t = a[w];
+		a[w] = b[w];
+		b[w] = t;
+	}
 	return 0;
 }
 
@@ -520,11 +523,8 @@ __attribute__((noinline)) int dwarf_walk(struct dwarf_walk_args *a)
 		uretprobe_in_trampoline(&st.pc, &st.sp);
 	// The first frame's mapping, found here because the scan's lookup of the process also
 	// says whether it has unwind information at all: one hash lookup for both.
-	int found = unwind_find_mapping(pid, st.pc, &st.cur);
-	if (found == -2)
+	if (unwind_switch_mapping(&st, st.pc) == -2)
 		return -1;
-	if (found < 0)
-		st.cur.end = 0;
 	if (st.pc == 0)
 		return 0;
 	bpf_loop(MAX_USER_FRAMES / UNWIND_BATCH + 1, unwind_step, &st, 0);
