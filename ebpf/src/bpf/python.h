@@ -436,6 +436,7 @@ struct py_walk_args {
 	__u32 base;  // first slot of the Python frames (after the native frames)
 	__u32 used;  // out: slot pairs written
 	__u32 flags; // out: SAMPLE_PY_*
+	__u32 registered; // out: 1 when the process is a registered Python process
 };
 
 // Walks the current thread's Python frames into the scratch record `a->which` names, after
@@ -449,6 +450,7 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!p)
 		return 0;
+	a->registered = 1;
 	__u64 start = bpf_ktime_get_ns();
 	count(COUNTER_PY_WALKS);
 	__u32 which = a->which;
@@ -503,8 +505,9 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 }
 
 // Appends the current thread's Python frames after the `hdr->user_frames` native ones in the
-// `which` scratch record, when the process is a registered Python process.
-static __always_inline void py_walk_current(__u32 tgid, __u32 tid, struct sample_header *hdr,
+// `which` scratch record, when the process is a registered Python process. Returns 1 when it
+// is one.
+static __always_inline int py_walk_current(__u32 tgid, __u32 tid, struct sample_header *hdr,
 					    __u32 which)
 {
 	hdr->py_frames = 0;
@@ -517,4 +520,5 @@ static __always_inline void py_walk_current(__u32 tgid, __u32 tid, struct sample
 	py_walk(&a);
 	hdr->py_frames = a.used;
 	hdr->flags |= a.flags;
+	return a.registered;
 }

@@ -292,6 +292,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         1
     };
     let uretprobes_used = u32::from(config.gil || config.alloc.is_some());
+    let gil_view = u32::from(config.gil);
     let alloc = config.alloc.unwrap_or(super::AllocConfig {
         sample_bytes: super::DEFAULT_ALLOC_SAMPLE_BYTES,
         live_entries: 1,
@@ -313,6 +314,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         .override_global("ringbuf_wakeup_bytes", &wakeup_bytes, true)
         .override_global("offcpu_min_ns", &offcpu_min_ns, true)
         .override_global("uretprobes_used", &uretprobes_used, true)
+        .override_global("gil_view", &gil_view, true)
         .map_max_entries("gil_threads", gil_entries(16384))
         .map_max_entries("gil_pending", gil_entries(4096))
         .map_max_entries("gil_holders", gil_entries(4096))
