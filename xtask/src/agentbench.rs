@@ -15,13 +15,34 @@
 //! new programs all the time (a shared build machine), the first run mostly measures the
 //! agent's work for those new programs; the second is the cost of a node whose processes
 //! stay the same, as on the issue's reference node.
+//!
+//! A third samples only a CPython 3.11 process (pyenv's, run as `pyrochurn`) that starts a
+//! 50 ms thread every 100 ms, beside the burners: each new thread's first sample wakes the
+//! agent, which reads the threads' `threading` names every 20 ms until they have one. An
+//! agent that kept re-reading the names of threads that had ended cost 1.3-1.5 % of a core
+//! here (fixed in 37fcf3e); this run is the guard against that coming back.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+
+/// The thread-churning workload of the third run.
+const CHURN_PY: &str = r#"import threading, time
+def work():
+    t = time.thread_time()
+    while time.thread_time() - t < 0.05:
+        pass
+k = 0
+while True:
+    t = threading.Thread(target=work, name="w-%d" % k)
+    k += 1
+    t.start()
+    t.join()
+    time.sleep(0.05)
+"#;
 
 /// Kills and reaps the children it holds when dropped, on error paths too.
 struct Children(Vec<Child>);
@@ -60,6 +81,23 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     // The burners run a copy of sh with a name of their own, for `--comm`.
     let burner = dir.join("pyroburn");
     std::fs::copy("/bin/sh", &burner).context("copying /bin/sh for the CPU burners")?;
+    // The churning Python process runs under a name of its own too (a symlink: the
+    // interpreter finds its library through the link's target).
+    let python = crate::pyenv_python();
+    let churn = if python.exists() {
+        let link = dir.join("pyrochurn");
+        std::os::unix::fs::symlink(&python, &link)
+            .context("linking pyrochurn to pyenv's python3.11")?;
+        let script = dir.join("churn.py");
+        std::fs::write(&script, CHURN_PY)?;
+        Some((link, script))
+    } else {
+        println!(
+            "  (no {}: the thread-churn run is left out)",
+            python.display()
+        );
+        None
+    };
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     // Before/after on a shared machine: the two binaries alternate, round after round, so a
     // neighbour's build weighs on both alike; medians are printed.
@@ -75,10 +113,19 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
     }
     binaries.push(("this build", pyrometer));
     println!();
-    for (what, args) in [
-        ("every process", &[][..]),
-        ("the burners only (--comm)", &["--comm", "pyroburn"][..]),
-    ] {
+    type Case<'a> = (&'a str, &'a [&'a str], Option<&'a (PathBuf, PathBuf)>);
+    let mut cases: Vec<Case> = vec![
+        ("every process", &[], None),
+        ("the burners only (--comm)", &["--comm", "pyroburn"], None),
+    ];
+    if let Some(churn) = &churn {
+        cases.push((
+            "a Python 3.11 process starting a 50 ms thread every 100 ms only (--comm)",
+            &["--comm", "pyrochurn"],
+            Some(churn),
+        ));
+    }
+    for (what, args, workload) in cases {
         let mut runs: Vec<Vec<Footprint>> = binaries.iter().map(|_| Vec::new()).collect();
         for _ in 0..rounds {
             for (i, (_, bin)) in binaries.iter().enumerate() {
@@ -89,6 +136,7 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
                     &burner,
                     seconds,
                     args,
+                    workload.map(|(link, script)| (link.as_path(), script.as_path())),
                 )?);
             }
         }
@@ -174,6 +222,7 @@ fn run_agent(
     burner: &Path,
     seconds: u64,
     extra: &[&str],
+    workload: Option<(&Path, &Path)>,
 ) -> Result<Footprint> {
     let _ = std::fs::remove_dir_all(dir.join("collector"));
     let _ = std::fs::remove_dir_all(dir.join("spool"));
@@ -199,6 +248,14 @@ fn run_agent(
                 .args(["-c", "while :; do :; done"])
                 .spawn()
                 .context("starting a CPU burner")?,
+        );
+    }
+    if let Some((python, script)) = workload {
+        children.0.push(
+            Command::new(python)
+                .arg(script)
+                .spawn()
+                .context("starting the thread-churning Python process")?,
         );
     }
     let mut agent = Command::new(pyrometer)
