@@ -281,6 +281,21 @@ pub fn thread_names<M: Memory>(
     rt: &PythonRuntime,
     layout: &Described,
 ) -> Result<HashMap<u64, String>, PythonError> {
+    thread_names_at(mem, rt, layout, &mut None)
+}
+
+/// [`thread_names`] for a caller that reads one process's names again and again: `active` is
+/// where `threading._active` was found the last time (None at first), and is set to where
+/// it was found. A module global's dict stays where it is for the module's life, and finding
+/// it walks `sys.modules` key by key, one read a key: most of a read's cost, paid by an agent
+/// once per short thread a process starts. The dict is taken from `active` when it still is
+/// a `dict` with named threads in it; else it is searched for again.
+pub fn thread_names_at<M: Memory>(
+    mem: &M,
+    rt: &PythonRuntime,
+    layout: &Described,
+    active: &mut Option<u64>,
+) -> Result<HashMap<u64, String>, PythonError> {
     let (major, minor) = (rt.version.major, rt.version.minor);
     let base = &layout.offsets;
     let described;
@@ -306,7 +321,7 @@ pub fn thread_names<M: Memory>(
         walker: Walker::new(mem, base, rt),
         work: Cell::new(0),
     }
-    .names()
+    .names(active)
 }
 
 /// A dict's key table as validated, and where its values are.
@@ -371,7 +386,15 @@ impl<M: Memory> Reader<'_, M> {
         }
     }
 
-    fn names(&self) -> Result<HashMap<u64, String>, PythonError> {
+    fn names(&self, known: &mut Option<u64>) -> Result<HashMap<u64, String>, PythonError> {
+        if let Some(at) = known.take()
+            && let Ok(active) = self.dict(at)
+            && let Ok(names) = self.names_in(&active)
+            && !names.is_empty()
+        {
+            *known = Some(at);
+            return Ok(names);
+        }
         let o = self.o;
         let interp = self.field(self.rt.runtime, o.runtime_interpreters_main)?;
         if interp == 0 {
@@ -385,12 +408,18 @@ impl<M: Memory> Reader<'_, M> {
         };
         self.expect_type(threading, self.rt.module_type)?;
         let globals = self.dict(self.field(threading, o.module_dict)?)?;
-        let Some(active) = self.get(&globals, "_active")? else {
+        let Some(at) = self.get(&globals, "_active")? else {
             return Ok(HashMap::new());
         };
-        let active = self.dict(active)?;
+        let names = self.names_in(&self.dict(at)?)?;
+        *known = Some(at);
+        Ok(names)
+    }
+
+    /// The names of the threads in `threading._active`'s table.
+    fn names_in(&self, active: &Table) -> Result<HashMap<u64, String>, PythonError> {
         let mut names = HashMap::new();
-        for (key, thread) in self.items(&active)? {
+        for (key, thread) in self.items(active)? {
             let Some(ident) = self.ident(key) else {
                 continue;
             };

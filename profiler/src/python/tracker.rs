@@ -68,6 +68,8 @@ struct Tracked {
     /// `threading` names by tid, and when they were read.
     names: HashMap<u32, Arc<str>>,
     names_read: Option<Instant>,
+    /// Where `threading._active` was found (see `names::thread_names_at`).
+    threading_active: Option<u64>,
     /// Threads asked for without a name, and when they were first asked for.
     unnamed: HashMap<u32, Instant>,
     /// The span table the kernel reads (pyrometer-otel), once found.
@@ -459,6 +461,7 @@ impl PyTracker {
                 codes: HashMap::new(),
                 names: HashMap::new(),
                 names_read: None,
+                threading_active: None,
                 unnamed: HashMap::new(),
                 spans: span_table,
                 spans_checked: Instant::now(),
@@ -643,7 +646,14 @@ impl PyTracker {
         }
         t.names_read = Some(now);
         let mem = ProcessMemory::new(pid);
-        let fresh = super::thread_names_by_tid(&self.proc_root, pid, &mem, &t.layout, &t.runtime);
+        let fresh = super::thread_names_by_tid(
+            &self.proc_root,
+            pid,
+            &mem,
+            &t.layout,
+            &t.runtime,
+            &mut t.threading_active,
+        );
         // Names of threads that have ended stay: their samples (and the GIL table at the end
         // of a recording) still need them, and a read as the process winds down no longer
         // sees them. Past the bound only the live threads' names are kept.

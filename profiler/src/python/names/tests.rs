@@ -13,7 +13,7 @@ use super::super::offsets::ABSENT;
 use super::super::tests::{FakeMemory, PYENV, interpreters, libpython, pyenv_root};
 use super::super::version::{self, PythonRuntime};
 use super::super::walk::{MAX_STRING, Walker};
-use super::{MAX_DICT_ENTRIES, NameOffsets, for_version, thread_names};
+use super::{MAX_DICT_ENTRIES, NameOffsets, for_version, thread_names, thread_names_at};
 use crate::procs::ProcessRegistry;
 
 fn dwarf_fields(o: &NameOffsets) -> Vec<(&'static str, u32)> {
@@ -508,6 +508,35 @@ fn fake_image_reads_back() {
     let img = image();
     let names = names_of(&img).unwrap();
     assert_eq!(names, HashMap::from([(IDENT, "fake-worker".to_string())]));
+}
+
+/// An agent reads one process's names again and again: a read takes `threading._active` from
+/// where the read before found it (here `sys.modules` leads nowhere after the first read, and
+/// the names still come), and an address that no longer holds a dict is searched for again.
+#[test]
+fn threading_active_is_taken_from_where_it_was_found() {
+    let mut img = image();
+    let base = super::super::offsets::for_version(3, 11).unwrap();
+    let layout = Described::tabled(*base);
+    let expected = HashMap::from([(IDENT, "fake-worker".to_string())]);
+    let mut active = None;
+    let names = thread_names_at(&img.mem, &img.rt, &layout, &mut active).unwrap();
+    assert_eq!(names, expected);
+    assert_eq!(active, Some(0xa000));
+
+    let modules = 0x2000 + u64::from(img.o.interp_modules);
+    img.mem.put_u64(modules, 0);
+    assert!(names_of(&img).is_err(), "the search itself fails now");
+    let names = thread_names_at(&img.mem, &img.rt, &layout, &mut active).unwrap();
+    assert_eq!(names, expected);
+    assert_eq!(active, Some(0xa000));
+
+    img.mem.put_u64(modules, 0x3000);
+    // The threading module object: not a dict.
+    let mut stale = Some(0x6000);
+    let names = thread_names_at(&img.mem, &img.rt, &layout, &mut stale).unwrap();
+    assert_eq!(names, expected);
+    assert_eq!(stale, Some(0xa000));
 }
 
 #[test]
