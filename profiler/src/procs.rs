@@ -555,9 +555,20 @@ fn parse_maps_line(line: &str) -> Option<RawMapping> {
     })
 }
 
-fn parse_ns_pid(status: &str) -> Option<u32> {
-    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+/// A task's ids in the pid namespaces it is in, from its status's `NSpid:` line: first the
+/// one this /proc shows, last the one in its own namespace.
+pub(crate) fn ns_pids(status: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))?
+            .split_whitespace(),
+    )
+}
+
+/// A task's id in its own pid namespace (the last of [`ns_pids`]).
+pub(crate) fn parse_ns_pid(status: &str) -> Option<u32> {
+    ns_pids(status)?.last()?.parse().ok()
 }
 
 /// Reads an ELF file's GNU build-id (lowercase hex) without loading the whole file.

@@ -289,28 +289,15 @@ fn task_ids(proc_root: &Path, pid: u32) -> Vec<(u32, u32)> {
     // shows (the process's NSpid has one entry), every id is the same in both, and no
     // thread's status needs reading (one read per thread was a fifth of an agent's names
     // read).
-    let own_namespace = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status"))
-        .ok()
-        .and_then(|s| {
-            let ids = s.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-            Some(ids.split_whitespace().count() == 1)
-        })
-        .unwrap_or(false);
+    let status = |dir: &Path| std::fs::read_to_string(dir.join("status")).ok();
+    let own_namespace = status(&proc_root.join(pid.to_string()))
+        .is_some_and(|s| crate::procs::ns_pids(&s).is_some_and(|ids| ids.count() == 1));
     if own_namespace {
         return tids.map(|tid| (tid, tid)).collect();
     }
     tids.map(|tid| {
-        let status = std::fs::read_to_string(dir.join(tid.to_string()).join("status"));
-        let inner = status
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("NSpid:"))?
-                    .split_whitespace()
-                    .last()?
-                    .parse()
-                    .ok()
-            })
+        let inner = status(&dir.join(tid.to_string()))
+            .and_then(|s| crate::procs::parse_ns_pid(&s))
             .unwrap_or(tid);
         (tid, inner)
     })
