@@ -140,7 +140,7 @@ mod tests {
         let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
         let exe = Path::new(&home).join(".pyenv/versions/3.11.7/bin/python3.11");
         if !exe.exists() {
-            println!("skipping: {} is missing", exe.display());
+            skip_ledger::skip("python:3.11", format!("{} is missing", exe.display()));
             return;
         }
         let libs = needed_libraries(&exe);

@@ -335,7 +335,10 @@ mod tests {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         if !root {
-            println!("skipping: subscribing to process events needs root (CAP_NET_ADMIN)");
+            skip_ledger::skip(
+                "root",
+                "subscribing to process events needs root (CAP_NET_ADMIN)",
+            );
         }
         root
     }

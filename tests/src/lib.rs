@@ -1,5 +1,5 @@
 //! Helpers for the end-to-end tests: where the built `pyrometer` and the C fixtures are, a
-//! privilege probe that prints why a test is skipped, and readers for what `record` writes.
+//! privilege probe that records why a test is skipped, and readers for what `record` writes.
 
 pub mod alloc;
 #[path = "../../collector/tests/common/clickhouse_server.rs"]
@@ -9,6 +9,9 @@ pub mod kernels;
 pub mod otel;
 pub mod python;
 pub mod ray_cluster;
+
+/// The one way a test skips (see the skip-ledger crate): `skip(capability, reason)`.
+pub use skip_ledger::{ci, skip};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -129,9 +132,9 @@ pub fn privileged() -> bool {
     if missing.is_empty() {
         true
     } else {
-        println!(
-            "skipping: needs {} (run the tests as root)",
-            missing.join(", ")
+        skip(
+            "root",
+            format!("needs {} (run the tests as root)", missing.join(", ")),
         );
         false
     }

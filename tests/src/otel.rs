@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// The venv's Python, or None after printing why the test skips.
+/// The venv's Python, or None after recording why the test skips.
 pub fn python() -> Option<PathBuf> {
     let venv = std::env::var_os("PYROMETER_OTEL_VENV")
         .map(PathBuf::from)
@@ -16,9 +16,12 @@ pub fn python() -> Option<PathBuf> {
     if ready {
         Some(python)
     } else {
-        println!(
-            "skipping: no OpenTelemetry venv at {} (cargo xtask test makes it from the Python registry)",
-            venv.display()
+        crate::skip(
+            "otel-venv",
+            format!(
+                "no OpenTelemetry venv at {} (cargo xtask test makes it from the Python registry)",
+                venv.display()
+            ),
         );
         None
     }

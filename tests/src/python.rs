@@ -1,7 +1,7 @@
 //! The CPython interpreters on the machine the Python tests run against: pyenv's shared builds
 //! 3.8–3.13, Debian's static python3.11, and Debian forky's 3.14 and 3.15 run by `chroot` in
-//! `target/forky/root` (`cargo xtask forky-root`). A missing one makes a test print
-//! `skipping: …`.
+//! `target/forky/root` (`cargo xtask forky-root`). A missing one makes a test skip through the
+//! skip ledger (`crate::skip`).
 
 use std::path::{Path, PathBuf};
 
@@ -138,7 +138,7 @@ fn write_executable(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// Why the forky root is missing, for a `skipping: …` line.
+/// Why the forky root is missing, for the skip ledger.
 fn forky_missing() -> String {
     let failed = forky_root().parent().map(|d| d.join("failed"));
     match failed.and_then(|f| std::fs::read_to_string(f).ok()) {
@@ -164,23 +164,33 @@ impl Interpreter {
             .expect("a pyenv version the tests know")
     }
 
-    /// False (after printing why) when the interpreter is not installed.
+    /// False (after recording the skip) when the interpreter is not installed.
     pub fn present(&self) -> bool {
         let forky_python = forky_root().join(format!("usr/bin/python3.{}", self.minor));
         if self.in_forky() && !(self.path.exists() && forky_python.exists()) {
-            println!("skipping {}: {}", self.label, forky_missing());
+            crate::skip("forky-root", format!("{}: {}", self.label, forky_missing()));
             false
         } else if self.path.exists() {
             true
         } else {
-            println!(
-                "skipping {}: {} is missing",
-                self.label,
-                self.path.display()
+            crate::skip(
+                &self.capability(),
+                format!("{}: {} is missing", self.label, self.path.display()),
             );
             false
         }
     }
+
+    /// The skip ledger's name for this interpreter: `python:3.12`, `python:debian-3.11`.
+    pub fn capability(&self) -> String {
+        capability(&self.label)
+    }
+}
+
+/// The skip ledger's name for the interpreter labelled `label` (`3.12`, `Debian 3.11`, `forky
+/// 3.14`): `python:3.12`, `python:debian-3.11`, `python:forky-3.14`.
+pub fn capability(label: &str) -> String {
+    format!("python:{}", label.to_lowercase().replace(' ', "-"))
 }
 
 /// 1-based number of the first line of `file` containing `needle`.

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The Ray venv `cargo xtask test` makes (`target/ray-venv`, ray from the Python registry),
-/// or None after printing why the test skips.
+/// or None after recording why the test skips.
 pub fn venv() -> Option<PathBuf> {
     let venv = std::env::var_os("PYROMETER_RAY_VENV")
         .map(PathBuf::from)
@@ -20,9 +20,12 @@ pub fn venv() -> Option<PathBuf> {
     if venv.join("bin/ray").exists() {
         Some(venv)
     } else {
-        println!(
-            "skipping: no Ray at {} (cargo xtask test installs it from the Python registry)",
-            venv.display()
+        crate::skip(
+            "ray-venv",
+            format!(
+                "no Ray at {} (cargo xtask test installs it from the Python registry)",
+                venv.display()
+            ),
         );
         None
     }

@@ -390,7 +390,7 @@ fn short_python_threads_keep_their_names() {
     }
     let python = pyrometer_e2e::python::pyenv("3.12.1");
     if !python.exists() {
-        println!("skipping: no {}", python.display());
+        pyrometer_e2e::skip("python:3.12", format!("{} is missing", python.display()));
         return;
     }
     let dir = scratch("agent-short-threads");

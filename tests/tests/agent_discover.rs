@@ -167,7 +167,7 @@ fn in_a_network_namespace_processes_chosen_by_name_are_found_by_scanning() {
         return;
     }
     if Command::new("unshare").arg("--version").output().is_err() {
-        println!("skipping: unshare (util-linux) is not installed");
+        pyrometer_e2e::skip("tool:unshare", "unshare (util-linux) is not installed");
         return;
     }
     // The kernel sends process events only to the initial network namespace.

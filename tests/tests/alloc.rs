@@ -238,11 +238,11 @@ fn preloaded_allocators_are_probed() {
         "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
         "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
     ] {
+        let name = lib.rsplit('/').next().unwrap();
         if !std::path::Path::new(lib).exists() {
-            println!("skipping: {lib} is missing");
+            skip(&format!("lib:{name}"), format!("{lib} is missing"));
             continue;
         }
-        let name = lib.rsplit('/').next().unwrap();
         let dir = scratch(&format!("alloc-{name}"));
         let out = dir.join("alloc.pb.gz");
         let bin = fixture("allocs");

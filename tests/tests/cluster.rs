@@ -195,8 +195,9 @@ fn metrics_pass_promtool() {
         return;
     }
     if Command::new("promtool").arg("--version").output().is_err() {
-        println!(
-            "skipping: promtool not installed (cargo xtask deps installs Debian's prometheus)"
+        pyrometer_e2e::skip(
+            "tool:promtool",
+            "promtool not installed (cargo xtask test installs Debian's prometheus)",
         );
         return;
     }

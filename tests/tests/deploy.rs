@@ -421,7 +421,7 @@ fn agent_image_records_a_workload_in_its_container() {
     let dockerd = match Dockerd::start(&dir) {
         Ok(d) => d,
         Err(why) => {
-            println!("skipping: {why}");
+            skip("docker", why);
             return;
         }
     };

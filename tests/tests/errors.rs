@@ -79,7 +79,7 @@ fn missing_privileges_are_named() {
         return;
     }
     if Command::new("setpriv").arg("--version").output().is_err() {
-        println!("skipping: setpriv (util-linux) is not installed");
+        skip("tool:setpriv", "setpriv (util-linux) is not installed");
         return;
     }
     let dir = scratch("nopriv");

@@ -231,7 +231,10 @@ fn without_nvml_gpu_says_so_and_fails_and_bad_input_is_one_line() {
     // The default library, on a machine without the driver.
     let out = pyrometer_env(&["gpu", "--duration", "1s", "-o", s(&csv)], &[]);
     if out.status.success() {
-        println!("skipping the default-library check: this machine has NVML");
+        skip(
+            "no-nvml",
+            "the default-library check: this machine has NVML",
+        );
     } else {
         let err = stderr(&out);
         assert!(
@@ -476,8 +479,9 @@ fn agent_serves_gpu_gauges_and_labels_pushed_profiles() {
         return;
     }
     if Command::new("promtool").arg("--version").output().is_err() {
-        println!(
-            "skipping: promtool not installed (cargo xtask deps installs Debian's prometheus)"
+        skip(
+            "tool:promtool",
+            "promtool not installed (cargo xtask test installs Debian's prometheus)",
         );
         return;
     }

@@ -355,7 +355,10 @@ fn otlp_receiver(python: &Path, out: &Path) -> Option<Receiver> {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_grpc {
-        println!("skipping the OTLP part: no grpcio in the OpenTelemetry venv");
+        skip(
+            "otel-venv",
+            "the OTLP part: no grpcio in the OpenTelemetry venv",
+        );
         return None;
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -491,7 +494,7 @@ fn collector_accepts_otlp_pushes() {
     if !out.status.success()
         && String::from_utf8_lossy(&out.stderr).contains("No module named 'grpc'")
     {
-        println!("skipping: no grpcio in the OpenTelemetry venv");
+        skip("otel-venv", "no grpcio in the OpenTelemetry venv");
         return;
     }
     assert!(
@@ -544,9 +547,12 @@ fn ray_tasks_carry_their_invocations_trace() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ready {
-        println!(
-            "skipping: no pyrometer-otel in {} (cargo xtask test installs it)",
-            venv.display()
+        skip(
+            "ray-venv",
+            format!(
+                "no pyrometer-otel in {} (cargo xtask test installs it)",
+                venv.display()
+            ),
         );
         return;
     }

@@ -409,7 +409,7 @@ fn unsupported_version_is_named() {
     }
     let python = pyrometer_e2e::python::pyenv("3.7.16");
     if !python.exists() {
-        println!("skipping: {} is missing", python.display());
+        skip("python:3.7", format!("{} is missing", python.display()));
         return;
     }
     let dir = scratch("pyframes-37");

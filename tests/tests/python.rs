@@ -110,7 +110,10 @@ fn dump_until_settled(pid: u32) -> (String, Value) {
 
 fn check_version(label: &str, python: &Path, minor: u32) {
     if !python.exists() {
-        println!("skipping {label}: {} is missing", python.display());
+        skip(
+            &pyrometer_e2e::python::capability(label),
+            format!("{label}: {} is missing", python.display()),
+        );
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -285,7 +288,10 @@ fn gil_waiter_is_told_apart() {
     ] {
         let python = pyenv(version);
         if !python.exists() {
-            println!("skipping 3.{minor}: {} is missing", python.display());
+            skip(
+                &format!("python:3.{minor}"),
+                format!("3.{minor}: {} is missing", python.display()),
+            );
             continue;
         }
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -329,7 +335,10 @@ fn old_versions_are_refused() {
     for (version, minor) in [("3.6.15", 6), ("3.7.16", 7)] {
         let python = pyenv(version);
         if !python.exists() {
-            println!("skipping 3.{minor}: {} is missing", python.display());
+            skip(
+                &format!("python:3.{minor}"),
+                format!("3.{minor}: {} is missing", python.display()),
+            );
             continue;
         }
         let target = Target::start(
@@ -369,8 +378,23 @@ fn missing_privileges() {
     let python = pyenv("3.11.7");
     let setpriv = Command::new("setpriv").arg("--version").output();
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || setpriv.is_err() || !python.exists() {
-        println!("skipping: needs root, setpriv and Python 3.11 to dump a process as another user");
+    let missing = if unsafe { libc::geteuid() } != 0 {
+        Some((
+            "root",
+            "dumping a process as another user needs root".to_string(),
+        ))
+    } else if setpriv.is_err() {
+        Some((
+            "tool:setpriv",
+            "setpriv (util-linux) is not installed".into(),
+        ))
+    } else if !python.exists() {
+        Some(("python:3.11", format!("{} is missing", python.display())))
+    } else {
+        None
+    };
+    if let Some((capability, reason)) = missing {
+        skip(capability, reason);
         return;
     }
     let target = Target::start(
@@ -406,8 +430,20 @@ fn pid_namespace() {
     let python = pyenv("3.12.1");
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if !root || !python.exists() || Command::new("unshare").arg("--version").output().is_err() {
-        println!("skipping: needs root, unshare and Python 3.12 for a pid namespace");
+    let missing = if !root {
+        Some(("root", "a pid namespace needs root".to_string()))
+    } else if Command::new("unshare").arg("--version").output().is_err() {
+        Some((
+            "tool:unshare",
+            "unshare (util-linux) is not installed".into(),
+        ))
+    } else if !python.exists() {
+        Some(("python:3.12", format!("{} is missing", python.display())))
+    } else {
+        None
+    };
+    if let Some((capability, reason)) = missing {
+        skip(capability, reason);
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -447,7 +483,10 @@ fn pid_namespace() {
 fn dump_native_frames() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("skipping: reading another process's registers needs root (ptrace)");
+        skip(
+            "root",
+            "reading another process's registers needs root (ptrace)",
+        );
         return;
     }
     for (label, python) in [
@@ -457,7 +496,10 @@ fn dump_native_frames() {
         ("Debian 3.11", PathBuf::from("/usr/bin/python3.11")),
     ] {
         if !python.exists() {
-            println!("skipping {label}: {} is missing", python.display());
+            skip(
+                &pyrometer_e2e::python::capability(label),
+                format!("{label}: {} is missing", python.display()),
+            );
             continue;
         }
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

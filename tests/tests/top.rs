@@ -39,8 +39,9 @@ impl Tmux {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            println!(
-                "skipping: tmux is not installed or cannot start (cargo xtask deps installs it)"
+            skip(
+                "tool:tmux",
+                "tmux is not installed or cannot start (cargo xtask test installs it)",
             );
             return None;
         }

@@ -21,7 +21,7 @@ fn pyenv_311() -> Option<&'static str> {
     if Path::new(python).exists() {
         Some(python)
     } else {
-        println!("skipping: {python} is not installed");
+        skip("python:3.11", format!("{python} is not installed"));
         None
     }
 }
@@ -342,7 +342,7 @@ fn tables_that_did_not_fit_are_built_once_rows_free_up() {
     };
     let py312 = "/root/.pyenv/versions/3.12.1/bin/python3.12";
     if !Path::new(py312).exists() {
-        println!("skipping: {py312} is not installed");
+        skip("python:3.12", format!("{py312} is not installed"));
         return;
     }
     // Its own directory: record_folded's scratch directory is made afresh.

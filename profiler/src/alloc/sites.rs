@@ -100,7 +100,7 @@ mod tests {
     fn glibc_entry_points_one_site_per_address() {
         let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
         if !libc.exists() {
-            println!("skipping: {} is missing", libc.display());
+            skip_ledger::skip("lib:libc.so.6", format!("{} is missing", libc.display()));
             return;
         }
         let s = find(libc, None).unwrap();
@@ -127,7 +127,7 @@ mod tests {
         let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
         let lib = Path::new(&home).join(".pyenv/versions/3.11.7/lib/libpython3.11.so.1.0");
         if !lib.exists() {
-            println!("skipping: {} is missing", lib.display());
+            skip_ledger::skip("python:3.11", format!("{} is missing", lib.display()));
             return;
         }
         let s = find(&lib, None).unwrap();

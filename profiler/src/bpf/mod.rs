@@ -788,7 +788,10 @@ mod kernel_tests {
             crate::privileges::check(crate::privileges::SAMPLING, crate::privileges::effective())
                 .is_ok();
         if !ok {
-            println!("skipping: needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (run as root)");
+            skip_ledger::skip(
+                "root",
+                "needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (run as root)",
+            );
         }
         ok
     }

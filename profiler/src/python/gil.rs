@@ -251,7 +251,10 @@ mod tests {
                 ".pyenv/versions/{dir}/lib/libpython3.{minor}.so.1.0"
             ));
             if !lib.exists() {
-                println!("skipping 3.{minor}: {} is missing", lib.display());
+                skip_ledger::skip(
+                    &format!("python:3.{minor}"),
+                    format!("3.{minor}: {} is missing", lib.display()),
+                );
                 continue;
             }
             let s = find_sites(&lib, &lib.to_string_lossy(), None).unwrap();
@@ -260,7 +263,10 @@ mod tests {
         }
         let debian = Path::new("/usr/bin/python3.11");
         let Some(id) = crate::procs::read_build_id(debian) else {
-            println!("skipping Debian 3.11: {} is missing", debian.display());
+            skip_ledger::skip(
+                "python:debian-3.11",
+                format!("Debian 3.11: {} is missing", debian.display()),
+            );
             return;
         };
         let debug = PathBuf::from(format!(
@@ -276,9 +282,9 @@ mod tests {
             "{without}"
         );
         if !debug.exists() {
-            println!(
-                "skipping Debian 3.11 with symbols: {} is missing",
-                debug.display()
+            skip_ledger::skip(
+                "python:debian-3.11-dbg",
+                format!("Debian 3.11 with symbols: {} is missing", debug.display()),
             );
             return;
         }

@@ -1,6 +1,7 @@
 //! Checks against the real interpreters on the machine: the offset table against each build's
 //! DWARF (through gdb and scripts/python_offsets.py), the line-table decoders against what each
-//! Python reports for its own code objects. A missing build or gdb prints `skipping: …`.
+//! Python reports for its own code objects. A missing build or gdb is a skip in the ledger
+//! (`skip_ledger::skip`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,13 +68,16 @@ pub(super) fn libpython(dir: &str, minor: u32) -> PathBuf {
 #[test]
 fn offsets_match_dwarf() {
     if Command::new("gdb").arg("--version").output().is_err() {
-        println!("skipping: gdb is not installed");
+        skip_ledger::skip("tool:gdb", "gdb is not installed");
         return;
     }
     for &(dir, minor) in PYENV {
         let lib = libpython(dir, minor);
         if !lib.exists() {
-            println!("skipping 3.{minor}: {} is missing", lib.display());
+            skip_ledger::skip(
+                &format!("python:3.{minor}"),
+                format!("3.{minor}: {} is missing", lib.display()),
+            );
             continue;
         }
         let text = dwarf_offsets(&lib);
@@ -164,20 +168,23 @@ fn compare_with_dwarf(label: &str, table: &PyOffsets, text: &str) -> usize {
 #[test]
 fn forky_descriptions_match_dwarf() {
     if Command::new("gdb").arg("--version").output().is_err() {
-        println!("skipping: gdb is not installed");
+        skip_ledger::skip("tool:gdb", "gdb is not installed");
         return;
     }
     if !nix_is_root() {
-        println!("skipping: chroot needs root");
+        skip_ledger::skip("root", "chroot needs root");
         return;
     }
     let root = forky_root();
     for minor in [14, 15] {
         let bin = root.join(format!("usr/bin/python3.{minor}"));
         if !bin.exists() {
-            println!(
-                "skipping 3.{minor}: {} is missing (cargo xtask forky-root)",
-                bin.display()
+            skip_ledger::skip(
+                "forky-root",
+                format!(
+                    "3.{minor}: {} is missing (cargo xtask forky-root)",
+                    bin.display()
+                ),
             );
             continue;
         }
@@ -281,11 +288,23 @@ pub(super) fn interpreters() -> Vec<(String, PathBuf, u32)> {
     out
 }
 
+/// The skip ledger's name for an interpreter of [`interpreters`].
+pub(super) fn python_capability(label: &str, minor: u32) -> String {
+    if label.starts_with("Debian") {
+        format!("python:debian-3.{minor}")
+    } else {
+        format!("python:3.{minor}")
+    }
+}
+
 #[test]
 fn line_tables_match_python() {
     for (label, bin, minor) in interpreters() {
         if !bin.exists() {
-            println!("skipping {label}: {} is missing", bin.display());
+            skip_ledger::skip(
+                &python_capability(&label, minor),
+                format!("{label}: {} is missing", bin.display()),
+            );
             continue;
         }
         let out = Command::new(&bin)

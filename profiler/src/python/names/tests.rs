@@ -1,6 +1,6 @@
 //! The name offsets against each build's DWARF and headers, `thread_names` against every
 //! installed interpreter's own `threading.enumerate()`, and against fake memory that is torn or
-//! garbage. A missing build, header or gdb prints `skipping: …`.
+//! garbage. A missing build, header or gdb is a skip in the ledger (`skip_ledger::skip`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use super::super::debug_offsets::Described;
 use super::super::memory::ProcessMemory;
 use super::super::offsets::ABSENT;
-use super::super::tests::{FakeMemory, PYENV, interpreters, libpython, pyenv_root};
+use super::super::tests::{
+    FakeMemory, PYENV, interpreters, libpython, pyenv_root, python_capability,
+};
 use super::super::version::{self, PythonRuntime};
 use super::super::walk::{MAX_STRING, Walker};
 use super::{MAX_DICT_ENTRIES, NameOffsets, for_version, thread_names, thread_names_at};
@@ -57,14 +59,17 @@ fn dwarf_fields(o: &NameOffsets) -> Vec<(&'static str, u32)> {
 #[test]
 fn name_offsets_match_dwarf() {
     if Command::new("gdb").arg("--version").output().is_err() {
-        println!("skipping: gdb is not installed");
+        skip_ledger::skip("tool:gdb", "gdb is not installed");
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_name_offsets.py");
     for &(dir, minor) in PYENV {
         let lib = libpython(dir, minor);
         if !lib.exists() {
-            println!("skipping 3.{minor}: {} is missing", lib.display());
+            skip_ledger::skip(
+                &format!("python:3.{minor}"),
+                format!("3.{minor}: {} is missing", lib.display()),
+            );
             continue;
         }
         let out = Command::new("gdb")
@@ -125,7 +130,10 @@ fn name_constants_match_headers() {
     for &(dir, minor) in PYENV {
         let inc = pyenv_root().join(format!("{dir}/include/python3.{minor}"));
         if !inc.exists() {
-            println!("skipping 3.{minor}: {} is missing", inc.display());
+            skip_ledger::skip(
+                &format!("python:3.{minor}"),
+                format!("3.{minor}: {} is missing", inc.display()),
+            );
             continue;
         }
         let read = |rel: &str| {
@@ -311,7 +319,10 @@ fn cut(name: &str) -> String {
 fn thread_names_match_threading() {
     for (label, bin, minor) in interpreters() {
         if !bin.exists() {
-            println!("skipping {label}: {} is missing", bin.display());
+            skip_ledger::skip(
+                &python_capability(&label, minor),
+                format!("{label}: {} is missing", bin.display()),
+            );
             continue;
         }
         let mut child = Command::new(&bin)

@@ -178,7 +178,10 @@ mod tests {
     fn with_events_only_new_processes_are_read() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            println!("skipping: subscribing to process events needs root (CAP_NET_ADMIN)");
+            skip_ledger::skip(
+                "root",
+                "subscribing to process events needs root (CAP_NET_ADMIN)",
+            );
             return;
         }
         let mut d = Discovery::new(Some(ProcEvents::open().expect("as root")));
