@@ -1,26 +1,48 @@
 //! The kernel matrix (tests/src/kernels): on Debian's 6.1, 6.12 and forky kernels booted under
 //! qemu, and on the machine's own kernel, the verifier table, a `record` of cpu631 built
 //! without frame pointers (complete DWARF stacks, 6:3:1) and of CPython 3.11 running py631.py
-//! (Python frames, 6:3:1). A kernel that cannot be fetched prints `skipping: <reason>`; one
-//! that boots but fails a check fails the test. Needs root (BPF, and qemu's 9p share of /).
+//! (Python frames, 6:3:1). A kernel that cannot be fetched is a skip in the ledger, and a
+//! failure under CI (`CI=true`); one that boots but fails a check fails the test. Needs root
+//! (BPF, and qemu's 9p share of /).
 
 use pyrometer_e2e::kernels::{self, Outcome, Status};
-use pyrometer_e2e::privileged;
+use pyrometer_e2e::{privileged, skip};
 
 fn check(name: &str) {
     if !privileged() {
         return;
     }
     match kernels::run(name) {
-        Outcome::Skipped(reason) => println!("skipping: kernel {name}: {reason}"),
+        Outcome::Skipped(reason) => {
+            if let Some(failure) = kernels::unavailable(name, &reason) {
+                panic!("{failure}");
+            }
+        }
         Outcome::Ran(report) => {
             println!("{}", report.table());
+            println!(
+                "kernel {name} booted {}{}",
+                report.release,
+                kernels::series(name)
+                    .map(|s| format!(" (pinned series {})", s.trim_end_matches('.')))
+                    .unwrap_or_default()
+            );
             for c in &report.checks {
                 if c.status == Status::Skipped {
-                    println!("skipping: {name} {}: {}", c.name, c.detail);
+                    skip(
+                        &format!("kernel:{name}:{}", c.name),
+                        format!("{name} {}: {}", c.name, c.detail),
+                    );
                 }
             }
             assert!(report.ok(), "kernel {name} failed:\n{}", report.table());
+            if let Some(series) = kernels::series(name) {
+                assert!(
+                    report.release.starts_with(series),
+                    "kernel {name} booted {}, not the pinned {series} series",
+                    report.release
+                );
+            }
         }
     }
 }
@@ -57,8 +79,13 @@ fn kernel_hung_guest_is_killed() {
                 exec /bin/busybox sleep 100000\n";
     let limit_s = 40;
     let started = std::time::Instant::now();
-    match kernels::boot_with_init("bookworm-backports-6.12", init, limit_s) {
-        Outcome::Skipped(reason) => println!("skipping: {reason}"),
+    let name = "bookworm-backports-6.12";
+    match kernels::boot_with_init(name, init, limit_s) {
+        Outcome::Skipped(reason) => {
+            if let Some(failure) = kernels::unavailable(name, &reason) {
+                panic!("{failure}");
+            }
+        }
         Outcome::Ran(report) => {
             let waited = started.elapsed().as_secs();
             let boot = &report.checks[0];

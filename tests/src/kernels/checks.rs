@@ -13,7 +13,7 @@ use crate::{FoldedStack, read_folded, relative_shares};
 pub enum Status {
     Ok,
     Fail,
-    /// Not run, with the reason in the detail (printed as `skipping: …`).
+    /// Not run, with the reason in the detail (recorded in the skip ledger).
     Skipped,
 }
 

@@ -56,7 +56,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FetchError + '_ {
     }
 }
 
-/// The cached kernel `kernel`, fetched and unpacked first when absent.
+/// The cached kernel `kernel`, fetched and unpacked first when absent or of another series
+/// than the table pins (a cache made before the table moved).
 pub fn prepare(kernel: &Kernel, root: &Path) -> Result<Prepared, FetchError> {
     let mirror = std::env::var("PYROMETER_DEBIAN_MIRROR").unwrap_or_else(|_| MIRROR.into());
     prepare_from(kernel, root, &mirror)
@@ -64,7 +65,7 @@ pub fn prepare(kernel: &Kernel, root: &Path) -> Result<Prepared, FetchError> {
 
 fn prepare_from(kernel: &Kernel, root: &Path, mirror: &str) -> Result<Prepared, FetchError> {
     let dir = root.join(kernel.name).join("kernel");
-    if let Some(p) = cached(&dir) {
+    if let Some(p) = cached(&dir).filter(|p| p.release.starts_with(kernel.series)) {
         return Ok(p);
     }
     let apt = Apt::new(root, kernel.suite, mirror)?;
@@ -437,6 +438,36 @@ mod tests {
             }
             other => panic!("want Unavailable, got {other}"),
         }
+    }
+
+    /// A cached kernel of another series than the table's is fetched again, not booted.
+    #[test]
+    fn a_cached_kernel_of_another_series_is_not_used() {
+        let root =
+            std::env::temp_dir().join(format!("pyrometer-kernels-old-{}", std::process::id()));
+        let kernel = &crate::kernels::KERNELS[0];
+        let dir = root.join(kernel.name).join("kernel");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("release"), "5.10.0-30-amd64").unwrap();
+        fs::write(dir.join("modules.load"), "").unwrap();
+        let err = prepare_from(kernel, &root, "http://127.0.0.1:9/debian").unwrap_err();
+        let _ = fs::remove_dir_all(&root);
+        assert!(
+            matches!(err, FetchError::Unavailable(ref why) if why.contains("cannot fetch")),
+            "{err}"
+        );
+        // The same cache with the pinned series is used without the archive.
+        let root = root.with_extension("pinned");
+        let dir = root.join(kernel.name).join("kernel");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("release"), format!("{}0-99-amd64", kernel.series)).unwrap();
+        fs::write(dir.join("modules.load"), "").unwrap();
+        let cached = prepare_from(kernel, &root, "http://127.0.0.1:9/debian");
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!(
+            cached.unwrap().release,
+            format!("{}0-99-amd64", kernel.series)
+        );
     }
 
     #[test]

@@ -7,9 +7,15 @@
 //! shared root, runs the payload and powers off. The serial console goes to
 //! `target/kernels/NAME/serial.log`; a boot that outlives its limit is killed and reported
 //! with the log's tail.
+//!
+//! The guest mounts tmpfs over /tmp and /run, which would hide a checkout living there: the
+//! checkout (and a target directory outside it) are shared on their own and mounted at their
+//! own paths below those tmpfs, so the payload's paths are the same inside and out wherever
+//! the checkout lies. qemu and busybox are the copies `cargo xtask test` unpacks under
+//! `target/qemu` when there, else the machine's (see `tools`).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,16 +23,74 @@ use super::checks::{self, Check, Status};
 use super::cpio::Archive;
 use super::fetch::Prepared;
 use super::payload::{self, Setup};
+use super::tools;
 
-/// busybox-static's binary (Debian's busybox package is dynamically linked).
-const BUSYBOX: &str = "/bin/busybox";
 /// Where the guest mounts the results share, inside the chroot.
 const GUEST_RESULTS: &str = "/tmp/results";
 /// Seconds allowed for booting and mounting around the payload's own limits.
 const BOOT_MARGIN_S: u32 = 120;
 
+/// `s` single-quoted for sh.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The init lines mounting `shares[i]` (tag `share{i}`) read-only at its own path inside the
+/// chroot, after the tmpfs over /tmp and /run.
+fn share_mounts(shares: &[PathBuf]) -> String {
+    let mut out = String::new();
+    for (i, path) in shares.iter().enumerate() {
+        let at = sh_quote(&path.display().to_string());
+        out.push_str(&format!(
+            "mkdir -p $R{at} && mount -t 9p -o {SHARE_OPTIONS} share{i} $R{at} \\\n    \
+             || fail \"cannot mount share{i} at \"{at}\n"
+        ));
+    }
+    out
+}
+
+/// Mount options of the read-only shares: page-cached, as the root is.
+const SHARE_OPTIONS: &str = "trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144";
+
+/// The directories the payload's programs live in that the guest must see at their own
+/// paths: the checkout, and the target directory and the binary's directory where they lie
+/// outside it. Absolute and lexically normal, not canonical: the payload names them so.
+pub fn shares(setup: &Setup) -> Vec<PathBuf> {
+    let workspace = normal(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")));
+    let target = normal(&super::cache_root().join(".."));
+    let bin_dir = setup.pyrometer.parent().map(normal);
+    let mut dirs = vec![workspace];
+    for d in std::iter::once(target).chain(bin_dir) {
+        if !dirs.iter().any(|s| d.starts_with(s)) {
+            dirs.push(d);
+        }
+    }
+    dirs
+}
+
+/// `p` made absolute, with `.` and `..` resolved lexically.
+fn normal(p: &Path) -> PathBuf {
+    let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `path` as a qemu option value, in which a comma is written twice.
+fn option_path(path: &Path) -> String {
+    path.display().to_string().replace(',', ",,")
+}
+
 /// The initramfs's /init: busybox sh. Output lines start with `pyrometer-init:`.
-fn init_script() -> String {
+fn init_script(shares: &[PathBuf]) -> String {
     format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -53,7 +117,7 @@ mount -t tracefs tracefs $R/sys/kernel/tracing || say "no tracefs"
 mount -t debugfs debugfs $R/sys/kernel/debug || say "no debugfs"
 mount -t tmpfs tmp $R/tmp
 mount -t tmpfs run $R/run
-mkdir -p $R{results}
+{shares}mkdir -p $R{results}
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 results $R{results} \
     || fail "cannot mount the results share"
 say "running the payload on $(uname -r)"
@@ -64,7 +128,8 @@ sync
 umount $R{results}
 poweroff -f
 "#,
-        results = GUEST_RESULTS
+        results = GUEST_RESULTS,
+        shares = share_mounts(shares),
     )
 }
 
@@ -75,7 +140,7 @@ fn initramfs(kernel: &Prepared, init: &str) -> std::io::Result<Vec<u8>> {
         a.dir(d);
     }
     a.char_device("dev/console", 5, 1);
-    a.file("bin/busybox", 0o755, &fs::read(BUSYBOX)?);
+    a.file("bin/busybox", 0o755, &fs::read(tools::busybox())?);
     let mut order = Vec::new();
     for m in &kernel.modules {
         let name = m.file_name().unwrap().to_string_lossy().into_owned();
@@ -91,15 +156,25 @@ fn initramfs(kernel: &Prepared, init: &str) -> std::io::Result<Vec<u8>> {
 /// Boots `kernel` with the payload; the checks of its results, or a failed `boot` check.
 pub fn boot(kernel: &Prepared, setup: &Setup, dir: &Path) -> Vec<Check> {
     let limit = Duration::from_secs(payload::limit_s(BOOT_MARGIN_S).into());
-    boot_with(kernel, Some(setup), &init_script(), dir, limit)
+    let shares = shares(setup);
+    boot_with(
+        kernel,
+        Some(setup),
+        &init_script(&shares),
+        &shares,
+        dir,
+        limit,
+    )
 }
 
 /// Boots `kernel` with `init` as the initramfs's /init and the payload of `setup` (if any) in
-/// the results share, killing qemu after `limit`.
+/// the results share, `shares` shared read-only as `share0`, `share1`, …, killing qemu after
+/// `limit`.
 pub fn boot_with(
     kernel: &Prepared,
     setup: Option<&Setup>,
     init: &str,
+    shares: &[PathBuf],
     dir: &Path,
     limit: Duration,
 ) -> Vec<Check> {
@@ -127,13 +202,15 @@ pub fn boot_with(
         }
         Err(e) => {
             return fail(format!(
-                "cannot build the initramfs ({BUSYBOX}: {e}; run `cargo xtask deps`)"
+                "cannot build the initramfs ({}: {e}; `cargo xtask test` unpacks busybox-static into target/qemu)",
+                tools::busybox().display()
             ));
         }
     }
     let log = dir.join("serial.log");
     let _ = fs::remove_file(&log);
-    let mut cmd = Command::new("qemu-system-x86_64");
+    let qemu = tools::qemu();
+    let mut cmd = Command::new(&qemu);
     cmd.args(["-accel", "tcg,thread=single", "-smp", "2", "-m", "512M"])
         .args(["-nodefaults", "-no-reboot", "-display", "none"])
         .arg("-kernel")
@@ -148,10 +225,15 @@ pub fn boot_with(
         .arg("-virtfs")
         .arg(format!(
             "local,path={},mount_tag=results,security_model=none,multidevs=remap",
-            results.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
+            option_path(&results)
+        ));
+    for (i, share) in shares.iter().enumerate() {
+        cmd.arg("-virtfs").arg(format!(
+            "local,path={},mount_tag=share{i},security_model=none,readonly=on,multidevs=remap",
+            option_path(share)
+        ));
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
     let qemu_log = dir.join("qemu.log");
     match fs::File::create(&qemu_log) {
         Ok(f) => cmd.stderr(f),
@@ -162,7 +244,8 @@ pub fn boot_with(
         Ok(c) => c,
         Err(e) => {
             return fail(format!(
-                "cannot run qemu-system-x86_64: {e} (run `cargo xtask deps`)"
+                "cannot run {}: {e} (`cargo xtask test` unpacks qemu into target/qemu)",
+                qemu.display()
             ));
         }
     };
