@@ -6,9 +6,9 @@
 //!
 //! Facts about the archive as met here: bookworm's debootstrap has no forky script, so the
 //! `sid` script is passed with the forky suite; the machine's clock is past the archive's
-//! Release expiry, so apt inside needs `Acquire::Check-Valid-Until "false"`. A failure is not
-//! fatal to the test command: it is written to `target/forky/failed`, and the tests print it in
-//! their `skipping: …` line.
+//! Release expiry, so apt inside needs `Acquire::Check-Valid-Until "false"`. A failure is
+//! written to `target/forky/failed` (the tests give it as their skip's reason) and returned:
+//! under CI it fails the test command, elsewhere the forky tests skip.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,27 +30,29 @@ pub fn dir(root: &Path) -> PathBuf {
     root.join("target/forky")
 }
 
-/// Makes the root unless it is already there; a failure is recorded and printed, not returned.
-pub fn ensure(root: &Path) -> Option<PathBuf> {
+/// Makes the root unless it is already there; a failure is also recorded for the tests.
+pub fn ensure(root: &Path) -> Result<PathBuf> {
     let dir = dir(root);
     let made = dir.join("made");
     let want = PACKAGES.join(" ");
     let chroot = dir.join("root");
     if std::fs::read_to_string(&made).is_ok_and(|m| m == want) {
-        return Some(chroot);
+        return Ok(chroot);
     }
     let _ = std::fs::remove_file(dir.join("failed"));
     match make(&dir) {
         Ok(()) => {
-            std::fs::write(&made, &want).ok()?;
-            Some(chroot)
+            std::fs::write(&made, &want)?;
+            Ok(chroot)
         }
         Err(e) => {
             let reason = format!("{e:#}");
-            eprintln!("cannot make the Debian forky root: {reason}");
             let _ = std::fs::create_dir_all(&dir);
-            let _ = std::fs::write(dir.join("failed"), reason);
-            None
+            let _ = std::fs::write(dir.join("failed"), &reason);
+            bail!(
+                "cannot make the Debian forky root {}: {reason}",
+                chroot.display()
+            )
         }
     }
 }

@@ -4,12 +4,14 @@
 
 use anyhow::Result;
 
-use crate::{cargo, deps, run};
+use crate::{apt, build_dir, cargo, deps, run};
 
-/// Builds what the payload runs, then runs the matrix (every kernel, or those named: see
-/// `KERNELS` in tests/src/kernels/mod.rs, plus `host`) and prints its summary table.
+/// Builds what the payload runs, unpacks qemu (apt.rs), then runs the matrix (every kernel, or
+/// those named: see `KERNELS` in tests/src/kernels/mod.rs, plus `host`) and prints its summary
+/// table.
 pub fn kernels(names: &[String]) -> Result<()> {
     deps()?;
+    apt::matrix_tools(&build_dir())?;
     run(cargo().args(["build", "-p", "pyrometer", "--bin", "pyrometer"]))?;
     run(cargo()
         .args([

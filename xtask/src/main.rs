@@ -1,10 +1,15 @@
 //! `cargo xtask`: the project's tasks. Each installs what it needs first, so it works on a
-//! fresh Debian machine run as root.
+//! fresh Debian machine run as root, and none removes or downgrades a package the machine has
+//! (apt.rs).
 //!
-//! - `deps`  install Debian packages the build and tests need (clang, libbpf-dev, golang-go, …)
-//! - `demo`  build pyrometer, profile a bundled CPU-bound workload, write a flame graph
-//! - `test`  fmt check, clippy `-D warnings`, the book (links, mdbook build), the man pages
-//!   into `man/`, the whole suite with nextest
+//! - `deps`  install the Debian packages the build, the tests and the benchmarks need
+//! - `demo`  install what building and profiling need, build pyrometer, profile a bundled
+//!   CPU-bound workload, write a flame graph
+//! - `test`  the tests' set-up (setup.rs), fmt check, clippy `-D warnings`, the book, the man
+//!   pages into `man/`, the whole suite with nextest, then the skip ledger and per-test times,
+//!   checked under CI against tests/allowed-skips.toml and tests/manifest.txt (ledger.rs)
+//! - `manifest` rewrite tests/manifest.txt from `cargo nextest list`
+//! - `ledger [FILTER...]` the ledger and checks of the last nextest run (with its filter)
 //! - `bench` overhead figures measured side by side (see bench.rs)
 //! - `book`  check the book's links and build it into `target/book` (also part of `test`)
 //! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
@@ -13,76 +18,23 @@
 
 mod agentbench;
 mod allocbench;
+mod apt;
 mod bench;
 mod book;
 mod bpfcost;
 mod forky;
 mod kernels;
+mod ledger;
 mod man;
 mod otel;
 mod otelbench;
 mod pybench;
+mod setup;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-
-/// Debian packages, each with a file that shows it is installed.
-const DEPS: &[(&str, &str)] = &[
-    ("clang", "/usr/bin/clang"),
-    ("llvm", "/usr/bin/llvm-objdump"),
-    ("libbpf-dev", "/usr/include/bpf/bpf_helpers.h"),
-    ("linux-libc-dev", "/usr/include/linux/bpf.h"),
-    ("gcc", "/usr/bin/gcc"),
-    ("binutils", "/usr/bin/objcopy"),
-    ("util-linux", "/usr/bin/setpriv"),
-    ("golang-go", "/usr/bin/go"),
-    // promtool checks the agent's and collector's /metrics.
-    ("prometheus", "/usr/bin/promtool"),
-    // The speedscope export is checked in the real viewer (npm package), in headless Chromium.
-    ("chromium", "/usr/bin/chromium"),
-    ("nodejs", "/usr/bin/node"),
-    ("npm", "/usr/bin/npm"),
-    // The CPython offset table is checked against each build's DWARF through gdb.
-    ("gdb", "/usr/bin/gdb"),
-    // The separate debug file of Debian's python3.11 (the GIL probes' symbols); installing it
-    // upgrades python3.11 to the matching build.
-    ("python3.11-dbg", "/usr/share/doc/python3.11-dbg"),
-    // Allocators other than glibc's, preloaded by the allocation tests.
-    ("libjemalloc2", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
-    (
-        "libtcmalloc-minimal4",
-        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-    ),
-    // For the e2e tests' OpenSSL-made TLS certificates and HTTPS queries.
-    ("openssl", "/usr/bin/openssl"),
-    ("curl", "/usr/bin/curl"),
-    // `pyrometer top` is tested in a real terminal: tmux, read back with capture-pane.
-    ("tmux", "/usr/bin/tmux"),
-    // The generated man pages are rendered with groff in a test.
-    ("groff-base", "/usr/bin/groff"),
-    // The Kubernetes manifests are parsed with PyYAML; the agent image is built and run by a
-    // private dockerd (the test skips, saying why, where no daemon can run).
-    (
-        "python3-yaml",
-        "/usr/lib/python3/dist-packages/yaml/__init__.py",
-    ),
-    ("docker.io", "/usr/sbin/dockerd"),
-    // The kernel matrix (tests/src/kernels): Debian kernels booted under qemu with a busybox
-    // initramfs; depmod, xz and zstd prepare their modules.
-    ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
-    ("seabios", "/usr/share/seabios/bios-256k.bin"),
-    ("busybox-static", "/usr/share/doc/busybox-static"),
-    ("kmod", "/usr/bin/kmod"),
-    ("xz-utils", "/usr/bin/xz"),
-    ("zstd", "/usr/bin/zstd"),
-    // The collector's shared store: the tests start it by hand on loopback with a private
-    // data directory (no system service runs it).
-    ("clickhouse-server", "/usr/sbin/clickhouse-server"),
-    // The Debian forky root with CPython 3.14 and 3.15 (forky.rs).
-    ("debootstrap", "/usr/sbin/debootstrap"),
-];
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -92,6 +44,12 @@ fn main() -> Result<()> {
         Some("deps") => deps(),
         Some("demo") => demo(&root),
         Some("test") => test(&args[1..]),
+        Some("manifest") => manifest(&root),
+        Some("ledger") => {
+            let listed = list(&args[1..])?;
+            let files = ledger::RunFiles::under(&build_dir());
+            ledger::report(&root, &files, &listed, skip_ledger::ci())
+        }
         Some("book") => book::check(&root),
         Some("bench") => {
             deps()?;
@@ -104,13 +62,13 @@ fn main() -> Result<()> {
         Some("kernels") => kernels::kernels(&args[1..]),
         Some("forky-root") => {
             deps()?;
-            let made = forky::ensure(&root).context("the Debian forky root was not made")?;
+            let made = forky::ensure(&root)?;
             println!("{}", made.display());
             Ok(())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <deps|demo|test|bench|book|verifier|kernels [NAME...]|forky-root>"
+                "usage: cargo xtask <deps|demo|test|manifest|ledger|bench|book|verifier|kernels [NAME...]|forky-root>"
             );
             std::process::exit(2);
         }
@@ -147,21 +105,10 @@ fn display(cmd: &Command) -> String {
 /// and ajv to validate against that schema. Installed into target/npm.
 const NPM_DEPS: &[&str] = &["speedscope@1.25.0", "ajv@8.17.1"];
 
-/// Installs missing Debian packages (needs root, as the README says), then the npm packages.
+/// Installs the Debian packages of the demo, the tests and the benchmarks (needs root, as the
+/// README says; apt's plan is checked first), then the npm packages.
 fn deps() -> Result<()> {
-    let missing: Vec<&str> = DEPS
-        .iter()
-        .filter(|(_, probe)| !Path::new(probe).exists())
-        .map(|(pkg, _)| *pkg)
-        .collect();
-    if !missing.is_empty() {
-        eprintln!("installing Debian packages: {}", missing.join(" "));
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    }
+    setup::all_packages()?;
     npm_deps()
 }
 
@@ -189,7 +136,7 @@ fn npm_deps() -> Result<()> {
 }
 
 /// Where cargo puts its builds: `$CARGO_TARGET_DIR` when set, else `target/`.
-fn build_dir() -> PathBuf {
+pub(crate) fn build_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
@@ -237,18 +184,28 @@ pub fn build_release_and_workload(root: &Path, dir: &Path) -> Result<PathBuf> {
     Ok(workload)
 }
 
-/// Builds the release binary and the bundled workload, records it, writes a flame graph.
+/// Installs only what building and profiling need, builds the release binary and the bundled
+/// workload, records it, writes a flame graph; prints each step's time.
 fn demo(root: &Path) -> Result<()> {
-    deps()?;
+    let mut steps = setup::Steps::new(false);
+    steps.must(
+        "apt (clang, libbpf-dev, linux-libc-dev, gcc, libc6-dev)",
+        setup::demo_packages,
+    )?;
     let out = root.join("target/demo");
-    let workload = build_release_and_workload(root, &out)?;
+    let workload = steps.must("build (release pyrometer, the workload)", || {
+        build_release_and_workload(root, &out)
+    })?;
     let svg = out.join("flame.svg");
-    run(Command::new(release_dir().join("pyrometer"))
-        .args(["record", "-F", "199", "-o"])
-        .arg(&svg)
-        .arg("--")
-        .arg(&workload)
-        .arg("3"))?;
+    steps.must("record", || {
+        run(Command::new(release_dir().join("pyrometer"))
+            .args(["record", "-F", "199", "-o"])
+            .arg(&svg)
+            .arg("--")
+            .arg(&workload)
+            .arg("3"))
+    })?;
+    eprint!("{}", steps.table());
     println!("flame graph: {}", svg.display());
     Ok(())
 }
@@ -261,92 +218,150 @@ pub(crate) fn pyenv_python() -> PathBuf {
 }
 
 /// A virtual environment under `target/` with `packages` from the Python registry, made once
-/// (a marker file records what was installed). Returns None, after saying why, when it cannot
-/// be made: the tests that need it then print `skipping: …`.
-pub fn python_venv(root: &Path, name: &str, packages: &[&str]) -> Option<PathBuf> {
+/// (a marker file records what was installed).
+pub fn python_venv(root: &Path, name: &str, packages: &[&str]) -> Result<PathBuf> {
     let venv = root.join("target").join(name);
     let marker = venv.join(".pyrometer-installed");
     let want = packages.join(" ");
     if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
-        return Some(venv);
+        return Ok(venv);
     }
     let python = pyenv_python();
     if !python.exists() {
-        eprintln!(
-            "{} is missing: not making {} ({want})",
+        bail!(
+            "{} is missing: cannot make {} ({want})",
             python.display(),
             venv.display()
         );
-        return None;
     }
-    let made = run(Command::new(&python)
+    run(Command::new(&python)
         .args(["-m", "venv", "--clear"])
         .arg(&venv))
     .and_then(|()| {
         run(Command::new(venv.join("bin/pip"))
             .args(["install", "--quiet", "--disable-pip-version-check"])
             .args(packages))
-    });
-    match made {
-        Ok(()) => {
-            std::fs::write(&marker, &want).ok()?;
-            Some(venv)
-        }
-        Err(e) => {
-            eprintln!("cannot make {} ({want}): {e:#}", venv.display());
-            None
-        }
-    }
+    })
+    .with_context(|| format!("cannot make {} ({want})", venv.display()))?;
+    std::fs::write(&marker, &want)?;
+    Ok(venv)
 }
 
 /// Ray for the real-cluster test (`tests/tests/ray.rs`), pinned.
 pub const RAY_PACKAGES: &[&str] = &["ray==2.60.0"];
 
-/// fmt, clippy and the whole suite. Extra arguments go to nextest (e.g. a test filter).
+/// The tests' set-up, fmt, clippy, the book, the build, the man pages and the whole suite,
+/// then the skip ledger and per-test times. Extra arguments go to nextest (e.g. a filter).
 fn test(extra: &[String]) -> Result<()> {
-    deps()?;
-    otel::ray_venv(&workspace_root());
-    otel::venv(&workspace_root());
-    forky::ensure(&workspace_root());
-    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    book::check(&workspace_root())?;
+    let root = workspace_root();
+    let ci = skip_ledger::ci();
+    let mut steps = setup::Steps::new(ci);
+    steps.must("apt (build, tests)", setup::all_packages)?;
+    steps.must("nextest (installed?)", setup::nextest)?;
+    steps.must("npm", npm_deps)?;
+    steps.needed(
+        "interpreters (pyenv, Debian's python3.11)",
+        setup::interpreters,
+    );
+    steps.needed("Ray venv", || otel::ray_venv(&root));
+    steps.needed("OpenTelemetry venv", || otel::venv(&root));
+    steps.needed("forky root", || forky::ensure(&root));
+    steps.needed("kernel matrix qemu (target/qemu)", || {
+        apt::matrix_tools(&build_dir())
+    });
+    steps.needed("kernel images", setup::kernel_images);
+    steps.needed("ClickHouse", || {
+        setup::present("/usr/sbin/clickhouse-server")
+    });
+    steps.needed("Chromium", || setup::answers("chromium", &["--version"]));
+    steps.needed("Docker", || setup::answers("dockerd", &["--version"]));
+    steps.finish()?;
+    steps.must("fmt", || {
+        run(cargo().args(["fmt", "--all", "--", "--check"]))
+    })?;
+    steps.must("clippy", || {
+        run(cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    steps.must("book", || book::check(&root))?;
     // The end-to-end tests run the real binary.
-    run(cargo().args([
-        "build",
-        "-p",
-        "pyrometer",
-        "--bin",
-        "pyrometer",
-        "-p",
-        "pyrometer-collector",
-        "--bin",
-        "pyrometer-collector",
-    ]))?;
-    // The sampler library `record --alloc` preloads, found next to the binary.
-    run(cargo().args(["build", "-p", "pyrometer-alloc"]))?;
-    man::generate(&workspace_root())?;
+    steps.must("build", || {
+        run(cargo().args([
+            "build",
+            "-p",
+            "pyrometer",
+            "--bin",
+            "pyrometer",
+            "-p",
+            "pyrometer-collector",
+            "--bin",
+            "pyrometer-collector",
+        ]))?;
+        // The sampler library `record --alloc` preloads, found next to the binary.
+        run(cargo().args(["build", "-p", "pyrometer-alloc"]))
+    })?;
+    steps.must("man pages", || man::generate(&root))?;
     // The kernel in front of us: every program in every configuration within budget.
-    run(Command::new(debug_dir().join("pyrometer")).arg("verifier"))?;
-    let has_nextest = cargo()
-        .args(["nextest", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_nextest {
-        run(cargo()
+    steps.must("verifier", || {
+        run(Command::new(debug_dir().join("pyrometer")).arg("verifier"))
+    })?;
+    let files = ledger::RunFiles::under(&build_dir());
+    let _ = std::fs::remove_file(&files.ledger);
+    let _ = std::fs::remove_file(&files.junit);
+    let suite = steps.must("nextest run", || {
+        Ok(run(cargo()
             .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-            .args(extra))
-    } else {
-        eprintln!("cargo-nextest not found: running cargo test instead");
-        run(cargo()
-            .args(["test", "--workspace", "--no-fail-fast"])
-            .args(extra))
+            .args(extra)
+            .env(skip_ledger::LEDGER_ENV, &files.ledger)))
+    })?;
+    let listed = steps.must("nextest list", || list(extra))?;
+    eprint!("{}", steps.table());
+    let checked = ledger::report(&root, &files, &listed, ci);
+    suite?;
+    checked
+}
+
+/// The suite as `cargo nextest list` sees it, with what `filter` (nextest's arguments)
+/// selects. A filtered list leaves out the binaries the filter rules out, so the whole suite
+/// comes from a list of its own.
+fn list(filter: &[String]) -> Result<ledger::Listed> {
+    let listed = |args: &[String]| -> Result<ledger::Listed> {
+        let out = cargo()
+            .args(["nextest", "list", "--workspace", "--message-format", "json"])
+            .args(args)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .context("cannot run cargo nextest list")?;
+        if !out.status.success() {
+            bail!("cargo nextest list failed: {}", out.status);
+        }
+        ledger::parse_list(&String::from_utf8_lossy(&out.stdout))
+    };
+    let mut all = listed(&[])?;
+    if !filter.is_empty() {
+        all.selected = listed(filter)?.selected;
     }
+    Ok(all)
+}
+
+/// Rewrites tests/manifest.txt from the suite as it is now.
+fn manifest(root: &Path) -> Result<()> {
+    let listed = list(&[])?;
+    let path = root.join(ledger::MANIFEST);
+    let before = ledger::read_manifest(&path).unwrap_or_default();
+    std::fs::write(&path, ledger::manifest_text(&listed.all))?;
+    let added = listed.all.difference(&before).count();
+    let removed = before.difference(&listed.all).count();
+    println!(
+        "{}: {} tests ({added} added, {removed} removed); commit it with the change",
+        path.display(),
+        listed.all.len()
+    );
+    Ok(())
 }

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Result;
+
 /// The pinned OpenTelemetry packages (`opentelemetry-proto` 1.45.2 ships the
 /// `profiles/v1development` messages the collector's vendored protos match).
 pub const PACKAGES: &[&str] = &[
@@ -36,13 +38,13 @@ fn absolute(root: &Path, packages: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Makes (once) `target/otel-venv`; None after saying why when it cannot.
-pub fn venv(root: &Path) -> Option<PathBuf> {
+/// Makes (once) `target/otel-venv`.
+pub fn venv(root: &Path) -> Result<PathBuf> {
     let packages = absolute(root, PACKAGES);
     let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
     let venv = crate::python_venv(root, "otel-venv", &packages)?;
     fast_path(root, &venv);
-    Some(venv)
+    Ok(venv)
 }
 
 /// Rebuilds the package's C extension (`_fastslot`, built in place next to its source by an
@@ -86,7 +88,7 @@ fn fast_path(root: &Path, venv: &Path) {
 }
 
 /// Makes (once) `target/ray-venv`: Ray, and what its traced test needs.
-pub fn ray_venv(root: &Path) -> Option<PathBuf> {
+pub fn ray_venv(root: &Path) -> Result<PathBuf> {
     let mut packages: Vec<&str> = crate::RAY_PACKAGES.to_vec();
     packages.extend_from_slice(RAY_EXTRA);
     let packages = absolute(root, &packages);

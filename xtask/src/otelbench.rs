@@ -8,9 +8,12 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 pub fn bench(root: &Path, pairs: usize) -> Result<()> {
-    let Some(venv) = crate::otel::venv(root) else {
-        println!("otel: skipped (no OpenTelemetry venv)");
-        return Ok(());
+    let venv = match crate::otel::venv(root) {
+        Ok(v) => v,
+        Err(e) => {
+            println!("otel: skipped (no OpenTelemetry venv: {e:#})");
+            return Ok(());
+        }
     };
     let out = Command::new(venv.join("bin/python"))
         .arg(root.join("python/pyrometer-otel/bench/span_cost.py"))

@@ -72,9 +72,12 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         );
         return Ok(());
     }
-    let Some(venv) = crate::python_venv(root, "bench-venv", PYSPY_PACKAGES) else {
-        println!("\nPython overhead: skipped (py-spy could not be installed)");
-        return Ok(());
+    let venv = match crate::python_venv(root, "bench-venv", PYSPY_PACKAGES) {
+        Ok(v) => v,
+        Err(e) => {
+            println!("\nPython overhead: skipped (py-spy could not be installed: {e:#})");
+            return Ok(());
+        }
     };
     let pyspy = venv.join("bin/py-spy");
     let script = root.join("tests/fixtures/py631.py");
