@@ -218,13 +218,32 @@ pub(crate) fn pyenv_python() -> PathBuf {
 }
 
 /// A virtual environment under `target/` with `packages` from the Python registry, made once
-/// (a marker file records what was installed).
+/// (a marker file records what was installed). A `target/NAME` that is a link (a worktree
+/// sharing the main checkout's venvs) is used as it is and never remade: `venv --clear`
+/// through the link would empty the other checkout's venv.
 pub fn python_venv(root: &Path, name: &str, packages: &[&str]) -> Result<PathBuf> {
     let venv = root.join("target").join(name);
     let marker = venv.join(".pyrometer-installed");
     let want = packages.join(" ");
     if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
         return Ok(venv);
+    }
+    if venv.is_symlink() {
+        let to = std::fs::read_link(&venv).unwrap_or_default();
+        if marker.exists() && venv.join("bin/python").exists() {
+            eprintln!(
+                "{} links to {}, made for another checkout: used as it is",
+                venv.display(),
+                to.display()
+            );
+            return Ok(venv);
+        }
+        bail!(
+            "{} links to {}, which holds no complete venv; it is not remade through the link: \
+             remove the link to make one of this checkout's own",
+            venv.display(),
+            to.display()
+        );
     }
     let python = pyenv_python();
     if !python.exists() {
@@ -364,4 +383,45 @@ fn manifest(root: &Path) -> Result<()> {
         listed.all.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A venv linked from another checkout is never remade through the link: an incomplete
+    /// one is an error that leaves the other checkout's files alone, a complete one is used.
+    #[test]
+    fn a_linked_venv_is_used_or_refused_never_remade() {
+        let dir = std::env::temp_dir().join(format!("xtask-venv-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let theirs = dir.join("main/target/ray-venv");
+        std::fs::create_dir_all(&theirs).unwrap();
+        std::fs::write(theirs.join("keep"), "another checkout's file").unwrap();
+        let ours = dir.join("worktree");
+        std::fs::create_dir_all(ours.join("target")).unwrap();
+        std::os::unix::fs::symlink(&theirs, ours.join("target/ray-venv")).unwrap();
+
+        let err = python_venv(&ours, "ray-venv", &["ray==2.60.0"]).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not remade through the link"),
+            "{err:#}"
+        );
+        assert!(
+            theirs.join("keep").exists(),
+            "the other checkout's venv was touched"
+        );
+
+        std::fs::create_dir_all(theirs.join("bin")).unwrap();
+        std::fs::write(theirs.join("bin/python"), "").unwrap();
+        std::fs::write(
+            theirs.join(".pyrometer-installed"),
+            "ray==2.60.0 -e /main/x",
+        )
+        .unwrap();
+        let used = python_venv(&ours, "ray-venv", &["ray==2.60.0"]).unwrap();
+        assert_eq!(used, ours.join("target/ray-venv"));
+        assert!(theirs.join("keep").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -43,7 +43,10 @@ pub fn venv(root: &Path) -> Result<PathBuf> {
     let packages = absolute(root, PACKAGES);
     let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
     let venv = crate::python_venv(root, "otel-venv", &packages)?;
-    fast_path(root, &venv);
+    // A linked venv (another checkout's) is not rebuilt from this checkout's source.
+    if !venv.is_symlink() {
+        fast_path(root, &venv);
+    }
     Ok(venv)
 }
 
