@@ -175,8 +175,9 @@ pub fn matrix_tools(target: &Path) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&building);
     let debs = building.join("debs");
     std::fs::create_dir_all(&debs)?;
+    // As root into a directory apt's own user cannot write: no sandbox user, no warning.
     run(Command::new("apt-get")
-        .args(["-q", "download"])
+        .args(["-q", "-o", "APT::Sandbox::User=root", "download"])
         .args(&wanted)
         .current_dir(&debs))?;
     let root = building.join("root");
