@@ -128,8 +128,8 @@ pub fn install(packages: &[(&str, &str)]) -> Result<()> {
     let harm = harmful(&plan, dpkg_older);
     if !harm.is_empty() {
         bail!(
-            "refusing to install {}: apt would {}. Install them by hand if that is what you \
-             want, or free the conflict, then run again",
+            "refusing to install {}: apt would {} (nothing was changed; run apt-get yourself \
+             if that is what you want, or resolve the conflict, then run again)",
             missing.join(" "),
             harm.join(", ")
         );
