@@ -13,6 +13,11 @@ pub fn kernels(names: &[String]) -> Result<()> {
     deps()?;
     apt::matrix_tools(&build_dir())?;
     run(cargo().args(["build", "-p", "pyrometer", "--bin", "pyrometer"]))?;
+    matrix(names)
+}
+
+/// The e2e crate's `kernel-matrix` runner with `args` (kernel names, or `--fetch`).
+pub fn matrix(args: &[String]) -> Result<()> {
     run(cargo()
         .args([
             "run",
@@ -23,5 +28,5 @@ pub fn kernels(names: &[String]) -> Result<()> {
             "kernel-matrix",
             "--",
         ])
-        .args(names))
+        .args(args))
 }

@@ -219,16 +219,7 @@ pub fn nextest() -> Result<()> {
 /// Fetches (or finds cached) every kernel of the matrix, so a download that fails is a set-up
 /// failure, with its reason, before the tests run.
 pub fn kernel_images() -> Result<()> {
-    run(cargo().args([
-        "run",
-        "-q",
-        "-p",
-        "pyrometer-e2e",
-        "--bin",
-        "kernel-matrix",
-        "--",
-        "--fetch",
-    ]))
+    crate::kernels::matrix(&["--fetch".to_string()])
 }
 
 /// A program the tests run answers `args` (e.g. `--version`) with success.
