@@ -9,6 +9,7 @@ pub mod kernels;
 pub mod otel;
 pub mod python;
 pub mod ray_cluster;
+pub mod wait;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
