@@ -342,6 +342,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         } else {
             POLL
         });
+        // Taken before the ring buffer is read: what the kernel wrote before the signal is
+        // then in the last push (a signal taken after the read left out what came between).
+        let stopping = signals::take().is_some();
         sampler.drain_into(&mut batch);
         if batch.iter().any(|r| {
             pyrometer_ebpf::RawSample::parse(r).is_ok_and(|s| s.header.comm.starts_with(b"ray::"))
@@ -362,7 +365,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         for notice in tables.python.take_notices() {
             eprintln!("pyrometer agent: {notice}");
         }
-        let stopping = signals::take().is_some();
         if by_name {
             exited.clear();
             let due = discovery.due(&mut exited);
