@@ -220,7 +220,6 @@ pub fn build_release_and_workload(root: &Path, dir: &Path) -> Result<PathBuf> {
         "--bin",
         "pyrometer",
     ]))?;
-    run(cargo().args(["build", "--release", "-p", "pyrometer-alloc"]))?;
     std::fs::create_dir_all(dir)?;
     let workload = dir.join("cpu631");
     run(Command::new("gcc")
@@ -330,8 +329,6 @@ fn test(extra: &[String]) -> Result<()> {
         "--bin",
         "pyrometer-collector",
     ]))?;
-    // The sampler library `record --alloc` preloads, found next to the binary.
-    run(cargo().args(["build", "-p", "pyrometer-alloc"]))?;
     man::generate(&workspace_root())?;
     // The kernel in front of us: every program in every configuration within budget.
     run(Command::new(debug_dir().join("pyrometer")).arg("verifier"))?;

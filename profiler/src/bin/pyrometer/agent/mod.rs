@@ -572,13 +572,20 @@ fn publish_counters(
     }
 }
 
-/// Attaches the allocation probes to the sampler library shipped with this agent, so the
+/// Attaches the allocation probes to the sampler library this agent hands out (an installed
+/// copy, else the one it carries, written to its cache directory), so the
 /// processes that preload it are sampled from their first allocation, started before the
 /// agent or after it. Other copies (a container's) are probed when a process mapping one is
 /// seen.
 fn attach_own_library(probes: &mut AllocProbes, sampler: &mut Sampler) {
-    let Some(lib) = pyrometer::alloc::preload::find_library() else {
-        return;
+    let lib = match pyrometer::alloc::preload::library() {
+        Ok(lib) => lib,
+        Err(e) => {
+            eprintln!(
+                "pyrometer agent: {e}: processes that preload a copy are probed when they are seen"
+            );
+            return;
+        }
     };
     match probes.preload.attach_file(&lib, sampler) {
         Ok(()) => eprintln!(
