@@ -83,6 +83,8 @@ fn stale_against_sources(bin: &Path) -> Option<String> {
         "unwind/src",
         "proto/src",
         "diff/src",
+        // Carried inside the binary (profiler/build.rs).
+        "alloc-preload/src",
     ]
     .iter()
     .map(|d| root.join(d))

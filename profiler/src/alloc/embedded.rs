@@ -15,8 +15,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::preload::LIBRARY;
-
+/// The library's file name: a process that maps a file of this name loads it.
+pub const LIBRARY: &str = "libpyrometer_alloc.so";
 /// The library's bytes; empty in a build for a target it does not support (x86_64 only).
 static BYTES: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpyrometer_alloc.so"));
 /// FNV-1a of [`BYTES`] in hex: the cache directory's name.

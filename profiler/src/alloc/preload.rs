@@ -1,8 +1,10 @@
-//! The preloaded sampler library (`libpyrometer_alloc.so`, the `alloc-preload` crate): where
-//! it is, which processes load it, the mean its countdown uses in each, and the two probes on
-//! it (`alloc_preload`, `alloc_preload_free`, `alloc_preload_move` in `ebpf/src/bpf/alloc.h`). A probe is attached
-//! once per copy of the library, for every process: its functions run only in processes that
-//! load it and only for sampled allocations, so nobody else pays for it.
+//! The preloaded sampler library (`libpyrometer_alloc.so`, the `alloc-preload` crate): which
+//! copy processes are handed (an explicit or installed one, else the one this binary carries,
+//! see [`embedded`]), which processes load it and which cannot, the mean its countdown uses
+//! in each, and the probes on it (`alloc_preload`, `alloc_preload_free`, `alloc_preload_move`
+//! in `ebpf/src/bpf/alloc.h`). A probe is attached once per copy of the library, for every
+//! process: its functions run only in processes that load it and only for sampled
+//! allocations, so nobody else pays for it.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -16,7 +18,7 @@ use crate::elfsyms::{file_offset, loads};
 use crate::procs::{BinaryKey, MappingKind, Process};
 
 /// The library's file name.
-pub const LIBRARY: &str = "libpyrometer_alloc.so";
+pub const LIBRARY: &str = embedded::LIBRARY;
 /// The environment variable the library reads its mean from (bytes).
 pub const MEAN_ENV: &str = "PYROMETER_ALLOC_SAMPLE_BYTES";
 /// Overrides where `pyrometer` looks for the library.
