@@ -6,10 +6,11 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use common::clickhouse_server::{self, ClickHouse};
-use common::{Kind, clickhouse_store, get, profile, push, request, test_store};
+use common::{Kind, clickhouse_store, get, profile, push, request, test_store, wait_until};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
 use pyrometer_collector::ingest::Limits;
 use pyrometer_collector::metrics::Metrics;
@@ -154,34 +155,47 @@ async fn clickhouse_killed_mid_run_loses_and_doubles_nothing() {
     .unwrap();
     let addr = collector(open(&server).await).await;
     let now = now_s();
-    // A pusher that behaves as an agent's spool: each batch is sent until acknowledged.
+    // A pusher that behaves as an agent's spool: each batch is sent until acknowledged. The
+    // test follows it through the batches stored and the pushes refused.
     let batches = 60u64;
-    let pusher = tokio::spawn(async move {
-        let mut refused = 0u64;
-        let mut sent = 0i64;
-        for seq in 1..=batches {
-            let (body, samples) = outage_batch(seq, now);
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                match push(addr, None, body.clone()).await {
-                    Ok(_) => break,
-                    Err(s) => {
-                        assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
-                        assert!(Instant::now() < deadline, "never stored: {s:?}");
-                        refused += 1;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+    let (stored, refusals) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let pusher = tokio::spawn({
+        let (stored, refusals) = (stored.clone(), refusals.clone());
+        async move {
+            let mut refused = 0u64;
+            let mut sent = 0i64;
+            for seq in 1..=batches {
+                let (body, samples) = outage_batch(seq, now);
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    match push(addr, None, body.clone()).await {
+                        Ok(_) => break,
+                        Err(s) => {
+                            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                            assert!(Instant::now() < deadline, "never stored: {s:?}");
+                            refused += 1;
+                            refusals.fetch_add(1, Relaxed);
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
                     }
                 }
+                sent += samples;
+                stored.fetch_add(1, Relaxed);
+                tokio::time::sleep(Duration::from_millis(30)).await;
             }
-            sent += samples;
-            tokio::time::sleep(Duration::from_millis(30)).await;
+            (sent, refused)
         }
-        (sent, refused)
     });
     // Kill the server while batches stream in, check the collector says so, restart it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until(Duration::from_secs(60), "5 batches stored", || {
+        stored.load(Relaxed) >= 5
+    })
+    .await;
     tokio::task::block_in_place(|| server.kill());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until(Duration::from_secs(60), "a push refused", || {
+        refusals.load(Relaxed) >= 1
+    })
+    .await;
     let (code, body) = get(addr, "/api/v1/profile?format=folded").await;
     assert_eq!(code, 503, "{body}");
     let error: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -195,7 +209,11 @@ async fn clickhouse_killed_mid_run_loses_and_doubles_nothing() {
         metrics.contains("pyrometer_collector_queries_store_unavailable_total 1"),
         "{metrics}"
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The outage lasts a few of the pusher's retries.
+    wait_until(Duration::from_secs(60), "5 pushes refused", || {
+        refusals.load(Relaxed) >= 5
+    })
+    .await;
     tokio::task::block_in_place(|| server.resume());
     let (sent, refused) = pusher.await.unwrap();
     assert!(refused > 0, "the outage was not noticed by the pusher");

@@ -82,6 +82,20 @@ pub fn record_command_env(
     (result, out)
 }
 
+/// `pyrometer install-preload DIR`: the sampler library the built `pyrometer` carries,
+/// written into `dir`, for a process to preload; its path (which the command prints).
+pub fn install_preload(dir: &std::path::Path) -> std::path::PathBuf {
+    let out = std::process::Command::new(pyrometer_bin())
+        .arg("install-preload")
+        .arg(dir)
+        .output()
+        .expect("run pyrometer");
+    assert_ok(&out);
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(path, dir.join("libpyrometer_alloc.so"));
+    path
+}
+
 /// The `--stats` file `record` wrote.
 pub fn read_stats(path: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

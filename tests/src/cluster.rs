@@ -4,8 +4,10 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::wait::{wait_for, wait_until};
 
 /// The `pyrometer-collector` binary of this workspace (`cargo xtask test` builds it; set
 /// PYROMETER_COLLECTOR_BIN to test another build).
@@ -65,14 +67,11 @@ impl Collector {
             store_args: store_args.to_vec(),
             token_file: token_file.map(Path::to_path_buf),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http_get(addr, "/metrics").is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "collector did not come up on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until(
+            Duration::from_secs(20),
+            &format!("the collector to answer on {addr}"),
+            || http_get(addr, "/metrics").is_some(),
+        );
         c
     }
 
@@ -106,6 +105,37 @@ impl Collector {
     pub fn get_json(&self, path: &str) -> serde_json::Value {
         let body = self.get(path);
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    /// A counter or gauge of the collector's `/metrics` (0 when it is not there).
+    pub fn metric(&self, name: &str) -> f64 {
+        http_get(self.addr, "/metrics")
+            .and_then(|(_, text)| metric(&text, name))
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until the store holds at least `at_least` samples of each node of `nodes`
+    /// (their agents have started and pushed); returns the totals by node.
+    pub fn wait_for_nodes(
+        &self,
+        nodes: &[&str],
+        at_least: i64,
+    ) -> std::collections::BTreeMap<String, i64> {
+        wait_for(
+            Duration::from_secs(120),
+            &format!("{at_least} samples of each of {nodes:?} in the collector"),
+            || {
+                let totals = self.totals_by("node");
+                if nodes
+                    .iter()
+                    .all(|n| totals.get(*n).is_some_and(|&t| t >= at_least))
+                {
+                    Ok(totals)
+                } else {
+                    Err(totals)
+                }
+            },
+        )
     }
 
     /// Samples of the last hour by the values of `label` (`/api/v1/profile?by=LABEL`); empty
@@ -242,6 +272,45 @@ impl Agent {
         Agent { child, stats }
     }
 
+    /// Waits until the agent serves `/metrics` on `addr` (started with `--metrics-listen`):
+    /// it has loaded its programs, targeted the processes it was told to, and dropped its
+    /// capabilities. Returns the first page.
+    pub fn wait_for_metrics(&mut self, addr: SocketAddr) -> String {
+        wait_for(
+            Duration::from_secs(120),
+            "the agent to serve /metrics",
+            || {
+                assert!(
+                    self.child.try_wait().unwrap().is_none(),
+                    "the agent exited during start-up"
+                );
+                match http_get(addr, "/metrics") {
+                    Some((200, text)) => Ok(text),
+                    other => Err(other),
+                }
+            },
+        )
+    }
+
+    /// Waits until a counter of the agent's `/metrics` on `addr` reaches `at_least`; returns
+    /// the page that showed it.
+    pub fn wait_for_metric(&mut self, addr: SocketAddr, name: &str, at_least: f64) -> String {
+        wait_for(
+            Duration::from_secs(120),
+            &format!("the agent's {name} to reach {at_least}"),
+            || {
+                assert!(self.child.try_wait().unwrap().is_none(), "the agent exited");
+                let text = http_get(addr, "/metrics")
+                    .map(|(_, t)| t)
+                    .unwrap_or_default();
+                match metric(&text, name) {
+                    Some(v) if v >= at_least => Ok(text),
+                    other => Err(other),
+                }
+            },
+        )
+    }
+
     /// SIGTERM, wait, and return the stats it wrote.
     pub fn stop(&mut self) -> serde_json::Value {
         // SAFETY: kill(2) of our own child.
@@ -264,6 +333,84 @@ impl Drop for Agent {
 unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// The value of the first sample of `name` (a metric name with its labels, or without) in a
+/// Prometheus text page.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A workload held until an agent is attached to it: a shell waits on a FIFO, then `exec`s
+/// the command, so the pid the agent is told to follow is the workload's from its first
+/// instruction.
+pub struct Held {
+    child: Option<Child>,
+    fifo: PathBuf,
+}
+
+impl Held {
+    /// Starts the shell that will run `argv` with `env` added, its stdout piped.
+    pub fn start(dir: &Path, env: &[(&str, &str)], argv: &[&str]) -> Held {
+        let fifo = dir.join(format!("go-{}", argv[0].rsplit('/').next().unwrap_or("wl")));
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) with a NUL-terminated path.
+        assert_eq!(
+            unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+            0,
+            "mkfifo {}",
+            fifo.display()
+        );
+        let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "read x < '{}'; exec {}",
+                fifo.display(),
+                quoted.join(" ")
+            ))
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the workload shell");
+        Held {
+            child: Some(child),
+            fifo,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("not released").id()
+    }
+
+    /// Lets the workload run and waits for it to end; panics unless it succeeded.
+    pub fn release(mut self) -> Output {
+        std::fs::write(&self.fifo, "go\n").unwrap();
+        let out = self
+            .child
+            .take()
+            .unwrap()
+            .wait_with_output()
+            .expect("wait for the workload");
+        assert!(
+            out.status.success(),
+            "the workload failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        out
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Panics with promtool's complaints unless `promtool check metrics` accepts `text`.

@@ -9,6 +9,7 @@ pub mod kernels;
 pub mod otel;
 pub mod python;
 pub mod ray_cluster;
+pub mod wait;
 
 /// The one way a test skips (see the skip-ledger crate): `skip(capability, reason)`.
 pub use skip_ledger::{ci, skip};
@@ -85,6 +86,8 @@ fn stale_against_sources(bin: &Path) -> Option<String> {
         "unwind/src",
         "proto/src",
         "diff/src",
+        // Carried inside the binary (profiler/build.rs).
+        "alloc-preload/src",
     ]
     .iter()
     .map(|d| root.join(d))

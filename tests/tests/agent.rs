@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pyrometer_e2e::cluster::{Collector, enc, free_port, http_get, workload_of};
+use pyrometer_e2e::cluster::{Agent, Collector, Held, enc, free_port, http_get, workload_of};
 use pyrometer_e2e::{folded_counts, privileged, pyrometer, pyrometer_bin, scratch, stderr};
 
 /// CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE (19), CAP_PERFMON (38), CAP_BPF (39).
@@ -209,59 +209,26 @@ fn off_cpu_across_pushes_is_counted_once() {
     }
     let dir = scratch("agent-offcpu");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
-    // The workload waits on a FIFO until the agent is attached, so that its waiter thread
-    // blocks while targeted; exec keeps the pid the agent follows.
-    let fifo = dir.join("go");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo(3) with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // The workload is held until the agent is attached, so that its waiter thread blocks
+    // while targeted.
     let exe = dir.join("ocpu-wl");
     pyrometer_e2e::copy_executable(&pyrometer_e2e::fixture("offcpu"), &exe);
-    let load = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "read x < '{}'; exec '{}' 4",
-            fifo.display(),
-            exe.display()
-        ))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the workload shell");
-    let stats = dir.join("stats.json");
-    let mut agent = Killed(
-        Command::new(pyrometer_bin())
-            .args(["agent", "--node-name", "offcpu-node", "--collector"])
-            .arg(collector.url())
-            .args(["--push-interval", "1s", "--off-cpu", "--pid"])
-            .arg(load.id().to_string())
-            .arg("--spool-dir")
-            .arg(dir.join("spool"))
-            .arg("--stats")
-            .arg(&stats)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start pyrometer agent"),
-    );
-    let pid = agent.0.id();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !thread_caps(pid).iter().any(|(_, c)| c[2] == KEPT) {
-        assert!(agent.0.try_wait().unwrap().is_none(), "agent exited");
-        assert!(Instant::now() < deadline, "agent never attached");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    std::fs::write(&fifo, "go\n").unwrap();
-    let out = load.wait_with_output().unwrap();
+    let load = Held::start(&dir, &[], &[exe.to_str().unwrap(), "4"]);
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (pid, listen) = (load.pid().to_string(), metrics.to_string());
+    let args = ["--off-cpu", "--pid", &pid, "--metrics-listen", &listen];
+    let mut agent = Agent::start(&dir, "offcpu-node", &collector.url(), &args);
+    agent.wait_for_metrics(metrics);
+    let out = load.release();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let waited: f64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("waited "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("fixture printed no wait time: {stdout}"));
-    // Its last interval reaches the collector with the next push.
-    std::thread::sleep(Duration::from_secs(3));
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    assert!(agent.0.wait().unwrap().success());
+    // Its last interval goes with the push the agent makes when it stops.
+    let s = agent.stop();
+    assert_eq!(s["spool_samples"], 0, "batches left unsent: {s}");
 
     let q = enc("{node=\"offcpu-node\"}");
     let folded = collector.get(&format!(
@@ -278,8 +245,6 @@ fn off_cpu_across_pushes_is_counted_once() {
         (in_wait - waited).abs() <= 0.2 * waited,
         "wait_pipe blocked {in_wait:.3}s, the fixture waited {waited:.3}s:\n{folded}"
     );
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(s["batches_pushed"].as_u64().unwrap() >= 4, "{s}");
 }
 
@@ -303,7 +268,6 @@ fn allocations_of_a_chosen_process_are_pushed() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
     let mut agent = Killed(
         Command::new(pyrometer_bin())
             .args(["agent", "--node-name", "alloc-node", "--collector"])
@@ -341,8 +305,10 @@ fn allocations_of_a_chosen_process_are_pushed() {
             .and_then(|rest| rest.split_whitespace().nth(1)?.parse().ok())
             .unwrap_or_else(|| panic!("no {f} in {text}"))
     };
-    // Two more pushes after it exits: everything it did is in.
-    std::thread::sleep(Duration::from_secs(3));
+    // Its last interval goes with the push the agent makes when it stops.
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    assert!(agent.0.wait().unwrap().success());
     let q = enc("{node=\"alloc-node\",comm=\"alloc-wl\"}");
     let folded = |ty: &str| {
         collector.get(&format!(
@@ -373,9 +339,6 @@ fn allocations_of_a_chosen_process_are_pushed() {
         tidy <= 0.05 * leaked,
         "tidy {tidy}, leak_1k {leaked}:\n{inuse}"
     );
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
-    assert!(agent.0.wait().unwrap().success());
 }
 
 /// Python threads that live less than the agent's poll keep their `threading` names: the
@@ -395,47 +358,33 @@ fn short_python_threads_keep_their_names() {
     }
     let dir = scratch("agent-short-threads");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
-    let fifo = dir.join("go");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo(3) with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let script = pyrometer_e2e::python::source("short_threads.py");
-    // Started once the agent is attached; exec keeps the pid it follows.
-    let load = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "read x < '{}'; exec '{}' '{}' 8 150",
-            fifo.display(),
-            python.display(),
-            script.display()
-        ))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the workload shell");
+    let load = Held::start(
+        &dir,
+        &[],
+        &[
+            python.to_str().unwrap(),
+            script.to_str().unwrap(),
+            "8",
+            "150",
+        ],
+    );
     let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let pid = load.id().to_string();
+    let pid = load.pid().to_string();
     let listen = metrics.to_string();
     let args = ["--pid", &pid, "-F", "199", "--metrics-listen", &listen];
-    let mut agent =
-        pyrometer_e2e::cluster::Agent::start(&dir, "short-node", &collector.url(), &args);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while http_get(metrics, "/metrics").is_none() {
-        assert!(agent.child.try_wait().unwrap().is_none(), "agent exited");
-        assert!(Instant::now() < deadline, "agent never started");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    std::fs::write(&fifo, "go\n").unwrap();
-    let out = load.wait_with_output().unwrap();
-    assert!(out.status.success(), "workload failed");
+    let mut agent = Agent::start(&dir, "short-node", &collector.url(), &args);
+    agent.wait_for_metrics(metrics);
+    let out = load.release();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let cpu: serde_json::Value = stdout
         .lines()
         .find(|l| l.starts_with('{'))
         .and_then(|l| serde_json::from_str(l).ok())
         .unwrap_or_else(|| panic!("fixture printed no CPU times: {stdout}"));
-    // The last interval reaches the collector with the next push.
-    std::thread::sleep(Duration::from_secs(3));
+    // Its last interval goes with the push the agent makes when it stops.
     let stats = agent.stop();
+    assert_eq!(stats["spool_samples"], 0, "batches left unsent: {stats}");
 
     let burn = |selector: &str| -> u64 {
         let q = enc(&format!("{{node=\"short-node\", {selector}}}"));

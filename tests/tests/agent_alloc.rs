@@ -59,9 +59,12 @@ fn the_agent_samples_preloaded_processes_and_forgets_exited_ones() {
     }
     let dir = scratch("agent-alloc-preload");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
-    let library = pyrometer_bin().with_file_name("libpyrometer_alloc.so");
+    // The set-up a node would have: the library written out with `install-preload`, the
+    // agent told where (it probes that copy at start), the program preloading it.
+    let library = pyrometer_e2e::alloc::install_preload(&dir.join("lib"));
     let mut agent = Killed(
         Command::new(pyrometer_bin())
+            .env("PYROMETER_ALLOC_LIB", &library)
             .args(["agent", "--node-name", "preload-node", "--collector"])
             .arg(collector.url())
             // CPU samples of the fixture only (not of the whole busy machine, which keeps a
@@ -89,8 +92,10 @@ fn the_agent_samples_preloaded_processes_and_forgets_exited_ones() {
         seen.push(line);
     }
     assert!(
-        seen.iter()
-            .any(|l| l.contains("sampling the allocations of processes that preload")),
+        seen.iter().any(|l| l.contains(&format!(
+            "sampling the allocations of processes that preload {}",
+            library.display()
+        ))),
         "{seen:?}"
     );
     let folded = |ty: &str, from: &str| {

@@ -3,12 +3,16 @@
 //! events (the proc connector) and, where it cannot have them (a network namespace of its
 //! own), by reading every process's name.
 
+use std::collections::HashMap;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use pyrometer_e2e::cluster::{Collector, enc, free_port};
-use pyrometer_e2e::{privileged, pyrometer_bin, scratch};
+use prost::Message;
+use pyrometer_e2e::cluster::{Collector, enc, free_port, http_get};
+use pyrometer_e2e::wait::wait_for;
+use pyrometer_e2e::{pprof_samples, pprof_type, privileged, pyrometer_bin, scratch};
+use pyrometer_proto::ingest::PushRequest;
 
 /// Kills the processes it holds when dropped, on assertion failures too.
 struct Kill(Vec<Child>);
@@ -22,27 +26,59 @@ impl Drop for Kill {
     }
 }
 
-/// Samples pushed for `pid` of node `node`.
+/// Samples pushed for `pid` of node `node` (none while the store is empty: a 404).
 fn samples_of(collector: &Collector, node: &str, pid: u32) -> u64 {
     let q = enc(&format!("{{node=\"{node}\",pid=\"{pid}\"}}"));
-    collector
-        .get(&format!(
-            "/api/v1/profile?format=folded&query={q}&from=now-10m"
-        ))
+    let path = format!("/api/v1/profile?format=folded&query={q}&from=now-10m");
+    let folded = match http_get(collector.addr, &path) {
+        Some((200, body)) => body,
+        Some((404, _)) => String::new(),
+        other => panic!("GET {path}: {other:?}"),
+    };
+    folded
         .lines()
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
 
+/// Samples by pid in the batches an agent left in its spool (it could not push them).
+fn spooled_samples(spool: &std::path::Path) -> HashMap<u32, i64> {
+    let mut by_pid = HashMap::new();
+    let Ok(entries) = std::fs::read_dir(spool) else {
+        return by_pid;
+    };
+    for e in entries.flatten() {
+        if e.path().extension().is_none_or(|x| x != "batch") {
+            continue;
+        }
+        // Written aside and renamed: a batch in the directory is whole.
+        let bytes = std::fs::read(e.path()).unwrap();
+        let push = PushRequest::decode(&bytes[..]).expect("a spooled batch decodes");
+        let profile = push.profile.expect("a batch holds a profile");
+        let count = pprof_type(&profile, "samples");
+        for s in pprof_samples(&profile) {
+            let pid = s
+                .labels
+                .get("pid")
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            *by_pid.entry(pid).or_default() += s.values[count];
+        }
+    }
+    by_pid
+}
+
 /// Runs the agent (behind `prefix`, a command that puts it in a network namespace of its
-/// own, where it can push nothing) with `--comm 'disc-.*'`, starts the workloads after it,
-/// and, when it could push, checks that each matching one was sampled and the other was not.
-/// Returns the agent's stats and stderr.
+/// own, where it can push nothing and keeps its batches in its spool) with `--comm
+/// 'disc-.*'`, starts the workloads after it, waits until each matching one has samples
+/// pushed (or spooled), and checks that the other one has none. Returns the agent's stats
+/// and stderr.
 fn discovers(test: &str, prefix: &[&str]) -> (serde_json::Value, String) {
     let dir = scratch(test);
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     let node = test;
     let stats = dir.join("stats.json");
+    let spool = dir.join("spool");
     let (program, args) = match prefix.split_first() {
         Some((p, rest)) => (p.to_string(), rest.to_vec()),
         None => (pyrometer_bin().display().to_string(), Vec::new()),
@@ -56,7 +92,7 @@ fn discovers(test: &str, prefix: &[&str]) -> (serde_json::Value, String) {
         .args(["agent", "--node-name", node, "--no-gpu", "--collector"])
         .arg(collector.url())
         .args(["--comm", "disc-.*", "--push-interval", "1s", "--spool-dir"])
-        .arg(dir.join("spool"))
+        .arg(&spool)
         .arg("--stats")
         .arg(&stats)
         .stdin(Stdio::null())
@@ -120,7 +156,29 @@ fn discovers(test: &str, prefix: &[&str]) -> (serde_json::Value, String) {
     let pids = [late.id(), renamed.id(), child, other.id()];
     procs.0.extend([late, renamed, forker, other]);
     // The child of the forker is not its own Child: killed through its pid at the end.
-    std::thread::sleep(Duration::from_secs(5));
+    // 19 Hz on burners that share two CPUs with whatever else runs: a few samples each are
+    // plenty to tell found from not found.
+    let matching = [pids[0], pids[1], pids[2]];
+    let found = |samples: &dyn Fn(u32) -> i64| -> Result<(), Vec<i64>> {
+        let n: Vec<i64> = matching.iter().map(|&p| samples(p)).collect();
+        if n.iter().all(|&k| k >= 5) {
+            Ok(())
+        } else {
+            Err(n)
+        }
+    };
+    wait_for(
+        Duration::from_secs(120),
+        "5 samples of each matching process",
+        || {
+            if prefix.is_empty() {
+                found(&|p| samples_of(&collector, node, p) as i64)
+            } else {
+                let spooled = spooled_samples(&spool);
+                found(&|p| spooled.get(&p).copied().unwrap_or(0))
+            }
+        },
+    );
     // SAFETY: kill(2) of our own child (the agent), which pushes what it has on SIGTERM.
     unsafe { libc::kill(procs.0[0].id() as i32, libc::SIGTERM) };
     let status = procs.0[0].wait().unwrap();
@@ -135,12 +193,12 @@ fn discovers(test: &str, prefix: &[&str]) -> (serde_json::Value, String) {
     assert!(status.success(), "agent: {status}\n{said}");
     let stats: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
-    if !prefix.is_empty() {
-        return (stats, said);
-    }
-    let [late, renamed, child, other] = pids.map(|p| samples_of(&collector, node, p));
-    // 5 s at 19 Hz is ~95 samples a burner with a CPU to itself; four burners share two
-    // CPUs with whatever else runs, so a few are plenty to tell found from not found.
+    let [late, renamed, child, other] = if prefix.is_empty() {
+        pids.map(|p| samples_of(&collector, node, p) as i64)
+    } else {
+        let spooled = spooled_samples(&spool);
+        pids.map(|p| spooled.get(&p).copied().unwrap_or(0))
+    };
     for (what, n) in [
         ("exec'd as disc-late", late),
         ("renamed to disc-renamed", renamed),
@@ -177,8 +235,10 @@ fn in_a_network_namespace_processes_chosen_by_name_are_found_by_scanning() {
         said.contains("process events") && said.contains("every 500 ms instead"),
         "the fallback is said once:\n{said}"
     );
-    // Only the processes started after it match, and it cannot push from there: what it
-    // sampled is in its stats (the three matching burners share two CPUs for 5 s).
-    let samples = stats["samples"].as_u64().unwrap_or(0);
-    assert!(samples >= 15, "{samples} samples\n{stats}\n{said}");
+    // It could push nothing from there: what it sampled stayed in its spool.
+    assert_eq!(stats["samples_pushed"], 0, "{stats}\n{said}");
+    assert!(
+        stats["spool_samples"].as_u64().unwrap_or(0) >= 15,
+        "{stats}\n{said}"
+    );
 }

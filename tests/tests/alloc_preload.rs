@@ -5,8 +5,8 @@
 //! Needs root (BPF, uprobes).
 
 use pyrometer_e2e::alloc::{
-    by_function, fixture_totals, leak_report, read_stats, record_allocs, record_command,
-    record_command_env,
+    by_function, fixture_totals, install_preload, leak_report, read_stats, record_allocs,
+    record_command, record_command_env,
 };
 use pyrometer_e2e::*;
 
@@ -24,7 +24,7 @@ fn assert_estimate(what: &str, got: f64, want: f64, stderr: &str) {
 fn assert_preloaded(stderr: &str) {
     assert!(
         !stderr.contains("sampled with uprobes"),
-        "the library was not preloaded (is target/debug/libpyrometer_alloc.so built?)\n{stderr}"
+        "the library was not preloaded\n{stderr}"
     );
 }
 
@@ -150,17 +150,21 @@ fn check_realloc_moves(uprobes: bool) {
     let stats = scratch(&format!("{name}-stats")).join("stats.json");
     let bin = fixture("allocs");
     let hidden = [("PYROMETER_ALLOC_LIB", "/nonexistent/libpyrometer_alloc.so")];
+    let mut args = vec![
+        "--leaks",
+        "--min-age",
+        "1s",
+        "--alloc-sample-bytes",
+        "65536",
+        "--stats",
+        stats.to_str().unwrap(),
+    ];
+    if uprobes {
+        args.push("--alloc-uprobes");
+    }
     let (result, out) = record_command_env(
         &name,
-        &[
-            "--leaks",
-            "--min-age",
-            "1s",
-            "--alloc-sample-bytes",
-            "65536",
-            "--stats",
-            stats.to_str().unwrap(),
-        ],
+        &args,
         &[bin.to_str().unwrap(), "regrow"],
         if uprobes { &hidden } else { &[] },
     );
@@ -304,9 +308,10 @@ fn a_dlopened_library_is_sampled() {
 }
 
 /// `record --alloc --pid` decides per process: one started with `LD_PRELOAD` of the library
-/// samples in process (its sampled frees come through the library); one without it gets
-/// uprobes on its allocator and a line saying what that costs and how to start it with the
-/// library. Both estimate make_600 within ±20 % (`assert_estimate`).
+/// (written out by `install-preload`) samples in process (its sampled frees come through the
+/// library); one without it is refused, saying how to start it with the library or that
+/// --alloc-uprobes samples it, and with that flag gets uprobes on its allocator and a line
+/// saying so. Both estimate make_600 within ±20 % (`assert_estimate`).
 #[test]
 fn pid_targets_use_the_library_when_they_load_it() {
     if !privileged() {
@@ -314,7 +319,7 @@ fn pid_targets_use_the_library_when_they_load_it() {
     }
     use std::io::{BufRead, Write};
     use std::process::{Command, Stdio};
-    let library = pyrometer_bin().with_file_name("libpyrometer_alloc.so");
+    let library = install_preload(&scratch("alloc-preload-pid-lib"));
     for preloaded in [true, false] {
         let dir = scratch(&format!("alloc-preload-pid-{preloaded}"));
         let (out, stats) = (dir.join("alloc.pb.gz"), dir.join("stats.json"));
@@ -329,13 +334,41 @@ fn pid_targets_use_the_library_when_they_load_it() {
         let mut workload = workload.spawn().unwrap();
         // Waiting on stdin in main: its libraries are mapped.
         let maps = format!("/proc/{}/maps", workload.id());
-        while !std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        pyrometer_e2e::wait::wait_until(
+            std::time::Duration::from_secs(30),
+            "the workload's C library mapped",
+            || std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")),
+        );
+        let pid = workload.id().to_string();
+        if !preloaded {
+            // Uprobes are not chosen without being asked for.
+            let refused = pyrometer(&[
+                "record",
+                "--alloc",
+                "--pid",
+                &pid,
+                "-o",
+                out.to_str().unwrap(),
+            ]);
+            let err = stderr(&refused);
+            assert_eq!(refused.status.code(), Some(2), "{err}");
+            assert!(
+                err.contains(&format!("pid {pid} does not load libpyrometer_alloc.so"))
+                    && err.contains("start it with LD_PRELOAD=/")
+                    && err.contains("add --alloc-uprobes"),
+                "{err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
         }
         let mut record = Command::new(pyrometer_bin())
             .args(["record", "--alloc", "-o", out.to_str().unwrap(), "--stats"])
             .arg(&stats)
-            .args(["--pid", &workload.id().to_string()])
+            .args(["--pid", &pid])
+            .args(if preloaded {
+                None
+            } else {
+                Some("--alloc-uprobes")
+            })
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -349,7 +382,8 @@ fn pid_targets_use_the_library_when_they_load_it() {
         std::io::Read::read_to_string(&mut err, &mut text).unwrap();
         assert!(record.wait().unwrap().success(), "{text}");
         let note = text.contains("does not load libpyrometer_alloc.so")
-            && text.contains("start it with LD_PRELOAD=/");
+            && text.contains("start it with LD_PRELOAD=/")
+            && text.contains("sampled with uprobes on the allocator (--alloc-uprobes)");
         assert_eq!(note, !preloaded, "preloaded {preloaded}:\n{text}");
         let json = read_stats(&stats);
         let through_library = json["alloc_preload_frees"].as_u64().unwrap() > 0;
@@ -457,8 +491,8 @@ fn python_runs_correctly_with_every_block_sampled() {
     if !python.present() {
         return;
     }
-    let library = pyrometer_bin().with_file_name("libpyrometer_alloc.so");
     let dir = scratch("alloc-preload-every-python-block");
+    let library = install_preload(&dir);
     let out = std::process::Command::new(&python.path)
         .args(["-c", CHECKS])
         .env("LD_PRELOAD", &library)

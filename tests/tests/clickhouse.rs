@@ -5,10 +5,12 @@
 //! stored exactly once.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use pyrometer_e2e::clickhouse_server::ClickHouse;
-use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload};
+use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, metric, workload};
+use pyrometer_e2e::wait::wait_until;
 use pyrometer_e2e::{privileged, scratch};
 
 fn leaf_shares(c: &Collector, node: &str) -> BTreeMap<String, f64> {
@@ -66,45 +68,68 @@ fn two_collectors_one_clickhouse_two_agents_and_an_outage() {
     let loads = Workloads(
         ["wl-cha", "wl-chb"]
             .iter()
-            .map(|n| workload(&dir, n, 60))
+            .map(|n| workload(&dir, n, 300))
             .collect(),
     );
+    let metrics: Vec<SocketAddr> = nodes
+        .iter()
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+        .collect();
     let mut agents: Vec<Agent> = nodes
         .iter()
         .zip(["^wl-cha$", "^wl-chb$"])
         .zip(&collectors)
-        .map(|((node, comm), c)| {
+        .zip(&metrics)
+        .map(|(((node, comm), c), m)| {
+            let listen = m.to_string();
             Agent::start(
                 &dir,
                 node,
                 &c.url(),
-                &["--comm", comm, "--push-interval", "500ms", "-F", "199"],
+                &[
+                    "--comm",
+                    comm,
+                    "--push-interval",
+                    "500ms",
+                    "-F",
+                    "199",
+                    "--metrics-listen",
+                    &listen,
+                ],
             )
         })
         .collect();
     // Both agents pushing (BPF loading takes seconds on a busy machine), enough samples in
     // for the split to show.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let totals = by_node(&collectors[0]);
-        if totals.len() == 2 && totals.values().all(|&n| n >= 150) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "too few samples arrived: {totals:?}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    // ClickHouse goes away mid-run: pushes are refused as retryable and queries answer 503.
+    collectors[0].wait_for_nodes(&nodes, 150);
+    // ClickHouse goes away mid-run: pushes are refused as retryable (each agent sees it) and
+    // queries answer 503.
     clickhouse.kill();
-    std::thread::sleep(Duration::from_secs(2));
+    for (a, m) in agents.iter_mut().zip(&metrics) {
+        a.wait_for_metric(*m, "pyrometer_agent_push_errors_total", 1.0);
+    }
     let (code, body) = http_get(collectors[1].addr, "/api/v1/profile?format=folded").unwrap();
     assert_eq!(code, 503, "{body}");
-    std::thread::sleep(Duration::from_secs(2));
+    let pushed = |a: SocketAddr| {
+        http_get(a, "/metrics")
+            .and_then(|(_, t)| metric(&t, "pyrometer_agent_batches_pushed_total"))
+            .unwrap_or(0.0)
+    };
+    let before: Vec<f64> = metrics.iter().map(|&m| pushed(m)).collect();
     clickhouse.resume();
-    // The agents' spools drain into the store again.
-    std::thread::sleep(Duration::from_secs(4));
+    // The agents' spools drain into the store again: pushes succeed, nothing is left over.
+    for ((a, &m), before) in agents.iter_mut().zip(&metrics).zip(before) {
+        a.wait_for_metric(m, "pyrometer_agent_batches_pushed_total", before + 1.0);
+        wait_until(
+            Duration::from_secs(120),
+            "the agent's spool drained",
+            || {
+                http_get(m, "/metrics")
+                    .and_then(|(_, t)| metric(&t, "pyrometer_agent_spool_batches"))
+                    == Some(0.0)
+            },
+        );
+    }
     let stats: Vec<serde_json::Value> = agents.iter_mut().map(Agent::stop).collect();
     drop(loads);
     for (node, s) in nodes.iter().zip(&stats) {

@@ -2,12 +2,12 @@
 //! outages and SIGKILL, auth, and the Prometheus endpoints checked by promtool.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
-use pyrometer_e2e::cluster::{
-    Agent, Collector, enc, free_port, http_get, promtool_check, workload,
-};
+use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, promtool_check, workload};
+use pyrometer_e2e::wait::wait_until;
 use pyrometer_e2e::{privileged, scratch};
 
 fn by_node(c: &Collector) -> BTreeMap<String, i64> {
@@ -27,9 +27,10 @@ fn three_agents_one_cluster_flame_graph() {
     let dir = scratch("cluster3");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     let nodes = ["alpha", "beta", "gamma"];
+    // Long enough for any start-up; killed once the samples are in.
     let mut loads: Vec<_> = nodes
         .iter()
-        .map(|n| workload(&dir, &format!("wl-{n}"), 30))
+        .map(|n| workload(&dir, &format!("wl-{n}"), 300))
         .collect();
     let agents: Vec<Agent> = nodes
         .iter()
@@ -43,9 +44,9 @@ fn three_agents_one_cluster_flame_graph() {
             )
         })
         .collect();
-    // Three debug-build agents start (BPF verification) on two cores: give them time to
-    // push several intervals before they stop.
-    std::thread::sleep(Duration::from_secs(10));
+    // Three debug-build agents start (BPF verification) on two cores: each node's first
+    // second of samples (19 Hz) is in before they stop.
+    collector.wait_for_nodes(&["node-alpha", "node-beta", "node-gamma"], 19);
     let stats: Vec<serde_json::Value> = agents.into_iter().map(|mut a| a.stop()).collect();
     for l in &mut loads {
         let _ = l.kill();
@@ -94,23 +95,30 @@ fn collector_outage_and_sigkill_lose_and_double_nothing() {
     }
     let dir = scratch("outage");
     let mut collector = Collector::start(&dir.join("store"), free_port(), None);
-    let mut load = workload(&dir, "wl-outage", 14);
+    let mut load = workload(&dir, "wl-outage", 300);
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let listen = metrics.to_string();
     let mut agent = Agent::start(
         &dir,
         "node-o",
         &collector.url(),
-        &["--comm", "^wl-outage$", "--push-interval", "300ms"],
+        &[
+            "--comm",
+            "^wl-outage$",
+            "--push-interval",
+            "300ms",
+            "--metrics-listen",
+            &listen,
+        ],
     );
     // The agent needs a few seconds to load its BPF programs; kill only once pushes arrive.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while http_get(collector.addr, "/api/v1/profile?format=folded").is_none_or(|(c, _)| c != 200) {
-        assert!(std::time::Instant::now() < deadline, "no push arrived");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    let ingested = "pyrometer_collector_batches_ingested_total";
+    wait_until(Duration::from_secs(120), "two batches ingested", || {
+        collector.metric(ingested) >= 2.0
+    });
     // SIGKILL mid-ingest: batches arrive every 300 ms, so one is often in flight.
     collector.kill9();
-    std::thread::sleep(Duration::from_secs(3));
+    agent.wait_for_metric(metrics, "pyrometer_agent_push_errors_total", 1.0);
     collector.restart();
     // The store reopened after SIGKILL and answers queries.
     assert!(
@@ -118,12 +126,18 @@ fn collector_outage_and_sigkill_lose_and_double_nothing() {
             .get("/api/v1/profile?format=folded")
             .contains("wl-outage")
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // Restarts in a row, each once the agent's pushes reach the new process.
     for _ in 0..3 {
+        wait_until(Duration::from_secs(60), "a batch after the restart", || {
+            collector.metric(ingested) >= 1.0
+        });
         collector.restart();
-        std::thread::sleep(Duration::from_millis(700));
     }
-    std::thread::sleep(Duration::from_secs(2));
+    wait_until(
+        Duration::from_secs(60),
+        "a batch after the restarts",
+        || collector.metric(ingested) >= 1.0,
+    );
     let stats = agent.stop();
     let _ = load.kill();
     let _ = load.wait();
@@ -149,23 +163,28 @@ fn pushes_need_the_token() {
     let wrong = dir.join("wrong");
     std::fs::write(&wrong, "not-it\n").unwrap();
     let collector = Collector::start(&dir.join("store"), free_port(), Some(&token));
-    let mut load = workload(&dir, "wl-auth", 30);
+    let mut load = workload(&dir, "wl-auth", 300);
     let url = collector.url();
-    let comm = ["--comm", "^wl-auth$"];
-    let mut none = Agent::start(&dir, "node-none", &url, &comm);
-    let mut bad = Agent::start(
-        &dir,
-        "node-bad",
-        &url,
-        &[&comm[..], &["--token-file", wrong.to_str().unwrap()]].concat(),
-    );
-    let mut good = Agent::start(
-        &dir,
-        "node-good",
-        &url,
-        &[&comm[..], &["--token-file", token.to_str().unwrap()]].concat(),
-    );
-    std::thread::sleep(Duration::from_secs(10));
+    let addrs: Vec<SocketAddr> = (0..3)
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+        .collect();
+    let listen: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    let agent = |node: &str, listen: &str, token: Option<&std::path::Path>| {
+        let mut args = vec!["--comm", "^wl-auth$", "--metrics-listen", listen];
+        if let Some(t) = token {
+            args.extend(["--token-file", t.to_str().unwrap()]);
+        }
+        Agent::start(&dir, node, &url, &args)
+    };
+    let mut none = agent("node-none", &listen[0], None);
+    let mut bad = agent("node-bad", &listen[1], Some(&wrong));
+    let mut good = agent("node-good", &listen[2], Some(&token));
+    // Each refused agent was refused, and holds what it sampled; the other's samples are in.
+    for (a, addr) in [(&mut none, addrs[0]), (&mut bad, addrs[1])] {
+        a.wait_for_metric(addr, "pyrometer_agent_push_errors_total", 1.0);
+        a.wait_for_metric(addr, "pyrometer_agent_spool_batches", 1.0);
+    }
+    collector.wait_for_nodes(&["node-good"], 19);
     let (none, bad, good) = (none.stop(), bad.stop(), good.stop());
     let _ = load.kill();
     let _ = load.wait();
@@ -203,7 +222,7 @@ fn metrics_pass_promtool() {
     }
     let dir = scratch("promtool");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
-    let mut load = workload(&dir, "wl-metrics", 60);
+    let mut load = workload(&dir, "wl-metrics", 300);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut agent = Agent::start(
@@ -213,27 +232,11 @@ fn metrics_pass_promtool() {
         &["--comm", "^wl-metrics$", "--metrics-listen", &listen],
     );
     // Start-up takes seconds on a loaded machine: wait until something was pushed.
-    let addr = listen.parse().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let (code, agent_metrics) = loop {
-        std::thread::sleep(Duration::from_millis(500));
-        let Some((code, text)) = http_get(addr, "/metrics") else {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "agent never served /metrics"
-            );
-            continue;
-        };
-        let pushed = text
-            .lines()
-            .find_map(|l| l.strip_prefix("pyrometer_agent_samples_pushed_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if pushed > 0.0 || std::time::Instant::now() >= deadline {
-            break (code, text);
-        }
-    };
-    assert_eq!(code, 200);
+    let agent_metrics = agent.wait_for_metric(
+        listen.parse().unwrap(),
+        "pyrometer_agent_samples_pushed_total",
+        1.0,
+    );
     let stats = agent.stop();
     let _ = load.kill();
     let _ = load.wait();

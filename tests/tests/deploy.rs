@@ -430,9 +430,11 @@ fn agent_image_records_a_workload_in_its_container() {
     let base = dir.join("base");
     let pyrometer = pyrometer_bin();
     let workload = fixture("cpu631");
+    let allocs = fixture("allocs");
     for bin in [
         pyrometer.as_path(),
         workload.as_path(),
+        allocs.as_path(),
         Path::new("/bin/sh"),
     ] {
         for (path, real) in libraries(bin) {
@@ -460,6 +462,7 @@ fn agent_image_records_a_workload_in_its_container() {
         std::fs::copy(&from, ctx.join(name)).unwrap();
     }
     copy_into(&ctx, Path::new("/usr/local/bin/cpu631"), &workload);
+    copy_into(&ctx, Path::new("/usr/local/bin/allocs"), &allocs);
     std::fs::write(ctx.join("Dockerfile"), format!("{stage}COPY usr /usr\n")).unwrap();
     let image = format!("pyrometer-e2e-agent:{}", std::process::id());
     let built = dockerd.docker(&["build", "-q", "-t", &image, ctx.to_str().unwrap()]);
@@ -470,26 +473,32 @@ fn agent_image_records_a_workload_in_its_container() {
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     let volume = format!("{}:/out", out.display());
-    let run = dockerd.docker(&[
-        "run",
-        "--rm",
-        "--pid=host",
-        "--network",
-        "none",
-        "--cap-drop",
-        "ALL",
-        "--cap-add",
-        "SYS_ADMIN",
-        "--cap-add",
-        "SYS_PTRACE",
-        "--cap-add",
-        "DAC_READ_SEARCH",
-        "--security-opt",
-        "seccomp=unconfined",
-        "-v",
-        &volume,
-        &image,
-        "record",
+    let record = |args: &[&str]| {
+        let mut all = vec![
+            "run",
+            "--rm",
+            "--pid=host",
+            "--network",
+            "none",
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "SYS_ADMIN",
+            "--cap-add",
+            "SYS_PTRACE",
+            "--cap-add",
+            "DAC_READ_SEARCH",
+            "--security-opt",
+            "seccomp=unconfined",
+            "-v",
+            &volume,
+            &image,
+            "record",
+        ];
+        all.extend_from_slice(args);
+        dockerd.docker(&all)
+    };
+    let run = record(&[
         "-F",
         "499",
         "-o",
@@ -514,6 +523,27 @@ fn agent_image_records_a_workload_in_its_container() {
             want * 100.0
         );
     }
+    // Allocations in process: the image has the binary alone, which writes the library it
+    // carries into the container's /var/cache/pyrometer.
+    let run = record(&[
+        "--alloc",
+        "--stats",
+        "/out/alloc.json",
+        "-o",
+        "/out/alloc.pb.gz",
+        "--",
+        "/usr/local/bin/allocs",
+        "totals",
+        "0.3",
+    ]);
+    assert!(
+        run.status.success(),
+        "record --alloc in the container: {}",
+        stderr(&run)
+    );
+    let stats = pyrometer_e2e::alloc::read_stats(&out.join("alloc.json"));
+    assert_eq!(stats["alloc_preload_libraries"], 1, "{stats}");
+    assert_eq!(stats["alloc_uprobes"], 0, "{stats}");
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&dir);
 }

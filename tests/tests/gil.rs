@@ -78,6 +78,13 @@ fn record_gil(python: &Interpreter, mode: &str, out: &Path, extra: &[&str]) -> S
     stderr(&result)
 }
 
+/// The most the measured preemption may widen the fair-share check (percentage points).
+const MAX_FAIRNESS_WIDENING: f64 = 10.0;
+/// The most it may widen the hold-within-on-CPU check.
+const MAX_HOLD_WIDENING: f64 = 30.0;
+/// The most it may widen the sleepers' wait bound.
+const MAX_SLEEPER_WIDENING: f64 = 25.0;
+
 /// Four spinners: each holds ~25 % and waits ~75 % (±10 pp) of its time on an idle machine;
 /// the contended waits are in the gil_wait type under spin().
 ///
@@ -85,14 +92,17 @@ fn record_gil(python: &Interpreter, mode: &str, out: &Path, extra: &[&str]) -> S
 /// thread that dropped the GIL waits for a CPU (in drop_gil, then on its way back to
 /// take_gil) neither holding nor waiting. So what is checked is what stays true however busy
 /// the machine is, scaled by each thread's measured run-queue share `p` (the table's
-/// `preempted`, ~0 when idle, where the checks are as tight as before):
+/// `preempted`, ~0 when idle, where the checks are as tight as before), each widening capped
+/// so that a busy machine cannot make a check pass whatever was measured:
 /// - one holder at a time: the spinners' holds add up to the time they spun, and the three
 ///   others wait (or hand over) meanwhile: their waits add up to 1.5–3.05 times it;
 /// - hold and wait never overlap, and together cover the thread's time but for run-queue
 ///   waits, which are a part of its hand-overs only: max(90 − p, 50) ≤ holds + waits ≤ 101;
-/// - a thread holding the GIL in spin() never sleeps: holds ≤ on-CPU + p (+10 pp sampling);
-/// - fair shares: |holds − 25| ≤ 10 + p/2 (preemption shifts wall time between holding and
-///   waiting at the scheduler's whim).
+/// - a thread holding the GIL in spin() never sleeps: holds ≤ on-CPU + min(p, 30) (+10 pp
+///   sampling);
+/// - fair shares: |holds − 25| ≤ 10 + min(p/2, 10) (preemption shifts wall time between
+///   holding and waiting at the scheduler's whim): a hold share of 5–45 % at most, where
+///   p/2 uncapped let anything from 0 to 65 % pass at p ≥ 80.
 fn check_four_spinners(python: &Interpreter) {
     if !python.present() {
         return;
@@ -113,7 +123,7 @@ fn check_four_spinners(python: &Interpreter) {
         waited_s += r.waits / 100.0 * r.time;
         spun_s = spun_s.max(r.time);
         assert!(
-            (r.holds - 25.0).abs() <= 10.0 + p / 2.0,
+            (r.holds - 25.0).abs() <= 10.0 + (p / 2.0).min(MAX_FAIRNESS_WIDENING),
             "{label}: {name} holds {:.1} % (preempted {p:.1} %):\n{err}",
             r.holds
         );
@@ -125,7 +135,7 @@ fn check_four_spinners(python: &Interpreter) {
             r.waits
         );
         assert!(
-            r.on_cpu > 0.0 && r.holds <= r.on_cpu + p + 10.0,
+            r.on_cpu > 0.0 && r.holds <= r.on_cpu + p.min(MAX_HOLD_WIDENING) + 10.0,
             "{label}: {name} holds {:.1} %, on-CPU {:.1} %, preempted {p:.1} %:\n{err}",
             r.holds,
             r.on_cpu
@@ -276,12 +286,13 @@ fn ended_threads_keep_their_names() {
 /// the GIL, and no off-CPU stack is a GIL wait. A sleeper that wakes waits for the spinner to
 /// drop the GIL, which takes the spinner a CPU: on a busy machine its run-queue time stretches
 /// those waits, so the sleepers' bound (5 % when idle) grows by a quarter of the spinner's
-/// preempted share (sleep counted as waiting would be ~95 %).
+/// preempted share, by 25 points at most (sleep counted as waiting would be ~95 %).
 #[test]
 fn sleepers_are_off_cpu_not_waiting() {
     if !privileged() {
         return;
     }
+    let mut ran = 0;
     for python in [Interpreter::pyenv(11), Interpreter::pyenv(13), debian()] {
         if !python.present() {
             continue;
@@ -292,7 +303,7 @@ fn sleepers_are_off_cpu_not_waiting() {
         let err = record_gil(&python, "sleepers", &out, &["--off-cpu"]);
         let rows = table(&err);
         let spinner = &rows["spinner-0"];
-        let bound = 5.0 + spinner.preempted.unwrap_or(0.0) / 4.0;
+        let bound = 5.0 + (spinner.preempted.unwrap_or(0.0) / 4.0).min(MAX_SLEEPER_WIDENING);
         for k in 0..3 {
             let name = format!("sleeper-{k}");
             let r = rows
@@ -350,7 +361,9 @@ fn sleepers_are_off_cpu_not_waiting() {
             sleeping > 4_500_000_000,
             "{label}: {sleeping} ns off-CPU in nap()"
         );
+        ran += 1;
     }
+    assert!(ran > 0, "no interpreter to check was present");
 }
 
 /// Without take_gil/drop_gil symbols (a stripped interpreter with no debug file): one line

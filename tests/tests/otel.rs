@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get};
+use pyrometer_e2e::cluster::{Agent, Collector, Held, enc, free_port};
 use pyrometer_e2e::*;
 
 /// Records the fixture (run by `wrapper` when given, e.g. in a pid namespace of its own) into
@@ -242,32 +242,22 @@ fn agent_pushes_spans_to_the_collector_and_as_otlp() {
     };
     let dir = scratch("otel-agent");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
-    // The workload waits on a FIFO until the agent is attached; exec keeps the pid it follows.
-    // The agent builds the new image's unwind tables at the exec, which on a busy machine
-    // delays its finding the span table: the spans start 4 s after it exists.
-    let fifo = dir.join("go");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo(3) with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // The workload is held until the agent is attached. The agent builds the new image's
+    // unwind tables at the exec, which on a busy machine delays its finding the span table:
+    // the spans start 4 s after it exists.
     let script = pyrometer_e2e::python::source("otel_spans.py");
-    let load = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "read x < '{}'; OTEL_SPANS_SETTLE=4 OTEL_SPANS_HOLD=3 exec '{}' '{}' 30",
-            fifo.display(),
-            python.display(),
-            script.display()
-        ))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the workload shell");
-    let load_pid = load.id();
+    let load = Held::start(
+        &dir,
+        &[("OTEL_SPANS_SETTLE", "4"), ("OTEL_SPANS_HOLD", "3")],
+        &[python.to_str().unwrap(), script.to_str().unwrap(), "30"],
+    );
+    let load_pid = load.pid();
     let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let exported = dir.join("otlp.jsonl");
     let receiver = otlp_receiver(&python, &exported);
     let mut args = vec![
         "--pid".to_string(),
-        load.id().to_string(),
+        load_pid.to_string(),
         "-F".into(),
         "199".into(),
         "--metrics-listen".into(),
@@ -278,22 +268,14 @@ fn agent_pushes_spans_to_the_collector_and_as_otlp() {
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = Agent::start(&dir, "otel-node", &collector.url(), &args);
-    // /metrics answers once the agent has loaded its programs and targeted the pid.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while http_get(metrics, "/metrics").is_none() {
-        assert!(agent.child.try_wait().unwrap().is_none(), "agent exited");
-        assert!(std::time::Instant::now() < deadline, "agent never started");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    std::fs::write(&fifo, "go\n").unwrap();
-    let out = load.wait_with_output().unwrap();
-    assert!(out.status.success(), "workload failed");
+    agent.wait_for_metrics(metrics);
+    let out = load.release();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap();
     let ids: serde_json::Value = serde_json::from_str(line).unwrap();
-    // The last interval reaches the collector with the next push.
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // Its last interval goes with the push (and export) the agent makes when it stops.
     let stats = agent.stop();
+    assert_eq!(stats["spool_samples"], 0, "batches left unsent: {stats}");
     if receiver.is_some() {
         check_otlp(&exported, &ids, load_pid, &stats);
     }

@@ -329,6 +329,7 @@ fn native_extension_under_its_python_caller() {
     if !privileged() {
         return;
     }
+    let mut ran = 0;
     for python in [Interpreter::pyenv(11), debian(), forky(14), forky(15)] {
         if !python.present() {
             continue;
@@ -398,7 +399,9 @@ fn native_extension_under_its_python_caller() {
             "{}: {unwalked} of {in_deflate} samples in deflate without Python frames",
             python.label
         );
+        ran += 1;
     }
+    assert!(ran > 0, "no interpreter to check was present");
 }
 
 /// Unsupported interpreters get one line saying so, and native frames.
@@ -445,6 +448,7 @@ fn thread_names_label_samples() {
     if !privileged() {
         return;
     }
+    let mut ran = 0;
     for python in supported() {
         if !python.present() || python.minor != 11 && python.minor != 8 {
             continue;
@@ -515,7 +519,9 @@ fn thread_names_label_samples() {
              {elsewhere:?}",
             python.label
         );
+        ran += 1;
     }
+    assert!(ran > 0, "no interpreter to check was present");
 }
 
 /// Python's bracketed names (`<module>`, `<lambda>`) reach `go tool pprof -top` as they are:
@@ -566,6 +572,7 @@ fn late_native_threads_get_their_python_frames_at_once() {
     }
     let script = source("late_thread.py");
     let lib = fixture("liblatethread.so");
+    let mut ran = 0;
     for python in supported().into_iter().chain([debian()]) {
         if !python.present() {
             continue;
@@ -611,7 +618,9 @@ fn late_native_threads_get_their_python_frames_at_once() {
             with_python * 10 >= evaluating * 9,
             "{label}: {with_python} of {evaluating} samples evaluating Python in the late threads have Python frames; record said:\n{log}"
         );
+        ran += 1;
     }
+    assert!(ran > 0, "no interpreter to check was present");
 }
 
 /// A thread sampled before `threading` knows it gets the name it registers under later:

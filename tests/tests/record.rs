@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use std::os::unix::process::CommandExt;
 
+use pyrometer_e2e::wait::{cpu_used, wait_for};
 use pyrometer_e2e::*;
 
 unsafe extern "C" {
@@ -186,11 +187,21 @@ fn subprocesses_only_with_the_flag() {
                 "child started later was not followed"
             );
         } else {
-            // The shell itself sleeps: either nothing was sampled or only the shell was.
-            assert!(
-                !out.status.success() || !has_leaf(&out_path, "cpu631"),
-                "a child was sampled without --subprocesses"
-            );
+            // The shell itself waits for its child: nothing was sampled (a usage error, exit
+            // 2, with the reason) or, had it run for a moment, only the shell was.
+            let err = stderr(&out);
+            if out.status.success() {
+                assert!(
+                    !has_leaf(&out_path, "cpu631"),
+                    "a child was sampled without --subprocesses"
+                );
+            } else {
+                assert_eq!(out.status.code(), Some(2), "{err}");
+                assert!(
+                    err.contains("no samples were collected") && !out_path.exists(),
+                    "record failed for another reason: {err}"
+                );
+            }
         }
     }
 }
@@ -207,7 +218,6 @@ fn all_finds_the_workload() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
     let out_path = dir.join("out.folded");
     // pprof as well, for the pid labels: other tests may run other pyrometers meanwhile,
     // which --all rightly samples, so "itself" is told apart by pid, not by name.
@@ -478,24 +488,26 @@ fn spawn_pyrometer(args: &[&str]) -> std::process::Child {
         .expect("start pyrometer")
 }
 
-/// Waits up to 60 s for a child of `ppid` whose comm is `comm`.
-fn wait_for_child(ppid: u32, comm: &str) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::time::Instant::now() < deadline {
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            let Some(close) = stat.rfind(')') else {
-                continue;
-            };
-            let name = stat.find('(').map(|o| &stat[o + 1..close]).unwrap_or("");
-            let parent = stat[close + 1..].split_whitespace().nth(1);
-            if name == comm && parent == Some(&ppid.to_string()) {
-                return true;
+/// Waits for a child of `ppid` whose comm is `comm`; its pid.
+fn wait_for_child(ppid: u32, comm: &str) -> u32 {
+    wait_for(
+        Duration::from_secs(60),
+        &format!("a child {comm} of {ppid}"),
+        || {
+            for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+                let Some(close) = stat.rfind(')') else {
+                    continue;
+                };
+                let name = stat.find('(').map(|o| &stat[o + 1..close]).unwrap_or("");
+                let parent = stat[close + 1..].split_whitespace().nth(1);
+                if name == comm && parent == Some(&ppid.to_string()) {
+                    return entry.file_name().to_string_lossy().parse().map_err(|_| ());
+                }
             }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+            Err(())
+        },
+    )
 }
 
 #[test]
@@ -513,7 +525,12 @@ fn ctrl_c_ends_the_capture_and_still_writes() {
     let pid = target.id().to_string();
     let mut rec = spawn_pyrometer(&["record", "--pid", &pid, "-o", out_path.to_str().unwrap()]);
     let drain = wait_until_sampling(&mut rec);
-    std::thread::sleep(Duration::from_millis(1000));
+    // Samples to write: the target has run 0.3 s on a CPU while sampled (30 at 99 Hz).
+    cpu_used(
+        target.id(),
+        Duration::from_millis(300),
+        Duration::from_secs(60),
+    );
     // SAFETY: kill(2) of our own child.
     unsafe { libc_kill(rec.id() as i32, 2) };
     let out = rec.wait_with_output().unwrap();
@@ -543,12 +560,9 @@ fn sigterm_is_forwarded_to_the_command() {
         "30",
     ]);
     // Start-up (BPF verification, tables) takes a while on a loaded machine: wait until the
-    // command runs its own image, then let it be sampled for a moment.
-    assert!(
-        wait_for_child(rec.id(), "cpu631"),
-        "the command never started"
-    );
-    std::thread::sleep(Duration::from_millis(700));
+    // command runs its own image, then until it has run 0.3 s on a CPU while sampled.
+    let command = wait_for_child(rec.id(), "cpu631");
+    cpu_used(command, Duration::from_millis(300), Duration::from_secs(60));
     // SAFETY: kill(2) of our own child.
     unsafe { libc_kill(rec.id() as i32, 15) };
     let out = rec.wait_with_output().unwrap();

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use chromium::Chromium;
 use pyrometer_e2e::cluster::{Agent, Collector, free_port, workload};
+use pyrometer_e2e::wait::wait_for;
 use pyrometer_e2e::{fixture, privileged, scratch};
 use serde_json::Value;
 
@@ -62,19 +63,33 @@ fn a_real_agents_deep_stack_leaves_the_flame_graph_readable() {
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     let deep_exe = dir.join("deepwl");
     pyrometer_e2e::copy_executable(&fixture("recurse"), &deep_exe);
+    // Long enough for any start-up; killed once the samples are in.
     let mut deep = std::process::Command::new(&deep_exe)
-        .args(["14", &DEPTH.to_string()])
+        .args(["300", &DEPTH.to_string()])
         .spawn()
         .expect("start the deep workload");
-    let mut shallow = workload(&dir, "shallowwl", 14);
+    let mut shallow = workload(&dir, "shallowwl", 300);
     let mut agent = Agent::start(
         &dir,
         "ui-node",
         &collector.url(),
         &["--comm", "^(deepwl|shallowwl)$", "--frequency", "99"],
     );
-    // A debug-build agent starts (BPF verification, unwind tables) and pushes every second.
-    std::thread::sleep(Duration::from_secs(12));
+    // A debug-build agent starts (BPF verification, unwind tables) and pushes every second:
+    // a few hundred samples of each process make the shallow one's 6:3:1 split show.
+    wait_for(
+        Duration::from_secs(120),
+        "300 samples of each workload in the collector",
+        || {
+            let groups = collector.totals_by("comm");
+            let enough = |c: &str| groups.get(c).is_some_and(|&n| n >= 300);
+            if enough("deepwl") && enough("shallowwl") {
+                Ok(())
+            } else {
+                Err(groups)
+            }
+        },
+    );
     let stats = agent.stop();
     let _ = deep.kill();
     let _ = shallow.kill();

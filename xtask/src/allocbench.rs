@@ -161,13 +161,15 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
             .arg("-o")
             .arg(&tree),
     )?;
-    let library = pyrometer.with_file_name("libpyrometer_alloc.so");
-    if !library.exists() {
-        bail!(
-            "{} is missing: cargo build --release -p pyrometer-alloc",
-            library.display()
-        );
-    }
+    // The library the binary carries, written out as a set-up that preloads it would have it.
+    let lib_dir = dir.join("preload");
+    crate::run(
+        Command::new(pyrometer)
+            .arg("install-preload")
+            .arg(&lib_dir)
+            .stdout(std::process::Stdio::null()),
+    )?;
+    let library = lib_dir.join("libpyrometer_alloc.so");
     // pyenv's 3.11 (pymalloc's functions out of line, as in most builds), as the Python bench.
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
     let python = Path::new(&home).join(".pyenv/versions/3.11.7/bin/python3.11");
@@ -179,16 +181,15 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     }
     let script = root.join("tests/fixtures/py_allocs.py");
     let out = dir.join("alloc.pb.gz");
-    // `record --alloc -- ARGV`, through the library or (uprobes) without it.
+    // `record --alloc -- ARGV`, through the library or (uprobes, asked for) without it.
     let record = |argv: &[&std::ffi::OsStr], uprobes: bool| {
         let mut c = Command::new(pyrometer);
-        c.args(["record", "--alloc", "-o"])
-            .arg(&out)
-            .arg("--")
-            .args(argv);
+        c.args(["record", "--alloc", "-o"]).arg(&out);
         if uprobes {
-            c.env("PYROMETER_ALLOC_LIB", "/nonexistent/libpyrometer_alloc.so");
+            c.arg("--alloc-uprobes")
+                .env("PYROMETER_ALLOC_LIB", "/nonexistent/libpyrometer_alloc.so");
         }
+        c.arg("--").args(argv);
         c
     };
     let plain = |argv: &[&std::ffi::OsStr]| {

@@ -167,7 +167,6 @@ pub fn build_release_and_workload(root: &Path, dir: &Path) -> Result<PathBuf> {
         "--bin",
         "pyrometer",
     ]))?;
-    run(cargo().args(["build", "--release", "-p", "pyrometer-alloc"]))?;
     std::fs::create_dir_all(dir)?;
     let workload = dir.join("cpu631");
     run(Command::new("gcc")
@@ -321,9 +320,7 @@ fn test(extra: &[String]) -> Result<()> {
             "pyrometer-collector",
             "--bin",
             "pyrometer-collector",
-        ]))?;
-        // The sampler library `record --alloc` preloads, found next to the binary.
-        run(cargo().args(["build", "-p", "pyrometer-alloc"]))
+        ]))
     })?;
     steps.must("man pages", || man::generate(&root))?;
     // The kernel in front of us: every program in every configuration within budget.

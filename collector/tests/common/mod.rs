@@ -12,6 +12,24 @@ use pyrometer_proto as pb;
 use pyrometer_proto::grpc::RawCodec;
 use pyrometer_proto::ingest::{PUSH_PATH, PushReply, PushRequest};
 
+/// Polls `condition` until it holds (a test waits for the event it needs, never for a fixed
+/// time); panics after `timeout`, naming `what`.
+pub async fn wait_until(
+    timeout: std::time::Duration,
+    what: &str,
+    mut condition: impl FnMut() -> bool,
+) {
+    let start = std::time::Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < timeout,
+            "waited {:.1}s for {what}",
+            start.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 pub fn profile(comm: &str, stack: &[&str], samples: i64, time_s: i64) -> pb::Profile {
     profile_of(comm, &[(stack, samples)], time_s)
 }

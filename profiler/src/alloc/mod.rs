@@ -7,6 +7,7 @@
 //! to every mapped object that defines allocator functions: whichever one the process's calls
 //! resolve to is then probed (a preloaded jemalloc, or libc), and CPython's pymalloc beside it.
 
+pub mod embedded;
 pub mod preload;
 pub mod sites;
 
@@ -50,6 +51,13 @@ pub struct AllocProbes {
     /// every new binary's symbols (and its debug file) for allocator sites that nobody asked
     /// to probe was a third of the agent's CPU time on a busy node.
     chosen: Option<HashSet<u32>>,
+    /// `record` without `--alloc-uprobes`: no allocator function gets a uprobe, and each
+    /// process seen that does not load the library (one that cannot, or whose C library was
+    /// mapped without it) is said once ([`AllocProbes::take_notices`]).
+    preload_only: bool,
+    /// Live processes said to be without the library.
+    unsampled: HashSet<u32>,
+    notices: Vec<String>,
     /// Probes attached so far.
     pub attached: u64,
 }
@@ -67,8 +75,43 @@ impl AllocProbes {
             preload: preload::PreloadProbes::default(),
             preloaded: HashSet::new(),
             chosen: None,
+            preload_only: false,
+            unsampled: HashSet::new(),
+            notices: Vec::new(),
             attached: 0,
         }
+    }
+
+    /// Samples only the processes that load the preloaded library: uprobes on allocator
+    /// functions are never chosen silently (they cost an allocation-heavy program hundreds of
+    /// times its run time).
+    pub fn preload_only(mut self) -> Self {
+        self.preload_only = true;
+        self
+    }
+
+    /// The library for a command started from `exe`, its probes attached (once): the
+    /// command then samples in process when started with it in `LD_PRELOAD`. An error when
+    /// the command cannot load it (statically linked), none can be had, or it cannot be
+    /// probed.
+    pub fn preload_command(
+        &mut self,
+        exe: &Path,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<PathBuf, preload::PreloadError> {
+        let lib = preload::for_command(exe)?;
+        self.preload
+            .attach_file(&lib, probes)
+            .map_err(|why| preload::PreloadError::Probe {
+                path: lib.clone(),
+                why,
+            })?;
+        Ok(lib)
+    }
+
+    /// Lines to show, once each: processes whose allocations are not sampled.
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
     }
 
     /// Probes the allocator functions only of the processes passed to
@@ -105,6 +148,24 @@ impl AllocProbes {
                     self.failures.insert(pid, e);
                 }
             }
+        }
+        if self.preload_only {
+            let why = match self.failures.get(&pid) {
+                Some(f) => Some(format!(
+                    "maps {}, which cannot be probed ({f})",
+                    preload::LIBRARY
+                )),
+                None => preload::without_library(process).map(str::to_string),
+            };
+            if let Some(why) = why
+                && self.unsampled.insert(pid)
+            {
+                self.notices.push(format!(
+                    "pid {pid} ({}) {why}: its allocations are not sampled (--alloc-uprobes samples them with uprobes on its allocator)",
+                    process.comm
+                ));
+            }
+            return;
         }
         if self.chosen.as_ref().is_some_and(|c| !c.contains(&pid)) {
             return;
@@ -207,6 +268,7 @@ impl AllocProbes {
     /// whose probes are attached.
     pub fn mark_preloaded(&mut self, pid: u32) {
         self.preloaded.insert(pid);
+        self.unsampled.remove(&pid);
         self.probed.entry(pid).or_default();
         self.with_malloc.insert(pid);
         self.failures.remove(&pid);
@@ -250,6 +312,7 @@ impl AllocProbes {
         self.probed.remove(&pid);
         self.with_malloc.remove(&pid);
         self.preloaded.remove(&pid);
+        self.unsampled.remove(&pid);
         self.failures.remove(&pid);
         if let Some(c) = self.chosen.as_mut() {
             c.remove(&pid);
@@ -312,6 +375,30 @@ mod tests {
         let before = asked.0.len();
         chosen.sync(process, &mut asked);
         assert_eq!(asked.0.len(), before, "forgotten: not chosen any more");
+    }
+
+    #[test]
+    fn preload_only_probes_no_allocator_and_says_so_once() {
+        let me = std::process::id();
+        let mut registry = crate::procs::ProcessRegistry::new();
+        let process = registry.observe(me).unwrap();
+        let mut probes = AllocProbes::new(Vec::new()).preload_only();
+        let mut asked = Asked::default();
+        probes.sync(process, &mut asked);
+        probes.sync(process, &mut asked);
+        assert!(asked.0.is_empty(), "no uprobes: {:?}", asked.0);
+        assert!(!probes.has_allocator(me));
+        // This test binary is dynamically linked and its C library is mapped: it will not
+        // load the library any more.
+        let notices = probes.take_notices();
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(
+            notices[0].contains(&format!("pid {me} "))
+                && notices[0].contains("does not load libpyrometer_alloc.so")
+                && notices[0].contains("--alloc-uprobes"),
+            "{notices:?}"
+        );
+        assert!(probes.take_notices().is_empty());
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! The preloaded sampler library (`libpyrometer_alloc.so`, the `alloc-preload` crate): where
-//! it is, which processes load it, the mean its countdown uses in each, and the two probes on
-//! it (`alloc_preload`, `alloc_preload_free`, `alloc_preload_move` in `ebpf/src/bpf/alloc.h`). A probe is attached
-//! once per copy of the library, for every process: its functions run only in processes that
-//! load it and only for sampled allocations, so nobody else pays for it.
+//! The preloaded sampler library (`libpyrometer_alloc.so`, the `alloc-preload` crate): which
+//! copy processes are handed (an explicit or installed one, else the one this binary carries,
+//! see [`embedded`]), which processes load it and which cannot, the mean its countdown uses
+//! in each, and the probes on it (`alloc_preload`, `alloc_preload_free`, `alloc_preload_move`
+//! in `ebpf/src/bpf/alloc.h`). A probe is attached once per copy of the library, for every
+//! process: its functions run only in processes that load it and only for sampled
+//! allocations, so nobody else pays for it.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -10,12 +12,13 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSymbol};
 
+use super::embedded::{self, EmbeddedError};
 use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, ALLOC_PRELOAD_MOVE, Uprobes};
 use crate::elfsyms::{file_offset, loads};
 use crate::procs::{BinaryKey, MappingKind, Process};
 
 /// The library's file name.
-pub const LIBRARY: &str = "libpyrometer_alloc.so";
+pub const LIBRARY: &str = embedded::LIBRARY;
 /// The environment variable the library reads its mean from (bytes).
 pub const MEAN_ENV: &str = "PYROMETER_ALLOC_SAMPLE_BYTES";
 /// Overrides where `pyrometer` looks for the library.
@@ -27,12 +30,23 @@ const SAMPLED_FN: &str = "pyrometer_alloc_sampled";
 const FREE_FN: &str = "pyrometer_free_sampled";
 const MOVE_FN: &str = "pyrometer_realloc_sampled";
 
-/// The library shipped with this `pyrometer`: `$PYROMETER_ALLOC_LIB`, else next to the
-/// executable (a cargo build, a tarball), else `../lib/pyrometer/` from it (a package).
-pub fn find_library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os(LIBRARY_ENV) {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
+/// Why the library cannot be handed to a process.
+#[derive(Debug, thiserror::Error)]
+pub enum PreloadError {
+    #[error("${LIBRARY_ENV} names {}, which is not a file", .0.display())]
+    EnvMissing(PathBuf),
+    #[error(transparent)]
+    Carried(#[from] EmbeddedError),
+    #[error("{} is statically linked: LD_PRELOAD cannot load {LIBRARY} into it", .0.display())]
+    Static(PathBuf),
+    #[error("cannot probe {}: {why}", path.display())]
+    Probe { path: PathBuf, why: String },
+}
+
+/// A copy installed with this `pyrometer`: next to the executable (a cargo build, a
+/// tarball), else in `../lib/pyrometer/` from it (a package, an image made with
+/// `pyrometer install-preload`).
+pub fn installed_library() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
     [
@@ -41,6 +55,59 @@ pub fn find_library() -> Option<PathBuf> {
     ]
     .into_iter()
     .find(|p| p.is_file())
+}
+
+/// The library this `pyrometer` hands to processes: `$PYROMETER_ALLOC_LIB` when set (a copy
+/// a process in a container or chroot sees at that path), else an installed copy (the one
+/// the processes of a node preload, so the agent probes it from the start), else the copy
+/// it carries, written to its cache directory ([`embedded::cached_library`]).
+pub fn library() -> Result<PathBuf, PreloadError> {
+    if let Some(p) = std::env::var_os(LIBRARY_ENV).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(PreloadError::EnvMissing(p))
+        };
+    }
+    match installed_library() {
+        Some(p) => Ok(p),
+        None => Ok(embedded::cached_library()?),
+    }
+}
+
+/// The library a command started from `exe` is to preload: an error when it cannot load
+/// one (statically linked) or none can be had.
+pub fn for_command(exe: &Path) -> Result<PathBuf, PreloadError> {
+    if is_static_executable(exe) {
+        return Err(PreloadError::Static(exe.to_path_buf()));
+    }
+    library()
+}
+
+/// What `record` says when it samples a target's allocations with uprobes because the
+/// library cannot be used (`why`), as `--alloc-uprobes` allowed.
+pub fn uprobes_note(why: &dyn std::fmt::Display) -> String {
+    format!(
+        "{why}; its allocations are sampled with uprobes on the allocator (--alloc-uprobes), a trap into the kernel per call"
+    )
+}
+
+/// `record`'s refusal when the library cannot be used (`why`) and `--alloc-uprobes` was
+/// not given: uprobes are never chosen silently, they cost an allocation-heavy program
+/// hundreds of times its run time.
+pub fn uprobes_refusal(why: &dyn std::fmt::Display) -> String {
+    format!(
+        "{why}; add --alloc-uprobes to sample its allocator with uprobes instead (a trap into the kernel per allocator call, a few microseconds each)"
+    )
+}
+
+/// Why `pid`, running, samples nothing in process, and how to start it so that it does.
+pub fn not_loaded(pid: u32) -> String {
+    let lib = library().map_or_else(|_| LIBRARY.to_string(), |p| p.display().to_string());
+    format!(
+        "pid {pid} does not load {LIBRARY} (start it with LD_PRELOAD={lib} to sample in process)"
+    )
 }
 
 /// `LD_PRELOAD` for a command that gets the library: it first, then what the environment
@@ -90,6 +157,32 @@ pub fn mapped_library(process: &Process) -> Option<(BinaryKey, PathBuf)> {
         .filter(|m| m.kind == MappingKind::File && m.basename() == LIBRARY)
         .find_map(|m| m.binary())
         .map(|b| (b.key().clone(), b.path().to_path_buf()))
+}
+
+/// Why `process`, which does not map the library, will not load it: it has no program
+/// interpreter (statically linked), or the loader has mapped its C library (preloaded
+/// objects come first) without it. None while the loader may still map it (just after
+/// `exec`), and for a C library the loader itself is (musl).
+pub fn without_library(process: &Process) -> Option<&'static str> {
+    let names: Vec<&str> = process
+        .mappings()
+        .iter()
+        .filter(|m| m.kind == MappingKind::File)
+        .map(|m| m.basename())
+        .collect();
+    let loader = names.iter().any(|n| n.starts_with("ld-"));
+    let libc = names
+        .iter()
+        .any(|n| n.starts_with("libc.so") || n.starts_with("libc-"));
+    if names.is_empty() {
+        None
+    } else if !loader {
+        Some("is statically linked (LD_PRELOAD cannot load libpyrometer_alloc.so into it)")
+    } else if libc {
+        Some("does not load libpyrometer_alloc.so (started without it in LD_PRELOAD)")
+    } else {
+        None
+    }
 }
 
 /// The mean the library uses in process `pid`: its environment's, else the library's

@@ -164,22 +164,83 @@ mod tests {
         assert_eq!(at(12), None);
     }
 
+    /// The most a table of `len` bytes can move the line away from the first line: an i8
+    /// delta per two bytes in the 3.8–3.10 formats; in 3.11's, an entry per byte at most,
+    /// each moving it by 2 or by the signed varint in the bytes after it (under 2^(6k-1) in
+    /// k of them, ten at most).
+    fn max_shift(kind: LineTableKind, len: usize) -> i128 {
+        match kind {
+            LineTableKind::Lnotab | LineTableKind::Linetable310 => 128 * (len as i128 / 2),
+            LineTableKind::Locations311 => (0..len)
+                .map(|i| match (len - i - 1).min(10) as u32 {
+                    0 => 2,
+                    k => (1i128 << (6 * k - 1)).max(2),
+                })
+                .sum(),
+        }
+    }
+
     #[test]
     fn torn_tables_are_bounded() {
+        // Torn tables: fixed odd cases, every prefix of the well-formed tables above, and
+        // pseudo-random bytes (a fixed xorshift sequence, so a failure repeats).
+        let mut tables: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0xff],
+            vec![0x7f, 0x7f, 0x7f],
+            vec![0xf0, 0xff, 0xff, 0xff],
+        ];
+        let good: [&[u8]; 3] = [
+            &[0, 1, 4, 1],
+            &[2, 0, 4, 1, 2, 0x80, 2, 1],
+            &[0xe8, 0, 0xda, 4, 9, 0xf0, 5, 0, 1, 3, 0xf8],
+        ];
+        for t in good {
+            tables.extend((0..t.len()).map(|n| t[..n].to_vec()));
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..500 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 24) as usize;
+            tables.push(
+                (0..len)
+                    .map(|i| (x >> (i % 8 * 8)) as u8 ^ i as u8)
+                    .collect(),
+            );
+        }
+        let mut lines = 0;
         for kind in [
             LineTableKind::Lnotab,
             LineTableKind::Linetable310,
             LineTableKind::Locations311,
         ] {
-            for table in [
-                &[][..],
-                &[0xff],
-                &[0x7f, 0x7f, 0x7f],
-                &[0xf0, 0xff, 0xff, 0xff],
-            ] {
-                let _ = line_for(kind, table, 1, 1000);
-                let _ = line_for(kind, table, u32::MAX, 0);
+            for table in &tables {
+                let bound = max_shift(kind, table.len());
+                for (first, addr) in [(1u32, 0u32), (1, 7), (1000, 1000), (u32::MAX, 0)] {
+                    let Some(line) = line_for(kind, table, first, addr) else {
+                        continue;
+                    };
+                    lines += 1;
+                    let shift = (i128::from(line) - i128::from(first)).abs();
+                    assert!(
+                        shift <= bound,
+                        "{kind:?} {table:02x?} at {addr}: line {line} from {first} (bound {bound})"
+                    );
+                }
             }
         }
+        // Most lookups still give a line: the bound was checked, not skipped.
+        assert!(lines > 1000, "{lines} lines");
+        // An empty table leaves the first line (3.8's) or says no line (the later formats).
+        assert_eq!(line_for(LineTableKind::Lnotab, &[], 7, 3), Some(7));
+        assert_eq!(line_for(LineTableKind::Linetable310, &[], 7, 3), None);
+        assert_eq!(line_for(LineTableKind::Locations311, &[], 7, 3), None);
+        // A 3.11 table that starts inside an entry is torn: no line at all.
+        assert_eq!(
+            line_for(LineTableKind::Locations311, &[0x7f, 0x7f], 7, 0),
+            None
+        );
     }
 }

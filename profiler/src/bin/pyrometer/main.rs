@@ -1,7 +1,8 @@
 //! The `pyrometer` command line: `record` samples processes with eBPF and writes a profile,
 //! `report` converts or summarizes a profile file, `diff` compares two, `gpu` polls the GPUs
 //! alone, `dump` prints a Python process's thread stacks, `top` shows the busiest functions
-//! live, `agent` is the node daemon.
+//! live, `agent` is the node daemon, `install-preload` writes out the allocation sampler
+//! library it carries.
 
 mod agent;
 mod completions;
@@ -10,6 +11,7 @@ mod diff;
 mod doc_examples;
 mod dump;
 mod gpu;
+mod install_preload;
 mod record;
 mod report;
 mod top;
@@ -54,6 +56,9 @@ enum Command {
     Verifier(verifier::VerifierArgs),
     /// A live view of the functions the targets spend their time in, refreshed every second.
     Top(top::TopArgs),
+    /// Write the allocation sampler library this binary carries (libpyrometer_alloc.so) into
+    /// a directory, for processes to preload: systemd units, container images, Ray workers.
+    InstallPreload(install_preload::InstallPreloadArgs),
     /// Print a shell completion script: `pyrometer completions bash > /etc/bash_completion.d/pyrometer`.
     Completions(completions::CompletionsArgs),
     /// Write the man pages into a directory (run by `cargo xtask test`).
@@ -94,6 +99,7 @@ fn main() -> ExitCode {
         Command::Dump(args) => dump::run(args),
         Command::Verifier(args) => verifier::run(args),
         Command::Top(args) => top::run(args),
+        Command::InstallPreload(args) => install_preload::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => completions::man(args),
     };

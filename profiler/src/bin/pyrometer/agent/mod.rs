@@ -342,6 +342,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         } else {
             POLL
         });
+        // Taken before the ring buffer is read: what the kernel wrote before the signal is
+        // then in the last push (a signal taken after the read left out what came between).
+        let stopping = signals::take().is_some();
         sampler.drain_into(&mut batch);
         if batch.iter().any(|r| {
             pyrometer_ebpf::RawSample::parse(r).is_ok_and(|s| s.header.comm.starts_with(b"ray::"))
@@ -362,7 +365,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<u8> {
         for notice in tables.python.take_notices() {
             eprintln!("pyrometer agent: {notice}");
         }
-        let stopping = signals::take().is_some();
         if by_name {
             exited.clear();
             let due = discovery.due(&mut exited);
@@ -570,13 +572,20 @@ fn publish_counters(
     }
 }
 
-/// Attaches the allocation probes to the sampler library shipped with this agent, so the
+/// Attaches the allocation probes to the sampler library this agent hands out (an installed
+/// copy, else the one it carries, written to its cache directory), so the
 /// processes that preload it are sampled from their first allocation, started before the
 /// agent or after it. Other copies (a container's) are probed when a process mapping one is
 /// seen.
 fn attach_own_library(probes: &mut AllocProbes, sampler: &mut Sampler) {
-    let Some(lib) = pyrometer::alloc::preload::find_library() else {
-        return;
+    let lib = match pyrometer::alloc::preload::library() {
+        Ok(lib) => lib,
+        Err(e) => {
+            eprintln!(
+                "pyrometer agent: {e}: processes that preload a copy are probed when they are seen"
+            );
+            return;
+        }
     };
     match probes.preload.attach_file(&lib, sampler) {
         Ok(()) => eprintln!(

@@ -109,12 +109,18 @@ pub struct RecordArgs {
     gil: bool,
     /// Also sample allocations, a sample every --alloc-sample-bytes bytes on average, as the
     /// alloc_objects, alloc_space, inuse_objects and inuse_space types (estimates). A command
-    /// started by record preloads libpyrometer_alloc.so, which samples in process (only
-    /// sampled allocations reach the kernel); a --pid process that does not load it, and a
-    /// static binary, get uprobes on their allocator (malloc & co. in libc, jemalloc or
-    /// tcmalloc, and CPython's pymalloc), a trap into the kernel per call.
+    /// started by record preloads libpyrometer_alloc.so (carried inside pyrometer), which
+    /// samples in process (only sampled allocations reach the kernel); a --pid process must
+    /// have been started with it. Where it cannot be used, record says so and stops, unless
+    /// --alloc-uprobes is given.
     #[arg(long, conflicts_with = "all")]
     alloc: bool,
+    /// With --alloc or --leaks: sample the allocations of targets that cannot load the
+    /// sampler library (static binaries, Go programs, --pid processes started without it)
+    /// through uprobes on their allocator (malloc & co. in libc, jemalloc or tcmalloc, and
+    /// CPython's pymalloc): a trap into the kernel per allocator call, a few microseconds each.
+    #[arg(long)]
+    alloc_uprobes: bool,
     /// Mean bytes between allocation samples (512K by default; 1 samples every allocation,
     /// exact counts at a higher cost). Accepts K, M, G suffixes.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
@@ -241,45 +247,23 @@ fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
 /// never loads the library (a set-user-ID program ignores LD_PRELOAD) costs this once.
 const STARTUP_HOLD_WAIT: Duration = Duration::from_secs(1);
 
-/// The sampler library a command gets preloaded, with its probes attached: None (uprobes
-/// then) when there is no library next to pyrometer, the command is statically linked, or
-/// the probes cannot be attached (said in one line).
+/// The sampler library a command gets preloaded, with its probes attached. Where it cannot
+/// be used: None (uprobes on the allocator, said in one line) with --alloc-uprobes, else
+/// the error that says why and what to do.
 fn preload_library(
     probes: &mut pyrometer::alloc::AllocProbes,
     exe: &Path,
     sampler: &mut Sampler,
-) -> Option<PathBuf> {
-    if preload::is_static_executable(exe) {
-        return None;
-    }
-    let Some(lib) = preload::find_library() else {
-        eprintln!(
-            "pyrometer: {} not found next to pyrometer (or in ${}): allocations are sampled with uprobes on the allocator, a trap into the kernel per call",
-            preload::LIBRARY,
-            preload::LIBRARY_ENV
-        );
-        return None;
-    };
-    match probes.preload.attach_file(&lib, sampler) {
-        Ok(()) => Some(lib),
-        Err(e) => {
-            eprintln!(
-                "pyrometer: cannot probe {}: {e}; allocations are sampled with uprobes on the allocator",
-                lib.display()
-            );
-            None
+    uprobes_allowed: bool,
+) -> anyhow::Result<Option<PathBuf>> {
+    match probes.preload_command(exe, sampler) {
+        Ok(lib) => Ok(Some(lib)),
+        Err(why) if uprobes_allowed => {
+            eprintln!("pyrometer: {}", preload::uprobes_note(&why));
+            Ok(None)
         }
+        Err(why) => Err(exit_error(EXIT_INPUT, preload::uprobes_refusal(&why))),
     }
-}
-
-/// What `--alloc --pid` of a process without the sampler library costs it, and the way out.
-fn uprobe_cost_note(pid: u32) -> String {
-    let lib = preload::find_library()
-        .map_or_else(|| preload::LIBRARY.to_string(), |p| p.display().to_string());
-    format!(
-        "pid {pid} does not load {}: every allocator call it makes traps into a uprobe (microseconds each, sampled or not); start it with LD_PRELOAD={lib} to sample in process",
-        preload::LIBRARY
-    )
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
@@ -295,10 +279,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             "--gpu-interval and --nvml-lib go with --gpu: add --gpu to poll the GPUs",
         ));
     }
-    if !alloc && args.alloc_sample_bytes.is_some() {
+    if !alloc && (args.alloc_sample_bytes.is_some() || args.alloc_uprobes) {
         return Err(exit_error(
             EXIT_INPUT,
-            "--alloc-sample-bytes goes with --alloc or --leaks",
+            "--alloc-sample-bytes and --alloc-uprobes go with --alloc or --leaks",
         ));
     }
     let format = resolve_format(
@@ -382,6 +366,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .map(PathBuf::from),
     );
     let (mut sampler, mut tables) = pipeline::open(&config, &debug_dirs).map_err(remove_output)?;
+    if !args.alloc_uprobes {
+        tables.alloc = tables.alloc.take().map(|a| a.preload_only());
+    }
     // What the kernel refused is off from here on (pipeline::open said so, once each).
     let gil_on = args.gil && !sampler.refused(Feature::Gil);
     let off_cpu_on = args.off_cpu && !sampler.refused(Feature::OffCpu);
@@ -438,8 +425,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             root_pids = pids.clone();
             if let Some(a) = &tables.alloc {
                 for &pid in pids.iter().filter(|&&pid| !a.is_preloaded(pid)) {
+                    let why = preload::not_loaded(pid);
+                    if !args.alloc_uprobes {
+                        let refusal = preload::uprobes_refusal(&why);
+                        return Err(remove_output(exit_error(EXIT_INPUT, refusal)));
+                    }
                     if a.has_allocator(pid) {
-                        eprintln!("pyrometer: {}", uprobe_cost_note(pid));
+                        eprintln!("pyrometer: {}", preload::uprobes_note(&why));
                     }
                 }
             }
@@ -473,7 +465,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             // sampler library (anything dynamically linked); uprobes on its allocator
             // otherwise.
             let preload = match (tables.alloc.as_mut(), exe.as_deref()) {
-                (Some(a), Some(exe)) => preload_library(a, exe, &mut sampler),
+                (Some(a), Some(exe)) => preload_library(a, exe, &mut sampler, args.alloc_uprobes)
+                    .map_err(remove_output)?,
                 _ => None,
             };
             let env = preload.as_deref().map(|lib| {

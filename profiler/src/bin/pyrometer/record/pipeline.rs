@@ -63,8 +63,8 @@ pub fn add_pids(
 }
 
 /// One turn of the capture loop: waits up to `wait` for records, counts them into `capture`,
-/// brings the tables of processes that changed up to date. Returns the Python tracker's
-/// notices (one line each) for the caller to show.
+/// brings the tables of processes that changed up to date. Returns the Python tracker's and
+/// the allocation probes' notices (one line each) for the caller to show.
 pub fn pump(
     sampler: &mut Sampler,
     tables: &mut Tables,
@@ -79,5 +79,9 @@ pub fn pump(
         capture.ingest(&rec, sampler, registry, &mut tables.python);
     }
     tables.sync(&mut capture.maps_changed, registry, sampler);
-    tables.python.take_notices()
+    let mut notices = tables.python.take_notices();
+    if let Some(a) = tables.alloc.as_mut() {
+        notices.extend(a.take_notices());
+    }
+    notices
 }
