@@ -198,10 +198,11 @@ fn malloc_unresolved(size: usize) -> *mut c_void {
 #[cold]
 #[inline(never)]
 fn sampled_malloc(r: &real::Real, size: usize) -> *mut c_void {
-    // SAFETY (both calls): forwarded as called.
     if !countdown::sample_crossing(size) {
+        // SAFETY: forwarded as called.
         return unsafe { (r.malloc)(size) };
     }
+    // SAFETY: forwarded as called.
     let p = unsafe { (r.malloc)(size) };
     report(p, size)
 }
@@ -227,10 +228,11 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[cold]
 #[inline(never)]
 fn sampled_calloc(r: &real::Real, n: usize, size: usize) -> *mut c_void {
-    // SAFETY (both calls): forwarded as called.
     if !countdown::sample_crossing(n.wrapping_mul(size)) {
+        // SAFETY: forwarded as called.
         return unsafe { (r.calloc)(n, size) };
     }
+    // SAFETY: forwarded as called.
     let p = unsafe { (r.calloc)(n, size) };
     report(p, n.wrapping_mul(size))
 }

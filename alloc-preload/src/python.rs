@@ -306,8 +306,8 @@ unsafe extern "C" fn py_calloc<const D: usize>(
 #[cold]
 #[inline(never)]
 fn sampled_block(a: &Allocator, n: usize, size: usize, zeroed: bool) -> *mut c_void {
-    // SAFETY (each call): an allocation as the caller was asked for, by the wrapped
-    // allocator or (under pymalloc) the C allocator, to which pymalloc hands the block back.
+    // SAFETY: an allocation as the caller was asked for, by the wrapped allocator or (under
+    // pymalloc, below) the C allocator, to which pymalloc hands the block back.
     let own = || unsafe {
         if zeroed {
             (a.calloc.unwrap_unchecked())(a.ctx, n, size)
@@ -318,6 +318,7 @@ fn sampled_block(a: &Allocator, n: usize, size: usize, zeroed: bool) -> *mut c_v
     let p = if !REDIRECT.load(Ordering::Relaxed) {
         own()
     } else if let Some(r) = crate::real::get() {
+        // SAFETY: as `own`, by the C allocator.
         unsafe {
             if zeroed {
                 (r.calloc)(n.max(1), size.max(1))
@@ -343,7 +344,7 @@ unsafe extern "C" fn py_realloc<const D: usize>(
         return unsafe { py_malloc::<D>(ctx, size) };
     }
     let a = wrapped(D);
-    // SAFETY (each call): forwarded as called.
+    // SAFETY: forwarded as called.
     let forward = || unsafe { (a.realloc.unwrap_unchecked())(a.ctx, ptr, size) };
     if REDIRECT.load(Ordering::Relaxed) {
         if crate::SAMPLED.contains(ptr as usize) {

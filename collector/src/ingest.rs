@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use prost::Message;
 use pyrometer_proto::ingest::PushRequest;
+use pyrometer_proto::{FrameKind, naming};
 
 use crate::idmap::IdMap;
 use crate::store::{Batch, LabelSet, Row};
@@ -43,9 +44,6 @@ pub enum IngestError {
 fn invalid(what: impl Into<String>) -> IngestError {
     IngestError::Invalid(what.into())
 }
-
-/// Suffix FlameGraph and inferno use for kernel frames (as `pyrometer record` writes them).
-const KERNEL_SUFFIX: &str = "_[k]";
 
 /// Decodes a pushed `PushRequest` (borrowing its strings, see [`crate::wire`]) into a batch.
 pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
@@ -225,38 +223,36 @@ fn location_names<'p>(
         .iter()
         .map(|f| Ok((f.id, (s(f.name)?, s(f.filename)?))))
         .collect::<Result<_, IngestError>>()?;
-    let mapping_ids = |pred: &dyn Fn(&str) -> bool| -> Vec<u64> {
-        profile
-            .mapping
-            .iter()
-            .filter(|&&(_, filename)| s(filename).is_ok_and(pred))
-            .map(|&(id, _)| id)
-            .collect()
-    };
-    let kernel_mappings = mapping_ids(&|f| f.starts_with("[kernel.kallsyms]"));
-    let python_mappings = mapping_ids(&|f| f == pyrometer_proto::naming::PYTHON_MAPPING);
+    // A line says what it is; one that does not (an older agent's, another tool's) is told
+    // by its mapping's name.
+    let mapping_kinds: Vec<(u64, FrameKind)> = profile
+        .mapping
+        .iter()
+        .filter_map(|&(id, filename)| Some((id, naming::mapping_kind(s(filename).ok()?))))
+        .collect();
     let mut out = Locations {
         by_id: IdMap::default(),
         names: Vec::with_capacity(profile.location.len()),
     };
     out.by_id.reserve(profile.location.len());
     for loc in &profile.location {
-        let kernel = kernel_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
-        let python = python_mappings.contains(&loc.mapping_id) && loc.mapping_id != 0;
+        let by_mapping = mapping_kinds
+            .iter()
+            .find(|&&(id, _)| id == loc.mapping_id && id != 0)
+            .map_or(FrameKind::Native, |&(_, k)| k);
         let start = out.names.len();
         let names = &mut out.names;
-        for &(function_id, line) in profile.lines(loc) {
+        for &(function_id, line, kind) in profile.lines(loc) {
             let &(name, file) = functions
                 .get(&function_id)
                 .ok_or_else(|| invalid(format!("function id {function_id} not in the profile")))?;
-            if python {
-                // As the node's own outputs name them: `function (file:line)`.
-                let line = u32::try_from(line).ok().filter(|&l| l > 0);
-                let label = pyrometer_proto::naming::python_frame_name(name, Some(file), line);
-                names.push(Cow::Owned(frame_name(&label, false).into_owned()));
-            } else {
-                names.push(frame_name(name, kernel));
-            }
+            let kind = match FrameKind::try_from(kind) {
+                Ok(FrameKind::Unspecified) | Err(_) => by_mapping,
+                Ok(k) => k,
+            };
+            let line = u32::try_from(line).ok().filter(|&l| l > 0);
+            // As the node's own outputs name them (`function (file:line)` for Python).
+            names.push(naming::frame_name(kind, name, Some(file), line));
         }
         if names.len() == start {
             names.push(Cow::Owned(format!("0x{:x}", loc.address)));
@@ -268,46 +264,6 @@ fn location_names<'p>(
         out.by_id.insert(loc.id, range);
     }
     Ok(out)
-}
-
-/// The name as folded output spells it: `;` separates frames, so it cannot appear in one.
-/// Borrowed when the name is already so (the common case: no copy).
-/// Whether `name` holds a `;` or a control character; ASCII names (nearly all) are checked
-/// a byte at a time without decoding characters.
-fn has_separator_or_control(name: &str) -> bool {
-    if name.is_ascii() {
-        return name.bytes().any(|b| b == b';' || b.is_ascii_control());
-    }
-    name.chars().any(|c| c == ';' || c.is_control())
-}
-
-fn frame_name(name: &str, kernel: bool) -> Cow<'_, str> {
-    let clean = !name.is_empty()
-        && !name.starts_with(char::is_whitespace)
-        && !name.ends_with(char::is_whitespace)
-        && !has_separator_or_control(name)
-        && (!kernel || name.ends_with(KERNEL_SUFFIX));
-    if clean {
-        return Cow::Borrowed(name);
-    }
-    let mut n: String = name
-        .chars()
-        .map(|c| match c {
-            ';' => ':',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect();
-    let trimmed = n.trim();
-    if trimmed.is_empty() {
-        n = "[unknown]".into();
-    } else if trimmed.len() != n.len() {
-        n = trimmed.to_string();
-    }
-    if kernel && !n.ends_with(KERNEL_SUFFIX) {
-        n.push_str(KERNEL_SUFFIX);
-    }
-    Cow::Owned(n)
 }
 
 fn labels<'p>(
@@ -342,103 +298,105 @@ mod tests {
     /// node's own outputs write it; a native one its function name.
     #[test]
     fn python_frames_are_named_with_file_and_line() {
-        let strings: Vec<String> = [
-            "",
-            "samples",
-            "count",
-            "[python]",
-            "grow",
-            "/srv/app/lib/python3.11/site-packages/pkg/mod.py",
-            "/usr/lib/libc.so.6",
-            "malloc",
-        ]
-        .map(String::from)
-        .to_vec();
-        let profile = Profile {
-            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
-            mapping: vec![
-                Mapping {
-                    id: 1,
-                    filename: 3,
-                    ..Default::default()
-                },
-                Mapping {
-                    id: 2,
-                    filename: 6,
-                    ..Default::default()
-                },
-            ],
-            function: vec![
-                Function {
-                    id: 1,
-                    name: 4,
-                    filename: 5,
-                    ..Default::default()
-                },
-                Function {
-                    id: 2,
-                    name: 7,
-                    ..Default::default()
-                },
-            ],
-            location: vec![
-                Location {
-                    id: 1,
-                    mapping_id: 1,
-                    line: vec![Line {
-                        function_id: 1,
-                        line: 12,
-                        column: 0,
-                    }],
-                    ..Default::default()
-                },
-                Location {
-                    id: 2,
-                    mapping_id: 2,
-                    address: 0x1234,
-                    line: vec![Line {
-                        function_id: 2,
-                        line: 0,
-                        column: 0,
-                    }],
-                    ..Default::default()
-                },
-            ],
-            sample: vec![Sample {
-                location_id: vec![2, 1],
-                value: vec![3],
-                label: vec![],
-            }],
-            string_table: strings,
-            ..Default::default()
+        let stack = |python_mapping: &str, kinds: [FrameKind; 2]| {
+            let strings: Vec<String> = [
+                "",
+                "samples",
+                "count",
+                python_mapping,
+                "grow",
+                "/srv/app/lib/python3.11/site-packages/pkg/mod.py",
+                "/usr/lib/libc.so.6",
+                "malloc",
+            ]
+            .map(String::from)
+            .to_vec();
+            let profile = Profile {
+                sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+                mapping: vec![
+                    Mapping {
+                        id: 1,
+                        filename: 3,
+                        ..Default::default()
+                    },
+                    Mapping {
+                        id: 2,
+                        filename: 6,
+                        ..Default::default()
+                    },
+                ],
+                function: vec![
+                    Function {
+                        id: 1,
+                        name: 4,
+                        filename: 5,
+                        ..Default::default()
+                    },
+                    Function {
+                        id: 2,
+                        name: 7,
+                        ..Default::default()
+                    },
+                ],
+                location: vec![
+                    Location {
+                        id: 1,
+                        mapping_id: 1,
+                        line: vec![Line {
+                            function_id: 1,
+                            line: 12,
+                            column: 0,
+                            kind: kinds[0] as i32,
+                        }],
+                        ..Default::default()
+                    },
+                    Location {
+                        id: 2,
+                        mapping_id: 2,
+                        address: 0x1234,
+                        line: vec![Line {
+                            function_id: 2,
+                            line: 0,
+                            column: 0,
+                            kind: kinds[1] as i32,
+                        }],
+                        ..Default::default()
+                    },
+                ],
+                sample: vec![Sample {
+                    location_id: vec![2, 1],
+                    value: vec![3],
+                    label: vec![],
+                }],
+                string_table: strings,
+                ..Default::default()
+            };
+            let bytes = PushRequest {
+                agent_id: "a".into(),
+                sequence: 1,
+                node: "n".into(),
+                profile: Some(profile),
+            }
+            .encode_to_vec();
+            let batch = decode(&bytes, &Limits::default(), 100).unwrap();
+            batch.rows[0].stack.as_slice().to_vec()
         };
-        let bytes = PushRequest {
-            agent_id: "a".into(),
-            sequence: 1,
-            node: "n".into(),
-            profile: Some(profile),
-        }
-        .encode_to_vec();
-        let batch = decode(&bytes, &Limits::default(), 100).unwrap();
+        // Without kinds (an older agent): the `[python]` mapping tells.
+        let unsaid = [FrameKind::Unspecified; 2];
         assert_eq!(
-            batch.rows[0].stack.as_slice(),
+            stack("[python]", unsaid),
             ["grow (pkg/mod.py:12)", "malloc"]
         );
-    }
-
-    /// Names are cleaned as folded output needs them, whether or not they need it.
-    #[test]
-    fn frame_names_are_cleaned() {
-        assert!(matches!(frame_name("main", false), Cow::Borrowed("main")));
-        assert_eq!(frame_name("a;b", false), "a:b");
-        assert_eq!(frame_name("  pad\t", false), "pad");
-        assert_eq!(frame_name("x\ny", false), "x y");
-        assert_eq!(frame_name("x\u{85}y", false), "x y");
-        assert!(matches!(frame_name("größe", false), Cow::Borrowed(_)));
-        assert_eq!(frame_name(" ", false), "[unknown]");
-        assert_eq!(frame_name("", false), "[unknown]");
-        assert_eq!(frame_name("schedule", true), "schedule_[k]");
-        assert!(matches!(frame_name("schedule_[k]", true), Cow::Borrowed(_)));
+        // With them, the mapping's name does not matter.
+        assert_eq!(
+            stack("/opt/py", [FrameKind::Python, FrameKind::Native]),
+            ["grow (pkg/mod.py:12)", "malloc"]
+        );
+        assert_eq!(
+            stack("[python]", [FrameKind::Native, FrameKind::Kernel]),
+            ["grow", "malloc_[k]"]
+        );
+        assert_eq!(stack("/opt/py", unsaid), ["grow", "malloc"]);
     }
 
     /// The same stack decoded from two pushes is one shared allocation; a different one is not.

@@ -8,6 +8,7 @@
 
 use prost::Message;
 use pyrometer_proto as pp;
+use pyrometer_proto::FrameKind;
 use pyrometer_proto::ingest::PushRequest;
 use pyrometer_proto::otlp as pb;
 
@@ -94,12 +95,7 @@ fn to_pprof(
             }
         }
     };
-    let check = |what: &str, i: i32, len: usize| -> Result<usize, IngestError> {
-        usize::try_from(i)
-            .ok()
-            .filter(|&i| i < len)
-            .ok_or_else(|| invalid(format!("{what} index {i} out of range")))
-    };
+    let check = table_index;
     let string = |i: i32| -> Result<i64, IngestError> {
         check("string", i, dict.string_table.len().max(1)).map(|i| i as i64)
     };
@@ -127,8 +123,9 @@ fn to_pprof(
         })
         .collect::<Result<Vec<_>, IngestError>>()?;
     // Frames are named as the agent's own pushes name them: Python frames `function
-    // (file:line)`, kernel ones with `_[k]`, told apart by `profile.frame.type`.
-    let kernel = intern("[kernel.kallsyms]");
+    // (file:line)`, kernel ones with `_[k]`: each line carries the kind its
+    // `profile.frame.type` says, under the pseudo mapping the agent's pushes use too.
+    let kernel = intern(pyrometer_proto::naming::KERNEL_MAPPING);
     let python = intern(pyrometer_proto::naming::PYTHON_MAPPING);
     let mapping = vec![
         pp::Mapping {
@@ -142,46 +139,7 @@ fn to_pprof(
             ..Default::default()
         },
     ];
-    let location = dict
-        .location_table
-        .iter()
-        .enumerate()
-        .skip(1)
-        .map(|(i, l)| {
-            let mut mapping_id = 0;
-            for &a in &l.attribute_indices {
-                let kv = &dict.attribute_table[check("attribute", a, dict.attribute_table.len())?];
-                let key = check("string", kv.key_strindex, dict.string_table.len())?;
-                if dict.string_table[key] != "profile.frame.type" {
-                    continue;
-                }
-                mapping_id = match kv.value.as_ref().and_then(resolve_value(dict)).as_deref() {
-                    Some("kernel") => KERNEL_MAPPING,
-                    Some("cpython") => PYTHON_MAPPING,
-                    _ => 0,
-                };
-            }
-            let line = l
-                .lines
-                .iter()
-                .map(|line| {
-                    let f = check("function", line.function_index, dict.function_table.len())?;
-                    Ok(pp::Line {
-                        function_id: f as u64,
-                        line: line.line,
-                        ..Default::default()
-                    })
-                })
-                .collect::<Result<Vec<_>, IngestError>>()?;
-            Ok(pp::Location {
-                id: i as u64,
-                mapping_id,
-                address: l.address,
-                line,
-                ..Default::default()
-            })
-        })
-        .collect::<Result<Vec<_>, IngestError>>()?;
+    let location = locations(dict)?;
     let mut resource_labels = Vec::new();
     for (key, label) in [
         ("process.pid", "pid"),
@@ -258,6 +216,63 @@ fn to_pprof(
         period: profile.period,
         ..Default::default()
     })
+}
+
+/// The locations of the dictionary, each line with the kind its `profile.frame.type` says
+/// (and the pseudo mapping pyrometer's own pushes give kernel and Python frames).
+fn locations(dict: &pb::ProfilesDictionary) -> Result<Vec<pp::Location>, IngestError> {
+    dict.location_table
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, l)| {
+            let (mut mapping_id, mut kind) = (0, FrameKind::Unspecified);
+            for &a in &l.attribute_indices {
+                let kv =
+                    &dict.attribute_table[table_index("attribute", a, dict.attribute_table.len())?];
+                let key = table_index("string", kv.key_strindex, dict.string_table.len())?;
+                if dict.string_table[key] != "profile.frame.type" {
+                    continue;
+                }
+                (mapping_id, kind) =
+                    match kv.value.as_ref().and_then(resolve_value(dict)).as_deref() {
+                        Some("kernel") => (KERNEL_MAPPING, FrameKind::Kernel),
+                        Some("cpython") => (PYTHON_MAPPING, FrameKind::Python),
+                        Some("jit") => (0, FrameKind::Jit),
+                        _ => (0, FrameKind::Native),
+                    };
+            }
+            let line = l
+                .lines
+                .iter()
+                .map(|line| {
+                    let f =
+                        table_index("function", line.function_index, dict.function_table.len())?;
+                    Ok(pp::Line {
+                        function_id: f as u64,
+                        line: line.line,
+                        kind: kind as i32,
+                        ..Default::default()
+                    })
+                })
+                .collect::<Result<Vec<_>, IngestError>>()?;
+            Ok(pp::Location {
+                id: i as u64,
+                mapping_id,
+                address: l.address,
+                line,
+                ..Default::default()
+            })
+        })
+        .collect::<Result<Vec<_>, IngestError>>()
+}
+
+/// `i` as an index into a table of `len` entries.
+fn table_index(what: &str, i: i32, len: usize) -> Result<usize, IngestError> {
+    usize::try_from(i)
+        .ok()
+        .filter(|&i| i < len)
+        .ok_or_else(|| invalid(format!("{what} index {i} out of range")))
 }
 
 /// An attribute's value as text: inline, or through the string table.

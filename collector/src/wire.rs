@@ -70,8 +70,8 @@ pub struct ProfileView<'a> {
     pub location_ids: Vec<u64>,
     pub values: Vec<i64>,
     pub labels: Vec<LabelView>,
-    /// `(function id, line)` of every location's lines.
-    pub lines: Vec<(u64, i64)>,
+    /// `(function id, line, kind)` of every location's lines (kind: `Line::kind`, 0 unsaid).
+    pub lines: Vec<(u64, i64, i32)>,
 }
 
 impl ProfileView<'_> {
@@ -84,7 +84,7 @@ impl ProfileView<'_> {
     pub fn labels(&self, s: &SampleView) -> &[LabelView] {
         &self.labels[s.labels.0 as usize..s.labels.1 as usize]
     }
-    pub fn lines(&self, l: &LocationView) -> &[(u64, i64)] {
+    pub fn lines(&self, l: &LocationView) -> &[(u64, i64, i32)] {
         &self.lines[l.lines.0 as usize..l.lines.1 as usize]
     }
 }
@@ -355,15 +355,16 @@ fn location(r: &mut Reader<'_>, p: &mut ProfileView<'_>) -> Result<(), WireError
             (3, w) => l.address = r.scalar(w)?,
             (4, w) => {
                 let mut m = r.message(w)?;
-                let (mut function, mut line) = (0, 0);
+                let (mut function, mut line, mut kind) = (0, 0, 0);
                 while !m.done() {
                     match m.key()? {
                         (1, w) => function = m.scalar(w)?,
                         (2, w) => line = m.scalar(w)? as i64,
+                        (100, w) => kind = m.scalar(w)? as i32,
                         (f, w) => m.skip(f, w, 0)?,
                     }
                 }
-                p.lines.push((function, line));
+                p.lines.push((function, line, kind));
             }
             (f, w) => r.skip(f, w, 0)?,
         }
@@ -430,11 +431,13 @@ mod tests {
                             function_id: 1,
                             line: 12,
                             column: 3,
+                            kind: 0,
                         },
                         Line {
                             function_id: 2,
                             line: -1,
                             column: 0,
+                            kind: pyrometer_proto::FrameKind::Kernel as i32,
                         },
                     ],
                     is_folded: true,
@@ -479,7 +482,7 @@ mod tests {
         assert_eq!(p.values(&p.sample[1]), [1 << 40]);
         let loc = p.location[0];
         assert_eq!((loc.id, loc.mapping_id, loc.address), (300, 9, 0xdead_beef));
-        assert_eq!(p.lines(&loc), [(1, 12), (2, -1)]);
+        assert_eq!(p.lines(&loc), [(1, 12, 0), (2, -1, 2)]);
         let f = p.function[0];
         assert_eq!((f.id, f.name, f.filename), (1, 3, 4));
     }

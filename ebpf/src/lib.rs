@@ -1,5 +1,7 @@
-//! pyrometer's kernel-side programs, compiled from C by `build.rs`, and the `#[repr(C)]`
-//! mirrors of the structs they share with the agent (`src/bpf/shared.h`).
+//! pyrometer's kernel-side programs, compiled from C by `build.rs`, and the kernel ABI they
+//! share with user space: the structs and constants of `src/bpf/shared.h`, generated from the
+//! header by bindgen at build time (`abi`, re-exported here with bindgen's layout checks), and
+//! the parsers of the records the programs send.
 
 /// The CPU sampler object: `on_cpu_clock` (perf_event), `on_fork`, `on_exec` and `on_exit`
 /// (BTF tracepoints), the optional `on_sched_switch` (off-CPU time), and the maps `targets`,
@@ -18,168 +20,61 @@ macro_rules! aligned_bytes {
     }};
 }
 
-pub const MAX_USER_FRAMES: usize = 256;
-/// Python frames a record holds (two slots each, after the native frames).
-pub const MAX_PY_FRAMES: usize = 128;
-/// Slots of a record: native frames, then Python frame pairs.
-pub const MAX_SLOTS: usize = MAX_USER_FRAMES + 2 * MAX_PY_FRAMES;
-/// Most frames a frame-pointer stack has (perf's callchain limit).
-pub const FP_MAX_FRAMES: usize = 127;
-/// Executable mappings per process in the unwinder's table.
-pub const MAX_MAPPINGS: usize = 128;
-pub const MAX_KERNEL_FRAMES: usize = 127;
-pub const COMM_LEN: usize = 16;
-/// Bytes of a span name a record carries.
-pub const SPAN_NAME_LEN: usize = 16;
-
-/// `filter_mode` values.
-pub const FILTER_ALL: u32 = 0;
-pub const FILTER_TARGETS: u32 = 1;
-
-/// `debug_reject` bits (tests of the degraded paths): the kernel refuses the stage named.
-pub mod reject {
-    pub const DWARF: u32 = 1;
-    pub const OFFCPU: u32 = 2;
-    pub const GIL: u32 = 4;
-    pub const ALLOC: u32 = 8;
-    /// The CPU sampler itself, with or without the DWARF walk.
-    pub const SAMPLER: u32 = 16;
+/// The kernel ABI, generated from `src/bpf/shared.h` (see build.rs for the names it gives).
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    clippy::undocumented_unsafe_blocks
+)]
+mod abi {
+    include!(concat!(env!("OUT_DIR"), "/abi.rs"));
 }
 
-/// `targets` value flags.
-pub const TARGET_SELECTED: u32 = 1;
-pub const TARGET_FOLLOW_CHILDREN: u32 = 2;
-
-/// `SampleHeader::flags`: the kernel stack is inline after the user frame slots.
-pub const SAMPLE_KERNEL_INLINE: u32 = 1;
-/// `SampleHeader::flags`: not a sample but an exec event (header only).
-pub const SAMPLE_EVENT_EXEC: u32 = 2;
-/// `SampleHeader::flags`: the user stack was walked with DWARF unwind tables.
-pub const SAMPLE_DWARF: u32 = 4;
-/// `SampleHeader::flags`: the DWARF walk reached the outermost frame.
-pub const SAMPLE_COMPLETE: u32 = 8;
-/// `SampleHeader::flags`: an off-CPU interval; `value_ns` is how long the thread was blocked,
-/// starting at `timestamp_ns`, in the stack the record carries.
-pub const SAMPLE_OFFCPU: u32 = 16;
-/// `SampleHeader::flags`: the Python frame chain was longer than the record holds.
-pub const SAMPLE_PY_TRUNCATED: u32 = 32;
-/// `SampleHeader::flags`: a thread of a Python process without a Python thread state.
-pub const SAMPLE_PY_NO_THREAD: u32 = 64;
-/// `SampleHeader::flags`: the Python frame chain could not be read to its end.
-pub const SAMPLE_PY_READ_ERROR: u32 = 128;
-
-/// `SampleHeader::flags`: an on-CPU sample of a thread holding the GIL (`record --gil`).
-pub const SAMPLE_GIL_HELD: u32 = 256;
-/// `SampleHeader::flags`: a contended GIL wait; `value` is its length in ns, from
-/// `timestamp_ns`, in the stack the record carries (taken when the wait began).
-pub const SAMPLE_GIL_WAIT: u32 = 512;
-
-/// `SampleHeader::flags`: a sampled allocation; `value` is its size, `aux` its address.
-pub const SAMPLE_ALLOC: u32 = 1024;
-/// `SampleHeader::flags`: a sampled block was freed (header only); `aux` is its address.
-pub const SAMPLE_FREE: u32 = 2048;
-/// `SampleHeader::flags`: the DWARF walk met a pc in no registered mapping.
-pub const SAMPLE_UNKNOWN_MAPPING: u32 = 4096;
-/// `SampleHeader::flags`, with `SAMPLE_ALLOC`: reported by the preloaded sampler library,
-/// whose two innermost frames are its probe function and the allocator function called.
-pub const SAMPLE_ALLOC_PRELOAD: u32 = 8192;
-/// `SampleHeader::flags`, with `SAMPLE_ALLOC`: not tracked for its free (a table was full):
-/// it counts as allocated, never as in use.
-pub const SAMPLE_ALLOC_UNTRACKED: u32 = 16384;
-/// `SampleHeader::flags`, with `SAMPLE_FREE`: a sampled block was resized, not freed: `aux`
-/// is its old address, `value` its new size and [`RawSample::moved_to`] its new address.
-pub const SAMPLE_ALLOC_MOVED: u32 = 32768;
-/// `SampleHeader::flags`: the Python walk found the thread's state by a search (a thread
-/// new to the kernel side's cache); the record woke the agent.
-pub const SAMPLE_PY_NEW_THREAD: u32 = 65536;
-
-/// Allocator entry points, the probe cookie the kernel side dispatches on (`ALLOC_*` in
-/// alloc.h).
-pub mod alloc_kind {
-    pub const MALLOC: u32 = 1;
-    pub const CALLOC: u32 = 2;
-    pub const REALLOC: u32 = 3;
-    pub const ALIGNED: u32 = 4;
-    pub const POSIX_MEMALIGN: u32 = 5;
-    pub const FREE: u32 = 6;
-    pub const VALLOC: u32 = 7;
-    pub const PY_MALLOC: u32 = 8;
-    pub const PY_CALLOC: u32 = 9;
-    pub const PY_REALLOC: u32 = 10;
-    pub const PY_FREE: u32 = 11;
-    pub const REALLOCARRAY: u32 = 12;
-
-    /// Frees have no return probe.
-    pub fn is_free(kind: u32) -> bool {
-        kind == FREE || kind == PY_FREE
-    }
-}
-
-/// Mirror of `struct gil_thread`: one thread's GIL state and sums in `gil_threads`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GilThread {
-    pub pid: u32,
-    pub reserved: u32,
-    /// In take_gil since then (CLOCK_MONOTONIC ns), else 0.
-    pub wait_start: u64,
-    /// Holding the GIL since then, else 0.
-    pub hold_start: u64,
-    pub wait_ns: u64,
-    pub hold_ns: u64,
-    pub acquisitions: u64,
-    /// Acquisitions that found the GIL taken.
-    pub contended: u64,
-    /// The thread's first take_gil (CLOCK_MONOTONIC ns).
-    pub first_ns: u64,
-    /// Its latest take_gil or drop_gil event.
-    pub last_ns: u64,
-}
-
-/// Second slot of a Python frame pair: the instruction's byte offset in the bytecode.
-pub const PY_ADDR_MASK: u64 = 0xffff_ffff;
-/// The instruction offset could not be told (an incomplete frame).
-pub const PY_ADDR_UNKNOWN: u32 = u32::MAX;
-pub const PY_FIRSTLINE_SHIFT: u32 = 32;
-pub const PY_FIRSTLINE_MASK: u64 = 0x7fff_ffff;
-/// The outermost Python frame of one `_PyEval_EvalFrameDefault` call.
-pub const PY_ENTRY_BIT: u64 = 1 << 63;
-/// Second slot of a pair whose code is 0: a 3.12+ shim frame; the frame before it is the
-/// outermost of its eval call.
-pub const PY_SHIM_MARK: u64 = 0x5348_494d;
-/// Bytes of a frame the kernel walker reads at once.
-pub const PY_FRAME_READ_MAX: u32 = 128;
-/// Number of `u32` fields of `struct py_offsets` (the agent's `PyOffsets`).
-pub const PY_OFFSET_FIELDS: usize = 38;
-
-/// Capacity of the kernel's `offcpu_pending` map (threads blocked at once that are tracked).
-pub const OFFCPU_PENDING_ENTRIES: u32 = 16384;
+pub use abi::*;
 
 /// `struct unwind_row`: the row type of the pyrometer-unwind crate, which builds them; the
-/// agent writes them into the `unwind_rows` array as they are.
+/// agent writes them into the `unwind_rows` array as they are. Held to the header's layout,
+/// field by field, and the row kinds to its constants.
 pub use pyrometer_unwind::UnwindRow;
 
-/// Mirror of `struct exec_mapping`. `row_count == 0`: no table, frame pointers.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecMapping {
-    pub start: u64,
-    pub end: u64,
-    pub bias: u64,
-    pub row_first: u32,
-    pub row_count: u32,
-    /// The table's first bucket in `unwind_index`.
-    pub index_first: u32,
-    /// Its buckets (0 only without a table: the kernel searches a bucket's rows, never a
-    /// whole table).
-    pub index_count: u32,
-    /// The ELF address bucket 0 starts at (the table's first row's pc).
-    pub pc_base: u32,
-    pub reserved: u32,
-}
+const _: () = {
+    use std::mem::offset_of;
+    type C = abi::UnwindRow;
+    assert!(size_of::<UnwindRow>() == size_of::<C>());
+    assert!(offset_of!(UnwindRow, pc) == offset_of!(C, pc));
+    assert!(offset_of!(UnwindRow, cfa_type) == offset_of!(C, cfa_type));
+    assert!(offset_of!(UnwindRow, rbp_type) == offset_of!(C, rbp_type));
+    assert!(offset_of!(UnwindRow, cfa_offset) == offset_of!(C, cfa_offset));
+    assert!(offset_of!(UnwindRow, rbp_offset) == offset_of!(C, rbp_offset));
+    assert!(offset_of!(UnwindRow, reserved) == offset_of!(C, reserved));
+    let kinds = [
+        (pyrometer_unwind::CFA_NONE, CFA_NONE),
+        (pyrometer_unwind::CFA_RSP, CFA_RSP),
+        (pyrometer_unwind::CFA_RBP, CFA_RBP),
+        (pyrometer_unwind::CFA_PLT, CFA_PLT),
+        (pyrometer_unwind::CFA_SIGNAL, CFA_SIGNAL),
+        (pyrometer_unwind::CFA_END, CFA_END),
+        (pyrometer_unwind::CFA_UNSUPPORTED, CFA_UNSUPPORTED),
+        (pyrometer_unwind::RBP_SAME, RBP_SAME),
+        (pyrometer_unwind::RBP_OFFSET, RBP_OFFSET),
+        (pyrometer_unwind::RBP_UNSUPPORTED, RBP_UNSUPPORTED),
+    ];
+    let mut i = 0;
+    while i < kinds.len() {
+        assert!(kinds[i].0 as u32 == kinds[i].1);
+        i += 1;
+    }
+    // The kernel masks slot indexes.
+    assert!(MAX_SLOTS.is_power_of_two());
+};
 
-/// Bytes of text per bucket of a table's row index (`UNWIND_BUCKET_SHIFT`).
-pub const UNWIND_BUCKET_SHIFT: u32 = 10;
+/// Frees (`ALLOC_FREE`, `ALLOC_PY_FREE`) have no return probe.
+pub fn is_free_kind(kind: u32) -> bool {
+    kind == ALLOC_FREE || kind == ALLOC_PY_FREE
+}
 
 /// Entry k of a table's bucket index: in the low half, the position (from the table's first
 /// row) of the last row at or before `pc_base + (k << UNWIND_BUCKET_SHIFT)`; in the high half
@@ -200,29 +95,6 @@ pub fn bucket_index(rows: &[UnwindRow]) -> Vec<u64> {
     }
     starts.push(rows.len() as u64 - 1);
     starts.windows(2).map(|w| w[0] | (w[1] << 32)).collect()
-}
-
-/// Mirror of `struct py_process`: a registered Python process in `py_procs`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PyProcess {
-    /// Run-time address of `_PyRuntime`.
-    pub runtime: u64,
-    /// Run-time address of the GIL state, 0 when unknown.
-    pub gil: u64,
-    /// Bytes of a frame to read (at most `PY_FRAME_READ_MAX`).
-    pub frame_read: u32,
-    pub reserved: u32,
-    /// `struct py_offsets`, field by field in its order.
-    pub offsets: [u32; PY_OFFSET_FIELDS],
-    /// Run-time address of the process's first span-table slot, 0 when it has no table.
-    pub span_slots: u64,
-    /// Slots in the table less one (a power of two less one).
-    pub span_mask: u32,
-    /// When the kernel last looked for a table at its fixed address (2^20 ns units,
-    /// wrapping) and how often it looked in vain; 0 from user space.
-    pub span_probed_at: u16,
-    pub span_probes: u16,
 }
 
 /// One Python frame of a record: the code object's address and where it was.
@@ -248,100 +120,21 @@ impl RawPyFrame {
     }
 }
 
-/// Mirror of `struct process_unwind`: a process's executable mappings sorted by start.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ProcessUnwind {
-    pub count: u32,
-    pub reserved: u32,
-    pub maps: [ExecMapping; MAX_MAPPINGS],
-}
-
-/// Indices into the per-CPU `counters` map.
-pub mod counter {
-    pub const SAMPLES: u32 = 0;
-    pub const RINGBUF_DROPS: u32 = 1;
-    pub const KERNEL_STACK_ERRORS: u32 = 2;
-    pub const USER_STACK_ERRORS: u32 = 3;
-    pub const USER_STACK_TRUNCATED: u32 = 4;
-    pub const TARGETS_FULL: u32 = 5;
-    pub const UNWIND_NO_MAPPING: u32 = 6;
-    pub const UNWIND_NO_TABLE: u32 = 7;
-    pub const UNWIND_NO_ROW: u32 = 8;
-    pub const UNWIND_BAD_CFA: u32 = 9;
-    pub const UNWIND_TRUNCATED: u32 = 10;
-    pub const UNWIND_COMPLETE: u32 = 11;
-    pub const UNWIND_SAMPLES: u32 = 12;
-    pub const OFFCPU_EVENTS: u32 = 13;
-    pub const OFFCPU_MAP_FULL: u32 = 14;
-    pub const PY_WALKS: u32 = 15;
-    pub const PY_NO_THREAD: u32 = 16;
-    pub const PY_TRUNCATED: u32 = 17;
-    pub const PY_READ_ERRORS: u32 = 18;
-    pub const PY_TSTATE_SEARCHES: u32 = 19;
-    pub const GIL_WAIT_EVENTS: u32 = 20;
-    pub const GIL_PENDING_FULL: u32 = 21;
-    pub const GIL_THREADS_FULL: u32 = 22;
-    pub const ALLOC_SAMPLES: u32 = 23;
-    pub const ALLOC_FREES: u32 = 24;
-    pub const ALLOC_LIVE_FULL: u32 = 25;
-    pub const ALLOC_THREADS_FULL: u32 = 26;
-    /// Nanoseconds `on_cpu_clock` spent on target samples (the program times itself, so
-    /// the figure leaves out the quick exits for other processes).
-    pub const SAMPLE_NS: u32 = 27;
-    /// Nanoseconds spent walking Python frame chains (every program, self-timed).
-    pub const PY_NS: u32 = 28;
-    /// Frees the preloaded sampler library reported: it reports sampled blocks only.
-    pub const ALLOC_PRELOAD_FREES: u32 = 29;
-    /// DWARF frames whose row the kernel's per-CPU row cache gave (checked against the table).
-    pub const UNWIND_ROW_HITS: u32 = 30;
-    /// DWARF frames whose row was searched for in the table's bucket.
-    pub const UNWIND_ROW_SEARCHES: u32 = 31;
-    pub const COUNT: u32 = 32;
-}
-
-/// Mirror of `struct sample_header`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SampleHeader {
-    pub timestamp_ns: u64,
-    pub pid: u32,
-    pub tid: u32,
-    pub cpu: u32,
-    pub kernel_stack_id: i32,
-    pub user_frames: u32,
-    pub kernel_frames: u32,
-    pub flags: u32,
-    /// Python frames (two slots each) after the user frames.
-    pub py_frames: u32,
-    pub comm: [u8; COMM_LEN],
-    /// `SAMPLE_OFFCPU`: blocked nanoseconds; 0 for on-CPU samples.
-    pub value: u64,
-    /// Reserved for record kinds that carry an address.
-    pub aux: u64,
-    /// The thread's active OpenTelemetry span as its span table held it (all zero: none).
-    pub trace_id: [u8; 16],
-    pub span_id: [u8; 8],
-    /// The span's name, truncated to `SPAN_NAME_LEN` bytes, NUL-padded.
-    pub span_name: [u8; SPAN_NAME_LEN],
-}
-
-/// Mirror of `struct offcpu_record`: a blocked thread's pending interval in `offcpu_pending`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct OffCpuRecord {
-    pub header: SampleHeader,
-    pub user: [u64; MAX_SLOTS],
-}
-
 impl OffCpuRecord {
-    /// The ring-buffer record this entry becomes when its thread runs again `blocked_ns` after
-    /// it blocked: the header and the frames it uses.
-    pub fn to_record(&self, blocked_ns: u64) -> Vec<u8> {
-        let mut header = self.header;
+    /// The header this entry's record has when its thread runs again `blocked_ns` after it
+    /// blocked, its frame counts bounded by the slots there are.
+    fn header_after(&self, blocked_ns: u64) -> SampleHeader {
+        let mut header = self.hdr;
         header.value = blocked_ns;
         header.user_frames = header.user_frames.min(MAX_USER_FRAMES as u32);
         header.py_frames = header.py_frames.min(MAX_PY_FRAMES as u32);
+        header
+    }
+
+    /// The ring-buffer record this entry becomes when its thread runs again `blocked_ns` after
+    /// it blocked: the header and the frames it uses.
+    pub fn to_record(&self, blocked_ns: u64) -> Vec<u8> {
+        let header = self.header_after(blocked_ns);
         let used = header.user_frames as usize + 2 * header.py_frames as usize;
         let mut out = Vec::with_capacity(size_of::<SampleHeader>() + 8 * used);
         // SAFETY: SampleHeader is plain old data without padding; the slice covers exactly it.
@@ -358,16 +151,46 @@ impl OffCpuRecord {
     }
 }
 
-/// Byte offset of the inline kernel frames in a full record.
-pub const KERNEL_FRAMES_OFFSET: usize = size_of::<SampleHeader>() + MAX_SLOTS * size_of::<u64>();
-/// Size of a full `struct sample_record`.
-pub const FULL_RECORD_SIZE: usize = KERNEL_FRAMES_OFFSET + MAX_KERNEL_FRAMES * size_of::<u64>();
+/// A thread still blocked: its pending off-CPU interval as if it ran again now.
+pub struct PendingOffCpu {
+    record: OffCpuRecord,
+    blocked_ns: u64,
+}
 
-/// A sample record as read from the ring buffer.
+impl PendingOffCpu {
+    pub fn new(record: OffCpuRecord, blocked_ns: u64) -> Self {
+        Self { record, blocked_ns }
+    }
+
+    /// The interval as a sample, read in place.
+    pub fn sample(&self) -> RawSample<'_> {
+        let header = self.record.header_after(self.blocked_ns);
+        let used = header.user_frames as usize + 2 * header.py_frames as usize;
+        let slots = &self.record.user[..used];
+        RawSample {
+            header,
+            // SAFETY: any u64 is eight valid bytes; the slice covers exactly `slots`.
+            slots: unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<u8>(), used * 8) },
+            kernel: &[],
+        }
+    }
+}
+
+/// Byte offset of the inline kernel frames in a full record.
+pub const KERNEL_FRAMES_OFFSET: usize = std::mem::offset_of!(SampleRecord, kernel);
+/// Size of a full `struct sample_record`.
+pub const FULL_RECORD_SIZE: usize = size_of::<SampleRecord>();
+
+/// A sample record as read from the ring buffer (or made from a still-blocked thread's
+/// pending off-CPU interval, [`PendingOffCpu::sample`], without a copy).
 #[derive(Debug, Clone)]
 pub struct RawSample<'a> {
     pub header: SampleHeader,
-    bytes: &'a [u8],
+    /// What follows the header: user frames, then Python frame pairs (a move record's new
+    /// address instead).
+    slots: &'a [u8],
+    /// Inline kernel frames (`SAMPLE_KERNEL_INLINE` only).
+    kernel: &'a [u8],
 }
 
 /// Why a ring-buffer record could not be read.
@@ -392,16 +215,23 @@ impl<'a> RawSample<'a> {
         if py > MAX_PY_FRAMES || bytes.len() < hsize + (user + 2 * py) * 8 {
             return Err(BadRecord("Python frame count exceeds record"));
         }
-        if header.flags & SAMPLE_KERNEL_INLINE != 0
-            && (header.kernel_frames as usize > MAX_KERNEL_FRAMES
-                || bytes.len() < KERNEL_FRAMES_OFFSET + header.kernel_frames as usize * 8)
-        {
-            return Err(BadRecord("kernel frame count exceeds record"));
-        }
-        if header.flags & SAMPLE_ALLOC_MOVED != 0 && bytes.len() < hsize + 8 {
+        let kernel = if header.flags & SAMPLE_KERNEL_INLINE != 0 {
+            let n = header.kernel_frames as usize;
+            if n > MAX_KERNEL_FRAMES || bytes.len() < KERNEL_FRAMES_OFFSET + n * 8 {
+                return Err(BadRecord("kernel frame count exceeds record"));
+            }
+            &bytes[KERNEL_FRAMES_OFFSET..KERNEL_FRAMES_OFFSET + n * 8]
+        } else {
+            &[]
+        };
+        if header.flags & SAMPLE_ALLOC_MOVED != 0 && bytes.len() < size_of::<AllocMoveRecord>() {
             return Err(BadRecord("move record without its new address"));
         }
-        Ok(Self { header, bytes })
+        Ok(Self {
+            header,
+            slots: &bytes[hsize..],
+            kernel,
+        })
     }
 
     /// A move record's (`SAMPLE_ALLOC_MOVED`) new address: the word after the header.
@@ -409,21 +239,19 @@ impl<'a> RawSample<'a> {
         if self.header.flags & SAMPLE_ALLOC_MOVED == 0 {
             return None;
         }
-        let start = size_of::<SampleHeader>();
-        words(&self.bytes[start..start + 8]).next()
+        words(&self.slots[..8]).next()
     }
 
     /// User-space return addresses, leaf first.
     pub fn user_frames(&self) -> impl Iterator<Item = u64> + '_ {
-        let start = size_of::<SampleHeader>();
-        words(&self.bytes[start..start + self.header.user_frames as usize * 8])
+        words(&self.slots[..self.header.user_frames as usize * 8])
     }
 
     /// Python frames, innermost first; shim markers become the entry mark of the frame
     /// before them.
     pub fn python_frames(&self) -> Vec<RawPyFrame> {
-        let start = size_of::<SampleHeader>() + self.header.user_frames as usize * 8;
-        let bytes = &self.bytes[start..start + self.header.py_frames as usize * 16];
+        let start = self.header.user_frames as usize * 8;
+        let bytes = &self.slots[start..start + self.header.py_frames as usize * 16];
         let mut out: Vec<RawPyFrame> = Vec::with_capacity(self.header.py_frames as usize);
         for c in bytes.chunks_exact(16) {
             let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
@@ -441,14 +269,7 @@ impl<'a> RawSample<'a> {
 
     /// Kernel addresses copied into the record (stack-map collisions only), leaf first.
     pub fn inline_kernel_frames(&self) -> impl Iterator<Item = u64> + '_ {
-        let bytes = if self.header.flags & SAMPLE_KERNEL_INLINE != 0 {
-            let n = self.header.kernel_frames as usize;
-            // Bounds were checked by parse.
-            &self.bytes[KERNEL_FRAMES_OFFSET..KERNEL_FRAMES_OFFSET + n * 8]
-        } else {
-            &[]
-        };
-        words(bytes)
+        words(self.kernel)
     }
 
     /// The thread's comm (15 bytes at most, as the kernel truncates it).
@@ -507,11 +328,18 @@ pub fn comm_to_string(comm: &[u8]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
-// SAFETY: plain-old-data #[repr(C)] structs without padding holes the kernel would read.
+// The map values: plain-old-data #[repr(C)] structs (bindgen's layout checks hold them to
+// the header's layout).
+// SAFETY: integers only, no padding (u64s, then u32 pairs).
 unsafe impl aya::Pod for ExecMapping {}
+// SAFETY: two u32s, then ExecMappings: no padding.
 unsafe impl aya::Pod for ProcessUnwind {}
+// SAFETY: the header (no padding) and u64 slots.
 unsafe impl aya::Pod for OffCpuRecord {}
+// SAFETY: integers and PyOffsets (u32s and u32-sized enums the kernel never writes, so every
+// value read back is one user space wrote).
 unsafe impl aya::Pod for PyProcess {}
+// SAFETY: two u32s, then u64s: no padding.
 unsafe impl aya::Pod for GilThread {}
 
 #[cfg(test)]
@@ -519,16 +347,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_layout_matches_c() {
-        // 8 + 4*8 + 16 + 8 + 8 + 16 + 8 + 16: the C struct has no padding.
-        assert_eq!(size_of::<SampleHeader>(), 112);
-        assert_eq!(
-            MAX_SLOTS, 512,
-            "a power of two: the kernel side masks slot indexes"
-        );
+    fn bucket_index_brackets_each_bucket() {
+        // bindgen's checks hold the structs to the header's layout; the record's own sums:
         assert_eq!(FULL_RECORD_SIZE, 112 + (512 + 127) * 8);
-        assert_eq!(size_of::<UnwindRow>(), 12);
-        assert_eq!(size_of::<ExecMapping>(), 48);
+        assert_eq!(KERNEL_FRAMES_OFFSET, 112 + 512 * 8);
         let row = |pc| UnwindRow::bare(pc, 1);
         // Rows at 0x1000, 0x1100, 0x1500, 0x1d00: buckets start at 0x1000, 0x1400, 0x1800,
         // 0x1c00; the last row at or before each is row 0, 1, 2, 2, and the table's last 3.
@@ -539,16 +361,12 @@ mod tests {
             vec![pair(0, 1), pair(1, 2), pair(2, 2), pair(2, 3)]
         );
         assert!(bucket_index(&[]).is_empty());
-        assert_eq!(size_of::<ProcessUnwind>(), 8 + 48 * MAX_MAPPINGS);
-        assert_eq!(size_of::<OffCpuRecord>(), 112 + 512 * 8);
-        assert_eq!(size_of::<PyProcess>(), 24 + 4 * PY_OFFSET_FIELDS + 16);
-        assert_eq!(size_of::<GilThread>(), 72);
     }
 
     #[test]
     fn pending_off_cpu_entry_becomes_a_record() {
         let mut rec = OffCpuRecord {
-            header: SampleHeader {
+            hdr: SampleHeader {
                 flags: SAMPLE_OFFCPU,
                 user_frames: 2,
                 ..SampleHeader::default()
@@ -560,11 +378,17 @@ mod tests {
         let s = RawSample::parse(&bytes).unwrap();
         assert_eq!(s.header.value, 42);
         assert_eq!(s.user_frames().collect::<Vec<_>>(), [0x1000, 0x2000]);
-        rec.header.user_frames = 10_000;
+        let pending = PendingOffCpu::new(rec, 42);
+        let s = pending.sample();
+        assert_eq!(s.header.value, 42);
+        assert_eq!(s.user_frames().collect::<Vec<_>>(), [0x1000, 0x2000]);
+        rec.hdr.user_frames = 10_000;
         assert!(
             RawSample::parse(&rec.to_record(1)).is_ok(),
             "a bad count is clamped"
         );
+        let clamped = PendingOffCpu::new(rec, 1);
+        assert_eq!(clamped.sample().user_frames().count(), MAX_USER_FRAMES);
     }
 
     #[test]
@@ -615,14 +439,14 @@ mod tests {
     #[test]
     fn python_frames_follow_the_native_ones() {
         let mut rec = OffCpuRecord {
-            header: SampleHeader {
+            hdr: SampleHeader {
                 user_frames: 1,
                 py_frames: 3,
                 ..SampleHeader::default()
             },
             user: [0; MAX_SLOTS],
         };
-        rec.header.py_frames = 3;
+        rec.hdr.py_frames = 3;
         rec.user[0] = 0x4000;
         rec.user[1] = 0xc0de;
         rec.user[2] = 12 | (7 << PY_FIRSTLINE_SHIFT);
@@ -662,7 +486,7 @@ mod tests {
     fn span_ids_read_as_w3c_hex() {
         let mut header = SampleHeader::default();
         let rec = OffCpuRecord {
-            header,
+            hdr: header,
             user: [0; MAX_SLOTS],
         };
         let bytes = rec.to_record(0);
@@ -671,7 +495,7 @@ mod tests {
         header.trace_id[0] = 0x01;
         header.span_id[7] = 0x2c;
         header.span_name[..4].copy_from_slice(b"work");
-        let bytes = OffCpuRecord { header, ..rec }.to_record(0);
+        let bytes = OffCpuRecord { hdr: header, ..rec }.to_record(0);
         let span = RawSample::parse(&bytes).unwrap().span().unwrap();
         assert_eq!(span.trace_hex(), "010000000000000000000000000000ab");
         assert_eq!(span.span_hex(), "000000000000002c");

@@ -10,23 +10,36 @@ use crate::output::pprof::{self, PprofError};
 /// Why a profile file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
+    /// The file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The file holds nothing.
     #[error("{path} is empty")]
-    Empty { path: String },
+    Empty {
+        /// The file.
+        path: String,
+    },
+    /// The file is pprof (gzipped or not) but not a valid profile.
     #[error("corrupt profile file {path}: {source}")]
     Corrupt {
+        /// The file.
         path: String,
+        /// What is wrong with it.
         #[source]
         source: PprofError,
     },
+    /// The file is text but not folded stacks.
     #[error("corrupt profile file {path}: {source}")]
     Folded {
+        /// The file.
         path: String,
+        /// Its first bad line.
         #[source]
         source: FoldedError,
     },
@@ -35,12 +48,30 @@ pub enum InputError {
 /// A line of folded input that is not `stack count`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FoldedError {
+    /// No count after the stack.
     #[error("line {line}: expected 'stack count', found '{found}'")]
-    Syntax { line: usize, found: String },
+    Syntax {
+        /// The line number, from 1.
+        line: usize,
+        /// The line.
+        found: String,
+    },
+    /// The count is not a number of samples.
     #[error("line {line}: count '{count}' is not a non-negative integer")]
-    Count { line: usize, count: String },
+    Count {
+        /// The line number, from 1.
+        line: usize,
+        /// The count as written.
+        count: String,
+    },
+    /// Two `;` in a row, or one at either end.
     #[error("line {line}: empty frame name in '{found}'")]
-    EmptyFrame { line: usize, found: String },
+    EmptyFrame {
+        /// The line number, from 1.
+        line: usize,
+        /// The stack.
+        found: String,
+    },
 }
 
 /// Reads a profile file, detecting its format from its content.

@@ -1,29 +1,36 @@
-//! pyrometer's node-side library: loading and attaching the kernel programs, the process
-//! registry and symbolizer, the aggregator, and the local outputs.
+//! pyrometer's node-side library. Its public API is what the `pyrometer` binary uses: the
+//! commands ([`record`], [`top`], [`dump`], [`verifier`], [`install_preload`] and the node
+//! [`agent`], with [`command`]'s error type and shared settings), the profile [`model`], and
+//! the formats ([`output`], [`input`], [`diff`]) and GPU polling ([`gpu`]). Below them, in
+//! layers that import only downward (docs/src/internals.md draws them, `cargo xtask arch`
+//! checks them): the profiler (sampler, tables, process registry, capture), interpreters and
+//! allocations, the kernel side and symbolization, and the OS facts everything starts from.
 
-pub mod agent_metrics;
-pub mod alloc;
-pub mod bpf;
-pub mod capture;
+#![warn(missing_docs)]
+
+pub mod agent;
+mod alloc;
+mod bpf;
+mod capture;
+pub mod command;
 pub mod diff;
-pub mod elfsyms;
+pub mod dump;
 pub mod gpu;
 pub mod input;
+pub mod install_preload;
 pub mod model;
-pub mod otlp;
+mod os;
+mod otlp;
 pub mod output;
-pub mod privileges;
-pub mod procevents;
-pub mod procs;
-pub mod push;
-pub mod python;
-pub mod ray;
-pub mod signals;
-pub mod spool;
-pub mod symbolize;
-pub mod tables;
-pub mod target;
-pub mod unwinder;
+mod profiler;
+mod python;
+mod ray;
+pub mod record;
+mod symbolize;
+mod tables;
+pub mod top;
+mod unwinder;
+pub mod verifier;
 
 /// A hash map for the per-sample and per-push paths: std's SipHash was a tenth of the
 /// always-on agent's time there. Randomly seeded per process, so stacks and names a

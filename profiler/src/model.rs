@@ -26,7 +26,9 @@ pub enum FrameKind {
 pub struct Frame {
     /// Demangled function name, or `[unknown]` / the module name when nothing better is known.
     pub function: String,
+    /// Source file, when known.
     pub file: Option<String>,
+    /// Source line, when known.
     pub line: Option<u32>,
     /// Path of the object (as the process saw it) or `[kernel.kallsyms]`.
     pub module: Option<String>,
@@ -35,6 +37,7 @@ pub struct Frame {
     /// Address relative to the module: an ELF file offset for user code, the absolute address
     /// for kernel code.
     pub address: u64,
+    /// What code the frame is.
     pub kind: FrameKind,
     /// This frame was inlined into the next frame towards the root (same address).
     pub inlined: bool,
@@ -59,11 +62,14 @@ impl Frame {
 /// A sample type, e.g. `cpu`/`nanoseconds` (pprof's ValueType).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SampleType {
+    /// The type's name (`cpu`, `alloc_space`, ...).
     pub name: String,
+    /// Its unit (`nanoseconds`, `bytes`, `count`).
     pub unit: String,
 }
 
 impl SampleType {
+    /// A sample type of `name` in `unit`.
     pub fn new(name: &str, unit: &str) -> Self {
         Self {
             name: name.to_string(),
@@ -75,7 +81,9 @@ impl SampleType {
 /// A label value: pprof labels are either strings or numbers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LabelValue {
+    /// A string.
     Str(String),
+    /// A number.
     Num(i64),
 }
 
@@ -93,15 +101,18 @@ impl std::fmt::Display for LabelValue {
 pub struct Labels(Vec<(String, LabelValue)>);
 
 impl Labels {
+    /// No labels.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// These labels and `key` = `value` (replacing a value of `key`).
     pub fn with(mut self, key: &str, value: LabelValue) -> Self {
         self.set(key, value);
         self
     }
 
+    /// Sets `key` to `value`.
     pub fn set(&mut self, key: &str, value: LabelValue) {
         match self.0.binary_search_by(|(k, _)| k.as_str().cmp(key)) {
             Ok(i) => self.0[i].1 = value,
@@ -109,6 +120,7 @@ impl Labels {
         }
     }
 
+    /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&LabelValue> {
         self.0
             .binary_search_by(|(k, _)| k.as_str().cmp(key))
@@ -116,10 +128,12 @@ impl Labels {
             .map(|i| &self.0[i].1)
     }
 
+    /// The labels, by key.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &LabelValue)> {
         self.0.iter().map(|(k, v)| (k.as_str(), v))
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -142,6 +156,7 @@ impl<T: Hash + Eq + Clone> Default for Interner<T> {
 }
 
 impl<T: Hash + Eq + Clone> Interner<T> {
+    /// The id of `value`, added when new.
     pub fn intern(&mut self, value: T) -> u32 {
         if let Some(&id) = self.ids.get(&value) {
             return id;
@@ -152,18 +167,22 @@ impl<T: Hash + Eq + Clone> Interner<T> {
         id
     }
 
+    /// The value of id `id`.
     pub fn get(&self, id: u32) -> &T {
         &self.items[id as usize]
     }
 
+    /// Values interned.
     pub fn len(&self) -> usize {
         self.items.len()
     }
 
+    /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
+    /// The values, by id.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.items.iter()
     }
@@ -172,36 +191,48 @@ impl<T: Hash + Eq + Clone> Interner<T> {
 /// One aggregated sample: a stack, its labels and one value per sample type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
+    /// The stack (an id in [`Profile::stacks`]).
     pub stack: u32,
+    /// The sample's labels.
     pub labels: Labels,
+    /// One value per sample type.
     pub values: Vec<i64>,
 }
 
 /// A profile: what `record` produces, what `report` reads, what outputs write.
 #[derive(Debug, Clone)]
 pub struct Profile {
+    /// The sample types every sample has a value of.
     pub sample_types: Vec<SampleType>,
     /// Index into `sample_types` of the type shown by default.
     pub default_type: usize,
+    /// Every frame, interned.
     pub frames: Interner<Frame>,
     /// Stacks as frame ids, leaf first (as the kernel and pprof order them).
     pub stacks: Interner<Vec<u32>>,
+    /// The samples, one per stack and label set.
     pub samples: Vec<Sample>,
     sample_index: crate::FastMap<(u32, Labels), usize>,
     /// Wall-clock start of the capture, ns since the Unix epoch (0 when unknown).
     pub time_nanos: i64,
+    /// How long the capture was, ns.
     pub duration_nanos: i64,
     /// The sampling period: `period` of `period_type` per sample (e.g. 10101010 ns at 99 Hz).
     pub period_type: Option<SampleType>,
+    /// See `period_type`.
     pub period: i64,
+    /// Free-text comments (pprof's).
     pub comments: Vec<String>,
 }
 
 /// What a capture measured beyond CPU samples: each adds sample types.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sources {
+    /// Off-CPU time (`off_cpu/nanoseconds`).
     pub off_cpu: bool,
+    /// GIL wait and hold time.
     pub gil: bool,
+    /// Allocations (the four allocation types).
     pub alloc: bool,
 }
 
@@ -217,11 +248,14 @@ pub const ALLOC_TYPES: [(&str, &str); 4] = [
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("profile has no sample type '{wanted}'; it has: {}", available.join(", "))]
 pub struct UnknownType {
+    /// The type asked for.
     pub wanted: String,
+    /// The types the profile has.
     pub available: Vec<String>,
 }
 
 impl Profile {
+    /// An empty profile of these sample types.
     pub fn new(sample_types: Vec<SampleType>) -> Self {
         Self {
             sample_types,
@@ -290,10 +324,12 @@ impl Profile {
         p
     }
 
+    /// The id of `frame`, added when new.
     pub fn intern_frame(&mut self, frame: Frame) -> u32 {
         self.frames.intern(frame)
     }
 
+    /// The id of a stack of frame ids (leaf first), added when new.
     pub fn intern_stack(&mut self, frames_leaf_first: Vec<u32>) -> u32 {
         self.stacks.intern(frames_leaf_first)
     }

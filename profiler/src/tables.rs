@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::alloc::AllocProbes;
 use crate::bpf::Uprobes;
-use crate::procs::{Process, ProcessRegistry};
+use crate::os::procs::{Process, ProcessRegistry};
 use crate::python::tracker::PyTracker;
 use crate::unwinder::Unwinder;
 
@@ -80,7 +80,7 @@ impl Tables {
         self.python.gc();
         if let Some(a) = self.alloc.as_mut() {
             for pid in a.pids() {
-                if !crate::target::alive(Path::new("/proc"), pid) {
+                if !crate::os::pids::alive(Path::new("/proc"), pid) {
                     a.forget(pid);
                     probes.detach_process_probes(pid);
                 }

@@ -17,7 +17,8 @@ use std::path::Path;
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, bucket_index};
 
-use crate::procs::{BinaryKey, MappingKind, Process};
+use crate::os::elfsyms::load_bias;
+use crate::os::procs::{BinaryKey, MappingKind, Process};
 
 /// Bytes per element of a BPF array: the kernel rounds each value up to 8 bytes, so a
 /// 12-byte row occupies 16 (1 Mi rows = 16 MiB of kernel memory).
@@ -63,17 +64,24 @@ impl LoadedTable {
 /// Counters for the record summary, `--stats` and the benchmark.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UnwinderStats {
+    /// Tables built.
     pub tables_built: u64,
+    /// Tables that could not be built.
     pub tables_failed: u64,
+    /// Tables evicted for room.
     pub tables_evicted: u64,
+    /// Rows of the row array in use.
     pub rows_used: u64,
+    /// Rows it holds.
     pub rows_capacity: u64,
     /// Tables that did not fit even after eviction (each counted once until it fits): those
     /// mappings unwind by frame pointer until rows free up.
     pub tables_too_big: u64,
+    /// Processes registered.
     pub processes: u64,
     /// Executable mappings beyond MAX_MAPPINGS in one process (left out of its table).
     pub mappings_dropped: u64,
+    /// Nanoseconds spent building tables.
     pub build_ns: u64,
 }
 
@@ -235,13 +243,14 @@ enum Built {
 impl Unwinder {
     /// `rows_map` is the BPF_F_MMAPABLE `unwind_rows` array of `capacity` rows, `index_map`
     /// the `unwind_index` array of `index_capacity` entries.
-    pub fn new(
-        rows_map: MapData,
-        capacity: u32,
-        index_map: MapData,
-        index_capacity: u32,
-        procs: BpfHashMap<MapData, u32, ProcessUnwind>,
-    ) -> Result<Self, UnwinderError> {
+    pub fn new(maps: crate::bpf::UnwindMaps) -> Result<Self, UnwinderError> {
+        let crate::bpf::UnwindMaps {
+            rows: rows_map,
+            rows_capacity: capacity,
+            index: index_map,
+            index_entries: index_capacity,
+            procs,
+        } = maps;
         Ok(Self {
             rows: MmapArray::new(rows_map, ROW_SLOT)?,
             index: MmapArray::new(index_map, 8)?,
@@ -352,7 +361,7 @@ impl Unwinder {
     /// `record` is about to start, the C library), so a new process's first samples already
     /// unwind. Only objects with a build-id can be matched up later; others are skipped.
     pub fn prewarm(&mut self, path: &Path) {
-        let Some(id) = crate::procs::read_build_id(path) else {
+        let Some(id) = crate::os::procs::read_build_id(path) else {
             return;
         };
         let key = TableKey::BuildId(id);
@@ -378,7 +387,7 @@ impl Unwinder {
     /// Forgets processes that are gone (every few seconds from the capture loop).
     pub fn gc(&mut self) {
         for pid in self.pids() {
-            if !crate::target::exists(pid) {
+            if !crate::os::pids::exists(pid) {
                 self.remove_process(pid);
             }
         }
@@ -584,22 +593,6 @@ fn load_segments(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
-/// runtime address - ELF virtual address for a mapping of file offset `offset` at `start`.
-/// The loader maps each PT_LOAD from its offset rounded down to a page, so a mapping's offset
-/// can lie before its segment's own and inside the previous segment's file range: lld leaves
-/// text at offset 0x14ad8 after a read-only segment of 0x14ad8 bytes, and the text mapping
-/// starts at 0x14000. The segment whose rounded-down offset is the greatest one at or below the
-/// mapping's is the one mapped there.
-pub(crate) fn load_bias(loads: &[(u64, u64, u64)], start: u64, offset: u64) -> Option<u64> {
-    const PAGE: u64 = 0xfff;
-    let &(seg_off, vaddr, _) = loads
-        .iter()
-        .filter(|&&(o, _, size)| o & !PAGE <= offset && offset < o + size.max(1))
-        .max_by_key(|&&(o, _, _)| o)?;
-    let vaddr_at_start = vaddr.wrapping_add(offset).wrapping_sub(seg_off);
-    Some(start.wrapping_sub(vaddr_at_start))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -635,30 +628,5 @@ mod tests {
         assert_eq!(eviction_victim(&tables, 5), None);
         // At the next sync it is fair game unless that process mapped it.
         assert_eq!(eviction_victim(&tables, 6), Some(key("this sync")));
-    }
-
-    #[test]
-    fn bias_of_pie_text_mapping() {
-        // A PIE's text: file offset 0x1000 at vaddr 0x1000, mapped at 0x5555_5555_5000.
-        let loads = [(0, 0, 0x800), (0x1000, 0x1000, 0x500)];
-        assert_eq!(
-            load_bias(&loads, 0x5555_5555_5000, 0x1000),
-            Some(0x5555_5555_4000)
-        );
-        // A non-PIE executable: vaddr 0x401000 at 0x401000.
-        let loads = [(0x1000, 0x401000, 0x2000)];
-        assert_eq!(load_bias(&loads, 0x401000, 0x1000), Some(0));
-        assert_eq!(load_bias(&loads, 0x401000, 0x9000), None);
-        // lld's layout (libpyrometer_alloc.so): a read-only segment of 0x14ad8 bytes, then
-        // text at offset 0x14ad8, vaddr 0x15ad8; its mapping starts at offset 0x14000.
-        let loads = [(0, 0, 0x14ad8), (0x14ad8, 0x15ad8, 0x40ec8)];
-        assert_eq!(
-            load_bias(&loads, 0x7f5e_9f2b_2000, 0x14000),
-            Some(0x7f5e_9f2b_2000 - 0x15000)
-        );
-        assert_eq!(
-            load_bias(&loads, 0x7f5e_9f29_d000, 0),
-            Some(0x7f5e_9f29_d000)
-        );
     }
 }

@@ -165,6 +165,56 @@ pub struct Line {
     /// 0 when unknown.
     #[prost(int64, tag = "3")]
     pub column: i64,
+    /// What kind of frame this line is ([`FrameKind`]), pyrometer's own field: its number is
+    /// far outside the spec's, so other readers skip it. 0 (absent): the mapping's file name
+    /// tells, by the convention of [`naming`] (`[kernel.kallsyms]`, `[python]`).
+    #[prost(enumeration = "FrameKind", tag = "100")]
+    pub kind: i32,
+}
+
+/// What a frame is: carried by [`Line::kind`] from the capture to the collector, so frames
+/// are told apart by a field, not by their mapping's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum FrameKind {
+    /// Not said: the mapping's file name tells (older producers, other tools).
+    Unspecified = 0,
+    /// Native user-space code of an ELF object.
+    Native = 1,
+    /// Kernel code.
+    Kernel = 2,
+    /// A Python function (a CPython frame), named with its file and line.
+    Python = 3,
+    /// Native code inlined into the next line's function (towards the root).
+    Inlined = 4,
+    /// JIT code named by a `/tmp/perf-PID.map` file.
+    Jit = 5,
+    /// A GPU kernel (room for the device side of a launch).
+    Gpu = 6,
+    /// An asyncio task (room for coroutine stacks).
+    AsyncioTask = 7,
+    /// Marks a stack cut short: the frames beyond it were not kept.
+    Truncated = 8,
+    /// Marks a walk that ran out of its budget (instructions, reads) in the kernel.
+    Budget = 9,
+}
+
+impl FrameKind {
+    /// The kind's name in text dumps and docs: `native`, `kernel`, `python`, ….
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameKind::Unspecified => "unspecified",
+            FrameKind::Native => "native",
+            FrameKind::Kernel => "kernel",
+            FrameKind::Python => "python",
+            FrameKind::Inlined => "inlined",
+            FrameKind::Jit => "jit",
+            FrameKind::Gpu => "gpu",
+            FrameKind::AsyncioTask => "asyncio_task",
+            FrameKind::Truncated => "truncated",
+            FrameKind::Budget => "budget",
+        }
+    }
 }
 
 /// A function; all names are string indices.
@@ -345,9 +395,14 @@ pub fn dump_text(p: &Profile) -> String {
             if l.is_folded { " folded" } else { "" }
         );
         for line in &l.line {
+            let kind = match FrameKind::try_from(line.kind) {
+                Ok(FrameKind::Unspecified) => String::new(),
+                Ok(k) => format!(" kind={}", k.name()),
+                Err(_) => format!(" kind={}", line.kind),
+            };
             let _ = writeln!(
                 o,
-                "    function={} line={} column={}",
+                "    function={} line={} column={}{kind}",
                 line.function_id, line.line, line.column
             );
         }
@@ -401,6 +456,7 @@ mod tests {
                     function_id: 1,
                     line: 10,
                     column: 0,
+                    kind: FrameKind::Python as i32,
                 }],
                 ..Default::default()
             }],
@@ -450,6 +506,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(l.encode_to_vec(), [0x28, 1]);
+        // pyrometer's own Line field: 100, a varint (key (100 << 3) | 0 in two bytes).
+        let line = Line {
+            kind: FrameKind::Kernel as i32,
+            ..Default::default()
+        };
+        assert_eq!(line.encode_to_vec(), [0xa0, 0x06, 2]);
         let f = Function {
             start_line: 9,
             ..Default::default()

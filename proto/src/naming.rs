@@ -1,10 +1,96 @@
-//! How Python frames are named wherever stacks become text (folded stacks, flame graphs, the
-//! collector's views): `function (file:line)`, as py-spy writes them, with the file's
-//! installation prefix cut. In pprof they are proper functions (name, file) and lines under
-//! a mapping of this name, which tells them from native code.
+//! How frames are named wherever stacks become text (folded stacks, flame graphs, `top`, the
+//! collector's views), for `record` and the collector alike: a name cleaned for folded lines,
+//! kernel frames with the `_[k]` suffix FlameGraph and inferno colour, Python frames
+//! `function (file:line)` as py-spy writes them, with the file's installation prefix cut. In
+//! pprof a frame's kind is [`crate::Line::kind`]; files without it (older agents, other tools)
+//! are read by the convention of their mappings' names: [`KERNEL_MAPPING`], [`PYTHON_MAPPING`].
+
+use std::borrow::Cow;
+
+use crate::FrameKind;
 
 /// The pseudo mapping of Python frames in pyrometer's pprof files.
 pub const PYTHON_MAPPING: &str = "[python]";
+
+/// The mapping of kernel frames (perf also writes `[kernel.kallsyms]_text`).
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// Suffix FlameGraph and inferno use to mark kernel frames (inferno's palettes colour it).
+pub const KERNEL_SUFFIX: &str = "_[k]";
+
+/// The kind a mapping's file name implies, for lines that do not say theirs.
+pub fn mapping_kind(filename: &str) -> FrameKind {
+    if filename.starts_with(KERNEL_MAPPING) {
+        FrameKind::Kernel
+    } else if filename == PYTHON_MAPPING {
+        FrameKind::Python
+    } else {
+        FrameKind::Native
+    }
+}
+
+/// A frame's name as name-based views show it: Python frames `function (file:line)`, kernel
+/// frames with [`KERNEL_SUFFIX`], every name [`clean`]. Borrowed when nothing changes (the
+/// common case).
+pub fn frame_name<'a>(
+    kind: FrameKind,
+    function: &'a str,
+    file: Option<&str>,
+    line: Option<u32>,
+) -> Cow<'a, str> {
+    match kind {
+        FrameKind::Python => {
+            Cow::Owned(clean(&python_frame_name(function, file, line)).into_owned())
+        }
+        FrameKind::Kernel => {
+            let name = clean(function);
+            if name.ends_with(KERNEL_SUFFIX) {
+                name
+            } else {
+                Cow::Owned(name.into_owned() + KERNEL_SUFFIX)
+            }
+        }
+        _ => clean(function),
+    }
+}
+
+/// A name safe for a folded line: `;` separates frames and a line break ends the line, so
+/// both are replaced (`;` by `:`, control characters by spaces); surrounding spaces go, and an
+/// empty name reads `[unknown]`, which a missing frame would look like otherwise.
+pub fn clean(name: &str) -> Cow<'_, str> {
+    let clean = !name.is_empty()
+        && !name.starts_with(char::is_whitespace)
+        && !name.ends_with(char::is_whitespace)
+        && !has_separator_or_control(name);
+    if clean {
+        return Cow::Borrowed(name);
+    }
+    let n: String = name
+        .chars()
+        .map(|c| match c {
+            ';' => ':',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect();
+    let trimmed = n.trim();
+    if trimmed.is_empty() {
+        Cow::Borrowed("[unknown]")
+    } else if trimmed.len() != n.len() {
+        Cow::Owned(trimmed.to_string())
+    } else {
+        Cow::Owned(n)
+    }
+}
+
+/// Whether `name` holds a `;` or a control character; ASCII names (nearly all) are checked a
+/// byte at a time without decoding characters.
+fn has_separator_or_control(name: &str) -> bool {
+    if name.is_ascii() {
+        return name.bytes().any(|b| b == b';' || b.is_ascii_control());
+    }
+    name.chars().any(|c| c == ';' || c.is_control())
+}
 
 /// `function (file:line)`, `function (file)` without a line, `function` without a file.
 pub fn python_frame_name(function: &str, file: Option<&str>, line: Option<u32>) -> String {
@@ -64,5 +150,37 @@ mod tests {
             "/srv/lib/pythonic/x.py"
         );
         assert_eq!(python_frame_name("<module>", None, Some(1)), "<module>");
+    }
+
+    #[test]
+    fn frames_are_named_by_their_kind() {
+        let name = |kind, f| frame_name(kind, f, Some("/srv/app.py"), Some(3)).into_owned();
+        assert_eq!(name(FrameKind::Python, "run"), "run (/srv/app.py:3)");
+        assert_eq!(name(FrameKind::Kernel, "schedule"), "schedule_[k]");
+        assert_eq!(name(FrameKind::Kernel, "schedule_[k]"), "schedule_[k]");
+        assert_eq!(name(FrameKind::Native, "main"), "main", "no file or line");
+        assert_eq!(name(FrameKind::Inlined, "a;b\n"), "a:b");
+        assert!(matches!(
+            frame_name(FrameKind::Native, "memcpy", None, None),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(clean(" \t"), "[unknown]");
+        assert_eq!(clean(""), "[unknown]");
+        assert_eq!(clean("x\u{7}y"), "x y");
+        assert_eq!(clean("x\u{85}y"), "x y");
+        assert_eq!(clean("  pad\t"), "pad");
+        assert!(matches!(clean("größe"), Cow::Borrowed(_)));
+        assert!(matches!(
+            frame_name(FrameKind::Kernel, "schedule_[k]", None, None),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn mappings_tell_the_kind_of_frames_without_one() {
+        assert_eq!(mapping_kind("[kernel.kallsyms]"), FrameKind::Kernel);
+        assert_eq!(mapping_kind("[kernel.kallsyms]_text"), FrameKind::Kernel);
+        assert_eq!(mapping_kind(PYTHON_MAPPING), FrameKind::Python);
+        assert_eq!(mapping_kind("/usr/lib/libc.so.6"), FrameKind::Native);
     }
 }

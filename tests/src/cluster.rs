@@ -357,12 +357,8 @@ impl Held {
         let fifo = dir.join(format!("go-{}", argv[0].rsplit('/').next().unwrap_or("wl")));
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: mkfifo(3) with a NUL-terminated path.
-        assert_eq!(
-            unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
-            0,
-            "mkfifo {}",
-            fifo.display()
-        );
+        let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(made, 0, "mkfifo {}", fifo.display());
         let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
         let child = Command::new("sh")
             .arg("-c")

@@ -151,6 +151,9 @@ fn memray(dir: &Path, python: &Path) -> std::result::Result<PathBuf, String> {
     }
 }
 
+/// alloctree.c's rounds of work: the whole run, and a tenth of it for the uprobe path.
+const TREE_ROUNDS: usize = 10;
+
 pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     let dir = root.join("target/bench");
     let tree = dir.join("alloctree");
@@ -203,8 +206,6 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         c.env("LD_PRELOAD", &library);
         c
     };
-    // alloctree.c's rounds of work: the whole run, and a tenth of it for the uprobe path.
-    const TREE_ROUNDS: usize = 10;
     let full_rounds = TREE_ROUNDS.to_string();
     let (tree_os, full, tenth) = (tree.as_os_str(), full_rounds.as_ref(), "1".as_ref());
 
@@ -263,6 +264,40 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
     ];
     let (pu, _) = rotate(&mut py_uprobe, pairs.min(3))?;
 
+    let measured = Measured {
+        c: &c,
+        c_uprobe: &cu,
+        py: &py,
+        py_uprobe: &pu,
+        calls,
+    };
+    report(
+        &measured,
+        pairs,
+        memray_bin.as_ref().map(|_| ()).map_err(String::as_str),
+    );
+    Ok(())
+}
+
+/// The four rotations' times: alloctree.c and py_allocs.py, in process and through uprobes.
+struct Measured<'a> {
+    c: &'a Times,
+    c_uprobe: &'a Times,
+    py: &'a Times,
+    py_uprobe: &'a Times,
+    /// alloctree.c's allocator calls.
+    calls: f64,
+}
+
+/// Prints the table of what was measured (`memray`: whether it was, or why not).
+fn report(m: &Measured<'_>, pairs: usize, memray: std::result::Result<(), &str>) {
+    let Measured {
+        c,
+        c_uprobe: cu,
+        py,
+        py_uprobe: pu,
+        calls,
+    } = *m;
     let ratio = |t: f64, base: f64| t / base;
     // A variant's figure by wall clock and by CPU time, side by side.
     let both = |t: &Times, i: usize, f: &dyn Fn(f64, f64) -> f64| {
@@ -278,12 +313,12 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         ms(&c.wall, 0),
         ms(&c.cpu, 0)
     );
-    let (wall, cpu) = both(&c, 1, &per_call);
+    let (wall, cpu) = both(c, 1, &per_call);
     println!(
         "    libpyrometer_alloc.so preloaded, no profiler   {:>8.1} ms   {wall:+.1} ns per allocator call (CPU {cpu:+.1} ns)",
         ms(&c.wall, 1),
     );
-    let (wall, cpu) = both(&c, 2, &ratio);
+    let (wall, cpu) = both(c, 2, &ratio);
     println!(
         "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
         ms(&c.wall, 2),
@@ -297,7 +332,7 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
             paired(&c.best, 2, ratio),
         );
     }
-    let (wall, cpu) = both(&cu, 1, &ratio);
+    let (wall, cpu) = both(cu, 1, &ratio);
     println!(
         "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {wall:.1} x (CPU {cpu:.1} x)",
         ms(&cu.wall, 1),
@@ -307,19 +342,19 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         ms(&py.wall, 0),
         ms(&py.cpu, 0)
     );
-    let (wall, cpu) = both(&py, 1, &ratio);
+    let (wall, cpu) = both(py, 1, &ratio);
     println!(
         "    libpyrometer_alloc.so preloaded, no profiler   {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
         ms(&py.wall, 1),
     );
-    let (wall, cpu) = both(&py, 2, &ratio);
+    let (wall, cpu) = both(py, 2, &ratio);
     println!(
         "    record --alloc (in process, every 512 KiB)      {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
         ms(&py.wall, 2),
     );
-    match &memray_bin {
-        Ok(_) => {
-            let (wall, cpu) = both(&py, 3, &ratio);
+    match memray {
+        Ok(()) => {
+            let (wall, cpu) = both(py, 3, &ratio);
             println!(
                 "    memray run (every allocation)                   {:>8.1} ms   slowdown {wall:.2} x (CPU {cpu:.2} x)",
                 ms(&py.wall, 3),
@@ -327,10 +362,9 @@ pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
         }
         Err(why) => println!("    memray run: not measured ({why})"),
     }
-    let (wall, cpu) = both(&pu, 1, &ratio);
+    let (wall, cpu) = both(pu, 1, &ratio);
     println!(
         "    record --alloc through uprobes (1/10 of the work) {:>6.1} ms   slowdown {wall:.1} x (CPU {cpu:.1} x)",
         ms(&pu.wall, 1),
     );
-    Ok(())
 }

@@ -10,6 +10,8 @@
 //!   checked under CI against tests/allowed-skips.toml and tests/manifest.txt (ledger.rs)
 //! - `manifest` rewrite tests/manifest.txt from `cargo nextest list`
 //! - `ledger [FILTER...]` the ledger and checks of the last nextest run (with its filter)
+//! - `arch`  the architecture rules: no import cycles, layers downward, the binary on the
+//!   library's public API, file and function sizes (see arch/mod.rs)
 //! - `bench` overhead figures measured side by side (see bench.rs)
 //! - `book`  check the book's links and build it into `target/book` (also part of `test`)
 //! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
@@ -19,9 +21,11 @@
 mod agentbench;
 mod allocbench;
 mod apt;
+mod arch;
 mod bench;
 mod book;
 mod bpfcost;
+mod cformat;
 mod forky;
 mod kernels;
 mod ledger;
@@ -51,6 +55,7 @@ fn main() -> Result<()> {
             ledger::report(&root, &files, &listed, skip_ledger::ci())
         }
         Some("book") => book::check(&root),
+        Some("arch") => arch::check(&root),
         Some("bench") => {
             deps()?;
             bench::bench(&root)
@@ -68,7 +73,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <deps|demo|test|manifest|ledger|bench|book|verifier|kernels [NAME...]|forky-root>"
+                "usage: cargo xtask <deps|demo|test|manifest|ledger|arch|bench|book|verifier|kernels [NAME...]|forky-root>"
             );
             std::process::exit(2);
         }
@@ -297,6 +302,8 @@ fn test(extra: &[String]) -> Result<()> {
     steps.must("fmt", || {
         run(cargo().args(["fmt", "--all", "--", "--check"]))
     })?;
+    steps.must("clang-format", || cformat::check(&root))?;
+    steps.must("architecture", || arch::check(&root))?;
     steps.must("clippy", || {
         run(cargo().args([
             "clippy",

@@ -16,6 +16,8 @@ use crate::{apt, cargo, run};
 /// programs, gcc and the C library's headers for ring's C parts and the demo's workload.
 pub const DEMO_PACKAGES: &[(&str, &str)] = &[
     ("clang", "/usr/bin/clang"),
+    // bindgen reads the kernel ABI header (ebpf/build.rs).
+    ("libclang-dev", "/usr/share/doc/libclang-dev"),
     ("libbpf-dev", "/usr/include/bpf/bpf_helpers.h"),
     ("linux-libc-dev", "/usr/include/linux/bpf.h"),
     ("gcc", "/usr/bin/gcc"),
@@ -26,6 +28,8 @@ pub const DEMO_PACKAGES: &[(&str, &str)] = &[
 /// The kernel matrix's qemu and busybox are not here: they are unpacked under target/qemu.
 pub const TEST_PACKAGES: &[(&str, &str)] = &[
     ("binutils", "/usr/bin/objcopy"),
+    // The kernel-side C is checked by clang-format (.clang-format).
+    ("clang-format", "/usr/bin/clang-format"),
     ("util-linux", "/usr/bin/setpriv"),
     ("golang-go", "/usr/bin/go"),
     // promtool checks the agent's and collector's /metrics.

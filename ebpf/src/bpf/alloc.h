@@ -30,23 +30,10 @@
 
 #pragma once
 
+#include "common.h"
+#include "stacks.h"
+
 #include "exp_table.h"
-
-#define ALLOC_MALLOC 1         // (size)
-#define ALLOC_CALLOC 2         // (n, size)
-#define ALLOC_REALLOC 3        // (ptr, size)
-#define ALLOC_ALIGNED 4        // (alignment, size): aligned_alloc, memalign
-#define ALLOC_POSIX_MEMALIGN 5 // (&ptr, alignment, size), returns 0 on success
-#define ALLOC_FREE 6           // (ptr)
-#define ALLOC_VALLOC 7         // (size), page-aligned
-#define ALLOC_PY_MALLOC 8      // (ctx, size)
-#define ALLOC_PY_CALLOC 9      // (ctx, n, size)
-#define ALLOC_PY_REALLOC 10    // (ctx, ptr, size)
-#define ALLOC_PY_FREE 11       // (ctx, ptr)
-#define ALLOC_REALLOCARRAY 12  // (ptr, n, size)
-
-#define ALLOC_FILTER_TARGETS 0 // `record`: the sampler's target set
-#define ALLOC_FILTER_MAP 1     // the agent: only processes in alloc_targets
 
 // Mean bytes between samples (--alloc-sample-bytes); 1 samples every allocation.
 const volatile __u64 alloc_sample_bytes = 524288;
@@ -61,12 +48,12 @@ struct {
 } alloc_targets SEC(".maps");
 
 struct alloc_thread {
-	__u32 depth;    // allocator calls in progress on this thread
-	__u32 kind;     // the outermost call's ALLOC_*
-	__u64 size;     // its size
-	__u64 old;      // realloc: the block being resized
-	__u64 memptr;   // posix_memalign: where the pointer is returned
-	__u64 sampled;  // the outermost call was picked by the byte sampler
+	__u32 depth;   // allocator calls in progress on this thread
+	__u32 kind;    // the outermost call's ALLOC_*
+	__u64 size;    // its size
+	__u64 old;     // realloc: the block being resized
+	__u64 memptr;  // posix_memalign: where the pointer is returned
+	__u64 sampled; // the outermost call was picked by the byte sampler
 };
 
 // tid -> the thread's allocator call in progress (48 bytes; 16384 threads).
@@ -185,12 +172,8 @@ static __attribute__((noinline)) void alloc_forget(__u32 tgid, __u32 tid, __u64 
 // the new size, keeping its allocation time (user space keeps its stack and weight), and
 // user space hears of the move. A block not tracked here (not sampled, sampled while
 // alloc_live was full, or before the probes were attached) is left alone.
-struct alloc_move_record {
-	struct sample_header hdr; // SAMPLE_FREE | SAMPLE_ALLOC_MOVED: aux the old address, value the size
-	__u64 to;                 // the new address
-};
-
-static __attribute__((noinline)) void alloc_move(__u32 tgid, __u32 tid, __u64 old, __u64 to, __u64 size)
+static __attribute__((noinline)) void alloc_move(__u32 tgid, __u32 tid, __u64 old, __u64 to,
+						 __u64 size)
 {
 	struct alloc_key key = { .pid = tgid, .addr = old };
 	struct alloc_block *b = bpf_map_lookup_elem(&alloc_live, &key);

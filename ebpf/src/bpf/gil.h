@@ -14,18 +14,9 @@
 
 #pragma once
 
-struct gil_thread {
-	__u32 pid;
-	__u32 reserved;
-	__u64 wait_start; // take_gil entered and not returned yet, else 0
-	__u64 hold_start; // take_gil returned and drop_gil not hit yet, else 0
-	__u64 wait_ns;    // closed waits
-	__u64 hold_ns;    // closed holds
-	__u64 acquisitions;
-	__u64 contended; // acquisitions that found the GIL taken
-	__u64 first_ns;  // the thread's first take_gil
-	__u64 last_ns;   // its latest take_gil/drop_gil event
-};
+#include "common.h"
+#include "python.h"
+#include "stacks.h"
 
 // tid -> the thread's GIL state and sums. Threads of targets only; bounded like the other
 // per-thread maps (16384 threads, 72 bytes each, allocated as threads first take the GIL).

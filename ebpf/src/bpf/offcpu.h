@@ -22,6 +22,10 @@
 
 #pragma once
 
+#include "common.h"
+#include "gil.h"
+#include "stacks.h"
+
 // Minimum blocked time that is reported (set by the agent, --off-cpu-min).
 const volatile __u64 offcpu_min_ns = 1000000;
 
@@ -39,7 +43,7 @@ const volatile __u64 offcpu_min_ns = 1000000;
 // (TASK_DEAD) is not tracked, so nothing stays behind.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, OFFCPU_PENDING_ENTRIES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct offcpu_record);

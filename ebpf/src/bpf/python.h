@@ -18,6 +18,9 @@
 
 #pragma once
 
+#include "common.h"
+#include "userwin.h"
+
 // Registered Python processes (tgid -> struct py_process, 184 bytes). 4096 is the same bound
 // as the unwinder's per-process table.
 struct {
@@ -137,8 +140,8 @@ static long ts_search_step(__u32 index, struct ts_search *s)
 // between them when they lie within PY_FRAME_READ_MAX of each other (3.11-3.13), into the
 // frame buffer `fb`: a user read costs ~100 ns in a VM (the helper and copy_from_user's
 // calls and returns), as much as a dozen frames of the walk. Returns 0 on success.
-static __always_inline int py_tstate_fields(struct py_process *p, struct py_frame_buf *fb,
-					    __u64 ts, __u64 *id, __u64 *frame)
+static __always_inline int py_tstate_fields(struct py_process *p, struct py_frame_buf *fb, __u64 ts,
+					    __u64 *id, __u64 *frame)
 {
 	// 64-bit throughout: clang checked a 32-bit copy of the length and passed the other.
 	__u64 id_off = p->off.tstate_thread_id, frame_off = p->off.tstate_frame;
@@ -245,17 +248,17 @@ struct py_code_line {
 };
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, SCRATCH_KINDS * PY_CODE_LINES);
+	__uint(max_entries, (SCRATCH_KINDS * PY_CODE_LINES));
 	__type(key, __u32);
 	__type(value, struct py_code_line);
 } py_code_lines SEC(".maps");
 
 struct py_walk {
 	__u64 frame;
-	__u32 which;      // SCRATCH_*: whose record and frame buffer
-	__u32 base;       // first slot of the Python frames (after the native frames)
-	__u32 used;       // slot pairs written (frames and shim markers)
-	__u32 flags;      // PY_WALK_*
+	__u32 which; // SCRATCH_*: whose record and frame buffer
+	__u32 base;  // first slot of the Python frames (after the native frames)
+	__u32 used;  // slot pairs written (frames and shim markers)
+	__u32 flags; // PY_WALK_*
 	__u32 frame_read;
 	__u32 frame_kind;
 	__u32 frame_code;
@@ -343,7 +346,7 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	if (index >= MAX_PY_FRAMES || at + 1 >= MAX_SLOTS)
 		return 1;
 	__u8 *bytes = py_frame_bytes(&w->win, wb, fb, w->frame, w->frame_read,
-				     w->frame_kind != PY_FRAME_OBJECT);
+				     w->frame_kind != PY_FRAME_KIND_FRAME_OBJECT);
 	if (!bytes) {
 		w->flags |= PY_WALK_READ_ERROR;
 		return 1;
@@ -369,7 +372,7 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	}
 	__u64 addr = PY_ADDR_UNKNOWN;
 	__u64 entry = 0;
-	if (w->frame_kind == PY_FRAME_OBJECT) {
+	if (w->frame_kind == PY_FRAME_KIND_FRAME_OBJECT) {
 		__s32 lasti = (__s32)buf_u32(bytes, w->frame_instr);
 		addr = lasti < 0 ? 0 : (__u64)lasti * w->lasti_unit;
 		entry = PY_ENTRY_BIT;
@@ -395,8 +398,7 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 		w->last_firstline = firstline;
 	}
 	slots[i0 & (MAX_SLOTS - 1)] = code;
-	slots[i1 & (MAX_SLOTS - 1)] =
-		(addr & PY_ADDR_MASK) |
+	slots[i1 & (MAX_SLOTS - 1)] = (addr & PY_ADDR_MASK) |
 		(((__u64)firstline & PY_FIRSTLINE_MASK) << PY_FIRSTLINE_SHIFT) | entry;
 	w->used = index + 1;
 	w->frame = previous;
@@ -432,10 +434,10 @@ static long py_walk_step(__u32 index, struct py_walk *w)
 struct py_walk_args {
 	__u32 tgid;
 	__u32 tid;
-	__u32 which; // SCRATCH_*
-	__u32 base;  // first slot of the Python frames (after the native frames)
-	__u32 used;  // out: slot pairs written
-	__u32 flags; // out: SAMPLE_PY_*
+	__u32 which;      // SCRATCH_*
+	__u32 base;       // first slot of the Python frames (after the native frames)
+	__u32 used;       // out: slot pairs written
+	__u32 flags;      // out: SAMPLE_PY_*
 	__u32 registered; // out: 1 when the process is a registered Python process
 };
 
@@ -508,7 +510,7 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 // `which` scratch record, when the process is a registered Python process. Returns 1 when it
 // is one.
 static __always_inline int py_walk_current(__u32 tgid, __u32 tid, struct sample_header *hdr,
-					    __u32 which)
+					   __u32 which)
 {
 	hdr->py_frames = 0;
 	struct py_walk_args a = {

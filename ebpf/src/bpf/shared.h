@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0
-// Structs and constants shared between the kernel programs and the agent. The Rust mirror is
-// in ../lib.rs, checked against these sizes by a test there.
+// The kernel ABI: every struct and constant the kernel programs share with user space. This
+// header is the definition: ../../build.rs generates the Rust types and constants from it with
+// bindgen (with layout checks), so a field added here is a field of the Rust struct. Nothing
+// here may depend on the programs' headers.
 #pragma once
+
+#include <linux/types.h>
 
 // Frame-pointer stacks come from bpf_get_stack (perf's limit, 127); the DWARF unwinder
 // walks up to this many frames with bpf_loop.
 #define MAX_USER_FRAMES 256
 #define MAX_KERNEL_FRAMES 127
+// perf's callchain limit (kernel.perf_event_max_stack) for frame-pointer stacks.
+#define FP_MAX_FRAMES 127
 // Python frame pairs a record holds (innermost first, shim markers included), two slots
 // each, after the native ones.
 #define MAX_PY_FRAMES 128
@@ -81,31 +87,32 @@
 #define COUNTER_USER_STACK_TRUNCATED 4
 #define COUNTER_TARGETS_FULL 5
 // DWARF unwinder: per-reason failures, counted once per sample that stopped there.
-#define COUNTER_UNWIND_NO_MAPPING 6  // a pc in no known executable mapping
-#define COUNTER_UNWIND_NO_TABLE 7    // a mapping whose table is not loaded (yet): FP fallback
-#define COUNTER_UNWIND_NO_ROW 8      // a pc no CFI row covers
-#define COUNTER_UNWIND_BAD_CFA 9     // an unsupported rule, or unreadable stack memory
-#define COUNTER_UNWIND_TRUNCATED 10  // more than MAX_USER_FRAMES frames
-#define COUNTER_UNWIND_COMPLETE 11   // walks that reached the outermost frame
-#define COUNTER_UNWIND_SAMPLES 12    // samples the DWARF unwinder walked
-#define COUNTER_OFFCPU_EVENTS 13     // off-CPU intervals sent (at least offcpu_min_ns long)
-#define COUNTER_OFFCPU_MAP_FULL 14   // a blocking thread not tracked: offcpu_pending was full
-#define COUNTER_PY_WALKS 15          // stacks of Python processes whose thread state was looked up
-#define COUNTER_PY_NO_THREAD 16      // ... that found no thread state for the thread
-#define COUNTER_PY_TRUNCATED 17      // ... whose frame chain was longer than the record holds
-#define COUNTER_PY_READ_ERRORS 18    // ... whose frame chain could not be read to its end
-#define COUNTER_PY_TSTATE_SEARCHES 19 // thread-state lists walked (a thread seen for the first time)
-#define COUNTER_GIL_WAIT_EVENTS 20   // contended GIL waits sent
-#define COUNTER_GIL_PENDING_FULL 21  // a contended wait's stack not kept: gil_pending was full
-#define COUNTER_GIL_THREADS_FULL 22  // a thread's GIL time not tracked: gil_threads was full
-#define COUNTER_ALLOC_SAMPLES 23     // sampled allocations sent
-#define COUNTER_ALLOC_FREES 24       // frees of sampled blocks sent
-#define COUNTER_ALLOC_LIVE_FULL 25   // a sampled block not tracked for frees: alloc_live was full
-#define COUNTER_ALLOC_THREADS_FULL 26 // an allocator call not seen: alloc_threads was full
-#define COUNTER_SAMPLE_NS 27        // ns on_cpu_clock spent on target samples (self-timed)
-#define COUNTER_PY_NS 28            // ns spent walking Python frame chains (self-timed)
+#define COUNTER_UNWIND_NO_MAPPING 6 // a pc in no known executable mapping
+#define COUNTER_UNWIND_NO_TABLE 7   // a mapping whose table is not loaded (yet): FP fallback
+#define COUNTER_UNWIND_NO_ROW 8     // a pc no CFI row covers
+#define COUNTER_UNWIND_BAD_CFA 9    // an unsupported rule, or unreadable stack memory
+#define COUNTER_UNWIND_TRUNCATED 10 // more than MAX_USER_FRAMES frames
+#define COUNTER_UNWIND_COMPLETE 11  // walks that reached the outermost frame
+#define COUNTER_UNWIND_SAMPLES 12   // samples the DWARF unwinder walked
+#define COUNTER_OFFCPU_EVENTS 13    // off-CPU intervals sent (at least offcpu_min_ns long)
+#define COUNTER_OFFCPU_MAP_FULL 14  // a blocking thread not tracked: offcpu_pending was full
+#define COUNTER_PY_WALKS 15         // stacks of Python processes whose thread state was looked up
+#define COUNTER_PY_NO_THREAD 16     // ... that found no thread state for the thread
+#define COUNTER_PY_TRUNCATED 17     // ... whose frame chain was longer than the record holds
+#define COUNTER_PY_READ_ERRORS 18   // ... whose frame chain could not be read to its end
+// thread-state lists walked (a thread seen for the first time)
+#define COUNTER_PY_TSTATE_SEARCHES 19
+#define COUNTER_GIL_WAIT_EVENTS 20     // contended GIL waits sent
+#define COUNTER_GIL_PENDING_FULL 21    // a contended wait's stack not kept: gil_pending was full
+#define COUNTER_GIL_THREADS_FULL 22    // a thread's GIL time not tracked: gil_threads was full
+#define COUNTER_ALLOC_SAMPLES 23       // sampled allocations sent
+#define COUNTER_ALLOC_FREES 24         // frees of sampled blocks sent
+#define COUNTER_ALLOC_LIVE_FULL 25     // a sampled block not tracked for frees: alloc_live was full
+#define COUNTER_ALLOC_THREADS_FULL 26  // an allocator call not seen: alloc_threads was full
+#define COUNTER_SAMPLE_NS 27           // ns on_cpu_clock spent on target samples (self-timed)
+#define COUNTER_PY_NS 28               // ns spent walking Python frame chains (self-timed)
 #define COUNTER_ALLOC_PRELOAD_FREES 29 // frees the preloaded library reported (sampled blocks only)
-#define COUNTER_UNWIND_ROW_HITS 30   // DWARF frames whose row came from the per-CPU row cache
+#define COUNTER_UNWIND_ROW_HITS 30     // DWARF frames whose row came from the per-CPU row cache
 #define COUNTER_UNWIND_ROW_SEARCHES 31 // ... and those whose row was searched for in the table
 #define COUNTER_COUNT 32
 
@@ -176,22 +183,22 @@ struct sample_header {
 	__u32 kernel_frames;   // number of inline kernel frames (SAMPLE_KERNEL_INLINE)
 	__u32 flags;
 	__u32 py_frames; // Python frames (two slots each) that follow the user frames
-	char comm[COMM_LEN];
+	__u8 comm[COMM_LEN];
 	__u64 value; // SAMPLE_OFFCPU: blocked ns; 0 for on-CPU samples
 	__u64 aux;   // reserved for the record kinds that carry an address
 	// The thread's active OpenTelemetry span (spans.h), as the span table holds it; all
 	// zero when the thread has none (or its process publishes no table).
 	__u8 trace_id[16];
 	__u8 span_id[8];
-	char span_name[SPAN_NAME_LEN]; // trace_id, span_id, span_name: a struct span_body
+	__u8 span_name[SPAN_NAME_LEN]; // trace_id, span_id, span_name: a struct span_body
 };
 
 // Slot pairs of a Python frame: the code object's address, then PY_* packed fields.
-#define PY_ADDR_MASK 0xffffffffULL     // bits 0-31: byte offset of the instruction in the bytecode
+#define PY_ADDR_MASK 0xffffffffULL // bits 0-31: byte offset of the instruction in the bytecode
 #define PY_ADDR_UNKNOWN 0xffffffffULL
-#define PY_FIRSTLINE_SHIFT 32          // bits 32-62: co_firstlineno, to tell a reused address apart
+#define PY_FIRSTLINE_SHIFT 32 // bits 32-62: co_firstlineno, to tell a reused address apart
 #define PY_FIRSTLINE_MASK 0x7fffffffULL
-#define PY_ENTRY_BIT (1ULL << 63)      // the outermost frame of one _PyEval_EvalFrameDefault call
+#define PY_ENTRY_BIT (1ULL << 63) // the outermost frame of one _PyEval_EvalFrameDefault call
 // A pair whose code is 0 and second slot this: a 3.12+ shim frame, no Python code; the frame
 // before it (innermost side) is the outermost of its eval call.
 #define PY_SHIM_MARK 0x5348494dULL
@@ -213,13 +220,25 @@ struct offcpu_record {
 // CPython structure offsets of one process's interpreter version: the agent's `PyOffsets`
 // (profiler/src/python/offsets.rs) as it is. ABSENT (all ones): no such field.
 #define PY_ABSENT 0xffffffffU
-#define PY_FRAME_OBJECT 0      // <= 3.10: PyFrameObject, f_lasti an int
-#define PY_FRAME_INTERPRETER 1 // 3.11+: _PyInterpreterFrame, an instruction pointer
+
+// How a frame's instruction position is stored.
+enum py_frame_kind {
+	PY_FRAME_KIND_FRAME_OBJECT = 0, // <= 3.10: PyFrameObject, f_lasti an int
+	PY_FRAME_KIND_INTERPRETER = 1,  // 3.11+: _PyInterpreterFrame, an instruction pointer
+};
+
+// How a code object's line table is encoded (read by user space only).
+enum py_line_table_kind {
+	PY_LINE_TABLE_KIND_LNOTAB = 0,       // 3.8-3.9 co_lnotab
+	PY_LINE_TABLE_KIND_LINETABLE310 = 1, // 3.10 co_linetable
+	PY_LINE_TABLE_KIND_LOCATIONS311 = 2, // 3.11+ location table (PEP 626/657)
+};
+
 struct py_offsets {
 	__u32 major;
 	__u32 minor;
-	__u32 frame_kind;
-	__u32 line_table_kind;
+	enum py_frame_kind frame_kind;
+	enum py_line_table_kind line_table_kind;
 	__u32 lasti_unit;
 	__u32 runtime_interpreters_head;
 	__u32 runtime_gil;
@@ -261,9 +280,9 @@ struct py_offsets {
 
 // A Python process the agent registered (py_procs).
 struct py_process {
-	__u64 runtime;      // run-time address of _PyRuntime
-	__u64 gil;          // run-time address of the GIL state, 0 when unknown
-	__u32 frame_read;   // bytes of a frame to read (<= PY_FRAME_READ_MAX)
+	__u64 runtime;    // run-time address of _PyRuntime
+	__u64 gil;        // run-time address of the GIL state, 0 when unknown
+	__u32 frame_read; // bytes of a frame to read (<= PY_FRAME_READ_MAX)
 	__u32 reserved;
 	struct py_offsets off;
 	// The process's span table (pyrometer-otel, spans.h): the run-time address of its first
@@ -280,7 +299,7 @@ struct py_process {
 struct span_body {
 	__u8 trace_id[16]; // all zero: the thread is in no span
 	__u8 span_id[8];
-	char name[SPAN_NAME_LEN];
+	__u8 name[SPAN_NAME_LEN];
 };
 
 // One thread's slot in a span table (python/pyrometer-otel writes it; 128 bytes). Slots are
@@ -295,3 +314,43 @@ struct span_slot {
 	__u8 pad[32];
 };
 _Static_assert(sizeof(struct span_slot) == 128, "python/pyrometer-otel writes 128-byte slots");
+
+// Off-CPU intervals of threads blocked at once that are tracked (`offcpu_pending`).
+#define OFFCPU_PENDING_ENTRIES 16384
+
+// GIL wait and hold time (`record --gil`, gil.h): one thread's state and sums in gil_threads.
+struct gil_thread {
+	__u32 pid;
+	__u32 reserved;
+	__u64 wait_start; // take_gil entered and not returned yet, else 0
+	__u64 hold_start; // take_gil returned and drop_gil not hit yet, else 0
+	__u64 wait_ns;    // closed waits
+	__u64 hold_ns;    // closed holds
+	__u64 acquisitions;
+	__u64 contended; // acquisitions that found the GIL taken
+	__u64 first_ns;  // the thread's first take_gil
+	__u64 last_ns;   // its latest take_gil/drop_gil event
+};
+
+// Allocator entry points (alloc.h): the probe cookie the kernel side dispatches on.
+#define ALLOC_MALLOC 1         // (size)
+#define ALLOC_CALLOC 2         // (n, size)
+#define ALLOC_REALLOC 3        // (ptr, size)
+#define ALLOC_ALIGNED 4        // (alignment, size): aligned_alloc, memalign
+#define ALLOC_POSIX_MEMALIGN 5 // (&ptr, alignment, size), returns 0 on success
+#define ALLOC_FREE 6           // (ptr)
+#define ALLOC_VALLOC 7         // (size), page-aligned
+#define ALLOC_PY_MALLOC 8      // (ctx, size)
+#define ALLOC_PY_CALLOC 9      // (ctx, n, size)
+#define ALLOC_PY_REALLOC 10    // (ctx, ptr, size)
+#define ALLOC_PY_FREE 11       // (ctx, ptr)
+#define ALLOC_REALLOCARRAY 12  // (ptr, n, size)
+
+#define ALLOC_FILTER_TARGETS 0 // `record`: the sampler's target set
+#define ALLOC_FILTER_MAP 1     // the agent: only processes in alloc_targets
+
+struct alloc_move_record {
+	struct sample_header
+		hdr; // SAMPLE_FREE | SAMPLE_ALLOC_MOVED: aux the old address, value the size
+	__u64 to;    // the new address
+};

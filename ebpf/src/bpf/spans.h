@@ -15,6 +15,9 @@
 
 #pragma once
 
+#include "common.h"
+#include "python.h"
+
 static __always_inline void span_clear(struct sample_header *hdr)
 {
 	__builtin_memset(hdr->trace_id, 0, sizeof(hdr->trace_id));
@@ -49,8 +52,8 @@ static __always_inline __u32 span_own_tid(__u32 tid)
 	if (level == 0 || level >= SPANS_MAX_NS_LEVEL)
 		return tid;
 	__u64 off = bpf_core_field_offset(struct pid___spans, numbers) +
-		    (__u64)level * bpf_core_type_size(struct upid___spans) +
-		    bpf_core_field_offset(struct upid___spans, nr);
+		(__u64)level * bpf_core_type_size(struct upid___spans) +
+		bpf_core_field_offset(struct upid___spans, nr);
 	int nr = 0;
 	if (bpf_probe_read_kernel(&nr, sizeof(nr), (void *)pid + off) || nr <= 0)
 		return tid;
@@ -126,7 +129,7 @@ __attribute__((noinline)) int span_read(struct sample_header *hdr)
 		return 0;
 	// The record's three span fields lie in the order of a span_body.
 	__u64 body = slot + __builtin_offsetof(struct span_slot, body) +
-		     (head.seq & 1) * sizeof(struct span_body);
+		(head.seq & 1) * sizeof(struct span_body);
 	if (bpf_probe_read_user(hdr->trace_id, sizeof(struct span_body), (void *)body))
 		goto torn;
 	__u64 again = 0;

@@ -6,6 +6,11 @@
 
 #pragma once
 
+#include "common.h"
+#include "unwind.h"
+#include "python.h"
+#include "spans.h"
+
 static __always_inline void record_header(struct sample_header *hdr, __u64 now, __u32 tgid,
 					  __u32 tid, __u32 flags)
 {
@@ -35,8 +40,8 @@ static __always_inline void record_user_stack(void *ctx, const struct pt_regs *r
 		frames = walked;
 	} else {
 		// No unwind tables for this process (yet): frame pointers, as perf does.
-		long bytes = bpf_get_stack(ctx, user, FP_MAX_FRAMES * sizeof(__u64),
-					   BPF_F_USER_STACK);
+		long bytes =
+			bpf_get_stack(ctx, user, FP_MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
 		if (bytes > 0)
 			frames = bytes / sizeof(__u64);
 		else if (bytes < 0 && bytes != -14 /* EFAULT: no user stack */)
@@ -61,6 +66,6 @@ static __always_inline void record_user_stack(void *ctx, const struct pt_regs *r
 static __always_inline __u64 record_size(const struct sample_header *hdr, __u64 max)
 {
 	__u64 size = sizeof(*hdr) +
-		     ((__u64)hdr->user_frames + 2 * (__u64)hdr->py_frames) * sizeof(__u64);
+		((__u64)hdr->user_frames + 2 * (__u64)hdr->py_frames) * sizeof(__u64);
 	return size > max ? max : size;
 }

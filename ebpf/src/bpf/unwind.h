@@ -25,6 +25,9 @@
 
 #pragma once
 
+#include "common.h"
+#include "userwin.h"
+
 // 1M rows x 16 bytes (the kernel rounds array values up to 8 bytes) = 16 MiB by default; the agent sets the size (--unwind-rows) and
 // maps the array into its address space (BPF_F_MMAPABLE) to write tables without syscalls.
 struct {
@@ -249,7 +252,7 @@ static __always_inline struct unwind_row *unwind_find_row(struct table_ref *t, _
 		// verifier walks each branch here at every frame of a batch). All are differences
 		// of 32-bit values taken in 64 bits, negative exactly when the test fails.
 		__u64 miss = ((__u64)(t->row_count - 1) - (__u32)(guess - first) - 1) |
-			     ((__u64)rel - g->pc) | ((__u64)g_next->pc - rel - 1);
+			((__u64)rel - g->pc) | ((__u64)g_next->pc - rel - 1);
 		barrier_var(miss);
 		if (!(miss >> 63)) {
 			counts->hits++;
@@ -375,8 +378,8 @@ static __always_inline int signal_step(struct unwind_state *st)
 // One frame: writes its address, then moves `st` to the caller's frame. Returns 0 to go on,
 // 1 when the walk ends (`stop_reason` or `complete` say why). `user` is the scratch record's
 // slots, `wb` the window's buffer, `cache` this CPU's row cache.
-static __always_inline int unwind_one(struct unwind_state *st, __u64 *user,
-				      struct user_win_buf *wb, struct unwind_row_cache *cache)
+static __always_inline int unwind_one(struct unwind_state *st, __u64 *user, struct user_win_buf *wb,
+				      struct unwind_row_cache *cache)
 {
 	__u32 n = st->frames;
 	if (n >= MAX_USER_FRAMES) {
@@ -388,7 +391,8 @@ static __always_inline int unwind_one(struct unwind_state *st, __u64 *user,
 
 	// A return address points after the call; look up the call itself.
 	__u64 lookup = n == 0 ? st->pc : st->pc - 1;
-	if ((lookup < st->cur.start || lookup >= st->cur.end) && unwind_switch_mapping(st, lookup)) {
+	if ((lookup < st->cur.start || lookup >= st->cur.end) &&
+	    unwind_switch_mapping(st, lookup)) {
 		// Code the agent has not seen mapped yet (a fresh dlopen, JIT code): frame
 		// pointers, which the counter records when they fail too.
 		st->stop_reason = COUNTER_UNWIND_NO_MAPPING;
@@ -405,8 +409,9 @@ static __always_inline int unwind_one(struct unwind_state *st, __u64 *user,
 		return st->pc == 0;
 	}
 	__u64 rel = lookup - st->cur.bias;
-	struct unwind_row *row =
-		rel > 0xffffffffULL ? 0 : unwind_find_row(&st->cur.table, (__u32)rel, cache, &st->rows);
+	struct unwind_row *row = rel > 0xffffffffULL
+		? 0
+		: unwind_find_row(&st->cur.table, (__u32)rel, cache, &st->rows);
 	// A CFA_NONE row ends a range of text with no CFI (between functions, or past the last).
 	if (!row || row->cfa_type == CFA_NONE) {
 		st->stop_reason = COUNTER_UNWIND_NO_ROW;
@@ -551,7 +556,7 @@ __attribute__((noinline)) int dwarf_walk(struct dwarf_walk_args *a)
 // or a thread switched out by the scheduler). Returns the number of frames, or -1 when the
 // process has no unwind information (the caller then uses frame pointers).
 static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __u32 tgid,
-					      struct sample_header *hdr, __u32 which)
+					     struct sample_header *hdr, __u32 which)
 {
 	if (!unwind_dwarf)
 		return -1;

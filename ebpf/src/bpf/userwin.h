@@ -17,6 +17,8 @@
 
 #pragma once
 
+#include "common.h"
+
 // A window is (part of) the one or two aligned chunks holding an object of up to
 // PY_FRAME_READ_MAX bytes. A chunk divides a page, so a window never reaches past the pages
 // of the object. Chunks of 512 B, 1, 2 and 4 KiB measured alike within the noise of a loaded
@@ -60,8 +62,8 @@ struct user_win {
 // first when the window does not hold them all. NULL when they cannot be read that way.
 // Inlined only into global functions: its branches would multiply the states of a bpf_loop
 // callback.
-static __always_inline __u8 *user_win_at_buf(struct user_win *w, struct user_win_buf *b,
-					     __u64 addr, __u32 size)
+static __always_inline __u8 *user_win_at_buf(struct user_win *w, struct user_win_buf *b, __u64 addr,
+					     __u32 size)
 {
 	if (size == 0 || size > PY_FRAME_READ_MAX)
 		return 0;
@@ -111,8 +113,8 @@ static __always_inline struct user_win_buf *user_win_buf(struct user_win *w)
 // in one global function: the buffer is looked up once, and nothing is called while the
 // window holds the word (a call and its return cost ~7 ns on an AMD host with retpolines
 // and Safe RET, measured: more than the rest of a word's read).
-static __always_inline int user_win_u64_buf(struct user_win *w, struct user_win_buf *b,
-					    __u64 addr, __u64 *out)
+static __always_inline int user_win_u64_buf(struct user_win *w, struct user_win_buf *b, __u64 addr,
+					    __u64 *out)
 {
 	__u8 *p = user_win_at_buf(w, b, addr, 8);
 	if (p) {

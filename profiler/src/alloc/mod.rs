@@ -15,10 +15,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pyrometer_ebpf::alloc_kind;
-
 use crate::bpf::{ALLOC_ENTER, ALLOC_RETURN, Uprobes};
-use crate::procs::{BinaryKey, MappingKind, Process};
+use crate::os::procs::{BinaryKey, MappingKind, Process};
 use sites::Sites;
 
 /// The weight of a sampled allocation of `size` bytes when samples are taken every `mean`
@@ -205,7 +203,7 @@ impl AllocProbes {
                     path,
                     path.parent(),
                     &path.to_string_lossy(),
-                    crate::procs::read_build_id(path).as_deref(),
+                    crate::os::procs::read_build_id(path).as_deref(),
                     dirs,
                 )
             };
@@ -245,7 +243,7 @@ impl AllocProbes {
         };
         for &(offset, kind) in &sites.sites {
             let result = attach(ALLOC_ENTER, offset, kind).and_then(|()| {
-                if alloc_kind::is_free(kind) {
+                if pyrometer_ebpf::is_free_kind(kind) {
                     Ok(())
                 } else {
                     attach(ALLOC_RETURN, offset, kind)
@@ -349,7 +347,7 @@ mod tests {
     #[test]
     fn only_chosen_processes_get_allocator_probes() {
         let me = std::process::id();
-        let mut registry = crate::procs::ProcessRegistry::new();
+        let mut registry = crate::os::procs::ProcessRegistry::new();
         let process = registry.observe(me).unwrap();
         // This test binary maps libc (or defines malloc itself): something to probe.
         let mut every = AllocProbes::new(Vec::new());
@@ -380,7 +378,7 @@ mod tests {
     #[test]
     fn preload_only_probes_no_allocator_and_says_so_once() {
         let me = std::process::id();
-        let mut registry = crate::procs::ProcessRegistry::new();
+        let mut registry = crate::os::procs::ProcessRegistry::new();
         let process = registry.observe(me).unwrap();
         let mut probes = AllocProbes::new(Vec::new()).preload_only();
         let mut asked = Asked::default();

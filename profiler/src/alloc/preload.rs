@@ -14,8 +14,8 @@ use object::{Object, ObjectSymbol};
 
 use super::embedded::{self, EmbeddedError};
 use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, ALLOC_PRELOAD_MOVE, Uprobes};
-use crate::elfsyms::{file_offset, loads};
-use crate::procs::{BinaryKey, MappingKind, Process};
+use crate::os::elfsyms::{file_offset, loads};
+use crate::os::procs::{BinaryKey, MappingKind, Process};
 
 /// The library's file name.
 pub const LIBRARY: &str = embedded::LIBRARY;
@@ -259,10 +259,6 @@ impl PreloadProbes {
     /// Copies of the library probed.
     pub fn len(&self) -> usize {
         self.attached.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.attached.is_empty()
     }
 }
 

@@ -8,32 +8,32 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use object::{Object, ObjectSymbol, SymbolKind};
-use pyrometer_ebpf::alloc_kind as kind;
+use pyrometer_ebpf as shared;
 
-use crate::elfsyms::{file_offset, is_copy_of, loads};
+use crate::os::elfsyms::{file_offset, is_copy_of, loads};
 
 /// The C allocator's public entry points.
 const LIBC: &[(&str, u32)] = &[
-    ("malloc", kind::MALLOC),
-    ("calloc", kind::CALLOC),
-    ("realloc", kind::REALLOC),
-    ("reallocarray", kind::REALLOCARRAY),
-    ("free", kind::FREE),
-    ("cfree", kind::FREE),
-    ("posix_memalign", kind::POSIX_MEMALIGN),
-    ("aligned_alloc", kind::ALIGNED),
-    ("memalign", kind::ALIGNED),
-    ("valloc", kind::VALLOC),
-    ("pvalloc", kind::VALLOC),
+    ("malloc", shared::ALLOC_MALLOC),
+    ("calloc", shared::ALLOC_CALLOC),
+    ("realloc", shared::ALLOC_REALLOC),
+    ("reallocarray", shared::ALLOC_REALLOCARRAY),
+    ("free", shared::ALLOC_FREE),
+    ("cfree", shared::ALLOC_FREE),
+    ("posix_memalign", shared::ALLOC_POSIX_MEMALIGN),
+    ("aligned_alloc", shared::ALLOC_ALIGNED),
+    ("memalign", shared::ALLOC_ALIGNED),
+    ("valloc", shared::ALLOC_VALLOC),
+    ("pvalloc", shared::ALLOC_VALLOC),
 ];
 
 /// pymalloc's functions, which `PyObject_Malloc` and `PyMem_Malloc` reach through the
 /// allocator table (so the table's calls are never inlined).
 const PYMALLOC: &[(&str, u32)] = &[
-    ("_PyObject_Malloc", kind::PY_MALLOC),
-    ("_PyObject_Calloc", kind::PY_CALLOC),
-    ("_PyObject_Realloc", kind::PY_REALLOC),
-    ("_PyObject_Free", kind::PY_FREE),
+    ("_PyObject_Malloc", shared::ALLOC_PY_MALLOC),
+    ("_PyObject_Calloc", shared::ALLOC_PY_CALLOC),
+    ("_PyObject_Realloc", shared::ALLOC_PY_REALLOC),
+    ("_PyObject_Free", shared::ALLOC_PY_FREE),
 ];
 
 /// Probe sites of one binary.
@@ -72,7 +72,7 @@ pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
                 .or_else(|| PYMALLOC.iter().find(|(n, _)| is_copy_of(name, n)))
                 .map(|&(_, k)| k);
             let Some(kind) = kind else { continue };
-            out.has_malloc |= kind == kind::MALLOC;
+            out.has_malloc |= kind == shared::ALLOC_MALLOC;
             if seen.insert(sym.address())
                 && let Some(off) = file_offset(&loads, sym.address())
             {
@@ -107,17 +107,23 @@ mod tests {
         assert!(s.has_malloc);
         let kinds: Vec<u32> = s.sites.iter().map(|&(_, k)| k).collect();
         for k in [
-            kind::MALLOC,
-            kind::CALLOC,
-            kind::REALLOC,
-            kind::FREE,
-            kind::POSIX_MEMALIGN,
-            kind::ALIGNED,
+            shared::ALLOC_MALLOC,
+            shared::ALLOC_CALLOC,
+            shared::ALLOC_REALLOC,
+            shared::ALLOC_FREE,
+            shared::ALLOC_POSIX_MEMALIGN,
+            shared::ALLOC_ALIGNED,
         ] {
             assert!(kinds.contains(&k), "kind {k} missing: {s:?}");
         }
         // memalign and aligned_alloc share an address in glibc: one site.
-        assert_eq!(kinds.iter().filter(|&&k| k == kind::ALIGNED).count(), 1);
+        assert_eq!(
+            kinds
+                .iter()
+                .filter(|&&k| k == shared::ALLOC_ALIGNED)
+                .count(),
+            1
+        );
         let offsets: HashSet<u64> = s.sites.iter().map(|&(o, _)| o).collect();
         assert_eq!(offsets.len(), s.sites.len());
     }
@@ -139,10 +145,10 @@ mod tests {
             "the four pymalloc functions, nothing else: {s:?}"
         );
         for k in [
-            kind::PY_MALLOC,
-            kind::PY_CALLOC,
-            kind::PY_REALLOC,
-            kind::PY_FREE,
+            shared::ALLOC_PY_MALLOC,
+            shared::ALLOC_PY_CALLOC,
+            shared::ALLOC_PY_REALLOC,
+            shared::ALLOC_PY_FREE,
         ] {
             assert!(kinds.contains(&k));
         }

@@ -63,10 +63,10 @@ impl Feature {
     /// The `debug_reject` bit that makes a kernel refuse this stage (tests).
     pub fn reject_bit(self) -> u32 {
         match self {
-            Feature::DwarfUnwinding => shared::reject::DWARF,
-            Feature::OffCpu => shared::reject::OFFCPU,
-            Feature::Gil => shared::reject::GIL,
-            Feature::Alloc => shared::reject::ALLOC,
+            Feature::DwarfUnwinding => shared::REJECT_DWARF,
+            Feature::OffCpu => shared::REJECT_OFFCPU,
+            Feature::Gil => shared::REJECT_GIL,
+            Feature::Alloc => shared::REJECT_ALLOC,
         }
     }
 
@@ -298,7 +298,12 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         live_entries: 1,
         own_targets: false,
     });
-    let alloc_filter = u32::from(alloc.own_targets);
+    let alloc_filter = if alloc.own_targets {
+        shared::ALLOC_FILTER_MAP
+    } else {
+        shared::ALLOC_FILTER_TARGETS
+    };
+    let preload_all = u32::from(alloc.own_targets);
     let alloc_entries = |n: u32| if config.alloc.is_some() { n } else { 1 };
     // Without --gil the GIL maps stay in the object, one entry each.
     let gil_entries = |n: u32| if config.gil { n } else { 1 };
@@ -321,7 +326,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         .override_global("alloc_sample_bytes", &alloc.sample_bytes, true)
         .override_global("alloc_filter", &alloc_filter, true)
         // The agent records every process that loads the preloaded sampler library.
-        .override_global("alloc_preload_all", &alloc_filter, true)
+        .override_global("alloc_preload_all", &preload_all, true)
         .map_max_entries("alloc_live", alloc_entries(alloc.live_entries.max(1)))
         .map_max_entries("alloc_threads", alloc_entries(16384))
         .map_max_entries("alloc_targets", if alloc.own_targets { 4096 } else { 1 })

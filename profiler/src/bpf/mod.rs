@@ -8,188 +8,21 @@ use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
-use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
+use aya::programs::uprobe::UProbeLinkId;
+use aya::programs::{BtfTracePoint, PerfEvent};
 use aya::{Btf, Ebpf, Endianness};
 use pyrometer_ebpf as shared;
 
+mod config;
+mod counters;
 pub mod load;
+mod uprobes;
 pub mod verifier;
 
-pub use load::{Feature, ProgramLoad, Refusal};
-
-/// Default location of the running kernel's BTF.
-pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
-
-/// `--off-cpu-min` default (record and agent): long enough that a thread blocking for
-/// microseconds at a high rate (spin-then-futex locks, busy polling) sends nothing, short
-/// enough to catch a 1 ms I/O wait.
-pub const DEFAULT_OFF_CPU_MIN: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// Something that attaches uprobe programs (the sampler; tests use a recorder).
-pub trait Uprobes {
-    /// Attaches `program` at file offset `offset` of the binary at `path`, for every process.
-    fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError>;
-    /// Attaches `program` at `offset` of `path` for process `pid` only, with `cookie`.
-    fn attach_process_probe(
-        &mut self,
-        program: &'static str,
-        path: &Path,
-        offset: u64,
-        cookie: u64,
-        pid: u32,
-    ) -> Result<(), BpfError>;
-    /// Detaches the probes attached for `pid` (it exited).
-    fn detach_process_probes(&mut self, pid: u32);
-}
-
-/// A loaded uprobe program of the object.
-fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, BpfError> {
-    ebpf.program_mut(name)
-        .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
-        .try_into()
-        .map_err(|e| BpfError::Load(error_chain(&e)))
-}
-
-/// The programs filter by the target set themselves, so a probe for every process costs
-/// the processes that are not targets a trap each; the allocation probes, on functions every
-/// process calls, are attached per process.
-impl Uprobes for Sampler {
-    fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
-        uprobe(&mut self.ebpf, program)?
-            .attach(
-                UProbeAttachLocation::AbsoluteOffset(offset),
-                path,
-                UProbeScope::AllProcesses,
-            )
-            .map(|_| ())
-            .map_err(|e| BpfError::Attach {
-                what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
-                reason: error_chain(&e),
-            })
-    }
-
-    fn attach_process_probe(
-        &mut self,
-        program: &'static str,
-        path: &Path,
-        offset: u64,
-        cookie: u64,
-        pid: u32,
-    ) -> Result<(), BpfError> {
-        let scope = std::num::NonZeroU32::new(pid)
-            .map(UProbeScope::OneProcess)
-            .ok_or_else(|| BpfError::Attach {
-                what: format!("uprobe {program}"),
-                reason: "pid 0".into(),
-            })?;
-        let point = UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(offset),
-            cookie: Some(cookie),
-        };
-        let link = uprobe(&mut self.ebpf, program)?
-            .attach(point, path, scope)
-            .map_err(|e| BpfError::Attach {
-                what: format!(
-                    "uprobe {program} at {}+{offset:#x} for pid {pid}",
-                    path.display()
-                ),
-                reason: error_chain(&e),
-            })?;
-        self.pid_probes
-            .entry(pid)
-            .or_default()
-            .push((program, link));
-        Ok(())
-    }
-
-    fn detach_process_probes(&mut self, pid: u32) {
-        for (program, link) in self.pid_probes.remove(&pid).unwrap_or_default() {
-            if let Ok(prog) = uprobe(&mut self.ebpf, program) {
-                let _ = prog.detach(link);
-            }
-        }
-    }
-}
-
-/// The GIL probe programs: take_gil's entry and return, drop_gil's entry.
-pub const GIL_PROGRAMS: [&str; 3] = ["gil_take_enter", "gil_take_return", "gil_drop"];
-
-/// Which processes the kernel side samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Filter {
-    /// Every process but the idle task and pyrometer itself.
-    All,
-    /// Only processes in the `targets` map.
-    Targets,
-}
-
-#[derive(Debug, Clone)]
-pub struct SamplerConfig {
-    pub frequency_hz: u64,
-    pub filter: Filter,
-    /// Ring buffer size in bytes: a power of two and a multiple of the page size.
-    pub ring_buffer_bytes: u32,
-    pub btf_path: PathBuf,
-    /// Capacity of the unwind row array shared by all unwind tables (12 bytes a row).
-    pub unwind_rows: u32,
-    /// Off-CPU time (the sched_switch program): `Some(minimum blocked ns reported)`.
-    pub off_cpu_min_ns: Option<u64>,
-    /// GIL wait and hold time: loads the take_gil/drop_gil probe programs, attached per
-    /// interpreter binary with [`Sampler::attach_uprobe`].
-    pub gil: bool,
-    /// Allocation sampling: loads the allocator probe programs, attached per process.
-    pub alloc: Option<AllocConfig>,
-    /// Walk user stacks with DWARF unwind tables (`--unwind dwarf`); frame pointers only
-    /// otherwise. A kernel that refuses the walk turns it off (see [`Sampler::refusals`]).
-    pub dwarf: bool,
-    /// `debug_reject` bits (tests only): makes the kernel refuse the stages named.
-    pub debug_reject: u32,
-}
-
-/// How allocations are sampled (`record --alloc`, the agent's `--alloc-*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AllocConfig {
-    /// Mean bytes between samples; 1 samples every allocation.
-    pub sample_bytes: u64,
-    /// Capacity of the kernel's table of sampled blocks still allocated.
-    pub live_entries: u32,
-    /// Only processes added with [`Sampler::add_alloc_target`] (the agent), rather than every
-    /// target (`record`).
-    pub own_targets: bool,
-}
-
-/// `--alloc-sample-bytes` default: tcmalloc's and Go's rate.
-pub const DEFAULT_ALLOC_SAMPLE_BYTES: u64 = 512 * 1024;
-/// `--alloc-live` default: sampled blocks tracked at once (about 80 bytes each in the kernel).
-pub const DEFAULT_ALLOC_LIVE: u32 = 262_144;
-
-/// The allocator probe programs: every entry point's entry, and the return of those that
-/// return a block.
-pub const ALLOC_ENTER: &str = "alloc_enter";
-pub const ALLOC_RETURN: &str = "alloc_return";
-/// The preloaded sampler library's probe functions' programs (`pyrometer_alloc_sampled`,
-/// `pyrometer_free_sampled`, `pyrometer_realloc_sampled`), attached for every process.
-pub const ALLOC_PRELOAD: &str = "alloc_preload";
-pub const ALLOC_PRELOAD_FREE: &str = "alloc_preload_free";
-pub const ALLOC_PRELOAD_MOVE: &str = "alloc_preload_move";
-
-impl Default for SamplerConfig {
-    fn default() -> Self {
-        Self {
-            frequency_hz: 99,
-            filter: Filter::Targets,
-            ring_buffer_bytes: 8 << 20,
-            btf_path: PathBuf::from(KERNEL_BTF),
-            unwind_rows: 1 << 20,
-            off_cpu_min_ns: None,
-            gil: false,
-            alloc: None,
-            dwarf: true,
-            debug_reject: 0,
-        }
-    }
-}
+pub use config::*;
+pub use counters::{AllocCounters, Counters, ProgramStats, PythonCounters, UnwindCounters};
+pub use load::{Feature, Refusal};
+pub use uprobes::Uprobes;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
@@ -214,101 +47,18 @@ pub enum BpfError {
     Map(&'static str, String),
 }
 
-/// Sums of the per-CPU health counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub samples: u64,
-    pub ringbuf_drops: u64,
-    pub kernel_stack_errors: u64,
-    pub user_stack_errors: u64,
-    pub user_stack_truncated: u64,
-    pub targets_full: u64,
-    pub unwind: UnwindCounters,
-    /// Off-CPU intervals sent to the ring buffer.
-    pub offcpu_events: u64,
-    /// Threads that blocked while `offcpu_pending` was full (their interval is lost).
-    pub offcpu_map_full: u64,
-    pub python: PythonCounters,
-    pub alloc: AllocCounters,
-    /// Nanoseconds the sampler spent on target samples, timed by the program itself.
-    pub sample_ns: u64,
-    /// Nanoseconds spent walking Python frame chains (all programs), self-timed.
-    pub python_ns: u64,
+/// The DWARF unwinder's maps: the row array and its bucket index (both memory-mapped by the
+/// unwinder, with their capacities) and the per-process mapping table.
+pub struct UnwindMaps {
+    pub rows: MapData,
+    pub rows_capacity: u32,
+    pub index: MapData,
+    pub index_entries: u32,
+    pub procs: BpfHashMap<MapData, u32, shared::ProcessUnwind>,
 }
 
-/// The kernel's Python frame walker: stacks of registered Python processes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PythonCounters {
-    /// Stacks of Python processes the walker looked at.
-    pub walks: u64,
-    /// ... of threads without a Python thread state (native threads, or not yet registered).
-    pub no_thread: u64,
-    /// ... whose frame chain was longer than a record holds (innermost frames kept).
-    pub truncated: u64,
-    /// ... whose frame chain could not be read to its end.
-    pub read_errors: u64,
-    /// Thread-state lists walked to find a thread seen for the first time.
-    pub tstate_searches: u64,
-    /// Contended GIL waits sent (`--gil`).
-    pub gil_wait_events: u64,
-    /// Contended waits whose stack was not kept (`gil_pending` full).
-    pub gil_pending_full: u64,
-    /// Threads whose GIL time was not tracked (`gil_threads` full).
-    pub gil_threads_full: u64,
-}
-
-/// The allocation probes (`--alloc`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AllocCounters {
-    /// Sampled allocations sent.
-    pub samples: u64,
-    /// Frees of sampled blocks sent.
-    pub frees: u64,
-    /// Sampled blocks not tracked for their free (`alloc_live` full).
-    pub live_full: u64,
-    /// Allocator calls not seen (`alloc_threads` full).
-    pub threads_full: u64,
-    /// Frees the preloaded library reported (it reports the frees of sampled blocks only).
-    pub preload_frees: u64,
-}
-
-/// Why DWARF walks stopped early, and how many reached the outermost frame.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UnwindCounters {
-    pub samples: u64,
-    pub complete: u64,
-    pub no_mapping: u64,
-    pub no_table: u64,
-    pub no_row: u64,
-    pub bad_cfa: u64,
-    pub truncated: u64,
-    /// Frames whose row came from the per-CPU row cache, and those searched for.
-    pub row_hits: u64,
-    pub row_searches: u64,
-}
-
-impl UnwindCounters {
-    /// Walks that left the tables for frame pointers (code without a table or outside the
-    /// known mappings) and followed them to a zero return address: the kernel counts no
-    /// reason for them, so they are what the reasons and the complete walks leave over.
-    pub fn by_frame_pointers(&self) -> u64 {
-        self.samples.saturating_sub(
-            self.complete
-                + self.no_mapping
-                + self.no_table
-                + self.no_row
-                + self.bad_cfa
-                + self.truncated,
-        )
-    }
-}
-
-/// Run time and count of the perf_event program, from `kernel.bpf_stats_enabled`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProgramStats {
-    pub run_time_ns: u64,
-    pub run_count: u64,
-}
+/// The Python frame walker's process map: pid → where its interpreter keeps its state.
+pub type PyProcs = BpfHashMap<MapData, u32, shared::PyProcess>;
 
 /// The loaded and attached sampler. Dropping it detaches everything.
 pub struct Sampler {
@@ -335,10 +85,10 @@ pub struct Sampler {
     offcpu: Option<(BpfHashMap<MapData, u32, shared::OffCpuRecord>, u64)>,
     /// Features the kernel refused (the capture goes on without them).
     refusals: Vec<Refusal>,
-    /// How each loaded program's load went.
-    loads: Vec<ProgramLoad>,
     /// Whether the programs walk stacks with DWARF tables.
     dwarf: bool,
+    /// Samples per second per CPU, once started.
+    frequency_hz: u64,
 }
 
 impl Sampler {
@@ -358,24 +108,17 @@ impl Sampler {
         raise_memlock_limit();
 
         let mut refusals = Vec::new();
-        let mut loads = Vec::new();
         let mut dwarf = config.dwarf;
         // The sampler first: when the kernel refuses the DWARF walk, the object is made again
         // without it (a load-time constant the verifier prunes by), frame pointers instead.
         let mut ebpf = loop {
             let mut ebpf = load::open(config, &btf, dwarf)?;
-            loads.clear();
             for (name, tracepoint) in load::LIFECYCLE {
-                let done =
-                    load::load_program(&mut ebpf, &btf, name, load::Kind::Tracepoint(tracepoint))
-                        .map_err(|f| BpfError::Refused(f.refusal(Feature::DwarfUnwinding)))?;
-                loads.push(done);
+                load::load_program(&mut ebpf, &btf, name, load::Kind::Tracepoint(tracepoint))
+                    .map_err(|f| BpfError::Refused(f.refusal(Feature::DwarfUnwinding)))?;
             }
             match load::load_program(&mut ebpf, &btf, load::SAMPLER, load::Kind::PerfEvent) {
-                Ok(done) => {
-                    loads.push(done);
-                    break ebpf;
-                }
+                Ok(_) => break ebpf,
                 Err(failure) if dwarf => {
                     refusals.push(failure.refusal(Feature::DwarfUnwinding));
                     dwarf = false;
@@ -395,7 +138,7 @@ impl Sampler {
             let mut ok = true;
             for (name, kind) in load::feature_programs(feature) {
                 match load::load_program(&mut ebpf, &btf, name, kind) {
-                    Ok(done) => loads.push(done),
+                    Ok(_) => {}
                     Err(failure) => {
                         refusals.push(failure.refusal(feature));
                         ok = false;
@@ -457,8 +200,8 @@ impl Sampler {
             pid_probes: std::collections::HashMap::new(),
             offcpu,
             refusals,
-            loads,
             dwarf,
+            frequency_hz: config.frequency_hz,
         })
     }
 
@@ -477,31 +220,28 @@ impl Sampler {
         self.dwarf
     }
 
-    /// How each loaded program's verification went.
-    pub fn program_loads(&self) -> &[ProgramLoad] {
-        &self.loads
-    }
-
-    /// Hands out the DWARF unwinder's maps (once). Until processes are registered with it,
-    /// every user stack is walked by frame pointers.
-    pub fn unwinder(&mut self) -> Result<crate::unwinder::Unwinder, BpfError> {
+    /// Hands out the DWARF unwinder's maps (once), for the unwinder that fills them. Until
+    /// processes are registered there, every user stack is walked by frame pointers.
+    pub fn take_unwind_maps(&mut self) -> Result<UnwindMaps, BpfError> {
         let (rows, index, procs) = self
             .unwind_maps
             .take()
             .ok_or_else(|| BpfError::Map("unwind_rows", "already taken".into()))?;
-        let index_entries = load::index_entries(self.unwind_rows);
-        crate::unwinder::Unwinder::new(rows, self.unwind_rows, index, index_entries, procs)
-            .map_err(|e| BpfError::Map("unwind_rows", e.to_string()))
+        Ok(UnwindMaps {
+            rows,
+            rows_capacity: self.unwind_rows,
+            index,
+            index_entries: load::index_entries(self.unwind_rows),
+            procs,
+        })
     }
 
-    /// Hands out the Python frame walker's process map (once), as the tracker that fills it.
-    /// Until processes are registered with it, stacks have native frames only.
-    pub fn python_tracker(&mut self) -> Result<crate::python::tracker::PyTracker, BpfError> {
-        let map = self
-            .py_procs
+    /// Hands out the Python frame walker's process map (once), for the tracker that fills it.
+    /// Until processes are registered there, stacks have native frames only.
+    pub fn take_py_procs(&mut self) -> Result<PyProcs, BpfError> {
+        self.py_procs
             .take()
-            .ok_or_else(|| BpfError::Map("py_procs", "already taken".into()))?;
-        Ok(crate::python::tracker::PyTracker::new(Some(map)))
+            .ok_or_else(|| BpfError::Map("py_procs", "already taken".into()))
     }
 
     /// Adds a process to the agent's allocation targets.
@@ -522,8 +262,15 @@ impl Sampler {
         }
     }
 
-    /// Attaches the sampler to the software cpu-clock event of every online CPU.
-    pub fn start(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
+    /// Samples per second per CPU (`SamplerConfig::frequency_hz`).
+    pub fn frequency_hz(&self) -> u64 {
+        self.frequency_hz
+    }
+
+    /// Attaches the sampler to the software cpu-clock event of every online CPU, at the
+    /// configured frequency.
+    pub fn start(&mut self) -> Result<(), BpfError> {
+        let frequency_hz = self.frequency_hz;
         let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Attach {
             what: "perf events".into(),
             reason: format!("{what}: {e}"),
@@ -589,7 +336,7 @@ impl Sampler {
     /// The off-CPU records of threads still blocked at `now_ns` (CLOCK_MONOTONIC), as if they
     /// ran again now. Without them a thread that blocks for the whole capture (an idle worker
     /// waiting for tasks) would never be seen, since its interval is sent only when it wakes.
-    pub fn pending_off_cpu(&self, now_ns: u64) -> Vec<Vec<u8>> {
+    pub fn pending_off_cpu(&self, now_ns: u64) -> Vec<shared::PendingOffCpu> {
         let Some((pending, min_ns)) = &self.offcpu else {
             return Vec::new();
         };
@@ -597,8 +344,8 @@ impl Sampler {
             .iter()
             .filter_map(Result::ok)
             .filter_map(|(_, rec)| {
-                let blocked = now_ns.saturating_sub(rec.header.timestamp_ns);
-                (blocked >= *min_ns).then(|| rec.to_record(blocked))
+                let blocked = now_ns.saturating_sub(rec.hdr.timestamp_ns);
+                (blocked >= *min_ns).then(|| shared::PendingOffCpu::new(rec, blocked))
             })
             .collect()
     }
@@ -613,55 +360,6 @@ impl Sampler {
         let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         // SAFETY: one valid pollfd for the duration of the call.
         unsafe { libc::poll(&mut pfd, 1, ms) };
-    }
-
-    pub fn counters(&self) -> Counters {
-        let sum = |index: u32| -> u64 {
-            self.counters
-                .get(&index, 0)
-                .map(|v| v.iter().sum())
-                .unwrap_or(0)
-        };
-        Counters {
-            samples: sum(shared::counter::SAMPLES),
-            ringbuf_drops: sum(shared::counter::RINGBUF_DROPS),
-            kernel_stack_errors: sum(shared::counter::KERNEL_STACK_ERRORS),
-            user_stack_errors: sum(shared::counter::USER_STACK_ERRORS),
-            user_stack_truncated: sum(shared::counter::USER_STACK_TRUNCATED),
-            targets_full: sum(shared::counter::TARGETS_FULL),
-            unwind: UnwindCounters {
-                samples: sum(shared::counter::UNWIND_SAMPLES),
-                complete: sum(shared::counter::UNWIND_COMPLETE),
-                no_mapping: sum(shared::counter::UNWIND_NO_MAPPING),
-                no_table: sum(shared::counter::UNWIND_NO_TABLE),
-                no_row: sum(shared::counter::UNWIND_NO_ROW),
-                bad_cfa: sum(shared::counter::UNWIND_BAD_CFA),
-                truncated: sum(shared::counter::UNWIND_TRUNCATED),
-                row_hits: sum(shared::counter::UNWIND_ROW_HITS),
-                row_searches: sum(shared::counter::UNWIND_ROW_SEARCHES),
-            },
-            offcpu_events: sum(shared::counter::OFFCPU_EVENTS),
-            offcpu_map_full: sum(shared::counter::OFFCPU_MAP_FULL),
-            python: PythonCounters {
-                walks: sum(shared::counter::PY_WALKS),
-                no_thread: sum(shared::counter::PY_NO_THREAD),
-                truncated: sum(shared::counter::PY_TRUNCATED),
-                read_errors: sum(shared::counter::PY_READ_ERRORS),
-                tstate_searches: sum(shared::counter::PY_TSTATE_SEARCHES),
-                gil_wait_events: sum(shared::counter::GIL_WAIT_EVENTS),
-                gil_pending_full: sum(shared::counter::GIL_PENDING_FULL),
-                gil_threads_full: sum(shared::counter::GIL_THREADS_FULL),
-            },
-            alloc: AllocCounters {
-                samples: sum(shared::counter::ALLOC_SAMPLES),
-                frees: sum(shared::counter::ALLOC_FREES),
-                live_full: sum(shared::counter::ALLOC_LIVE_FULL),
-                threads_full: sum(shared::counter::ALLOC_THREADS_FULL),
-                preload_frees: sum(shared::counter::ALLOC_PRELOAD_FREES),
-            },
-            sample_ns: sum(shared::counter::SAMPLE_NS),
-            python_ns: sum(shared::counter::PY_NS),
-        }
     }
 
     /// The perf_event program's accumulated run time (only counted while the
@@ -784,9 +482,11 @@ mod kernel_tests {
     use std::time::Instant;
 
     fn privileged() -> bool {
-        let ok =
-            crate::privileges::check(crate::privileges::SAMPLING, crate::privileges::effective())
-                .is_ok();
+        let ok = crate::os::privileges::check(
+            crate::os::privileges::SAMPLING,
+            crate::os::privileges::effective(),
+        )
+        .is_ok();
         if !ok {
             skip_ledger::skip(
                 "root",
@@ -810,9 +510,13 @@ mod kernel_tests {
         }
         let mut target = spinner();
         let mut other = spinner();
-        let mut sampler = Sampler::load(&SamplerConfig::default()).expect("load");
+        let config = SamplerConfig {
+            frequency_hz: 199,
+            ..SamplerConfig::default()
+        };
+        let mut sampler = Sampler::load(&config).expect("load");
         sampler.add_target(target.id(), false).unwrap();
-        sampler.start(199).unwrap();
+        sampler.start().unwrap();
         let (mut mine, mut foreign, mut with_user) = (0, 0, 0);
         // Until enough samples arrived: on a busy machine the spinner may get little CPU.
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -95,8 +95,11 @@ pub fn configurations(btf_path: &Path) -> Vec<Configuration> {
 
 /// One program of one configuration.
 pub struct Row {
+    /// The configuration loaded (`default`, `dwarf off`, ...).
     pub configuration: &'static str,
+    /// The program.
     pub program: &'static str,
+    /// What the verifier said of it.
     pub outcome: Result<ProgramLoad, LoadFailure>,
 }
 

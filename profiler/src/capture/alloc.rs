@@ -63,7 +63,7 @@ impl AllocState {
         let mut is_alive = |pid: u32| {
             *alive
                 .entry(pid)
-                .or_insert_with(|| crate::target::alive(proc_root, pid))
+                .or_insert_with(|| crate::os::pids::alive(proc_root, pid))
         };
         self.live.retain(|&(pid, _), _| is_alive(pid));
         self.means.retain(|&pid, _| is_alive(pid));
@@ -93,6 +93,7 @@ impl AllocState {
 
 impl Capture {
     /// Counts one sampled allocation of `size` bytes at `addr` in stack `key`.
+    #[cfg(test)]
     pub fn count_alloc(&mut self, key: RawStack, size: u64, addr: u64, timestamp_ns: u64) {
         self.count_sampled(key, size, Some(addr), timestamp_ns);
     }
@@ -193,7 +194,7 @@ impl Capture {
             return HashMap::new();
         };
         let now = if a.now_ns == 0 {
-            super::monotonic_now_ns()
+            crate::os::clock::monotonic_now_ns()
         } else {
             a.now_ns
         };
@@ -213,7 +214,7 @@ impl Capture {
 mod tests {
     use super::*;
     use crate::model::Profile;
-    use crate::procs::ProcessRegistry;
+    use crate::os::procs::ProcessRegistry;
     use crate::symbolize::Symbolizer;
 
     fn stack(tid: u32) -> RawStack {

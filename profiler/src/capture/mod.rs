@@ -12,18 +12,17 @@
 
 use std::collections::{HashMap, HashSet};
 
-use pyrometer_ebpf::{RawSample, RawSpan};
-
 use std::sync::Arc;
 
-use crate::bpf::Sampler;
-use crate::model::{Frame, FrameKind, Interner, LabelValue, Labels, Profile, Sources};
-use crate::procs::ProcessRegistry;
-use crate::python::merge::{self, FrameView};
+use pyrometer_ebpf::RawSpan;
+
+use crate::model::Interner;
+use crate::python::merge::FrameView;
 use crate::python::tracker::{PyFrameName, PyTracker};
-use crate::symbolize::Symbolizer;
 
 mod alloc;
+mod ingest;
+mod profile;
 mod timeline;
 pub use alloc::{AllocState, LiveBlock};
 pub use timeline::{
@@ -74,17 +73,6 @@ pub struct StackCount {
     pub gil_held: u64,
 }
 
-/// The current CLOCK_MONOTONIC time in ns, the clock BPF timestamps use.
-pub fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// What the capture loop accumulates.
 #[derive(Default)]
 pub struct Capture {
@@ -122,6 +110,8 @@ pub struct Capture {
     pub off_cpu_reported: HashMap<u32, (u64, u64, bool)>,
     /// Records that failed to parse (never expected; counted, not hidden).
     pub bad_records: u64,
+    /// A sample of a Ray worker (comm `ray::…`) was read since the caller last cleared this.
+    pub ray_seen: bool,
     /// Kernel stack ids that were gone from the stack map when read.
     pub missing_kernel_stacks: u64,
     pub pids: HashSet<u32>,
@@ -165,234 +155,12 @@ pub struct Capture {
     awaited_names: HashSet<(u32, u32)>,
 }
 
-/// Python threads remembered per capture for naming late.
-const MAX_LATE_THREADS: usize = 4096;
-
 impl Capture {
     /// A capture that also keeps per-sample times, up to `timeline.capacity` of them.
     pub fn with_timeline(timeline: Timeline) -> Self {
         Self {
             timeline: Some(timeline),
             ..Self::default()
-        }
-    }
-
-    /// Counts one ring-buffer record.
-    pub fn ingest(
-        &mut self,
-        bytes: &[u8],
-        sampler: &Sampler,
-        registry: &mut ProcessRegistry,
-        python: &mut PyTracker,
-    ) {
-        self.ingest_record(bytes, sampler, registry, python, false);
-    }
-
-    /// Names the record's Python frames now, while the process can still be read.
-    fn python_frames(&mut self, sample: &RawSample, python: &mut PyTracker) -> Vec<u32> {
-        let pid = sample.header.pid;
-        let frames = sample.python_frames();
-        let mut out = Vec::with_capacity(frames.len());
-        for f in frames {
-            self.py_frames_seen += 1;
-            let Some(name) = python.resolve(pid, f) else {
-                self.py_unresolved += 1;
-                continue;
-            };
-            let id = self.py_names.intern(name) & !PY_ENTRY;
-            out.push(if f.entry { id | PY_ENTRY } else { id });
-        }
-        if !out.is_empty()
-            && !self.py_modules.contains_key(&pid)
-            && let Some(m) = python.module(pid)
-        {
-            self.py_modules.insert(pid, m);
-        }
-        out
-    }
-
-    /// `still_blocked`: an off-CPU record made up for a thread that has not woken yet
-    /// ([`Capture::ingest_pending`]), whose interval goes on.
-    fn ingest_record(
-        &mut self,
-        bytes: &[u8],
-        sampler: &Sampler,
-        registry: &mut ProcessRegistry,
-        python: &mut PyTracker,
-        still_blocked: bool,
-    ) {
-        let Ok(sample) = RawSample::parse(bytes) else {
-            self.bad_records += 1;
-            return;
-        };
-        let h = sample.header;
-        if h.flags & pyrometer_ebpf::SAMPLE_FREE != 0 {
-            match sample.moved_to() {
-                Some(to) => self.count_move(h.pid, h.aux, to, h.value),
-                None => self.count_free(h.pid, h.aux),
-            }
-            return;
-        }
-        if h.flags & pyrometer_ebpf::SAMPLE_EVENT_EXEC != 0 {
-            self.forget_allocations(h.pid);
-            self.titles.forget(h.pid);
-            if self.exec_lazily {
-                self.pids.remove(&h.pid);
-                registry.forget(h.pid);
-                self.execs.push(h.pid);
-                return;
-            }
-            self.pids.insert(h.pid);
-            if self
-                .maps_read_after_exec
-                .get(&h.pid)
-                .is_some_and(|&read| h.timestamp_ns <= read)
-            {
-                return;
-            }
-            if registry.exec(h.pid).is_ok() {
-                self.maps_changed.push(h.pid);
-            }
-            return;
-        }
-        if self.pids.insert(h.pid) {
-            // Best effort: a process that is already gone keeps its samples, unsymbolized.
-            if registry.observe(h.pid).is_ok() {
-                self.maps_changed.push(h.pid);
-            }
-        }
-        let mut user: Vec<u64> = sample.user_frames().collect();
-        // An allocation's stack is taken at the allocator's return: its innermost address is
-        // a return address too, and one byte back names the call (as for the other frames).
-        if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0
-            && let Some(leaf) = user.first_mut()
-        {
-            *leaf = leaf.saturating_sub(1);
-        }
-        // Any frame outside the known mappings means the map changed since it was read (the
-        // loader mapped libraries after exec, or a dlopen); refresh is rate-limited.
-        if user.iter().any(|&a| registry.find(h.pid, a).is_none())
-            && let Ok(true) = registry.refresh(h.pid)
-        {
-            self.maps_changed.push(h.pid);
-        }
-        let kernel = if h.kernel_stack_id >= 0 {
-            match self.kernel_stack_cache.get(&h.kernel_stack_id) {
-                Some(frames) => frames.clone(),
-                None => match sampler.kernel_stack(h.kernel_stack_id) {
-                    Some(frames) => {
-                        self.kernel_stack_cache
-                            .insert(h.kernel_stack_id, frames.clone());
-                        frames
-                    }
-                    None => {
-                        self.missing_kernel_stacks += 1;
-                        Vec::new()
-                    }
-                },
-            }
-        } else {
-            sample.inline_kernel_frames().collect()
-        };
-        let comm = sample.comm();
-        let is_python = python.module(h.pid).is_some();
-        let ray = self.titles.labels(h.pid, h.tid, &comm, is_python);
-        // Python threads are labelled with their `threading` name where it can be read.
-        let (thread, thread_named) = match python.thread_name(h.pid, h.tid) {
-            Some(name) => (name.to_string(), true),
-            None => {
-                if self.unnamed_threads.len() < MAX_LATE_THREADS && is_python {
-                    self.unnamed_threads.insert((h.pid, h.tid));
-                    self.awaited_names.insert((h.pid, h.tid));
-                }
-                (comm, false)
-            }
-        };
-        let py = if h.py_frames > 0 {
-            self.python_frames(&sample, python)
-        } else {
-            Vec::new()
-        };
-        python.refresh_spans(h.pid);
-        let span = sample.span().map(|s| self.spans.intern(s));
-        let key = RawStack {
-            pid: h.pid,
-            tid: h.tid,
-            thread,
-            thread_named,
-            user,
-            kernel,
-            ray,
-            span,
-            python: py,
-            complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
-        };
-        if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0 {
-            if h.flags & pyrometer_ebpf::SAMPLE_ALLOC_PRELOAD != 0 {
-                if self.alloc.is_none()
-                    && let Some(mean) = self.alloc_on_preload
-                {
-                    self.alloc = Some(AllocState::new(mean));
-                }
-                self.note_preload_mean(h.pid, registry.proc_root());
-            }
-            let tracked = h.flags & pyrometer_ebpf::SAMPLE_ALLOC_UNTRACKED == 0;
-            self.count_sampled(key, h.value, tracked.then_some(h.aux), h.timestamp_ns);
-        } else if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
-            self.count_gil_wait(key, h.timestamp_ns, h.value);
-        } else if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {
-            let (start, end) = (h.timestamp_ns, h.timestamp_ns.saturating_add(h.value));
-            let from = match self.off_cpu_reported.get(&h.tid) {
-                Some(&(blocked_at, until, _)) if blocked_at == start => until.max(start),
-                _ => start,
-            };
-            if still_blocked {
-                self.off_cpu_reported.insert(h.tid, (start, end, false));
-            } else {
-                self.off_cpu_reported.remove(&h.tid);
-            }
-            if end > from {
-                self.count_off_cpu(key, from, end - from);
-            }
-        } else {
-            if self.gil {
-                let e = self
-                    .thread_samples
-                    .entry(h.tid)
-                    .or_insert_with(|| (h.pid, key.thread.clone(), 0));
-                e.2 += 1;
-                // The latest name: a Python thread's `threading` name becomes readable
-                // once the thread registered.
-                if e.1 != key.thread {
-                    e.1.clone_from(&key.thread);
-                }
-            }
-            let held = h.flags & pyrometer_ebpf::SAMPLE_GIL_HELD != 0;
-            self.count_sample(key, h.timestamp_ns, held);
-        }
-    }
-
-    /// Counts the intervals of threads still blocked ([`Sampler::pending_off_cpu`]) up to
-    /// now, minus what an earlier call reported of the same interval; when the thread wakes,
-    /// its record then counts only the rest. Threads no longer blocked are forgotten, which
-    /// bounds the map by the kernel's pending map.
-    pub fn ingest_pending(
-        &mut self,
-        records: Vec<Vec<u8>>,
-        sampler: &Sampler,
-        registry: &mut ProcessRegistry,
-        python: &mut PyTracker,
-    ) {
-        let blocked: HashSet<u32> = records
-            .iter()
-            .filter_map(|r| RawSample::parse(r).ok())
-            .map(|r| r.header.tid)
-            .collect();
-        // Entries of threads that are not blocked now survive one flush, then go.
-        self.off_cpu_reported
-            .retain(|tid, (_, _, stale)| blocked.contains(tid) || !std::mem::replace(stale, true));
-        for rec in records {
-            self.ingest_record(&rec, sampler, registry, python, true);
         }
     }
 
@@ -444,6 +212,7 @@ impl Capture {
     }
 
     /// Counts one sample of `key` taken at `timestamp_ns`.
+    #[cfg(test)]
     pub fn count(&mut self, key: RawStack, timestamp_ns: u64) {
         self.count_sample(key, timestamp_ns, false);
     }
@@ -501,211 +270,15 @@ impl Capture {
         });
         !self.awaited_names.is_empty()
     }
-
-    /// Symbolizes every distinct stack into a CPU profile (`period_ns` per sample).
-    pub fn into_profile(
-        self,
-        registry: &mut ProcessRegistry,
-        symbolizer: &mut Symbolizer,
-        period_ns: i64,
-    ) -> Profile {
-        self.into_profile_and_timeline(registry, symbolizer, period_ns)
-            .0
-    }
-
-    /// Like [`Capture::into_profile`], and also returns the timeline (when kept) with its
-    /// events pointing at the profile's samples.
-    pub fn into_profile_and_timeline(
-        mut self,
-        registry: &mut ProcessRegistry,
-        symbolizer: &mut Symbolizer,
-        period_ns: i64,
-    ) -> (Profile, Option<Timeline>) {
-        let in_use = self.in_use_by_id();
-        let mut profile = Profile::with_sources(
-            period_ns,
-            Sources {
-                off_cpu: self.off_cpu,
-                gil: self.gil,
-                alloc: self.alloc.is_some(),
-            },
-        );
-        // Raw stack id -> index into profile.samples.
-        let mut sample_of = vec![0u32; self.stacks.len()];
-        let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
-        // Deterministic output order regardless of hash iteration.
-        stacks.sort_by(|a, b| {
-            (
-                a.0.pid,
-                a.0.tid,
-                &a.0.user,
-                &a.0.kernel,
-                &a.0.ray,
-                a.0.span.map(|id| self.spans.get(id)),
-                &a.0.python,
-                a.0.complete,
-            )
-                .cmp(&(
-                    b.0.pid,
-                    b.0.tid,
-                    &b.0.user,
-                    &b.0.kernel,
-                    &b.0.ray,
-                    b.0.span.map(|id| self.spans.get(id)),
-                    &b.0.python,
-                    b.0.complete,
-                ))
-        });
-        for (
-            raw,
-            StackCount {
-                id,
-                count,
-                off_cpu_ns,
-                gil_wait_ns,
-                gil_held,
-            },
-        ) in stacks
-        {
-            // The Python view shows Python frames only, so not the kernel's either.
-            let python_only = self.frames == FrameView::Python && !raw.python.is_empty();
-            let mut frames: Vec<Frame> = if python_only {
-                Vec::new()
-            } else {
-                symbolizer.kernel(&raw.kernel)
-            };
-            if off_cpu_ns > 0 {
-                trim_tracepoint_frames(&mut frames);
-            }
-            let native = symbolizer.user(registry, raw.pid, &raw.user);
-            if raw.python.is_empty() {
-                frames.extend(native);
-            } else {
-                let python: Vec<(Frame, bool)> = raw
-                    .python
-                    .iter()
-                    .map(|&id| {
-                        let name = self.py_names.get(id & !PY_ENTRY);
-                        (python_frame(name), id & PY_ENTRY != 0)
-                    })
-                    .collect();
-                let module = self.py_modules.get(&raw.pid).map(|m| &**m);
-                frames.extend(merge::merge(
-                    native,
-                    &python,
-                    self.frames,
-                    module,
-                    raw.complete,
-                ));
-            }
-            if frames.is_empty() {
-                frames.push(Frame::named("[no stack]", FrameKind::Unknown));
-            }
-            let ids: Vec<u32> = frames
-                .into_iter()
-                .map(|f| profile.intern_frame(f))
-                .collect();
-            let stack = profile.intern_stack(ids);
-            let process = registry
-                .get(raw.pid)
-                .map(|p| p.comm.clone())
-                .unwrap_or_else(|| raw.thread.clone());
-            let thread = match self.late_names.get(&(raw.pid, raw.tid)) {
-                Some(name) if !raw.thread_named => name.clone(),
-                _ => raw.thread,
-            };
-            let labels = Labels::new()
-                .with("pid", LabelValue::Num(i64::from(raw.pid)))
-                .with("tid", LabelValue::Num(i64::from(raw.tid)))
-                .with("comm", LabelValue::Str(process))
-                .with("thread", LabelValue::Str(thread));
-            let labels = match raw.ray.as_deref() {
-                Some(ray) => {
-                    let mut l = labels.with("ray_task", LabelValue::Str(ray.task.clone()));
-                    if let Some(actor) = &ray.actor {
-                        l.set("ray_actor", LabelValue::Str(actor.clone()));
-                    }
-                    if let Some(job) = &ray.job {
-                        l.set("ray_job", LabelValue::Str(job.clone()));
-                    }
-                    l
-                }
-                None => labels,
-            };
-            let labels = match raw.span.map(|id| self.spans.get(id)) {
-                Some(span) => span_labels(labels, span),
-                None => labels,
-            };
-            let ns = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            let n = ns(count);
-            let mut values = vec![n, n.saturating_mul(period_ns)];
-            if self.off_cpu {
-                values.push(ns(off_cpu_ns));
-            }
-            if self.gil {
-                values.push(ns(gil_wait_ns));
-                values.push(ns(gil_held).saturating_mul(period_ns));
-            }
-            if let Some(a) = &self.alloc {
-                let (objects, bytes) = a.sums(id);
-                let (live_objects, live_bytes) = in_use.get(&id).copied().unwrap_or_default();
-                values.extend([objects, bytes, live_objects, live_bytes].map(|v| v.round() as i64));
-            }
-            let index = profile.add(stack, labels, &values);
-            sample_of[id as usize] = u32::try_from(index).unwrap_or(u32::MAX);
-        }
-        let timeline = self.timeline.map(|mut t| {
-            for e in &mut t.events {
-                e.sample = sample_of[e.sample as usize];
-            }
-            for e in &mut t.off_cpu {
-                e.sample = sample_of[e.sample as usize];
-            }
-            t
-        });
-        (profile, timeline)
-    }
-}
-
-/// The `trace_id`, `span_id` and (when the record held one) `span_name` labels of a span.
-fn span_labels(labels: Labels, span: &RawSpan) -> Labels {
-    let labels = labels
-        .with("trace_id", LabelValue::Str(span.trace_hex()))
-        .with("span_id", LabelValue::Str(span.span_hex()));
-    if span.name.is_empty() {
-        labels
-    } else {
-        labels.with("span_name", LabelValue::Str(span.name.clone()))
-    }
-}
-
-/// A Python frame as a profile frame: no module or address, its file and line.
-fn python_frame(name: &PyFrameName) -> Frame {
-    Frame {
-        file: name.file.as_deref().map(str::to_string),
-        line: name.line,
-        ..Frame::named(&*name.function, FrameKind::Python)
-    }
-}
-
-/// Drops the tracepoint machinery from the leaf of an off-CPU kernel stack, which was taken
-/// from inside the sched_switch program: the BPF program skips its own two frames, but whether
-/// `__traceiter_sched_switch` shows up as a third depends on the call path, so the rest is
-/// cut here by name, leaving the stack to end in the scheduler.
-fn trim_tracepoint_frames(frames: &mut Vec<Frame>) {
-    let machinery = |f: &Frame| {
-        f.function.starts_with("__traceiter_")
-            || f.function.starts_with("bpf_trace_run")
-            || f.function.starts_with("bpf_prog_")
-    };
-    if let Some(last) = frames.iter().take(4).rposition(machinery) {
-        frames.drain(..=last);
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::profile::trim_tracepoint_frames;
     use super::*;
+    use crate::model::{Frame, FrameKind, LabelValue};
+    use crate::os::procs::ProcessRegistry;
+    use crate::symbolize::Symbolizer;
 
     fn raw(tid: u32, kernel: u64) -> RawStack {
         RawStack {

@@ -112,8 +112,11 @@ impl Field {
 /// A device as enumerated when NVML was opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// NVML's index of the device.
     pub index: u32,
+    /// Its UUID.
     pub uuid: String,
+    /// Its product name.
     pub name: String,
     /// CLOCK_MONOTONIC ns when the device reported GPU_IS_LOST; it is not polled after that.
     pub lost_at_ns: Option<u64>,
@@ -122,18 +125,21 @@ pub struct DeviceInfo {
 /// A compute process on a device at one poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessSample {
+    /// The process.
     pub pid: u32,
     /// GPU memory the process holds, when NVML knows it.
     pub used_memory: Option<u64>,
     /// The process's latest SM and memory utilization samples (percent), when NVML has any
     /// since the previous poll.
     pub sm_util: Option<u32>,
+    /// ... and memory utilization, percent.
     pub mem_util: Option<u32>,
 }
 
 /// One poll of one device.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceSample {
+    /// The device's NVML index.
     pub index: u32,
     /// CLOCK_MONOTONIC ns, the clock BPF sample timestamps use, so the two line up.
     pub timestamp_ns: u64,
@@ -141,14 +147,17 @@ pub struct DeviceSample {
     pub unix_ms: u64,
     /// One value per [`Field::VALUES`] entry; `None` where the call failed.
     pub values: [Option<u64>; 12],
+    /// The compute processes on the device.
     pub processes: Vec<ProcessSample>,
 }
 
 impl DeviceSample {
+    /// The value of `field`, when it was read.
     pub fn get(&self, field: Field) -> Option<u64> {
         field.slot().and_then(|i| self.values[i])
     }
 
+    /// Sets the value of `field` (`None`: the call failed).
     pub fn set(&mut self, field: Field, value: Option<u64>) {
         if let Some(i) = field.slot() {
             self.values[i] = value;
@@ -173,14 +182,17 @@ pub struct ProcessUsage {
 /// Everything the poller has gathered; shared with readers under a mutex.
 #[derive(Debug, Clone, Default)]
 pub struct GpuState {
+    /// The devices, as enumerated.
     pub devices: Vec<DeviceInfo>,
     /// Oldest first, all devices interleaved in poll order; bounded by `capacity`.
     pub series: VecDeque<DeviceSample>,
+    /// The most samples `series` keeps.
     pub capacity: usize,
     /// Points dropped from the front of `series` because it was full.
     pub dropped: u64,
     /// The last sample of each device (by position in `devices`).
     pub latest: Vec<Option<DeviceSample>>,
+    /// Failed calls, counted.
     pub errors: ErrorCounts,
     /// When the poller started (CLOCK_MONOTONIC ns).
     pub started_ns: u64,
@@ -201,6 +213,7 @@ fn add_usage(usage: &mut BTreeMap<(u32, u32), ProcessUsage>, sample: &DeviceSamp
 }
 
 impl GpuState {
+    /// An empty state for `devices`, keeping `capacity` samples, started at `started_ns`.
     pub fn new(devices: Vec<DeviceInfo>, capacity: usize, started_ns: u64) -> Self {
         Self {
             latest: vec![None; devices.len()],
@@ -238,6 +251,7 @@ impl GpuState {
         usage
     }
 
+    /// The device with NVML index `index`.
     pub fn device(&self, index: u32) -> Option<&DeviceInfo> {
         self.devices.iter().find(|d| d.index == index)
     }
@@ -305,6 +319,7 @@ impl GpuState {
 /// The GPUs one process used over a span: device indexes and the most memory it held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PidGpus {
+    /// The NVML indexes of the devices it used.
     pub devices: Vec<u32>,
     /// Sum over its devices of the most memory held on each, bytes.
     pub memory: u64,
@@ -368,7 +383,7 @@ impl Poller {
         let state = Arc::new(Mutex::new(GpuState::new(
             source.devices().to_vec(),
             capacity,
-            crate::capture::monotonic_now_ns(),
+            crate::os::clock::monotonic_now_ns(),
         )));
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread = {

@@ -10,20 +10,34 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
 use super::{DeviceInfo, DeviceSample, ErrorCounts, Field, ProcessSample};
-use crate::capture::monotonic_now_ns;
+use crate::os::clock::monotonic_now_ns;
 
 /// Why the GPU source is off.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     /// The NVML library could not be loaded: no NVIDIA driver, or a wrong `--nvml-lib`.
     #[error("{path} not found")]
-    LibraryNotFound { path: String },
+    LibraryNotFound {
+        /// The library asked for.
+        path: String,
+    },
     /// The file is there but is no loadable library (wrong architecture, not ELF, ...).
     #[error("cannot load {path}: {detail}")]
-    LibraryUnusable { path: String, detail: String },
+    LibraryUnusable {
+        /// The library.
+        path: String,
+        /// The loader's reason.
+        detail: String,
+    },
     /// The library loaded but NVML did not start (driver not running, no permission).
     #[error("NVML did not initialize from {path}: {error}")]
-    Init { path: String, error: String },
+    Init {
+        /// The library.
+        path: String,
+        /// NVML's error.
+        error: String,
+    },
+    /// NVML started and sees no device.
     #[error("NVML found no GPUs")]
     NoDevices,
 }
@@ -125,10 +139,12 @@ impl NvmlSource {
         })
     }
 
+    /// The devices NVML enumerated.
     pub fn devices(&self) -> &[DeviceInfo] {
         &self.devices
     }
 
+    /// Failed calls, counted.
     pub fn errors(&self) -> &ErrorCounts {
         &self.errors
     }
@@ -233,52 +249,11 @@ impl NvmlSource {
                 Field::ThrottleReasons,
                 device.current_throttle_reasons().map(|r| r.bits()),
             );
-            let mut processes: Vec<ProcessSample> = match device.running_compute_processes() {
-                Ok(list) => list
-                    .into_iter()
-                    .map(|p| ProcessSample {
-                        pid: p.pid,
-                        used_memory: match p.used_gpu_memory {
-                            UsedGpuMemory::Used(b) => Some(b),
-                            UsedGpuMemory::Unavailable => None,
-                        },
-                        sm_util: None,
-                        mem_util: None,
-                    })
-                    .collect(),
-                Err(e) => {
-                    note(Field::Processes, &e);
-                    Vec::new()
-                }
-            };
-            let since = self.last_seen_us.get(&index).copied();
-            match device.process_utilization_stats(since) {
-                Ok(samples) => {
-                    // The newest sample of each process wins.
-                    let mut newest: HashMap<u32, (u64, u32, u32)> = HashMap::new();
-                    for s in samples {
-                        let e = newest.entry(s.pid).or_insert((0, 0, 0));
-                        if s.timestamp >= e.0 {
-                            *e = (s.timestamp, s.sm_util, s.mem_util);
-                        }
-                    }
-                    if let Some(max) = newest.values().map(|v| v.0).max() {
-                        self.last_seen_us.insert(index, max);
-                    }
-                    for p in &mut processes {
-                        if let Some(&(_, sm, mem)) = newest.get(&p.pid) {
-                            p.sm_util = Some(sm);
-                            p.mem_util = Some(mem);
-                        }
-                    }
-                }
-                // No sample since the last one seen: the driver samples processes every
-                // ~1/6 s, and answers NOT_FOUND (not an empty list) for an idle device or a
-                // poll between two samples. The processes keep no utilization for this poll.
-                Err(NvmlError::NotFound) => {}
-                Err(e) => note(Field::ProcessUtilization, &e),
-            }
-            sample.processes = processes;
+            sample.processes = read_processes(
+                &device,
+                self.last_seen_us.entry(index).or_default(),
+                &mut note,
+            );
             if lost {
                 // Values read before the loss are still the device's last word.
                 self.devices[pos].lost_at_ns = Some(timestamp_ns);
@@ -287,4 +262,59 @@ impl NvmlSource {
         }
         out
     }
+}
+
+/// The device's compute processes with their memory and, from the samples since
+/// `last_seen_us` (which moves on), their utilization.
+fn read_processes(
+    device: &nvml_wrapper::Device<'_>,
+    last_seen_us: &mut u64,
+    note: &mut impl FnMut(Field, &NvmlError),
+) -> Vec<ProcessSample> {
+    let mut processes: Vec<ProcessSample> = match device.running_compute_processes() {
+        Ok(list) => list
+            .into_iter()
+            .map(|p| ProcessSample {
+                pid: p.pid,
+                used_memory: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+                sm_util: None,
+                mem_util: None,
+            })
+            .collect(),
+        Err(e) => {
+            note(Field::Processes, &e);
+            Vec::new()
+        }
+    };
+    let since = (*last_seen_us > 0).then_some(*last_seen_us);
+    match device.process_utilization_stats(since) {
+        Ok(samples) => {
+            // The newest sample of each process wins.
+            let mut newest: HashMap<u32, (u64, u32, u32)> = HashMap::new();
+            for s in samples {
+                let e = newest.entry(s.pid).or_insert((0, 0, 0));
+                if s.timestamp >= e.0 {
+                    *e = (s.timestamp, s.sm_util, s.mem_util);
+                }
+            }
+            if let Some(max) = newest.values().map(|v| v.0).max() {
+                *last_seen_us = max;
+            }
+            for p in &mut processes {
+                if let Some(&(_, sm, mem)) = newest.get(&p.pid) {
+                    p.sm_util = Some(sm);
+                    p.mem_util = Some(mem);
+                }
+            }
+        }
+        // No sample since the last one seen: the driver samples processes every
+        // ~1/6 s, and answers NOT_FOUND (not an empty list) for an idle device or a
+        // poll between two samples. The processes keep no utilization for this poll.
+        Err(NvmlError::NotFound) => {}
+        Err(e) => note(Field::ProcessUtilization, &e),
+    }
+    processes
 }

@@ -19,7 +19,9 @@ pub const IDLE_UTILIZATION_PERCENT: u64 = 5;
 /// Time the GPU was idle while the profiled processes were on the CPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct IdleShare {
+    /// On-CPU time (ns) during which the GPU was idle.
     pub idle_on_cpu_ns: u64,
+    /// On-CPU time (ns) of the profiled processes.
     pub on_cpu_ns: u64,
 }
 
@@ -33,19 +35,31 @@ impl IdleShare {
 /// One device's numbers over the recording.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeviceSummary {
+    /// NVML's index of the device.
     pub index: u32,
+    /// Its UUID.
     pub uuid: String,
+    /// Its product name.
     pub name: String,
+    /// Polls of it.
     pub polls: u64,
+    /// From its first poll to its last, ns.
     pub span_ns: u64,
+    /// Mean GPU utilization, percent.
     pub utilization_mean: Option<f64>,
+    /// Highest GPU utilization, percent.
     pub utilization_max: Option<u64>,
+    /// Mean memory utilization, percent.
     pub memory_utilization_mean: Option<f64>,
+    /// Most memory used at once, bytes.
     pub memory_used_max: Option<u64>,
+    /// Its memory, bytes.
     pub memory_total: Option<u64>,
     /// Watts.
     pub power_mean: Option<f64>,
+    /// Its power limit, watts.
     pub power_limit: Option<f64>,
+    /// Highest temperature, degrees Celsius.
     pub temperature_max: Option<u64>,
     /// Only when the caller knew when the processes were on the CPU.
     pub idle: Option<IdleShare>,

@@ -287,6 +287,7 @@ fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin
     })
 }
 
+/// Writes the profile and its timeline as a Chrome trace.
 pub fn write_chrome_trace(
     profile: &Profile,
     timeline: &Timeline,

@@ -10,39 +10,23 @@ use std::io::Write;
 use crate::model::{Frame, FrameKind, LabelValue, Profile};
 use crate::output::{OutputError, check_type};
 
-/// Suffix FlameGraph and inferno use to mark kernel frames (inferno's palettes colour it).
-pub const KERNEL_SUFFIX: &str = "_[k]";
+pub use pyrometer_proto::naming::KERNEL_SUFFIX;
 
-/// Makes a name safe for a folded line: `;` separates frames and a line break ends the line,
-/// so both are replaced; an empty name would look like a missing frame.
+/// Makes a name safe for a folded line ([`pyrometer_proto::naming::clean`]).
 pub fn sanitize(name: &str) -> String {
-    let cleaned: String = name
-        .chars()
-        .map(|c| match c {
-            ';' => ':',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect();
-    let trimmed = cleaned.trim();
-    if trimmed.is_empty() {
-        "[unknown]".to_string()
-    } else {
-        trimmed.to_string()
-    }
+    pyrometer_proto::naming::clean(name).into_owned()
 }
 
-/// The name a frame gets in folded output (and in other name-based views such as `top`).
-/// Python frames read `function (file:line)`, as py-spy writes them.
+/// The name a frame gets in folded output (and in other name-based views such as `top`),
+/// as the collector names it too ([`pyrometer_proto::naming::frame_name`]).
 pub fn frame_name(frame: &Frame) -> String {
-    if frame.kind == FrameKind::Python {
-        return sanitize(&python_label(frame));
-    }
-    let mut name = sanitize(&frame.function);
-    if frame.kind == FrameKind::Kernel && !name.ends_with(KERNEL_SUFFIX) {
-        name.push_str(KERNEL_SUFFIX);
-    }
-    name
+    let kind = match frame.kind {
+        FrameKind::Python => pyrometer_proto::FrameKind::Python,
+        FrameKind::Kernel => pyrometer_proto::FrameKind::Kernel,
+        _ => pyrometer_proto::FrameKind::Native,
+    };
+    pyrometer_proto::naming::frame_name(kind, &frame.function, frame.file.as_deref(), frame.line)
+        .into_owned()
 }
 
 /// `function (file:line)` for a Python frame (see [`pyrometer_proto::naming`]).
@@ -123,6 +107,7 @@ pub fn to_folded(profile: &Profile, type_index: usize) -> Result<String, OutputE
     Ok(text)
 }
 
+/// Writes one sample type as folded stacks.
 pub fn write_folded(
     profile: &Profile,
     type_index: usize,

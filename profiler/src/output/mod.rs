@@ -27,10 +27,15 @@ mod golden_tests;
 /// A file format `write` can produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OutputFormat {
+    /// Folded stacks (`.folded`, `.txt`).
     Folded,
+    /// A flame graph (`.svg`).
     Svg,
+    /// Gzipped pprof (`.pb.gz`, `.pprof`).
     Pprof,
+    /// speedscope's JSON (`.speedscope.json`).
     Speedscope,
+    /// A Chrome trace (`.trace.json`).
     ChromeTrace,
 }
 
@@ -125,17 +130,27 @@ pub enum OutputError {
     /// A `--format` value that names no format.
     #[error("unknown format '{0}'; valid formats: {names}", names = format_names())]
     UnknownFormat(String),
+    /// A sample type the profile does not have.
     #[error("sample type index {index} out of range: the profile has {count} sample types")]
-    NoSuchType { index: usize, count: usize },
+    NoSuchType {
+        /// The type asked for.
+        index: usize,
+        /// The types there are.
+        count: usize,
+    },
+    /// Nothing of the type to draw (its name).
     #[error("no samples of type '{0}' to draw")]
     Empty(String),
+    /// inferno failed.
     #[error("cannot render flame graph: {0}")]
     Flamegraph(#[source] std::io::Error),
     #[error(
         "the Chrome trace needs per-sample times, which profile files do not keep: record it \
          with `pyrometer record -o FILE.trace.json`, or convert to speedscope, svg, folded or pprof"
     )]
+    /// A Chrome trace asked of a profile without per-sample times.
     NeedsTimeline,
+    /// The output could not be written.
     #[error("write failed: {0}")]
     Io(#[from] std::io::Error),
 }

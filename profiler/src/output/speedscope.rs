@@ -14,6 +14,7 @@ use crate::model::{LabelValue, Profile, SampleType};
 use crate::output::folded::{frame_name, process_root};
 use crate::output::{OutputError, check_type};
 
+/// The schema speedscope files declare.
 pub const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
 
 /// speedscope's value unit for a sample type; counts have no unit ("none").
@@ -176,6 +177,7 @@ pub fn to_speedscope(
     }))
 }
 
+/// Writes one sample type as a speedscope file.
 pub fn write_speedscope(
     profile: &Profile,
     type_index: usize,

@@ -12,7 +12,9 @@ use crate::output::{OutputError, check_type, folded::frame_name};
 pub struct TopRow {
     /// The function's name as folded output and flame graphs show it (kernel ones `_[k]`).
     pub name: String,
+    /// Its own value (as the leaf).
     pub flat: i64,
+    /// Its value with what it called (anywhere in the stack).
     pub cum: i64,
 }
 

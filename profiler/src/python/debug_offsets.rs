@@ -34,7 +34,7 @@
 
 use super::PythonError;
 use super::memory::Memory;
-use super::offsets::{FrameKind, LineTableKind, PyOffsets};
+use super::offsets::{FIRST_MINOR, FrameKind, LineTableKind, PyOffsets};
 use super::version::PythonVersion;
 
 /// `_Py_DebugOffsets.cookie`.
@@ -242,9 +242,6 @@ const V315: Layout = Layout {
 
 const LAYOUTS: &[Layout] = &[V313, V314, V315];
 
-/// The first minor version that describes itself.
-pub const FIRST_MINOR: u32 = 13;
-
 /// A process's layout as its interpreter describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Described {
@@ -323,15 +320,97 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         other => return Err(format!("_Py_DebugOffsets.free_threaded is {other}")),
     };
     let mut c = Checker { word: &word };
-    let runtime = c.size("runtime_state", l.runtime_size)?;
-    let interp = c.size("interpreter_state", l.interp_size)?;
-    let tstate = c.size("thread_state", l.tstate_size)?;
-    let frame = c.size("interpreter_frame", l.frame_size)?;
-    let code = c.size("code_object", l.code_size)?;
-    let object = c.size("pyobject", l.object_size)?;
-    let bytes = c.size("bytes_object", l.bytes_size)?;
-    let unicode = c.size("unicode_object", l.unicode_size)?;
+    let sizes = Sizes::check(&mut c, l)?;
+    let offsets = described_offsets(&mut c, l, &sizes, version.minor)?;
+    let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
+    let interp = sizes.interp;
+    // The kernel walker reads one fixed-size window of each frame.
+    let frame_end = [
+        offsets.frame_code + 8,
+        offsets.frame_previous + 8,
+        offsets.frame_instr + 8,
+        offsets.frame_owner + 1,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    if frame_end > pyrometer_ebpf::PY_FRAME_READ_MAX {
+        return Err(format!(
+            "its interpreter frame's fields end at byte {frame_end}, past the {} the kernel \
+             walker reads",
+            pyrometer_ebpf::PY_FRAME_READ_MAX
+        ));
+    }
+    let interp_modules = u32_of(c.field(
+        "interpreter_state.imports_modules",
+        l.interp_imports_modules,
+        8,
+        interp,
+    )?);
+    let heaptype_cached_keys = match l.heaptype {
+        Some((size_at, at)) => {
+            let size = c.size("heap_type_object", size_at)?;
+            Some(u32_of(c.field(
+                "heap_type_object.ht_cached_keys",
+                at,
+                8,
+                size,
+            )?))
+        }
+        None => None,
+    };
+    Ok(Described {
+        offsets,
+        free_threaded,
+        interp_modules,
+        heaptype_cached_keys,
+    })
+}
 
+/// The sizes of the structures a description covers, each checked.
+struct Sizes {
+    runtime: u64,
+    interp: u64,
+    tstate: u64,
+    frame: u64,
+    code: u64,
+    object: u64,
+    bytes: u64,
+    unicode: u64,
+}
+
+impl Sizes {
+    fn check(c: &mut Checker<'_>, l: &Layout) -> Result<Sizes, String> {
+        Ok(Sizes {
+            runtime: c.size("runtime_state", l.runtime_size)?,
+            interp: c.size("interpreter_state", l.interp_size)?,
+            tstate: c.size("thread_state", l.tstate_size)?,
+            frame: c.size("interpreter_frame", l.frame_size)?,
+            code: c.size("code_object", l.code_size)?,
+            object: c.size("pyobject", l.object_size)?,
+            bytes: c.size("bytes_object", l.bytes_size)?,
+            unicode: c.size("unicode_object", l.unicode_size)?,
+        })
+    }
+}
+
+/// The offsets a description gives, each checked against its structure's size.
+fn described_offsets(
+    c: &mut Checker<'_>,
+    l: &Layout,
+    sizes: &Sizes,
+    minor: u32,
+) -> Result<PyOffsets, String> {
+    let Sizes {
+        runtime,
+        interp,
+        tstate,
+        frame,
+        code,
+        object,
+        bytes,
+        unicode,
+    } = *sizes;
     let gil_state = c.field(
         "interpreter_state.gil_runtime_state",
         l.interp_gil_state,
@@ -347,13 +426,13 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         Ok::<u32, String>(rel as u32)
     };
     let gil_locked = gil_field(
-        &mut c,
+        c,
         "interpreter_state.gil_runtime_state_locked",
         l.interp_gil_locked,
         4,
     )?;
     let gil_last_holder = gil_field(
-        &mut c,
+        c,
         "interpreter_state.gil_runtime_state_holder",
         l.interp_gil_holder,
         8,
@@ -370,9 +449,9 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         None => unicode_ascii_data + COMPACT_UNICODE_EXTRA,
     };
     let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
-    let offsets = PyOffsets {
+    Ok(PyOffsets {
         major: 3,
-        minor: version.minor,
+        minor,
         frame_kind: FrameKind::Interpreter,
         line_table_kind: LineTableKind::Locations311,
         lasti_unit: 2,
@@ -455,47 +534,6 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         unicode_state: u32_of(c.field("unicode_object.state", l.unicode_state, 4, unicode)?),
         unicode_ascii_data: u32_of(unicode_ascii_data),
         unicode_compact_data: u32_of(unicode_compact_data),
-    };
-    // The kernel walker reads one fixed-size window of each frame.
-    let frame_end = [
-        offsets.frame_code + 8,
-        offsets.frame_previous + 8,
-        offsets.frame_instr + 8,
-        offsets.frame_owner + 1,
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or(0);
-    if frame_end > pyrometer_ebpf::PY_FRAME_READ_MAX {
-        return Err(format!(
-            "its interpreter frame's fields end at byte {frame_end}, past the {} the kernel \
-             walker reads",
-            pyrometer_ebpf::PY_FRAME_READ_MAX
-        ));
-    }
-    let interp_modules = u32_of(c.field(
-        "interpreter_state.imports_modules",
-        l.interp_imports_modules,
-        8,
-        interp,
-    )?);
-    let heaptype_cached_keys = match l.heaptype {
-        Some((size_at, at)) => {
-            let size = c.size("heap_type_object", size_at)?;
-            Some(u32_of(c.field(
-                "heap_type_object.ht_cached_keys",
-                at,
-                8,
-                size,
-            )?))
-        }
-        None => None,
-    };
-    Ok(Described {
-        offsets,
-        free_threaded,
-        interp_modules,
-        heaptype_cached_keys,
     })
 }
 
@@ -524,6 +562,18 @@ impl Checker<'_> {
         }
         Ok(v)
     }
+}
+
+/// A process's layout: the table for 3.8–3.12, else what its interpreter says of itself,
+/// read from its memory (`_Py_DebugOffsets` at `_PyRuntime`).
+pub fn for_process<M: Memory>(
+    mem: &M,
+    rt: &super::version::PythonRuntime,
+) -> Result<Described, PythonError> {
+    if let Some(table) = super::offsets::for_version(rt.version.major, rt.version.minor) {
+        return Ok(Described::tabled(*table));
+    }
+    read(mem, rt.runtime, rt.version)
 }
 
 #[cfg(test)]

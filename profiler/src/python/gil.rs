@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
-use crate::elfsyms::{file_offset, is_copy_of, loads};
+use crate::os::elfsyms::{file_offset, is_copy_of, loads};
 
 /// Probe sites of one interpreter binary, as file offsets of the binary (what uprobes take).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -262,7 +262,7 @@ mod tests {
             assert!(!s.drop.is_empty(), "3.{minor}: {s:?}");
         }
         let debian = Path::new("/usr/bin/python3.11");
-        let Some(id) = crate::procs::read_build_id(debian) else {
+        let Some(id) = crate::os::procs::read_build_id(debian) else {
             skip_ledger::skip(
                 "python:debian-3.11",
                 format!("Debian 3.11: {} is missing", debian.display()),

@@ -24,38 +24,70 @@ mod tests;
 use std::io;
 use std::path::Path;
 
-use crate::procs::{ProcError, ProcessRegistry};
+use crate::os::procs::{ProcError, ProcessRegistry};
 use memory::ProcessMemory;
 use threads::ThreadState;
 use walk::PyFrame;
 
+/// Why a Python process could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum PythonError {
+    /// The pid is gone.
     #[error("no such process: {0}")]
     NoSuchProcess(u32),
+    /// The process maps no interpreter.
     #[error("pid {pid} ({comm}) is not a Python process: no libpython or python executable mapped")]
-    NotPython { pid: u32, comm: String },
+    NotPython {
+        /// The process.
+        pid: u32,
+        /// Its name.
+        comm: String,
+    },
     #[error(
         "Python {version} is not supported by dump ({})",
         unsupported_detail(reason)
     )]
-    Unsupported { version: String, reason: String },
+    /// An interpreter whose layout pyrometer cannot read.
+    Unsupported {
+        /// Its version.
+        version: String,
+        /// Why.
+        reason: String,
+    },
     #[error(
         "cannot read the memory of pid {0}: permission denied (run as its user or as root, or grant CAP_SYS_PTRACE)"
     )]
+    /// The process's memory may not be read (the pid).
     Permission(u32),
+    /// An address the process does not map.
     #[error("unreadable address {0:#x}")]
     BadAddress(u64),
+    /// A read of the process's memory failed.
     #[error("cannot read memory at {addr:#x}: {source}")]
     Read {
+        /// Where.
         addr: u64,
+        /// Why.
         #[source]
         source: io::Error,
     },
+    /// The interpreter's binary is not the ELF file it should be.
     #[error("cannot parse {path}: {reason}")]
-    Elf { path: String, reason: String },
+    Elf {
+        /// The binary.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The interpreter's binary lacks a symbol pyrometer reads.
     #[error("{path} has no symbol {symbol}")]
-    MissingSymbol { symbol: String, path: String },
+    MissingSymbol {
+        /// The symbol.
+        symbol: String,
+        /// The binary.
+        path: String,
+    },
+    /// The process's `/proc` entries could not be read.
     #[error(transparent)]
     Proc(#[from] ProcError),
     /// A cached failure, as its message.
@@ -73,6 +105,7 @@ pub fn unsupported_detail(reason: &str) -> String {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+/// One thread of a [`ProcessDump`].
 pub struct ThreadDump {
     /// Kernel thread id, when it could be told.
     pub tid: Option<u32>,
@@ -82,12 +115,15 @@ pub struct ThreadDump {
     pub name: Option<String>,
     /// `threading.Thread.name`, when `threading` tracks the thread and its name could be read.
     pub python_name: Option<String>,
+    /// What the thread is doing.
     pub state: ThreadState,
+    /// Whether it holds the GIL.
     pub holds_gil: bool,
     /// Why a blocked thread sleeps (its system call), when that could be read.
     pub reason: Option<String>,
     /// Innermost first.
     pub frames: Vec<PyFrame>,
+    /// The stack was cut (too deep, looping or unreadable).
     pub truncated: bool,
     /// With native frames asked for: why this thread has none.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -95,12 +131,17 @@ pub struct ThreadDump {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+/// What `dump` read of a Python process.
 pub struct ProcessDump {
+    /// The process.
     pub pid: u32,
+    /// Its command line, when readable.
     pub command: Option<String>,
+    /// The interpreter's version.
     pub version: String,
     /// The binary holding the interpreter (`libpython3.X.so…` or the executable).
     pub binary: String,
+    /// Its threads.
     pub threads: Vec<ThreadDump>,
 }
 
@@ -119,7 +160,7 @@ pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump
     })?;
     let runtime = version::detect(process)?;
     let mem = ProcessMemory::new(pid);
-    let layout = offsets::for_process(&mem, &runtime)?;
+    let layout = debug_offsets::for_process(&mem, &runtime)?;
     let offsets = &layout.offsets;
     let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
     // Names are a nicety: a `threading` state that does not validate leaves the stacks shown.
@@ -291,13 +332,13 @@ fn task_ids(proc_root: &Path, pid: u32) -> Vec<(u32, u32)> {
     // read).
     let status = |dir: &Path| std::fs::read_to_string(dir.join("status")).ok();
     let own_namespace = status(&proc_root.join(pid.to_string()))
-        .is_some_and(|s| crate::procs::ns_pids(&s).is_some_and(|ids| ids.count() == 1));
+        .is_some_and(|s| crate::os::procs::ns_pids(&s).is_some_and(|ids| ids.count() == 1));
     if own_namespace {
         return tids.map(|tid| (tid, tid)).collect();
     }
     tids.map(|tid| {
         let inner = status(&dir.join(tid.to_string()))
-            .and_then(|s| crate::procs::parse_ns_pid(&s))
+            .and_then(|s| crate::os::procs::parse_ns_pid(&s))
             .unwrap_or(tid);
         (tid, inner)
     })

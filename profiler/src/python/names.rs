@@ -299,7 +299,7 @@ pub fn thread_names_at<M: Memory>(
     let (major, minor) = (rt.version.major, rt.version.minor);
     let base = &layout.offsets;
     let described;
-    let o = if major == 3 && minor >= super::debug_offsets::FIRST_MINOR {
+    let o = if major == 3 && minor >= super::offsets::FIRST_MINOR {
         described = described_names(minor, layout);
         Some(&described)
     } else {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use pyrometer_unwind::{Regs, Step, UnwindRow, lookup, step};
 
-use crate::elfsyms::loads;
-use crate::procs::{BinaryKey, Process};
+use crate::os::elfsyms::loads;
+use crate::os::procs::{BinaryKey, Process};
 
 /// Frames walked at most, as the kernel unwinder.
 pub const MAX_NATIVE_FRAMES: usize = 256;

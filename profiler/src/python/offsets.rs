@@ -18,96 +18,12 @@
 //! their own layout, read per process by [`super::debug_offsets`].
 
 /// `u32::MAX`: the field does not exist in this version.
-pub const ABSENT: u32 = u32::MAX;
+pub const ABSENT: u32 = pyrometer_ebpf::PY_ABSENT;
 
-/// How a frame's instruction position is stored.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameKind {
-    /// ≤3.10: `PyFrameObject`, `f_lasti` an int (bytes in 3.8–3.9, code units in 3.10).
-    FrameObject = 0,
-    /// 3.11+: `_PyInterpreterFrame`, an instruction pointer into `co_code_adaptive`.
-    Interpreter = 1,
-}
-
-/// How `co_linetable` / `co_lnotab` is encoded.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LineTableKind {
-    /// 3.8–3.9 `co_lnotab`: (bytecode delta, signed line delta) pairs.
-    Lnotab = 0,
-    /// 3.10 `co_linetable`: (range length, signed line delta, -128 = none) pairs.
-    Linetable310 = 1,
-    /// 3.11+ location table (PEP 626/657 varint entries in code units).
-    Locations311 = 2,
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PyOffsets {
-    pub major: u32,
-    pub minor: u32,
-    pub frame_kind: FrameKind,
-    pub line_table_kind: LineTableKind,
-    /// Bytes per unit of the stored instruction position (`f_lasti`, or code units for 3.11+).
-    pub lasti_unit: u32,
-
-    // _PyRuntimeState
-    pub runtime_interpreters_head: u32,
-    /// 3.8–3.11: the GIL is embedded in `_PyRuntime.ceval.gil`.
-    pub runtime_gil: u32,
-
-    // PyInterpreterState
-    pub interp_next: u32,
-    pub interp_threads_head: u32,
-    /// 3.12+: `interp->ceval.gil`, a pointer to the GIL state.
-    pub interp_gil_ptr: u32,
-
-    // struct _gil_runtime_state
-    pub gil_last_holder: u32,
-    pub gil_locked: u32,
-    pub gil_size: u32,
-
-    // PyThreadState
-    pub tstate_next: u32,
-    pub tstate_interp: u32,
-    /// ≤3.10 `frame`; 3.13 `current_frame`; 3.11–3.12 `cframe` (then `cframe_current_frame`).
-    pub tstate_frame: u32,
-    pub cframe_current_frame: u32,
-    pub tstate_thread_id: u32,
-    pub tstate_native_thread_id: u32,
-
-    // Frames
-    pub frame_code: u32,
-    pub frame_previous: u32,
-    pub frame_instr: u32,
-    /// 3.11 `is_entry`, unused later.
-    pub frame_is_entry: u32,
-    /// 3.11+ `owner` (a char).
-    pub frame_owner: u32,
-    /// The `owner` value of shim frames pushed by the C stack (3.12+), else `ABSENT`.
-    pub frame_owned_by_cstack: u32,
-
-    // PyCodeObject
-    pub code_filename: u32,
-    pub code_name: u32,
-    pub code_qualname: u32,
-    pub code_firstlineno: u32,
-    pub code_linetable: u32,
-    /// 3.11+: where the instructions start inside the code object.
-    pub code_adaptive: u32,
-
-    // Objects
-    pub object_type: u32,
-    pub bytes_size: u32,
-    pub bytes_data: u32,
-    pub unicode_length: u32,
-    pub unicode_state: u32,
-    /// Data of a compact ASCII string follows `PyASCIIObject`.
-    pub unicode_ascii_data: u32,
-    /// Data of a compact non-ASCII string follows `PyCompactUnicodeObject`.
-    pub unicode_compact_data: u32,
-}
+/// How a frame's instruction position is stored, how the line table is encoded, and the
+/// table itself: the kernel's `struct py_offsets` (ebpf/src/bpf/shared.h), generated from the
+/// header, so the same value is what the walker in the kernel gets.
+pub use pyrometer_ebpf::{PyFrameKind as FrameKind, PyLineTableKind as LineTableKind, PyOffsets};
 
 const BASE: PyOffsets = PyOffsets {
     major: 3,
@@ -228,6 +144,9 @@ const PY312: PyOffsets = PyOffsets {
 /// ([`super::debug_offsets`]).
 pub const SUPPORTED: &[PyOffsets] = &[PY38, PY39, PY310, PY311, PY312];
 
+/// The first minor version that describes itself.
+pub const FIRST_MINOR: u32 = 13;
+
 /// The table for CPython `major.minor` (3.8–3.12), or `None`.
 pub fn for_version(major: u32, minor: u32) -> Option<&'static PyOffsets> {
     SUPPORTED
@@ -237,8 +156,7 @@ pub fn for_version(major: u32, minor: u32) -> Option<&'static PyOffsets> {
 
 /// Whether `major.minor` can be read at all: from a table, or from its own description.
 pub fn is_supported(major: u32, minor: u32) -> bool {
-    for_version(major, minor).is_some()
-        || (major == 3 && minor >= super::debug_offsets::FIRST_MINOR)
+    for_version(major, minor).is_some() || (major == 3 && minor >= FIRST_MINOR)
 }
 
 /// The supported range as text, for messages: `3.8 and newer`.
@@ -247,81 +165,23 @@ pub fn supported_range() -> String {
     format!("3.{first} and newer")
 }
 
-/// A process's layout: the table for 3.8–3.12, else what its interpreter says of itself,
-/// read from its memory (`_Py_DebugOffsets` at `_PyRuntime`).
-pub fn for_process<M: super::memory::Memory>(
-    mem: &M,
-    rt: &super::version::PythonRuntime,
-) -> Result<super::debug_offsets::Described, super::PythonError> {
-    if let Some(table) = for_version(rt.version.major, rt.version.minor) {
-        return Ok(super::debug_offsets::Described::tabled(*table));
-    }
-    super::debug_offsets::read(mem, rt.runtime, rt.version)
-}
-
-impl PyOffsets {
-    /// The table as the kernel's `struct py_offsets` (ebpf/src/bpf/shared.h), field by field.
-    pub fn to_words(&self) -> [u32; pyrometer_ebpf::PY_OFFSET_FIELDS] {
-        [
-            self.major,
-            self.minor,
-            self.frame_kind as u32,
-            self.line_table_kind as u32,
-            self.lasti_unit,
-            self.runtime_interpreters_head,
-            self.runtime_gil,
-            self.interp_next,
-            self.interp_threads_head,
-            self.interp_gil_ptr,
-            self.gil_last_holder,
-            self.gil_locked,
-            self.gil_size,
-            self.tstate_next,
-            self.tstate_interp,
-            self.tstate_frame,
-            self.cframe_current_frame,
-            self.tstate_thread_id,
-            self.tstate_native_thread_id,
-            self.frame_code,
-            self.frame_previous,
-            self.frame_instr,
-            self.frame_is_entry,
-            self.frame_owner,
-            self.frame_owned_by_cstack,
-            self.code_filename,
-            self.code_name,
-            self.code_qualname,
-            self.code_firstlineno,
-            self.code_linetable,
-            self.code_adaptive,
-            self.object_type,
-            self.bytes_size,
-            self.bytes_data,
-            self.unicode_length,
-            self.unicode_state,
-            self.unicode_ascii_data,
-            self.unicode_compact_data,
-        ]
-    }
-
-    /// Bytes of a frame the kernel walker must read to see every frame field it uses.
-    pub fn frame_read_len(&self) -> u32 {
-        let instr_len = match self.frame_kind {
-            FrameKind::FrameObject => 4,
-            FrameKind::Interpreter => 8,
-        };
-        [
-            self.frame_code + 8,
-            self.frame_previous + 8,
-            self.frame_instr + instr_len,
-            self.frame_is_entry.saturating_add(1),
-            self.frame_owner.saturating_add(1),
-        ]
-        .into_iter()
-        .filter(|&end| end != 0 && end <= pyrometer_ebpf::PY_FRAME_READ_MAX)
-        .max()
-        .unwrap_or(pyrometer_ebpf::PY_FRAME_READ_MAX)
-    }
+/// Bytes of a frame the kernel walker must read to see every frame field it uses.
+pub fn frame_read_len(o: &PyOffsets) -> u32 {
+    let instr_len = match o.frame_kind {
+        FrameKind::FrameObject => 4,
+        FrameKind::Interpreter => 8,
+    };
+    [
+        o.frame_code + 8,
+        o.frame_previous + 8,
+        o.frame_instr + instr_len,
+        o.frame_is_entry.saturating_add(1),
+        o.frame_owner.saturating_add(1),
+    ]
+    .into_iter()
+    .filter(|&end| end != 0 && end <= pyrometer_ebpf::PY_FRAME_READ_MAX)
+    .max()
+    .unwrap_or(pyrometer_ebpf::PY_FRAME_READ_MAX)
 }
 
 #[cfg(test)]
@@ -329,26 +189,13 @@ mod kernel_layout_tests {
     use super::*;
 
     #[test]
-    fn words_follow_the_struct() {
-        // The struct is all u32-sized fields in the kernel's order: a byte copy must agree.
-        assert_eq!(size_of::<PyOffsets>(), 4 * pyrometer_ebpf::PY_OFFSET_FIELDS);
-        for o in SUPPORTED {
-            // SAFETY: PyOffsets is #[repr(C)], all fields u32 or #[repr(u32)] enums, no padding
-            // (checked above), so its bytes are exactly PY_OFFSET_FIELDS u32 values.
-            let raw: [u32; pyrometer_ebpf::PY_OFFSET_FIELDS] =
-                unsafe { std::mem::transmute_copy(o) };
-            assert_eq!(raw, o.to_words(), "3.{}", o.minor);
-        }
-    }
-
-    #[test]
     fn frame_reads_cover_every_field() {
         for o in SUPPORTED {
-            let len = o.frame_read_len();
+            let len = frame_read_len(o);
             assert!(len <= pyrometer_ebpf::PY_FRAME_READ_MAX, "3.{}", o.minor);
             assert!(o.frame_instr + 4 <= len && o.frame_previous + 8 <= len);
         }
         // 3.8's f_lasti sits at 104 in PyFrameObject.
-        assert_eq!(for_version(3, 8).unwrap().frame_read_len(), 108);
+        assert_eq!(frame_read_len(for_version(3, 8).unwrap()), 108);
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::offsets::{self, ABSENT, PyOffsets};
-use super::{linetable, version};
+use super::{debug_offsets, linetable, version};
 
 /// (version directory, minor) of the pyenv builds the table was made from.
 pub(super) const PYENV: &[(&str, u32)] = &[
@@ -123,13 +123,13 @@ fn described_by_live_process(mut cmd: Command) -> super::debug_offsets::Describe
     let mut result = None;
     for _ in 0..100 {
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let mut registry = crate::procs::ProcessRegistry::new();
+        let mut registry = crate::os::procs::ProcessRegistry::new();
         let Ok(process) = registry.observe(pid) else {
             continue;
         };
         if let Ok(rt) = version::detect(process) {
             let mem = super::memory::ProcessMemory::new(pid);
-            result = Some(offsets::for_process(&mem, &rt));
+            result = Some(debug_offsets::for_process(&mem, &rt));
             break;
         }
     }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+/// What a thread of a dumped process is doing, from its `/proc` state and wait channel.
 pub enum ThreadState {
     /// On a CPU or runnable (`R`).
     Running,
@@ -20,6 +21,7 @@ pub enum ThreadState {
 }
 
 impl ThreadState {
+    /// The state as `dump` prints it.
     pub fn as_str(self) -> &'static str {
         match self {
             ThreadState::Running => "running",

@@ -21,16 +21,16 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
-use super::debug_offsets::Described;
+use super::debug_offsets::{self, Described};
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
-use super::offsets::{self, ABSENT, PyOffsets};
+use super::offsets::{ABSENT, PyOffsets};
 use super::spans::{self, SpanTable};
 use super::version::{self, BinaryCache, PythonRuntime};
 use super::walk::{CodeObject, Walker};
 use crate::bpf::Uprobes;
-use crate::procs::BinaryKey;
-use crate::procs::Process;
+use crate::os::procs::BinaryKey;
+use crate::os::procs::Process;
 
 /// Code objects cached per process; past this the process's cache starts over.
 const MAX_CODES_PER_PROCESS: usize = 65_536;
@@ -223,10 +223,6 @@ impl PyTracker {
         }
     }
 
-    pub fn stats(&self) -> TrackerStats {
-        self.stats
-    }
-
     /// Probes the GIL of every Python process registered from now on (`record --gil`);
     /// debug files are looked for in `debug_dirs`.
     pub fn enable_gil(&mut self, debug_dirs: Vec<PathBuf>) {
@@ -240,11 +236,6 @@ impl PyTracker {
     /// Reads the interpreter a command about to start will run (see `BinaryCache::prewarm`).
     pub fn prewarm(&mut self, interpreter: &Path) {
         self.binaries.prewarm(interpreter);
-    }
-
-    /// The probe sites of each interpreter binary probed so far.
-    pub fn gil_binaries(&self) -> &[GilSites] {
-        &self.gil_binaries
     }
 
     /// Registered processes whose GIL could not be probed, with the reason.
@@ -311,7 +302,7 @@ impl PyTracker {
             path: path.to_path_buf(),
             dir: path.parent().map(Path::to_path_buf),
             seen: path.to_string_lossy().into_owned(),
-            build_id: crate::procs::read_build_id(path),
+            build_id: crate::os::procs::read_build_id(path),
             root_debug_dirs: Vec::new(),
             seen_in_root: path.to_string_lossy().into_owned(),
         };
@@ -405,7 +396,7 @@ impl PyTracker {
         {
             return;
         }
-        let layout = match offsets::for_process(&ProcessMemory::new(pid), &runtime) {
+        let layout = match debug_offsets::for_process(&ProcessMemory::new(pid), &runtime) {
             Ok(layout) => layout,
             Err(e) => {
                 self.remove(pid);
@@ -428,9 +419,9 @@ impl PyTracker {
         let entry = PyProcess {
             runtime: runtime.runtime,
             gil: gil_address(pid, &runtime, offsets),
-            frame_read: offsets.frame_read_len(),
+            frame_read: super::offsets::frame_read_len(offsets),
             reserved: 0,
-            offsets: offsets.to_words(),
+            off: *offsets,
             span_slots: span_table.map_or(0, |t| t.slots),
             span_mask: span_table.map_or(0, |t| t.mask),
             span_probed_at: 0,
@@ -707,7 +698,7 @@ impl PyTracker {
             }
         }
         for pid in self.pids() {
-            if !crate::target::exists(pid) {
+            if !crate::os::pids::exists(pid) {
                 self.remove(pid);
                 self.noticed.remove(&pid);
             }

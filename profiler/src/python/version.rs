@@ -11,8 +11,8 @@ use std::sync::Arc;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
 use super::PythonError;
-use crate::procs::{Mapping, Process};
-use crate::unwinder::load_bias;
+use crate::os::elfsyms::load_bias;
+use crate::os::procs::{Mapping, Process};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PythonVersion {
@@ -144,7 +144,8 @@ pub struct PyBinary {
 /// Interpreter binaries already looked at, by the binary's identity.
 #[derive(Debug, Default)]
 pub struct BinaryCache {
-    binaries: std::collections::HashMap<crate::procs::BinaryKey, Result<Arc<PyBinary>, Failure>>,
+    binaries:
+        std::collections::HashMap<crate::os::procs::BinaryKey, Result<Arc<PyBinary>, Failure>>,
 }
 
 /// Why a binary is not usable, kept in the cache (errors themselves are not `Clone`).
@@ -160,7 +161,7 @@ impl BinaryCache {
     /// about to start), so registering the process once it runs is quick: its samples have no
     /// Python frames until then. `path` is `interpreter_binary`'s answer.
     pub fn prewarm(&mut self, path: &Path) {
-        let Ok(key) = crate::procs::BinaryKey::of_file(path) else {
+        let Ok(key) = crate::os::procs::BinaryKey::of_file(path) else {
             return;
         };
         if self.binaries.contains_key(&key) {
@@ -386,7 +387,7 @@ fn analyze(
     if let Some((_, _, flags)) = name_version {
         // 'm' (pymalloc) is only a name tag; 'd' (debug) and 't' (free-threaded) change the
         // object header, so a table's offsets would be wrong. 3.13+ describe their own header.
-        let described = version.major == 3 && version.minor >= super::debug_offsets::FIRST_MINOR;
+        let described = version.major == 3 && version.minor >= super::offsets::FIRST_MINOR;
         if !described && (flags.contains('d') || flags.contains('t')) {
             let kind = if flags.contains('t') {
                 "free-threaded"
@@ -444,7 +445,7 @@ fn read_at_vaddr(elf: &object::File<'_>, addr: u64, len: u64) -> Option<Vec<u8>>
 /// anything else. For preparing probes before a command starts.
 pub fn interpreter_binary(exe: &Path) -> Option<std::path::PathBuf> {
     let exe = fs::canonicalize(exe).ok()?;
-    if let Some(lib) = crate::elfsyms::needed_libraries(&exe)
+    if let Some(lib) = crate::os::elfsyms::needed_libraries(&exe)
         .into_iter()
         .find(|l| {
             l.file_name()

@@ -31,10 +31,13 @@ pub const STACKREF_TAG_MASK: u64 = !7;
 pub const GLIBC_PTHREAD_TID: u64 = 0x2d0;
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// A frame of a dumped stack.
 pub struct PyFrame {
     /// `co_qualname` (3.11+) or `co_name`; `None` when the frame did not validate.
     pub function: Option<String>,
+    /// Its source file.
     pub file: Option<String>,
+    /// Its line.
     pub line: Option<u32>,
     /// A native frame (`dump --native`), not a Python one.
     pub native: bool,

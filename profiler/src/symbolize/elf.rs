@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use crate::procs::read_build_id;
+use crate::os::procs::read_build_id;
 
 /// A PT_LOAD segment: `filesz` bytes at file `offset` are mapped at `vaddr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +47,8 @@ pub(crate) struct ElfInfo {
     /// Whether blazesym should look at DWARF in `source`. Off for a stripped object without a
     /// debug file, so blazesym does not go searching (and fail) on its own.
     pub debug_syms: bool,
+    // Read by the tests' `Symbolizer::symbolize_elf`.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub build_id: Option<String>,
     /// What reading `source` costs: read once per binary, not at each opening of the file.
     pub cost: FileCost,

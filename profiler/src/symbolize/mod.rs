@@ -22,11 +22,10 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
-use crate::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
+use crate::os::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
-pub use perfmap::{PerfMapEntry, parse_perf_map};
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 pub const UNKNOWN: &str = "[unknown]";
@@ -155,7 +154,7 @@ impl Symbolizer {
             period: 0,
             debug_dirs: DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect(),
             kallsyms_path: PathBuf::from("/proc/kallsyms"),
-            perf_map_interval: crate::procs::DEFAULT_REFRESH_INTERVAL,
+            perf_map_interval: crate::os::procs::DEFAULT_REFRESH_INTERVAL,
             elves: Default::default(),
             results: Default::default(),
             perf_maps: HashMap::new(),
@@ -185,6 +184,7 @@ impl Symbolizer {
         self
     }
 
+    #[cfg(test)]
     pub fn with_kallsyms(mut self, path: impl Into<PathBuf>) -> Self {
         self.kallsyms_path = path.into();
         self.kallsyms = None;
@@ -192,6 +192,7 @@ impl Symbolizer {
     }
 
     /// Minimum time between re-reads of one process's perf map after a miss.
+    #[cfg(test)]
     pub fn with_perf_map_interval(mut self, interval: Duration) -> Self {
         self.perf_map_interval = interval;
         self
@@ -245,16 +246,19 @@ impl Symbolizer {
     }
 
     /// Processes with a perf map read, and binaries with their ELF layout read (for tests).
+    #[cfg(test)]
     pub fn held(&self) -> (usize, usize) {
         (self.perf_maps.len(), self.elves.len())
     }
 
     /// Files open now (for tests and statistics).
+    #[cfg(test)]
     pub fn open_files(&self) -> usize {
         self.open.len()
     }
 
     /// Whether `path` is open now (for tests).
+    #[cfg(test)]
     pub fn is_open(&self, path: &Path) -> bool {
         self.open.contains_key(path)
     }
@@ -367,6 +371,7 @@ impl Symbolizer {
 
     /// Symbolizes one exact file offset of an ELF file on disk (no return-address
     /// adjustment): for offline symbolization by path. Frames innermost first.
+    #[cfg(test)]
     pub fn symbolize_elf(&mut self, path: &Path, file_offset: u64) -> Vec<Frame> {
         let key = BinaryKey::Path(path.to_path_buf());
         let seen = path.to_string_lossy();

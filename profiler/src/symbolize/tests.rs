@@ -12,7 +12,7 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use super::elf::FileCost;
 use super::testutil::{TempDir, compile_c, compile_cxx, run};
 use super::*;
-use crate::procs::{ProcessRegistry, read_build_id};
+use crate::os::procs::{ProcessRegistry, read_build_id};
 
 /// (file offset, size) of a symbol in `.symtab` (or `.dynsym` when `dynamic`).
 fn symbol(path: &Path, name: &str, dynamic: bool) -> (u64, u64) {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use pyrometer::python::{self, ProcessDump, PythonError};
+use pyrometer::dump::{self, ProcessDump, PythonError};
 
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error};
 
@@ -29,7 +29,7 @@ pub struct DumpArgs {
 }
 
 pub fn run(args: DumpArgs) -> Result<u8> {
-    let dump = python::dump(&args.proc_root, args.pid, args.native).map_err(|e| {
+    let dump = dump::dump(&args.proc_root, args.pid, args.native).map_err(|e| {
         let code = match e {
             PythonError::Permission(_) => EXIT_PRIVILEGES,
             _ => EXIT_INPUT,

@@ -11,7 +11,6 @@ use anyhow::Context;
 use clap::Args;
 use pyrometer::gpu::source::GpuError;
 use pyrometer::gpu::{self, NvmlSource, Poller};
-use pyrometer::signals;
 
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration};
 
@@ -55,18 +54,6 @@ impl NvmlArgs {
     }
 }
 
-/// Opens NVML, or says in one info line why the GPU source is off (everything else goes
-/// on without it).
-pub fn open_or_info(lib: &OsString, who: &str) -> Option<NvmlSource> {
-    match NvmlSource::open(lib) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            eprintln!("{who}: GPU source off: {e}");
-            None
-        }
-    }
-}
-
 #[derive(Args, Debug)]
 pub struct GpuArgs {
     /// How long to poll (e.g. 30s, 2m); default: until Ctrl-C.
@@ -81,7 +68,7 @@ pub struct GpuArgs {
 }
 
 pub fn run(args: GpuArgs) -> anyhow::Result<u8> {
-    signals::install();
+    pyrometer::command::install_signal_handlers();
     let output = args.output.clone().unwrap_or_else(|| {
         let stamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -131,7 +118,9 @@ pub fn run(args: GpuArgs) -> anyhow::Result<u8> {
     let started = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(50));
-        if signals::take().is_some() || args.duration.is_some_and(|d| started.elapsed() >= d) {
+        if pyrometer::command::signal_received()
+            || args.duration.is_some_and(|d| started.elapsed() >= d)
+        {
             break;
         }
     }

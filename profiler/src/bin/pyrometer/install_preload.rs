@@ -17,7 +17,7 @@ pub struct InstallPreloadArgs {
 }
 
 pub fn run(args: InstallPreloadArgs) -> anyhow::Result<u8> {
-    let path = pyrometer::alloc::embedded::install(&args.dir)
+    let path = pyrometer::install_preload::install(&args.dir)
         .map_err(|e| exit_error(EXIT_INPUT, format!("install-preload: {e}")))?;
     println!("{}", path.display());
     eprintln!(

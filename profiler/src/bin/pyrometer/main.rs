@@ -124,21 +124,17 @@ fn main() -> ExitCode {
 
 /// `--debug-reject` names as `debug_reject` bits.
 pub fn debug_reject_bits(names: &[String]) -> anyhow::Result<u32> {
-    names.iter().try_fold(0, |bits, name| {
-        if name == "sampler" {
-            return Ok(bits | pyrometer_ebpf::reject::SAMPLER);
-        }
-        pyrometer::bpf::Feature::from_key(name)
-            .map(|f| bits | f.reject_bit())
-            .ok_or_else(|| {
-                exit_error(
-                    EXIT_INPUT,
-                    format!(
-                        "--debug-reject {name}: expected dwarf, off_cpu, gil, alloc or sampler"
-                    ),
-                )
-            })
-    })
+    pyrometer::command::debug_reject_bits(names).map_err(command_error)
+}
+
+/// A library command's error with its exit code: 3 for missing privileges or kernel
+/// support, 2 for the rest.
+pub fn command_error(e: pyrometer::command::CommandError) -> anyhow::Error {
+    use pyrometer::command::CommandError;
+    match e {
+        CommandError::Kernel(m) => exit_error(EXIT_PRIVILEGES, m),
+        CommandError::Input(m) => exit_error(EXIT_INPUT, m),
+    }
 }
 
 /// `524288`, `512K`, `1M`, `2G` (powers of 1024), at least 1.

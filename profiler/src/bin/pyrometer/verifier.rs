@@ -1,12 +1,11 @@
-//! `pyrometer verifier`: the verifier table of this kernel (see pyrometer::bpf::verifier).
+//! `pyrometer verifier`: the verifier table of this kernel (see pyrometer::verifier).
 
 use std::path::PathBuf;
 
 use clap::Args;
-use pyrometer::bpf::{load, verifier};
-use pyrometer::privileges;
+use pyrometer::verifier::{Table, VERIFIER_BUDGET};
 
-use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error};
+use crate::{EXIT_INPUT, exit_error};
 
 #[derive(Args)]
 pub struct VerifierArgs {
@@ -19,24 +18,19 @@ pub struct VerifierArgs {
 }
 
 pub fn run(args: VerifierArgs) -> anyhow::Result<u8> {
-    privileges::check(privileges::SAMPLING, privileges::effective())
-        .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
-    let btf = pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref());
-    let rows =
-        verifier::verify_all(&btf).map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
-    let kernel = load::kernel_release();
-    print!("{}", verifier::render(&rows, &kernel));
+    let table = Table::measure(args.btf_path.as_deref()).map_err(crate::command_error)?;
+    print!("{}", table.render());
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&verifier::to_json(&rows, &kernel))?;
+        let text = serde_json::to_string_pretty(&table.to_json())?;
         std::fs::write(path, text)
             .map_err(|e| exit_error(EXIT_INPUT, format!("cannot write {}: {e}", path.display())))?;
     }
-    let failed = rows.iter().filter(|r| r.failed()).count();
+    let failed = table.failed();
     if failed > 0 {
         eprintln!(
             "pyrometer: {failed} of {} programs refused or over the budget of {} processed instructions",
-            rows.len(),
-            load::VERIFIER_BUDGET
+            table.rows.len(),
+            VERIFIER_BUDGET
         );
         return Ok(1);
     }

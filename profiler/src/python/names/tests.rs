@@ -16,7 +16,7 @@ use super::super::tests::{
 use super::super::version::{self, PythonRuntime};
 use super::super::walk::{MAX_STRING, Walker};
 use super::{MAX_DICT_ENTRIES, NameOffsets, for_version, thread_names, thread_names_at};
-use crate::procs::ProcessRegistry;
+use crate::os::procs::ProcessRegistry;
 
 fn dwarf_fields(o: &NameOffsets) -> Vec<(&'static str, u32)> {
     vec![
@@ -349,7 +349,7 @@ fn thread_names_match_threading() {
         let rt = version::detect(registry.observe(pid).unwrap()).unwrap();
         assert_eq!(rt.version.minor, minor, "{label}");
         let mem = ProcessMemory::new(pid);
-        let layout = super::super::offsets::for_process(&mem, &rt).unwrap();
+        let layout = super::super::debug_offsets::for_process(&mem, &rt).unwrap();
         let names = thread_names(&mem, &rt, &layout).unwrap_or_else(|e| panic!("{label}: {e}"));
         assert_eq!(names, expected, "{label}");
         assert_eq!(names.len(), 7, "{label}: main thread and six workers");

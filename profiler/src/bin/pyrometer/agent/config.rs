@@ -1,11 +1,11 @@
 //! The agent's settings: flags, the TOML config file (flags win), and what they resolve to.
 
-use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use pyrometer::agent::{AgentConfig as Config, AllocTargets};
 use regex::Regex;
 use serde::Deserialize;
 
@@ -137,39 +137,6 @@ struct FileConfig {
     alloc_sample_bytes: Option<String>,
 }
 
-pub(super) struct Config {
-    pub(super) pids: Vec<u32>,
-    pub(super) comm: Option<Regex>,
-    /// None: an OTLP-only agent (then `otlp_endpoint` is set).
-    pub(super) collector: Option<String>,
-    pub(super) otlp_endpoint: Option<String>,
-    pub(super) node: String,
-    pub(super) interval: Duration,
-    pub(super) frequency: u64,
-    pub(super) spool_dir: PathBuf,
-    pub(super) spool_max_bytes: u64,
-    pub(super) token: Option<String>,
-    pub(super) ca: Option<PathBuf>,
-    pub(super) metrics_listen: Option<SocketAddr>,
-    pub(super) dwarf: bool,
-    pub(super) unwind_rows: u32,
-    /// Inflated DWARF the symbolizer may hold at once.
-    pub(super) dwarf_budget_bytes: u64,
-    /// The shortest blocked interval counted, when off-CPU time is measured.
-    pub(super) off_cpu_min_ns: Option<u64>,
-    /// GPU polling: the interval and the NVML library, or None when off.
-    pub(super) gpu: Option<(Duration, OsString)>,
-    /// Allocation sampling, when some process is chosen for it.
-    pub(super) alloc: Option<AllocTargets>,
-}
-
-/// The processes whose allocations are sampled, and the mean bytes between samples.
-pub(super) struct AllocTargets {
-    pub(super) pids: Vec<u32>,
-    pub(super) comm: Option<Regex>,
-    pub(super) sample_bytes: u64,
-}
-
 /// The default of `--dwarf-mb`: symbol tables only. Reading DWARF was the always-on agent's
 /// largest cost: the C library's debug file alone (`libc6-dbg`, 3.8 MB of zlib-compressed
 /// DWARF, 10 MB inflated) took ~25 ms to inflate at the first push, a third of the agent's
@@ -273,7 +240,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         (None, Some(s)) => {
             parse_bytes(&s).map_err(|e| input(format!("alloc-sample-bytes: {e}")))?
         }
-        (None, None) => pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES,
+        (None, None) => pyrometer::command::DEFAULT_ALLOC_SAMPLE_BYTES,
     };
     let alloc = (!alloc_pids.is_empty() || alloc_comm.is_some()).then_some(AllocTargets {
         pids: alloc_pids,
@@ -281,6 +248,8 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         sample_bytes,
     });
     Ok(Config {
+        btf_path: args.btf_path.clone(),
+        debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
         alloc,
         gpu,
         pids,
@@ -318,7 +287,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
                 (None, Some(s)) => {
                     parse_duration(&s).map_err(|e| input(format!("off-cpu-min: {e}")))?
                 }
-                (None, None) => pyrometer::bpf::DEFAULT_OFF_CPU_MIN,
+                (None, None) => pyrometer::command::DEFAULT_OFF_CPU_MIN,
             };
             Some(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX))
         } else {
@@ -339,6 +308,7 @@ fn hostname() -> String {
 mod tests {
     use super::*;
     use clap::Parser;
+    use std::ffi::OsString;
 
     #[derive(Parser)]
     struct Cli {
@@ -411,7 +381,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             (a.pids, a.sample_bytes),
-            (vec![42, 43], pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES)
+            (vec![42, 43], pyrometer::command::DEFAULT_ALLOC_SAMPLE_BYTES)
         );
         let err = resolve_with("alloc-comm = \"(\"", &[]).err().unwrap();
         assert!(err.to_string().contains("--alloc-comm"), "{err}");

@@ -1,39 +1,23 @@
-//! `pyrometer record`: select targets, sample them in the kernel, symbolize, write.
+//! `pyrometer record`: select targets, sample them in the kernel, symbolize, write. The
+//! recording itself is the library's (`pyrometer::record`); this is its command line, the
+//! output files and what is printed.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::time::{Duration, Instant, SystemTime};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use pyrometer::alloc::preload;
-use pyrometer::bpf::{AllocConfig, Feature, Filter, Sampler, SamplerConfig};
-use pyrometer::capture::{
-    Activity, AllocState, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
-    DEFAULT_TIMELINE_EVENTS, Timeline, monotonic_now_ns,
-};
-use pyrometer::gpu::{self, Poller};
 use pyrometer::model::{Profile, Sources};
 use pyrometer::output::{self, OutputFormat};
-use pyrometer::procs::ProcessRegistry;
-use pyrometer::python::merge::FrameView;
-use pyrometer::symbolize::Symbolizer;
-use pyrometer::tables::Tables;
-use pyrometer::target::{self, HeldChild};
-use pyrometer::{privileges, signals};
+use pyrometer::record::{Observer, RecordAlloc, RecordConfig, Recorded, Recording, Targets};
 
 use crate::gpu::NvmlArgs;
-use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_bytes, parse_duration, resolve_format};
+use crate::{EXIT_INPUT, exit_error, parse_bytes, parse_duration, resolve_format};
 
-pub mod pipeline;
 mod split;
 mod summary;
-pub mod targets;
-
-use summary::{AllocReport, GilReport, RunReport, leak_sites, self_cpu_ns, thread_comm};
-use targets::{Targets, command_path, prewarm_command};
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
@@ -126,7 +110,7 @@ pub struct RecordArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     alloc_sample_bytes: Option<u64>,
     /// Sampled blocks tracked at once for their free (about 80 bytes each in the kernel).
-    #[arg(long, value_name = "N", default_value_t = pyrometer::bpf::DEFAULT_ALLOC_LIVE)]
+    #[arg(long, value_name = "N", default_value_t = pyrometer::command::DEFAULT_ALLOC_LIVE)]
     alloc_live: u32,
     /// Find leaks: sample allocations (implies --alloc) and report what is still in use at the
     /// end, by the stack that allocated it; the default output type is inuse_space.
@@ -165,70 +149,7 @@ fn parse_ring_mb(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
-/// Finds the processes `--comm` names as they appear, for `record` and `top`: from the
-/// kernel's process events (a process started, exec'd or renamed itself), looked at on every
-/// turn of the capture loop, so a process is a target within milliseconds of taking the name
-/// (a Ray worker takes `ray::IDLE` after it starts, and its first task may follow at once);
-/// without the events (another network namespace), by reading every process's name twice a
-/// second. The 500 ms scan alone lost a new worker's first ~250 ms of samples on average.
-pub struct CommFinder {
-    re: regex::Regex,
-    follow_children: bool,
-    discovery: crate::agent::discover::Discovery,
-    known: std::collections::HashSet<u32>,
-    exited: Vec<u32>,
-}
-
-impl CommFinder {
-    pub fn new(re: &regex::Regex, follow_children: bool) -> Self {
-        let events = crate::agent::discover::open_events("pyrometer");
-        Self {
-            re: re.clone(),
-            follow_children,
-            discovery: crate::agent::discover::Discovery::new(events),
-            known: std::collections::HashSet::new(),
-            exited: Vec::new(),
-        }
-    }
-
-    /// Adds the processes that took a matching name since the last call (every process on
-    /// the first call), each after its tables are up to date; says which could not be added.
-    pub fn poll(
-        &mut self,
-        sampler: &mut Sampler,
-        tables: &mut Tables,
-        registry: &mut ProcessRegistry,
-    ) {
-        self.exited.clear();
-        let due = self.discovery.due(&mut self.exited);
-        // A pid that exited may come back as another process, to be looked at again.
-        for pid in &self.exited {
-            self.known.remove(pid);
-        }
-        let errors = crate::agent::discover::add_comm_matches(
-            &due,
-            sampler,
-            tables,
-            registry,
-            &self.re,
-            &mut self.known,
-            self.follow_children,
-        );
-        for e in errors {
-            eprintln!("pyrometer: {e}");
-        }
-    }
-}
-
 /// The sample type single-type outputs show by default: what the recording is about.
-/// Whether `path` is an ELF file (not a `#!` script).
-fn is_elf(path: &std::path::Path) -> bool {
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-        .is_ok_and(|()| &magic == b"\x7fELF")
-}
-
 fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
     let wanted = if leaks {
         "inuse_space"
@@ -242,37 +163,80 @@ fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
         .unwrap_or_else(|_| profile.single_type_default())
 }
 
-/// How long record waits for a command it preloaded the sampler library into to reach the
-/// library's constructor (the command waits up to 2 s more for the answer). A command that
-/// never loads the library (a set-user-ID program ignores LD_PRELOAD) costs this once.
-const STARTUP_HOLD_WAIT: Duration = Duration::from_secs(1);
+/// The spinner while recording; notices are printed above it.
+struct Progress(indicatif::ProgressBar);
 
-/// The sampler library a command gets preloaded, with its probes attached. Where it cannot
-/// be used: None (uprobes on the allocator, said in one line) with --alloc-uprobes, else
-/// the error that says why and what to do.
-fn preload_library(
-    probes: &mut pyrometer::alloc::AllocProbes,
-    exe: &Path,
-    sampler: &mut Sampler,
-    uprobes_allowed: bool,
-) -> anyhow::Result<Option<PathBuf>> {
-    match probes.preload_command(exe, sampler) {
-        Ok(lib) => Ok(Some(lib)),
-        Err(why) if uprobes_allowed => {
-            eprintln!("pyrometer: {}", preload::uprobes_note(&why));
-            Ok(None)
-        }
-        Err(why) => Err(exit_error(EXIT_INPUT, preload::uprobes_refusal(&why))),
+impl Observer for Progress {
+    fn notice(&mut self, line: &str) {
+        self.0.suspend(|| eprintln!("pyrometer: {line}"));
+    }
+
+    fn progress(&mut self, samples: u64, lost: u64) {
+        self.0
+            .set_message(format!("{samples} samples, {lost} lost"));
+        self.0.tick();
+    }
+}
+
+/// Notices before the spinner: one line each.
+fn notice(line: &str) {
+    eprintln!("pyrometer: {line}");
+}
+
+/// The checked request: where the profile goes, in which format and type.
+struct Output {
+    path: PathBuf,
+    file: File,
+    format: OutputFormat,
+    type_index: usize,
+}
+
+impl Output {
+    /// Deletes the output file (the recording failed before writing it).
+    fn remove(&self, e: anyhow::Error) -> anyhow::Error {
+        let _ = std::fs::remove_file(&self.path);
+        e
     }
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
     // First thing: a Ctrl-C during start-up must end the capture, not kill pyrometer.
-    signals::install();
-    let targets = Targets::from_args(args.all, &args.pids, args.comm.as_deref(), &args.command)?;
-    let alloc = args.alloc || args.leaks;
+    pyrometer::command::install_signal_handlers();
+    let targets = Targets::from_args(args.all, &args.pids, args.comm.as_deref(), &args.command)
+        .map_err(crate::command_error)?;
+    let out = check_request(&args, &targets)?;
+    let config = config(&args, targets)?;
+    let title = config.targets.title();
+    let describe = config.targets.describe();
+    let mut recording =
+        Recording::open(config, &mut notice).map_err(|e| out.remove(crate::command_error(e)))?;
+    let type_index = fallback_type(&args, &recording, out.type_index);
+    recording
+        .start(&mut notice)
+        .map_err(|e| out.remove(crate::command_error(e)))?;
+    eprintln!(
+        "pyrometer: sampling {describe} at {} Hz{}; Ctrl-C to stop",
+        args.frequency,
+        args.duration
+            .map(|d| format!(" for {:.1}s", d.as_secs_f64()))
+            .unwrap_or_default()
+    );
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} recording {elapsed} {msg}")
+            .expect("static template"),
+    );
+    let mut observer = Progress(progress);
+    recording.run(&mut observer).map_err(crate::command_error)?;
+    let recorded = recording.finish();
+    observer.0.finish_and_clear();
+    write(&args, out, type_index, &title, recorded)
+}
 
-    // Everything that can be wrong with the request is checked before the capture starts.
+/// Everything that can be wrong with the request, checked before the capture starts; the
+/// output file is created (and deleted again if the recording fails).
+fn check_request(args: &RecordArgs, targets: &Targets) -> anyhow::Result<Output> {
+    let alloc = args.alloc || args.leaks;
     if !args.gpu && (args.nvml.gpu_interval.is_some() || args.nvml.nvml_lib.is_some()) {
         return Err(exit_error(
             EXIT_INPUT,
@@ -308,531 +272,131 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?,
         None => default_type(&probe, args.leaks, alloc),
     };
-    let output_path = args
+    let path = args
         .output
         .clone()
         .unwrap_or_else(|| targets.default_output_name(format));
-    let out_file = File::create(&output_path).map_err(|e| {
-        exit_error(
-            EXIT_INPUT,
-            format!("cannot write {}: {e}", output_path.display()),
-        )
-    })?;
-    if let Targets::Pids(pids) = &targets {
-        target::check_pids(Path::new("/proc"), pids).map_err(|e| {
-            let _ = std::fs::remove_file(&output_path);
-            exit_error(EXIT_INPUT, e.to_string())
-        })?;
-    }
-    let remove_output = |e: anyhow::Error| {
-        let _ = std::fs::remove_file(&output_path);
-        e
+    let file = File::create(&path)
+        .map_err(|e| exit_error(EXIT_INPUT, format!("cannot write {}: {e}", path.display())))?;
+    let out = Output {
+        path,
+        file,
+        format,
+        type_index,
     };
-    privileges::check(privileges::SAMPLING, privileges::effective())
-        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
+    targets
+        .check()
+        .map_err(|e| out.remove(crate::command_error(e)))?;
+    Ok(out)
+}
 
-    let sample_bytes = args
-        .alloc_sample_bytes
-        .unwrap_or(pyrometer::bpf::DEFAULT_ALLOC_SAMPLE_BYTES);
-    let config = SamplerConfig {
-        frequency_hz: args.frequency,
-        filter: if matches!(targets, Targets::All) {
-            Filter::All
-        } else {
-            Filter::Targets
-        },
+/// The library's settings from the flags.
+fn config(args: &RecordArgs, targets: Targets) -> anyhow::Result<RecordConfig> {
+    let alloc = args.alloc || args.leaks;
+    Ok(RecordConfig {
+        targets,
+        subprocesses: args.subprocesses,
+        duration: args.duration,
+        frequency: args.frequency,
         ring_buffer_bytes: args.ring_buffer_mb << 20,
+        dwarf: args.unwind == "dwarf",
         unwind_rows: args.unwind_rows,
-        btf_path: pyrometer::bpf::btf_path_or_default(args.btf_path.as_deref()),
-        off_cpu_min_ns: args.off_cpu.then(|| {
-            let min = args
-                .off_cpu_min
-                .unwrap_or(pyrometer::bpf::DEFAULT_OFF_CPU_MIN);
-            u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)
+        debug_dirs: args.debug_dirs.clone(),
+        gpu: args
+            .gpu
+            .then(|| (args.nvml.interval(), args.nvml.library())),
+        off_cpu: args.off_cpu.then(|| {
+            args.off_cpu_min
+                .unwrap_or(pyrometer::command::DEFAULT_OFF_CPU_MIN)
         }),
         gil: args.gil,
-        alloc: alloc.then_some(AllocConfig {
-            sample_bytes,
-            live_entries: args.alloc_live,
-            own_targets: false,
+        alloc: alloc.then(|| RecordAlloc {
+            sample_bytes: args
+                .alloc_sample_bytes
+                .unwrap_or(pyrometer::command::DEFAULT_ALLOC_SAMPLE_BYTES),
+            live: args.alloc_live,
+            leaks: args.leaks,
+            min_age: args.min_age,
+            uprobes: args.alloc_uprobes,
         }),
-        dwarf: args.unwind == "dwarf",
+        frames: args.frames.clone(),
+        timeline: resolve_format(
+            args.output.as_ref(),
+            args.format.as_deref(),
+            OutputFormat::Svg,
+        )?
+        .needs_timeline(),
         debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
-    };
-    let mut debug_dirs = args.debug_dirs.clone();
-    debug_dirs.extend(
-        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
-            .iter()
-            .map(PathBuf::from),
-    );
-    let (mut sampler, mut tables) = pipeline::open(&config, &debug_dirs).map_err(remove_output)?;
-    if !args.alloc_uprobes {
-        tables.alloc = tables.alloc.take().map(|a| a.preload_only());
-    }
-    // What the kernel refused is off from here on (pipeline::open said so, once each).
-    let gil_on = args.gil && !sampler.refused(Feature::Gil);
-    let off_cpu_on = args.off_cpu && !sampler.refused(Feature::OffCpu);
-    let alloc = alloc && !sampler.refused(Feature::Alloc);
-    // The profile holds the types of what runs: a type asked for whose source the kernel
-    // refused falls back to the default (the line above said why).
-    let type_index = if sampler.refusals().is_empty() {
-        type_index
-    } else {
-        let probe = Profile::with_sources(
-            1,
-            Sources {
-                off_cpu: off_cpu_on,
-                gil: gil_on,
-                alloc,
-            },
-        );
-        match args.sample_type.as_deref().map(|t| probe.type_index(t)) {
-            Some(Ok(index)) => index,
-            Some(Err(_)) => {
-                let index = default_type(&probe, args.leaks && alloc, alloc);
-                eprintln!(
-                    "pyrometer: writing {} samples instead of {}",
-                    probe.sample_types[index].name,
-                    args.sample_type.as_deref().unwrap_or_default()
-                );
-                index
-            }
-            None => default_type(&probe, args.leaks && alloc, alloc),
-        }
-    };
-    let mut registry = ProcessRegistry::new();
+        btf_path: args.btf_path.clone(),
+    })
+}
 
-    let mut root_pids: Vec<u32> = Vec::new();
-    let mut child: Option<Child> = None;
-    let mut held: Option<HeldChild> = None;
-    let mut startup_hold: Option<pyrometer::target::StartupHold> = None;
-    // The command's pid and when its maps were read at the handshake, for the capture.
-    let mut held_maps_read: Option<(u32, u64)> = None;
-    let mut comm_finder = match &targets {
-        Targets::Comm(_, re) => Some(CommFinder::new(re, args.subprocesses)),
-        _ => None,
-    };
-    match &targets {
-        Targets::All => {}
-        Targets::Pids(pids) => {
-            pipeline::add_pids(
-                &mut sampler,
-                &mut tables,
-                &mut registry,
-                pids,
-                args.subprocesses,
-            )?;
-            root_pids = pids.clone();
-            if let Some(a) = &tables.alloc {
-                for &pid in pids.iter().filter(|&&pid| !a.is_preloaded(pid)) {
-                    let why = preload::not_loaded(pid);
-                    if !args.alloc_uprobes {
-                        let refusal = preload::uprobes_refusal(&why);
-                        return Err(remove_output(exit_error(EXIT_INPUT, refusal)));
-                    }
-                    if a.has_allocator(pid) {
-                        eprintln!("pyrometer: {}", preload::uprobes_note(&why));
-                    }
-                }
-            }
-            if let Some(a) = &tables.alloc
-                && let Some(&pid) = pids.iter().find(|&&pid| !a.has_allocator(pid))
-            {
-                let p = registry.get(pid);
-                let comm = p.map_or("?", |p| p.comm.as_str());
-                let exe = p.and_then(|p| p.exe.as_deref());
-                let why = a.unprobed_reason(pid, comm, exe);
-                return Err(remove_output(exit_error(EXIT_INPUT, why)));
-            }
-        }
-        Targets::Command(argv) => {
-            let exe = command_path(&argv[0]);
-            if let Some(u) = tables.unwinder.as_mut() {
-                prewarm_command(u, exe.as_deref());
-            }
-            let interpreter = exe
-                .as_deref()
-                .and_then(pyrometer::python::version::interpreter_binary);
-            if let Some(interpreter) = &interpreter {
-                tables.python.prewarm(interpreter);
-            }
-            // The GIL probes go in before the interpreter starts, so its first acquisitions
-            // count; a failure is reported when the process shows up.
-            if gil_on && let Some(interpreter) = &interpreter {
-                let _ = tables.python.prepare_gil(interpreter, &mut sampler);
-            }
-            // Allocations are sampled in the command's own process when it can preload the
-            // sampler library (anything dynamically linked); uprobes on its allocator
-            // otherwise.
-            let preload = match (tables.alloc.as_mut(), exe.as_deref()) {
-                (Some(a), Some(exe)) => preload_library(a, exe, &mut sampler, args.alloc_uprobes)
-                    .map_err(remove_output)?,
-                _ => None,
-            };
-            let env = preload.as_deref().map(|lib| {
-                vec![
-                    (
-                        "LD_PRELOAD",
-                        preload::ld_preload(lib, std::env::var_os("LD_PRELOAD")),
-                    ),
-                    (preload::MEAN_ENV, sample_bytes.to_string().into()),
-                ]
-            });
-            startup_hold = preload
-                .as_ref()
-                .and_then(|_| pyrometer::target::StartupHold::new().ok());
-            let h = HeldChild::spawn_holding(
-                argv,
-                env.as_deref().unwrap_or_default(),
-                startup_hold.as_ref().and_then(|s| s.child_fd()),
-            )
-            .map_err(|e| remove_output(exit_error(EXIT_INPUT, e.to_string())))?;
-            if let Some(s) = startup_hold.as_mut() {
-                s.spawned();
-            }
-            sampler.add_target(h.pid(), true)?;
-            if let (Some(a), Some(lib)) = (tables.alloc.as_mut(), preload.as_deref()) {
-                a.mark_preloaded(h.pid());
-                if let Some(u) = tables.unwinder.as_mut() {
-                    u.prewarm(lib);
-                }
-            }
-            // Likewise the allocation probes, on the objects the command will map; a command
-            // with no allocator to probe (static and stripped) is refused before it runs. A
-            // script (`#!`) maps its interpreter, not itself: its processes are probed as they
-            // show up.
-            if let (Some(a), Some(exe)) =
-                (tables.alloc.as_mut(), exe.as_deref().filter(|e| is_elf(e)))
-                && preload.is_none()
-            {
-                let mut objects = vec![exe.to_path_buf()];
-                objects.extend(pyrometer::elfsyms::preloaded_libraries());
-                objects.extend(pyrometer::elfsyms::needed_libraries(exe));
-                a.prepare(h.pid(), &objects, &mut sampler);
-                if !a.has_allocator(h.pid()) {
-                    let name = exe
-                        .file_name()
-                        .map_or_else(|| argv[0].clone(), |n| n.to_string_lossy().into_owned());
-                    let why = a.unprobed_reason(h.pid(), &name, Some(exe));
-                    return Err(remove_output(exit_error(EXIT_INPUT, why)));
-                }
-            }
-            held = Some(h);
-        }
-        Targets::Comm(..) => {
-            if let Some(f) = comm_finder.as_mut() {
-                f.poll(&mut sampler, &mut tables, &mut registry);
-            }
-        }
+/// The profile holds the types of what runs: a type asked for whose source the kernel
+/// refused falls back to the default (the refusal was said above).
+fn fallback_type(args: &RecordArgs, recording: &Recording, type_index: usize) -> usize {
+    if !recording.refused_any() {
+        return type_index;
     }
-    sampler
-        .start(args.frequency)
-        .map_err(|e| remove_output(exit_error(EXIT_PRIVILEGES, e.to_string())))?;
-    if let Some(h) = held.take() {
-        let pid = h.pid();
-        child = Some(h.release());
-        // The sampler library holds the command between the loader's work and its main: its
-        // libraries are mapped, so their tables go in before it runs (see StartupHold).
-        if let Some(mut hold) = startup_hold.take()
-            && hold.wait_ready(STARTUP_HOLD_WAIT)
-        {
-            let read_at = monotonic_now_ns();
-            if let Ok(p) = registry.exec(pid) {
-                tables.sync_process(p, &mut sampler);
-                held_maps_read = Some((pid, read_at));
-            }
-            hold.release();
+    let sources = recording.sources();
+    let probe = Profile::with_sources(1, sources);
+    let leaks = args.leaks && sources.alloc;
+    match args.sample_type.as_deref().map(|t| probe.type_index(t)) {
+        Some(Ok(index)) => index,
+        Some(Err(_)) => {
+            let index = default_type(&probe, leaks, sources.alloc);
+            eprintln!(
+                "pyrometer: writing {} samples instead of {}",
+                probe.sample_types[index].name,
+                args.sample_type.as_deref().unwrap_or_default()
+            );
+            index
         }
+        None => default_type(&probe, leaks, sources.alloc),
     }
+}
 
-    eprintln!(
-        "pyrometer: sampling {} at {} Hz{}; Ctrl-C to stop",
-        targets.describe(),
-        args.frequency,
-        args.duration
-            .map(|d| format!(" for {:.1}s", d.as_secs_f64()))
-            .unwrap_or_default()
-    );
-    let started = Instant::now();
-    let cpu_at_start = self_cpu_ns();
-    let wall_start = SystemTime::now();
-    let progress = indicatif::ProgressBar::new_spinner();
-    progress.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} recording {elapsed} {msg}")
-            .expect("static template"),
-    );
-    // Per-sample times only when the output draws them; their number is bounded.
-    let mut capture = if format.needs_timeline() {
-        Capture::with_timeline(Timeline::new(
-            DEFAULT_TIMELINE_EVENTS,
-            monotonic_now_ns(),
-            1_000_000_000 / args.frequency,
-        ))
-    } else {
-        Capture::default()
-    };
-    capture.maps_read_after_exec.extend(held_maps_read);
-    capture.off_cpu = off_cpu_on;
-    capture.gil = gil_on;
-    capture.frames = FrameView::parse(&args.frames).expect("clap checked the value");
-    if alloc {
-        let mut state = AllocState::new(sample_bytes);
-        state.min_age_ns = args
-            .min_age
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        capture.alloc = Some(state);
-    }
-    // A missing driver turns the GPU source off, not the recording.
-    let mut poller = None;
-    if args.gpu
-        && let Some(source) = crate::gpu::open_or_info(&args.nvml.library(), "pyrometer")
-    {
-        capture.activity = Some(Activity::new(
-            monotonic_now_ns(),
-            DEFAULT_ACTIVITY_BUCKET_NS,
-            DEFAULT_ACTIVITY_BUCKETS,
-        ));
-        poller = Some(
-            Poller::start(source, args.nvml.interval(), gpu::DEFAULT_SERIES_CAPACITY)
-                .context("starting the GPU poller")?,
-        );
-    }
-    let mut child_status = None;
-    let mut batch: Vec<Vec<u8>> = Vec::new();
-    let mut last_alive_check = Instant::now();
-    // The GIL table's preempted column: each Python thread's run-queue delay, read while the
-    // threads live (a `-- CMD`'s are gone by the time the table is made).
-    let mut run_delays = gil_on.then(pyrometer::python::run_delay::RunDelays::default);
-    let mut last_delay_poll: Option<Instant> = None;
-    loop {
-        if let Some(d) = run_delays.as_mut()
-            && last_delay_poll.is_none_or(|t| t.elapsed() >= Duration::from_millis(50))
-        {
-            last_delay_poll = Some(Instant::now());
-            for pid in tables.python.pids() {
-                d.poll(pid);
-            }
-        }
-        let notices = pipeline::pump(
-            &mut sampler,
-            &mut tables,
-            &mut registry,
-            &mut capture,
-            &mut batch,
-            Duration::from_millis(10),
-        );
-        for notice in notices {
-            progress.suspend(|| eprintln!("pyrometer: {notice}"));
-        }
-        if let Some(f) = comm_finder.as_mut() {
-            f.poll(&mut sampler, &mut tables, &mut registry);
-        }
-        let lost = sampler.counters().ringbuf_drops;
-        progress.set_message(format!("{} samples, {lost} lost", capture.samples));
-        progress.tick();
-
-        if let Some(sig) = signals::take() {
-            match &child {
-                // The child decides when it is done; recording ends when it exits.
-                Some(c) => unsafe {
-                    // SAFETY: plain kill(2) of our own child.
-                    libc::kill(c.id() as i32, sig);
-                },
-                None => break,
-            }
-        }
-        if let Some(c) = child.as_mut()
-            && let Some(status) = c.try_wait().context("waiting for the command")?
-        {
-            child_status = Some(status);
-            break;
-        }
-        if args.duration.is_some_and(|d| started.elapsed() >= d) {
-            break;
-        }
-        if !root_pids.is_empty() && last_alive_check.elapsed() >= Duration::from_millis(200) {
-            last_alive_check = Instant::now();
-            let proc_root = Path::new("/proc");
-            if root_pids.iter().all(|&p| !target::alive(proc_root, p)) {
-                break;
-            }
-        }
-    }
-    let elapsed = started.elapsed();
-    if let Some(d) = run_delays.as_mut() {
-        for pid in tables.python.pids() {
-            d.poll(pid);
-        }
-    }
-    let mut gpu_state = poller.map(Poller::stop);
-    let capture_cpu_ns = self_cpu_ns().saturating_sub(cpu_at_start);
-    // Samples taken just before the stop may still be in flight to the ring buffer.
-    std::thread::sleep(Duration::from_millis(20));
-    sampler.drain_into(&mut batch);
-    for rec in batch.drain(..) {
-        capture.ingest(&rec, &sampler, &mut registry, &mut tables.python);
-    }
-    let pending = sampler.pending_off_cpu(monotonic_now_ns());
-    capture.ingest_pending(pending, &sampler, &mut registry, &mut tables.python);
-    progress.finish_and_clear();
-    let counters = sampler.counters();
-    let bpf_stats = sampler.program_stats();
-    let gil_threads = sampler.gil_threads();
-    let stopped_ns = monotonic_now_ns();
-    drop(sampler);
-
-    if let Some(mut c) = child.take() {
-        // Duration ran out or Ctrl-C with a child: it keeps running, as with `perf record`.
-        child_status = c.try_wait().ok().flatten().or(child_status);
-    }
-
-    let processes = capture.pids.len();
-    let py_frames = (capture.py_frames_seen, capture.py_unresolved);
-    let samples = capture.samples;
-    let (off_cpu_events, off_cpu_ns) = (capture.off_cpu_events, capture.off_cpu_ns);
-    let bad = capture.bad_records;
-    let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
-    let gil = gil_on.then(|| {
-        let python = &mut tables.python;
-        let rows = pyrometer::python::gil_report::rows(
-            &gil_threads,
-            &capture.thread_samples,
-            period_ns.unsigned_abs(),
-            stopped_ns,
-            |pid, tid| {
-                python
-                    .thread_name(pid, tid)
-                    .map(|n| n.to_string())
-                    .or_else(|| thread_comm(pid, tid))
-            },
-            |pid, tid| run_delays.as_ref()?.preempted_ns(pid, tid),
-        );
-        let comm = |pid: u32| {
-            registry
-                .get(pid)
-                .map_or_else(|| "?".to_string(), |p| p.comm.clone())
-        };
-        let mut unavailable: Vec<(u32, String)> = python
-            .gil_unavailable()
-            .iter()
-            .map(|(&p, r)| (p, r.clone()))
-            .collect();
-        unavailable.sort();
-        let free_threaded = python
-            .free_threaded()
-            .iter()
-            .map(|(&p, comm)| (p, comm.clone()))
-            .collect();
-        GilReport {
-            free_threaded,
-            table: pyrometer::python::gil_report::render(&rows, elapsed.as_nanos() as u64, comm),
-            unavailable,
-            wait_events: capture.gil_wait_events,
-            wait_ns: capture.gil_wait_ns,
-        }
-    });
-    let mut alloc_report = capture.alloc.as_mut().map(|a| {
-        a.now_ns = stopped_ns;
-        AllocReport {
-            mean: a.mean,
-            samples: a.samples,
-            frees: a.frees,
-            moves: a.moves,
-            uprobes: 0,
-            preload_libraries: 0,
-            objects: a.objects,
-            bytes: a.bytes,
-            leaks: None,
-            unprobed: Vec::new(),
-            live_dropped: 0,
-        }
-    });
-    if let (Some(report), Some(probes)) = (alloc_report.as_mut(), tables.alloc.as_ref()) {
-        report.live_dropped = capture.alloc_live_dropped;
-        report.uprobes = probes.attached;
-        report.preload_libraries = probes.preload.len();
-        let mut pids: Vec<u32> = capture.pids.iter().copied().collect();
-        pids.sort_unstable();
-        for pid in pids {
-            if probes.has_allocator(pid) {
-                continue;
-            }
-            let p = registry.get(pid);
-            let comm = p.map_or("?", |p| p.comm.as_str());
-            report.unprobed.push(probes.unprobed_reason(
-                pid,
-                comm,
-                p.and_then(|p| p.exe.as_deref()),
-            ));
-        }
-    }
-    let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
-    let sampled_pids = capture.pids.clone();
-    let activity = capture.activity.take();
-    capture.name_late_threads(&mut tables.python);
-    let (mut profile, mut timeline) =
-        capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
-    if alloc {
-        profile.default_type = default_type(&profile, args.leaks, true);
-    }
-    if let Some(st) = gpu_state.as_mut() {
-        // Never taken before, so this is every poll's, even those the bounded series
-        // dropped. Labels only add to each sample's, so samples keep their indexes (the
-        // timeline's events point at them).
-        gpu::label_profile(&mut profile, &gpu::gpus_by_pid(&st.take_process_usage()));
-        if let Some(t) = timeline.as_mut() {
-            t.counters = st.counter_tracks();
-        }
-    }
-    profile.duration_nanos = i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX);
-    profile.time_nanos = wall_start
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(0))
-        .unwrap_or(0);
-    let lost = counters.ringbuf_drops + bad;
-    profile.comments.push(format!(
-        "pyrometer record at {} Hz: {samples} samples, {lost} lost",
-        args.frequency
-    ));
-    let unsymbolized = symbolizer.stats().unsymbolized;
-    if let Some(report) = alloc_report.as_mut()
-        && args.leaks
-    {
-        report.leaks = Some((args.min_age.unwrap_or_default(), leak_sites(&profile, 10)));
-    }
-
+/// Writes the outputs and prints the report; the exit code is the command's when it failed.
+fn write(
+    args: &RecordArgs,
+    out: Output,
+    type_index: usize,
+    title: &str,
+    recorded: Recorded,
+) -> anyhow::Result<u8> {
+    let Recorded {
+        profile,
+        timeline,
+        mut report,
+        child_status,
+        gpu_polls,
+    } = recorded;
     // An idle target still has a profile with --off-cpu: where its threads blocked.
-    let allocations = alloc_report.as_ref().map_or(0, |a| a.samples);
-    if samples == 0 && off_cpu_events == 0 && allocations == 0 {
-        let _ = std::fs::remove_file(&output_path);
+    let allocations = report.alloc.as_ref().map_or(0, |a| a.samples);
+    let off_cpu_events = report.off_cpu.map_or(0, |o| o.0);
+    if report.samples == 0 && off_cpu_events == 0 && allocations == 0 {
+        let _ = std::fs::remove_file(&out.path);
         return Err(exit_error(
             EXIT_INPUT,
             format!(
                 "no samples were collected in {:.1}s (did the target use any CPU?); nothing written",
-                elapsed.as_secs_f64()
+                report.elapsed.as_secs_f64()
             ),
         ));
     }
-    let mut w = BufWriter::new(out_file);
+    let mut w = BufWriter::new(out.file);
     output::write_with_timeline(
         &profile,
         timeline.as_ref(),
-        format,
+        out.format,
         type_index,
-        &targets.title(),
+        title,
         &mut w,
     )
     .and_then(|()| w.flush().map_err(Into::into))
-    .with_context(|| format!("writing {}", output_path.display()))?;
+    .with_context(|| format!("writing {}", out.path.display()))?;
     if let Some(kind) = &args.split_by {
-        let (files, left_out) = split::write(
-            &profile,
-            kind,
-            &output_path,
-            format,
-            type_index,
-            &targets.title(),
-        )?;
+        let (files, left_out) =
+            split::write(&profile, kind, &out.path, out.format, type_index, title)?;
         eprintln!(
             "pyrometer: wrote {} file(s) split by {kind}{}",
             files.len(),
@@ -849,114 +413,40 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
             t.dropped
         );
     }
-
-    let gpu_summaries = gpu_state.as_ref().map(|st| {
-        let profiled = |pid: u32| sampled_pids.contains(&pid);
-        gpu::summary::summarize(st, activity.as_ref(), Some(&profiled))
-    });
-    let report = RunReport {
-        samples,
-        lost,
-        processes,
-        elapsed,
-        unsymbolized,
-        output: output_path.clone(),
-        counters,
-        off_cpu: off_cpu_on.then(|| {
-            (
-                off_cpu_events,
-                off_cpu_ns,
-                args.off_cpu_min
-                    .unwrap_or(pyrometer::bpf::DEFAULT_OFF_CPU_MIN),
-            )
-        }),
-        gil,
-        alloc: alloc_report,
-        py_frames,
-    };
+    report.output = out.path.clone();
     if let Some(path) = &args.stats {
-        let unwinder_stats = tables
-            .unwinder
-            .as_ref()
-            .map(|u| u.stats())
-            .unwrap_or_default();
-        report.write_stats(
-            path,
-            bpf_stats,
-            &unwinder_stats,
-            capture_cpu_ns,
-            gpu_summaries.as_deref(),
-        )?;
+        std::fs::write(path, serde_json::to_string_pretty(&report.stats_json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
-    report.print();
-    if let (Some(st), Some(summaries)) = (&gpu_state, &gpu_summaries) {
+    summary::print(&report);
+    if let (Some(summaries), Some((polls, dropped))) = (&report.gpus, gpu_polls) {
         eprint!(
             "pyrometer: GPUs, polled every {:.3}s:\n{}",
             args.nvml.interval().as_secs_f64(),
-            gpu::summary::render(summaries)
+            pyrometer::gpu::summary::render(summaries)
         );
-        if st.dropped > 0 {
+        if dropped > 0 {
             eprintln!(
-                "pyrometer: the GPU summary covers the last {} polls; {} earlier ones were dropped",
-                st.series.len(),
-                st.dropped
+                "pyrometer: the GPU summary covers the last {polls} polls; {dropped} earlier ones were dropped"
             );
         }
     }
-    let uw = counters.unwind;
-    if uw.samples > 0 {
-        let by_frame_pointers = uw.by_frame_pointers();
-        eprintln!(
-            "pyrometer: DWARF unwinding: {:.1}% of {} stacks reached the outermost frame; stopped early: {} no mapping, {} no table, {} no CFI row, {} bad CFA, {} truncated, {} ended by frame pointers",
-            100.0 * uw.complete as f64 / uw.samples as f64,
-            uw.samples,
-            uw.no_mapping,
-            uw.no_table,
-            uw.no_row,
-            uw.bad_cfa,
-            uw.truncated,
-            by_frame_pointers
-        );
-    }
-    if let Some(st) = tables.unwinder.as_ref().map(|u| u.stats())
-        && (st.tables_too_big > 0 || st.mappings_dropped > 0)
-    {
-        let mut parts = Vec::new();
-        if st.tables_too_big > 0 {
-            let what = if st.tables_too_big == 1 {
-                "1 executable's table".to_string()
-            } else {
-                format!("{} executables' tables", st.tables_too_big)
-            };
-            parts.push(format!(
-                "{what} did not fit in --unwind-rows {} (a larger value keeps them)",
-                st.rows_capacity
-            ));
-        }
-        if st.mappings_dropped > 0 {
-            parts.push(format!(
-                "{} executable mappings beyond {} in one process were left out",
-                st.mappings_dropped,
-                pyrometer_ebpf::MAX_MAPPINGS
-            ));
-        }
-        eprintln!(
-            "pyrometer: unwind tables: {}; their frames are walked by frame pointers",
-            parts.join(", and ")
-        );
-    }
-    if let Some(status) = child_status
-        && !status.success()
-    {
-        let code = status
-            .code()
-            .map(|c| c.clamp(1, 255) as u8)
-            .unwrap_or_else(|| {
-                use std::os::unix::process::ExitStatusExt;
-                128u8.saturating_add(status.signal().unwrap_or(0) as u8)
-            });
-        eprintln!("pyrometer: the command failed ({status}); the profile was written anyway");
-        return Ok(code);
-    }
-    Ok(0)
+    summary::print_unwinding(&report);
+    Ok(child_exit_code(child_status))
+}
+
+/// The command's failure as record's exit code (0 when it succeeded or was not waited for).
+fn child_exit_code(status: Option<std::process::ExitStatus>) -> u8 {
+    let Some(status) = status.filter(|s| !s.success()) else {
+        return 0;
+    };
+    let code = status
+        .code()
+        .map(|c| c.clamp(1, 255) as u8)
+        .unwrap_or_else(|| {
+            use std::os::unix::process::ExitStatusExt;
+            128u8.saturating_add(status.signal().unwrap_or(0) as u8)
+        });
+    eprintln!("pyrometer: the command failed ({status}); the profile was written anyway");
+    code
 }

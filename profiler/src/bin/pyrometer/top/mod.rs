@@ -1,25 +1,19 @@
 //! `pyrometer top`: a live view of where the targets spend their time, like `top` for
-//! functions. It samples with the same pipeline as `record` (kernel programs, unwind tables,
-//! Python walker, symbolizer); every second the samples read so far become a profile whose
-//! functions join a sliding window, and the screen is redrawn from it.
+//! functions. The library's `Top` samples as `record` does; every second the samples read so
+//! far become a profile whose functions join a sliding window, and the screen is redrawn from
+//! it.
 
 mod term;
 mod view;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pyrometer::bpf::{Filter, SamplerConfig};
-use pyrometer::capture::Capture;
-use pyrometer::procs::ProcessRegistry;
-use pyrometer::python::merge::FrameView;
-use pyrometer::symbolize::Symbolizer;
-use pyrometer::{privileges, signals, target};
+use pyrometer::record::Targets;
+use pyrometer::top::{Top, TopConfig};
 
-use crate::record::pipeline;
-use crate::record::targets::Targets;
-use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration};
+use crate::{EXIT_INPUT, exit_error, parse_duration};
 use view::View;
 
 #[derive(Args, Debug)]
@@ -56,7 +50,7 @@ pub struct TopArgs {
 }
 
 pub fn run(args: TopArgs) -> anyhow::Result<u8> {
-    signals::install();
+    pyrometer::command::install_signal_handlers();
     // The view needs a terminal; say so before anything is loaded.
     if !term::stdout_is_terminal() {
         return Err(exit_error(
@@ -71,87 +65,25 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
                 "nothing to watch: give --pid PID, --comm REGEX or --all (e.g. pyrometer top --pid 1234)",
             )
         })?;
-    if let Targets::Pids(pids) = &targets {
-        target::check_pids(Path::new("/proc"), pids)
-            .map_err(|e| exit_error(EXIT_INPUT, e.to_string()))?;
-    }
-    privileges::check(privileges::SAMPLING, privileges::effective())
-        .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
-    let config = SamplerConfig {
-        frequency_hz: args.frequency,
-        filter: if matches!(targets, Targets::All) {
-            Filter::All
-        } else {
-            Filter::Targets
-        },
-        ring_buffer_bytes: 8 << 20,
-        unwind_rows: 1 << 20,
-        btf_path: pyrometer::bpf::btf_path_or_default(None),
-        off_cpu_min_ns: None,
-        gil: false,
-        alloc: None,
+    let describe = targets.describe();
+    let config = TopConfig {
+        targets,
+        subprocesses: args.subprocesses,
+        frequency: args.frequency,
+        frames: args.frames.clone(),
         dwarf: args.unwind == "dwarf",
-        debug_reject: 0,
+        debug_dirs: args.debug_dirs.clone(),
     };
-    let mut debug_dirs = args.debug_dirs.clone();
-    debug_dirs.extend(
-        pyrometer::symbolize::DEFAULT_DEBUG_DIRS
-            .iter()
-            .map(PathBuf::from),
-    );
-    let (mut sampler, mut tables) = pipeline::open(&config, &debug_dirs)?;
-    let mut registry = ProcessRegistry::new();
-    let mut comm_finder = match &targets {
-        Targets::Comm(_, re) => Some(crate::record::CommFinder::new(re, args.subprocesses)),
-        _ => None,
-    };
-    let mut root_pids = Vec::new();
-    match &targets {
-        Targets::Pids(pids) => {
-            pipeline::add_pids(
-                &mut sampler,
-                &mut tables,
-                &mut registry,
-                pids,
-                args.subprocesses,
-            )?;
-            root_pids = pids.clone();
-        }
-        Targets::Comm(..) => {
-            if let Some(f) = comm_finder.as_mut() {
-                f.poll(&mut sampler, &mut tables, &mut registry);
-            }
-        }
-        Targets::All | Targets::Command(_) => {}
-    }
-    sampler
-        .start(args.frequency)
-        .map_err(|e| exit_error(EXIT_PRIVILEGES, e.to_string()))?;
-
-    let frames = FrameView::parse(&args.frames).expect("clap checked the value");
-    let new_capture = || {
-        let mut c = Capture::default();
-        c.frames = frames;
-        c
-    };
+    let mut top = Top::start(config, &mut |line| eprintln!("pyrometer: {line}"))
+        .map_err(crate::command_error)?;
     let window = usize::try_from(args.window.as_secs().max(1)).unwrap_or(usize::MAX);
     let mut view = View::new(window);
-    let mut symbolizer = Symbolizer::new().with_debug_dirs(debug_dirs);
-    let period_ns = 1_000_000_000 / i64::try_from(args.frequency).unwrap_or(99);
-    let mut capture = new_capture();
-    let mut batch = Vec::new();
-    let mut notice = String::new();
-    let mut ended = false;
-    let started = Instant::now();
-    let mut last_tick = Instant::now();
-    let mut last_alive_check = Instant::now();
-
     let terminal = term::Terminal::enter()
         .map_err(|e| exit_error(EXIT_INPUT, format!("cannot set up the terminal: {e}")))?;
+    let started = Instant::now();
     let status = |view: &View, notice: &str, ended: bool, lost: u64| {
         let mut lines = vec![format!(
-            "pyrometer top: {} at {} Hz, last {}s: {} samples, {lost} lost, {:.0}s running{}",
-            targets.describe(),
+            "pyrometer top: {describe} at {} Hz, last {}s: {} samples, {lost} lost, {:.0}s running{}",
             args.frequency,
             window,
             view.samples(),
@@ -167,53 +99,50 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
         let (rows, cols) = terminal.size();
         terminal.draw(&view.render(&status(view, notice, ended, lost), rows), cols)
     };
-    redraw(&view, &notice, ended, 0)?;
+    redraw(&view, "", false, 0)?;
+    watch(&mut top, &mut view, &terminal, redraw)?;
+    drop(terminal);
+    Ok(0)
+}
+
+/// The loop: reads samples, keys and new targets; every second the window moves on and the
+/// screen is redrawn (at once on a key).
+fn watch(
+    top: &mut Top,
+    view: &mut View,
+    terminal: &term::Terminal,
+    redraw: impl Fn(&View, &str, bool, u64) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    let mut notice = String::new();
+    let mut ended = false;
+    let mut last_tick = Instant::now();
+    let mut last_alive_check = Instant::now();
     loop {
-        if !ended {
-            for n in pipeline::pump(
-                &mut sampler,
-                &mut tables,
-                &mut registry,
-                &mut capture,
-                &mut batch,
-                Duration::ZERO,
-            ) {
-                notice = n;
-            }
+        if !ended && let Some(n) = top.pump().pop() {
+            notice = n;
         }
         let keys = terminal.keys(Duration::from_millis(100));
         let mut changed = !keys.is_empty();
-        if keys.into_iter().any(|k| view.key(k)) || signals::take().is_some() {
-            break;
+        if keys.into_iter().any(|k| view.key(k)) || pyrometer::command::signal_received() {
+            return Ok(());
         }
-        if let Some(f) = comm_finder.as_mut() {
-            f.poll(&mut sampler, &mut tables, &mut registry);
+        for e in top.poll_comm() {
+            eprintln!("pyrometer: {e}");
         }
-        if !ended
-            && !root_pids.is_empty()
-            && last_alive_check.elapsed() >= Duration::from_millis(500)
-        {
+        if !ended && last_alive_check.elapsed() >= Duration::from_millis(500) {
             last_alive_check = Instant::now();
-            ended = root_pids
-                .iter()
-                .all(|&p| !target::alive(Path::new("/proc"), p));
+            ended = top.targets_gone();
         }
         if last_tick.elapsed() >= Duration::from_secs(1) {
             last_tick = Instant::now();
-            capture.name_late_threads(&mut tables.python);
-            let taken = std::mem::replace(&mut capture, new_capture());
             // Paused: the window keeps what it shows; the second's samples are let go.
-            if !view.paused {
-                let profile = taken.into_profile(&mut registry, &mut symbolizer, period_ns);
+            if let Some(profile) = top.take_profile(!view.paused) {
                 view.push(&profile, 0);
             }
             changed = true;
         }
         if changed {
-            let lost = sampler.counters().ringbuf_drops;
-            redraw(&view, &notice, ended, lost)?;
+            redraw(view, &notice, ended, top.lost())?;
         }
     }
-    drop(terminal);
-    Ok(0)
 }

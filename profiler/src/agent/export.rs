@@ -12,10 +12,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use prost::Message;
-use pyrometer::model::Profile;
-use pyrometer::otlp;
-use pyrometer::push::{PushClient, PushError};
 use pyrometer_proto::otlp::EXPORT_PATH;
+
+use super::Log;
+use super::push::{PushClient, PushError};
+use crate::model::Profile;
+use crate::otlp;
 
 /// Requests waiting for the endpoint at most.
 const QUEUE: usize = 8;
@@ -41,7 +43,7 @@ impl Exporter {
     }
 
     /// Starts the export thread.
-    pub(super) fn start(client: PushClient, endpoint: &str) -> std::io::Result<Exporter> {
+    pub(super) fn start(client: PushClient, endpoint: &str, log: Log) -> std::io::Result<Exporter> {
         let (tx, rx) = sync_channel(QUEUE);
         let counts = Arc::new(Counts::default());
         let thread = {
@@ -49,7 +51,7 @@ impl Exporter {
             let endpoint = endpoint.to_string();
             std::thread::Builder::new()
                 .name("otlp-export".into())
-                .spawn(move || export_loop(client, rx, &counts, &endpoint))?
+                .spawn(move || export_loop(client, rx, &counts, &endpoint, &log))?
         };
         Ok(Exporter {
             tx: Some(tx),
@@ -90,21 +92,27 @@ pub(super) fn endpoint_error(e: PushError) -> String {
     }
 }
 
-fn export_loop(mut client: PushClient, rx: Receiver<Vec<u8>>, counts: &Counts, endpoint: &str) {
+fn export_loop(
+    mut client: PushClient,
+    rx: Receiver<Vec<u8>>,
+    counts: &Counts,
+    endpoint: &str,
+    log: &Log,
+) {
     let mut failing = false;
     for body in rx {
         match client.call(body) {
             Ok(_) => {
                 counts.exported.fetch_add(1, Relaxed);
                 if failing {
-                    eprintln!("pyrometer agent: OTLP endpoint {endpoint} reachable again");
+                    log(&format!("OTLP endpoint {endpoint} reachable again"));
                     failing = false;
                 }
             }
             Err(e) => {
                 counts.failed.fetch_add(1, Relaxed);
                 if !failing {
-                    eprintln!("pyrometer agent: OTLP export to {endpoint} failed (dropped): {e}");
+                    log(&format!("OTLP export to {endpoint} failed (dropped): {e}"));
                     failing = true;
                 }
             }

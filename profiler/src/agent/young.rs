@@ -40,7 +40,7 @@ impl Young {
             .collect();
         for pid in due {
             self.waiting.remove(&pid);
-            if pyrometer::target::alive(proc_root, pid) {
+            if crate::os::pids::alive(proc_root, pid) {
                 self.grown.insert(pid);
                 changed.push(pid);
             }
@@ -50,7 +50,7 @@ impl Young {
     /// Forgets the processes that are gone (after each push).
     pub fn forget_exited(&mut self, proc_root: &Path) {
         self.grown
-            .retain(|&pid| pyrometer::target::alive(proc_root, pid));
+            .retain(|&pid| crate::os::pids::alive(proc_root, pid));
     }
 
     /// A process exec'd: its new image waits like a new process.

@@ -120,6 +120,22 @@ pub fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// runtime address - ELF virtual address for a mapping of file offset `offset` at `start`.
+/// The loader maps each PT_LOAD from its offset rounded down to a page, so a mapping's offset
+/// can lie before its segment's own and inside the previous segment's file range: lld leaves
+/// text at offset 0x14ad8 after a read-only segment of 0x14ad8 bytes, and the text mapping
+/// starts at 0x14000. The segment whose rounded-down offset is the greatest one at or below the
+/// mapping's is the one mapped there.
+pub fn load_bias(loads: &[(u64, u64, u64)], start: u64, offset: u64) -> Option<u64> {
+    const PAGE: u64 = 0xfff;
+    let &(seg_off, vaddr, _) = loads
+        .iter()
+        .filter(|&&(o, _, size)| o & !PAGE <= offset && offset < o + size.max(1))
+        .max_by_key(|&&(o, _, _)| o)?;
+    let vaddr_at_start = vaddr.wrapping_add(offset).wrapping_sub(seg_off);
+    Some(start.wrapping_sub(vaddr_at_start))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +176,30 @@ mod tests {
         let loads = [(0x400000, 0, 0x1000), (0x401000, 0x1000, 0x5000)];
         assert_eq!(file_offset(&loads, 0x402345), Some(0x2345));
         assert_eq!(file_offset(&loads, 0x500000), None);
+    }
+
+    #[test]
+    fn bias_of_pie_text_mapping() {
+        // A PIE's text: file offset 0x1000 at vaddr 0x1000, mapped at 0x5555_5555_5000.
+        let loads = [(0, 0, 0x800), (0x1000, 0x1000, 0x500)];
+        assert_eq!(
+            load_bias(&loads, 0x5555_5555_5000, 0x1000),
+            Some(0x5555_5555_4000)
+        );
+        // A non-PIE executable: vaddr 0x401000 at 0x401000.
+        let loads = [(0x1000, 0x401000, 0x2000)];
+        assert_eq!(load_bias(&loads, 0x401000, 0x1000), Some(0));
+        assert_eq!(load_bias(&loads, 0x401000, 0x9000), None);
+        // lld's layout (libpyrometer_alloc.so): a read-only segment of 0x14ad8 bytes, then
+        // text at offset 0x14ad8, vaddr 0x15ad8; its mapping starts at offset 0x14000.
+        let loads = [(0, 0, 0x14ad8), (0x14ad8, 0x15ad8, 0x40ec8)];
+        assert_eq!(
+            load_bias(&loads, 0x7f5e_9f2b_2000, 0x14000),
+            Some(0x7f5e_9f2b_2000 - 0x15000)
+        );
+        assert_eq!(
+            load_bias(&loads, 0x7f5e_9f29_d000, 0),
+            Some(0x7f5e_9f29_d000)
+        );
     }
 }

@@ -1,18 +1,22 @@
-//! What `record` profiles: chosen by the command line, described in messages and file names,
-//! and the preparations a command gets before it starts.
+//! What `record` (and `top`) profiles: chosen by the command line, described in messages and
+//! file names, and the preparations a command gets before it starts.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use pyrometer::output::OutputFormat;
+use crate::command::CommandError;
+use crate::output::OutputFormat;
 
-use crate::{EXIT_INPUT, exit_error};
-
+/// The processes a recording samples.
+#[derive(Debug)]
 pub enum Targets {
+    /// Every process but the idle task and pyrometer itself.
     All,
+    /// These processes (with `--subprocesses`, their descendants too).
     Pids(Vec<u32>),
+    /// A command started for the recording, and everything it starts.
     Command(Vec<String>),
-    /// The regex as given, and anchored.
+    /// Processes whose name matches: the regex as given, and anchored.
     Comm(String, regex::Regex),
 }
 
@@ -23,15 +27,14 @@ impl Targets {
         pids: &[u32],
         comm: Option<&str>,
         command: &[String],
-    ) -> anyhow::Result<Targets> {
+    ) -> Result<Targets, CommandError> {
         if all {
             return Ok(Targets::All);
         }
         if !command.is_empty() {
             if !pids.is_empty() {
-                return Err(exit_error(
-                    EXIT_INPUT,
-                    "give either --pid or a command after --, not both",
+                return Err(CommandError::Input(
+                    "give either --pid or a command after --, not both".into(),
                 ));
             }
             return Ok(Targets::Command(command.to_vec()));
@@ -41,13 +44,29 @@ impl Targets {
         }
         if let Some(re) = comm {
             let anchored = regex::Regex::new(&format!("^(?:{re})$"))
-                .map_err(|e| exit_error(EXIT_INPUT, format!("invalid --comm regex '{re}': {e}")))?;
+                .map_err(|e| CommandError::Input(format!("invalid --comm regex '{re}': {e}")))?;
             return Ok(Targets::Comm(re.to_string(), anchored));
         }
-        Err(exit_error(
-            EXIT_INPUT,
-            "nothing to profile: give --pid PID, --comm REGEX, --all, or a command after -- (e.g. pyrometer record -- ./prog)",
+        Err(CommandError::Input(
+            "nothing to profile: give --pid PID, --comm REGEX, --all, or a command after -- (e.g. pyrometer record -- ./prog)".into(),
         ))
+    }
+
+    /// The pids given exist (a process that exited since is named in the error).
+    pub fn check(&self) -> Result<(), CommandError> {
+        match self {
+            Targets::Pids(pids) => crate::os::pids::check_pids(Path::new("/proc"), pids)
+                .map_err(|e| CommandError::Input(e.to_string())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Which processes the kernel side samples for these targets.
+    pub(crate) fn filter(&self) -> crate::bpf::Filter {
+        match self {
+            Targets::All => crate::bpf::Filter::All,
+            _ => crate::bpf::Filter::Targets,
+        }
     }
 
     /// For the "sampling ..." line.
@@ -105,7 +124,7 @@ fn join(pids: &[u32]) -> String {
 /// Builds the unwind tables a command will need first: its executable, and the dynamic
 /// loader and C library (the ones pyrometer itself maps, which a dynamically linked command on
 /// this system maps too).
-pub fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, exe: Option<&Path>) {
+pub(crate) fn prewarm_command(unwinder: &mut crate::unwinder::Unwinder, exe: Option<&Path>) {
     if let Some(exe) = exe {
         unwinder.prewarm(exe);
     }
@@ -123,7 +142,7 @@ pub fn prewarm_command(unwinder: &mut pyrometer::unwinder::Unwinder, exe: Option
 }
 
 /// The file a command name runs: as given when it has a `/`, else found along `PATH`.
-pub fn command_path(program: &str) -> Option<PathBuf> {
+pub(crate) fn command_path(program: &str) -> Option<PathBuf> {
     if program.contains('/') {
         Some(PathBuf::from(program))
     } else {

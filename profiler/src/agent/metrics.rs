@@ -65,11 +65,78 @@ pub const UNWIND_STOP_REASONS: [&str; 6] = [
 ];
 
 impl AgentMetrics {
+    /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut o = String::new();
-        let mut one = |name: &str, kind: &str, help: &str, v: u64| {
+        self.render_totals(&mut o);
+        if let Some(refused) = self.refused.get() {
             let _ = write!(
                 o,
+                "# HELP pyrometer_agent_feature_refused A feature the kernel refused: the agent runs without it.\n\
+                 # TYPE pyrometer_agent_feature_refused gauge\n"
+            );
+            for (feature, program) in refused {
+                let _ = writeln!(
+                    o,
+                    "pyrometer_agent_feature_refused{{feature=\"{feature}\",program=\"{program}\"}} 1"
+                );
+            }
+        }
+        let _ = write!(
+            o,
+            "# HELP pyrometer_agent_samples_lost_total Samples lost before aggregation, by reason.\n\
+             # TYPE pyrometer_agent_samples_lost_total counter\n\
+             pyrometer_agent_samples_lost_total{{reason=\"ring_buffer\"}} {}\n\
+             pyrometer_agent_samples_lost_total{{reason=\"bad_record\"}} {}\n\
+             # HELP pyrometer_agent_unwind_errors_total Stacks that could not be unwound, by side.\n\
+             # TYPE pyrometer_agent_unwind_errors_total counter\n\
+             pyrometer_agent_unwind_errors_total{{stack=\"user\"}} {}\n\
+             pyrometer_agent_unwind_errors_total{{stack=\"kernel\"}} {}\n\
+             # HELP pyrometer_agent_push_duration_seconds Time of acknowledged pushes.\n\
+             # TYPE pyrometer_agent_push_duration_seconds summary\n\
+             pyrometer_agent_push_duration_seconds_sum {}\n\
+             pyrometer_agent_push_duration_seconds_count {}\n",
+            self.lost_ring_buffer.load(Relaxed),
+            self.lost_bad_record.load(Relaxed),
+            self.user_stack_errors.load(Relaxed),
+            self.kernel_stack_errors.load(Relaxed),
+            self.push_ns.load(Relaxed) as f64 / 1e9,
+            self.batches_pushed.load(Relaxed),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP pyrometer_agent_unwind_stopped_total DWARF walks that stopped before the outermost frame, by reason.\n\
+             # TYPE pyrometer_agent_unwind_stopped_total counter"
+        );
+        for (reason, v) in UNWIND_STOP_REASONS.iter().zip(&self.unwind_stopped) {
+            let _ = writeln!(
+                o,
+                "pyrometer_agent_unwind_stopped_total{{reason=\"{reason}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        let _ = write!(
+            o,
+            "# HELP pyrometer_agent_unwind_row_lookups_total DWARF frames by where their unwind row came from: the kernel's per-CPU row cache or a search of the table.\n\
+             # TYPE pyrometer_agent_unwind_row_lookups_total counter\n\
+             pyrometer_agent_unwind_row_lookups_total{{source=\"cache\"}} {}\n\
+             pyrometer_agent_unwind_row_lookups_total{{source=\"search\"}} {}\n",
+            self.unwind_row_hits.load(Relaxed),
+            self.unwind_row_searches.load(Relaxed),
+        );
+        if let Some(gpu) = self.gpu.get() {
+            crate::gpu::metrics::render(&gpu.lock().expect("not poisoned"), &mut o);
+        }
+        o
+    }
+}
+
+impl AgentMetrics {
+    /// The metrics without labels: one HELP, TYPE and value each.
+    fn render_totals(&self, out: &mut String) {
+        let mut one = |name: &str, kind: &str, help: &str, v: u64| {
+            let _ = write!(
+                out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
             );
         };
@@ -169,71 +236,7 @@ impl AgentMetrics {
             "Rows of the unwind row array (--unwind-rows).",
             self.unwind_rows_capacity.load(Relaxed),
         );
-        if let Some(refused) = self.refused.get() {
-            let _ = write!(
-                o,
-                "# HELP pyrometer_agent_feature_refused A feature the kernel refused: the agent runs without it.\n\
-                 # TYPE pyrometer_agent_feature_refused gauge\n"
-            );
-            for (feature, program) in refused {
-                let _ = writeln!(
-                    o,
-                    "pyrometer_agent_feature_refused{{feature=\"{feature}\",program=\"{program}\"}} 1"
-                );
-            }
-        }
-        let _ = write!(
-            o,
-            "# HELP pyrometer_agent_samples_lost_total Samples lost before aggregation, by reason.\n\
-             # TYPE pyrometer_agent_samples_lost_total counter\n\
-             pyrometer_agent_samples_lost_total{{reason=\"ring_buffer\"}} {}\n\
-             pyrometer_agent_samples_lost_total{{reason=\"bad_record\"}} {}\n\
-             # HELP pyrometer_agent_unwind_errors_total Stacks that could not be unwound, by side.\n\
-             # TYPE pyrometer_agent_unwind_errors_total counter\n\
-             pyrometer_agent_unwind_errors_total{{stack=\"user\"}} {}\n\
-             pyrometer_agent_unwind_errors_total{{stack=\"kernel\"}} {}\n\
-             # HELP pyrometer_agent_push_duration_seconds Time of acknowledged pushes.\n\
-             # TYPE pyrometer_agent_push_duration_seconds summary\n\
-             pyrometer_agent_push_duration_seconds_sum {}\n\
-             pyrometer_agent_push_duration_seconds_count {}\n",
-            self.lost_ring_buffer.load(Relaxed),
-            self.lost_bad_record.load(Relaxed),
-            self.user_stack_errors.load(Relaxed),
-            self.kernel_stack_errors.load(Relaxed),
-            self.push_ns.load(Relaxed) as f64 / 1e9,
-            self.batches_pushed.load(Relaxed),
-        );
-        let _ = writeln!(
-            o,
-            "# HELP pyrometer_agent_unwind_stopped_total DWARF walks that stopped before the outermost frame, by reason.\n\
-             # TYPE pyrometer_agent_unwind_stopped_total counter"
-        );
-        for (reason, v) in UNWIND_STOP_REASONS.iter().zip(&self.unwind_stopped) {
-            let _ = writeln!(
-                o,
-                "pyrometer_agent_unwind_stopped_total{{reason=\"{reason}\"}} {}",
-                v.load(Relaxed)
-            );
-        }
-        let _ = write!(
-            o,
-            "# HELP pyrometer_agent_unwind_row_lookups_total DWARF frames by where their unwind row came from: the kernel's per-CPU row cache or a search of the table.\n\
-             # TYPE pyrometer_agent_unwind_row_lookups_total counter\n\
-             pyrometer_agent_unwind_row_lookups_total{{source=\"cache\"}} {}\n\
-             pyrometer_agent_unwind_row_lookups_total{{source=\"search\"}} {}\n",
-            self.unwind_row_hits.load(Relaxed),
-            self.unwind_row_searches.load(Relaxed),
-        );
-        if let Some(gpu) = self.gpu.get() {
-            crate::gpu::metrics::render(&gpu.lock().expect("not poisoned"), &mut o);
-        }
-        o
     }
-}
-
-/// Serves `GET /metrics` on `addr` from a background thread; returns the bound address.
-pub fn serve(addr: SocketAddr, metrics: Arc<AgentMetrics>) -> std::io::Result<SocketAddr> {
-    serve_on(TcpListener::bind(addr)?, metrics)
 }
 
 /// Serves `GET /metrics` on a bound listener (bound while a privileged port still can be).
@@ -270,4 +273,45 @@ pub fn serve_on(listener: TcpListener, metrics: Arc<AgentMetrics>) -> std::io::R
             }
         })?;
     Ok(local)
+}
+
+/// Copies the kernel's counters and the unwind tables' to the metrics.
+pub fn publish_counters(
+    metrics: &AgentMetrics,
+    c: &crate::bpf::Counters,
+    samples: u64,
+    unwinder: Option<crate::unwinder::UnwinderStats>,
+) {
+    metrics.samples.store(samples, Relaxed);
+    metrics.lost_ring_buffer.store(c.ringbuf_drops, Relaxed);
+    metrics
+        .user_stack_errors
+        .store(c.user_stack_errors, Relaxed);
+    metrics
+        .kernel_stack_errors
+        .store(c.kernel_stack_errors, Relaxed);
+    let u = c.unwind;
+    metrics.unwind_walks.store(u.samples, Relaxed);
+    metrics.unwind_row_hits.store(u.row_hits, Relaxed);
+    metrics.unwind_row_searches.store(u.row_searches, Relaxed);
+    for (slot, v) in metrics.unwind_stopped.iter().zip([
+        u.no_mapping,
+        u.no_table,
+        u.no_row,
+        u.bad_cfa,
+        u.truncated,
+        u.by_frame_pointers(),
+    ]) {
+        slot.store(v, Relaxed);
+    }
+    if let Some(t) = unwinder {
+        metrics
+            .unwind_tables_too_big
+            .store(t.tables_too_big, Relaxed);
+        metrics
+            .unwind_mappings_dropped
+            .store(t.mappings_dropped, Relaxed);
+        metrics.unwind_rows_used.store(t.rows_used, Relaxed);
+        metrics.unwind_rows_capacity.store(t.rows_capacity, Relaxed);
+    }
 }

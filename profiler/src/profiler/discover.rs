@@ -8,57 +8,25 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use pyrometer::procevents::{ProcEvent, ProcEvents};
+use crate::os::procevents::{ProcEvent, ProcEvents, ProcEventsError};
 
 /// How often every process is read without events.
 pub const SCAN_EVERY: Duration = Duration::from_millis(500);
 
-/// The kernel's process events for finding processes by name, or None (said once, after
-/// `who`) when they cannot be had: every process's name is then read twice a second.
-pub fn open_events(who: &str) -> Option<ProcEvents> {
-    match ProcEvents::open() {
-        Ok(events) => Some(events),
-        Err(e) => {
-            eprintln!(
-                "{who}: {e}; finding processes by name by reading every process's name every {} ms instead",
-                SCAN_EVERY.as_millis()
-            );
-            None
-        }
-    }
+/// The kernel's process events for finding processes by name. When they cannot be had, the
+/// error says so and that every process's name is read twice a second instead.
+pub fn open_events() -> Result<ProcEvents, EventsUnavailable> {
+    ProcEvents::open().map_err(|source| EventsUnavailable { source })
 }
 
-/// Adds as targets the processes among those `due` whose name matches `re` and that are not
-/// in `known` (which gains them); one message per pid that could not be added.
-pub fn add_comm_matches(
-    due: &Due,
-    sampler: &mut pyrometer::bpf::Sampler,
-    tables: &mut pyrometer::tables::Tables,
-    registry: &mut pyrometer::procs::ProcessRegistry,
-    re: &regex::Regex,
-    known: &mut HashSet<u32>,
-    follow_children: bool,
-) -> Vec<String> {
-    match due {
-        Due::Nothing => Vec::new(),
-        Due::All => pyrometer::target::add_comm_matches(
-            sampler,
-            tables,
-            registry,
-            re,
-            known,
-            follow_children,
-        ),
-        Due::These(candidates) => pyrometer::target::add_comm_matches_among(
-            sampler,
-            tables,
-            registry,
-            re,
-            candidates,
-            known,
-            follow_children,
-        ),
-    }
+/// Why discovery falls back to scans.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{source}; finding processes by name by reading every process's name every {ms} ms instead",
+    ms = SCAN_EVERY.as_millis()
+)]
+pub struct EventsUnavailable {
+    source: ProcEventsError,
 }
 
 /// What to look at now.

@@ -1,0 +1,458 @@
+//! The agent's sampling loop: the profiler, the processes it chose, and each interval's
+//! capture, symbolized into a profile at every push.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::delivery::{Batch, Shared, spool_batch};
+use super::export::Exporter;
+use super::metrics::{self, AgentMetrics};
+use super::targets::{Known, attach_own_library, scan};
+use super::young::Young;
+use super::{AgentConfig, Log};
+use crate::bpf::{AllocConfig, Feature, Filter, SamplerConfig};
+use crate::capture::{AllocState, Capture, LiveBlock};
+use crate::command::CommandError;
+use crate::gpu::{self, Poller};
+use crate::os::clock::monotonic_now_ns;
+use crate::os::{privileges, signals};
+use crate::profiler::Profiler;
+use crate::profiler::discover::{self, Discovery, Due};
+use crate::symbolize::Symbolizer;
+
+/// The longest the sampling loop sleeps between two reads of the ring buffer. Nothing read
+/// here is late at a second: the kernel wakes the loop at once for what is (see
+/// [`Node::turn`]), and samples wait for the push anyway. Each wake-up costs a context switch
+/// and the loop's bookkeeping, which at 19 Hz cost more than the samples it found.
+const POLL: Duration = Duration::from_secs(1);
+
+/// The poll while Ray workers are sampled (and how long after the last of their samples),
+/// or while new Python threads await their names.
+const SHORT_POLL: Duration = Duration::from_millis(20);
+const RAY_LINGER: Duration = Duration::from_secs(5);
+
+/// How often the kernel's counters are copied to /metrics between pushes (Prometheus
+/// scrapes every 15-60 s).
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
+
+/// The ring buffer, sized by CPU count: 128 KiB a CPU, 1 to 8 MiB. At 19 Hz that holds
+/// seconds of samples, against a read every 200 ms (and a wake-up when a quarter is filled,
+/// as in a burst of off-CPU records). Its pages count in the agent's resident set (mapped
+/// twice, for records that wrap): 8 MiB on a 2-CPU node was a third of it.
+fn ring_buffer_bytes() -> u32 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    (cpus.saturating_mul(128 << 10))
+        .next_power_of_two()
+        .clamp(1 << 20, 8 << 20)
+}
+
+pub(super) struct Node {
+    profiler: Profiler,
+    pub(super) metrics: Arc<AgentMetrics>,
+    symbolizer: Symbolizer,
+    poller: Option<Poller>,
+    log: Log,
+    /// With `--pid` or `--comm`: only chosen processes are sampled, each read at once.
+    selective: bool,
+    /// Processes are chosen by name (`--comm`, `--alloc-comm`).
+    pub(super) by_name: bool,
+    pub(super) discovery: Discovery,
+    known: Known,
+    exited: Vec<u32>,
+    young: Young,
+    capture: Capture,
+    interval_start: Instant,
+    interval_wall: SystemTime,
+    last_counters: Option<Instant>,
+    told_rows_full: bool,
+    ray_seen: Option<Instant>,
+    names_awaited: bool,
+    samples_total: u64,
+}
+
+impl Node {
+    /// Loads and starts the kernel side, finds the chosen processes, serves `/metrics`,
+    /// starts the GPU poller, and drops every capability the loop does not need.
+    pub(super) fn open(cfg: &mut AgentConfig, log: Log) -> Result<Self, CommandError> {
+        let kernel = |e: &dyn std::fmt::Display| CommandError::Kernel(e.to_string());
+        let selective = !cfg.pids.is_empty() || cfg.comm.is_some();
+        let debug_dirs: Vec<PathBuf> = crate::symbolize::DEFAULT_DEBUG_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        let mut profiler =
+            Profiler::open(&sampler_config(cfg, selective), &debug_dirs).map_err(|e| kernel(&e))?;
+        // What the kernel refused is off from here on; each says so once, and /metrics says
+        // which features the agent runs without.
+        for refusal in profiler.refusals() {
+            log(&refusal.to_string());
+        }
+        if profiler.refused(Feature::Alloc) {
+            cfg.alloc = None;
+        }
+        if profiler.refused(Feature::OffCpu) {
+            cfg.off_cpu_min_ns = None;
+        }
+        for &pid in &cfg.pids {
+            profiler
+                .add_target(pid, true)
+                .map_err(|e| CommandError::Input(format!("adding pid {pid}: {e}")))?;
+        }
+        if let Some(probes) = profiler.tables.alloc.as_mut() {
+            attach_own_library(probes, &mut profiler.sampler, &log);
+        }
+        let mut known = Known::default();
+        // Opened while the agent still has CAP_NET_ADMIN, which subscribing needs.
+        let by_name = cfg.comm.is_some() || cfg.alloc.as_ref().is_some_and(|a| a.comm.is_some());
+        let events = by_name
+            .then(|| {
+                discover::open_events()
+                    .map_err(|e| log(&e.to_string()))
+                    .ok()
+            })
+            .flatten();
+        let mut discovery = Discovery::new(events);
+        let mut exited = Vec::new();
+        let due = discovery.due(&mut exited);
+        scan(&mut profiler, cfg, &mut known, &due, &log);
+        // Tables for the processes already known, so their first samples unwind fully; with
+        // neither --pid nor --comm, new processes get theirs when their first sample arrives.
+        for &pid in &cfg.pids {
+            profiler.sync_pid(pid);
+        }
+        profiler.start().map_err(|e| kernel(&e))?;
+        let (metrics, symbolizer, poller) = Self::serve(cfg, &profiler, debug_dirs, &log)?;
+        let capture = new_capture(cfg, &profiler, selective, Default::default(), None);
+        Ok(Self {
+            profiler,
+            metrics,
+            symbolizer,
+            poller,
+            log,
+            selective,
+            by_name,
+            discovery,
+            known,
+            exited,
+            young: Young::default(),
+            capture,
+            interval_start: Instant::now(),
+            interval_wall: SystemTime::now(),
+            last_counters: None,
+            told_rows_full: false,
+            ray_seen: None,
+            names_awaited: false,
+            samples_total: 0,
+        })
+    }
+
+    /// Binds `/metrics`, makes the symbolizer, drops the capabilities, starts the GPU poller
+    /// and the metrics server (threads start only once the capabilities are gone: they are
+    /// per thread).
+    fn serve(
+        cfg: &AgentConfig,
+        profiler: &Profiler,
+        debug_dirs: Vec<PathBuf>,
+        log: &Log,
+    ) -> Result<(Arc<AgentMetrics>, Symbolizer, Option<Poller>), CommandError> {
+        let metrics_listener = match cfg.metrics_listen {
+            Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| {
+                CommandError::Input(format!("cannot serve metrics on {addr}: {e}"))
+            })?),
+            None => None,
+        };
+        let mut symbolizer = Symbolizer::new()
+            .with_debug_dirs(debug_dirs)
+            .with_dwarf_budget(cfg.dwarf_budget_bytes);
+        // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
+        if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
+            log("kernel symbols unreadable (/proc/kallsyms): kernel frames stay addresses");
+        }
+        // Everything privileged is open now. Before the first thread starts, so that every
+        // thread runs with the reduced sets.
+        let kept = privileges::drop_all_but(privileges::AGENT_KEEPS).map_err(|e| {
+            CommandError::Kernel(format!("cannot drop capabilities after attaching: {e}"))
+        })?;
+        log(&format!(
+            "capabilities reduced to {}",
+            privileges::names(kept).join(", ")
+        ));
+        let metrics = Arc::new(AgentMetrics::default());
+        let _ = metrics.refused.set(
+            profiler
+                .refusals()
+                .iter()
+                .map(|r| (r.feature.key(), r.program.clone()))
+                .collect(),
+        );
+        let poller = start_gpu(cfg, &metrics, log)?;
+        if let Some(listener) = metrics_listener {
+            let bound = metrics::serve_on(listener, metrics.clone())
+                .map_err(|e| CommandError::Input(format!("cannot serve metrics: {e}")))?;
+            log(&format!("metrics on http://{bound}/metrics"));
+        }
+        Ok((metrics, symbolizer, poller))
+    }
+
+    /// Samples until told to stop, pushing every interval (and once more at the stop).
+    pub(super) fn run(&mut self, cfg: &AgentConfig, shared: &Shared, otlp: Option<&Exporter>) {
+        loop {
+            let stopping = self.turn(cfg);
+            let push_due = stopping || self.interval_start.elapsed() >= cfg.interval;
+            // Some 25 map reads, a system call each: every few seconds, and with each push
+            // so that /metrics agrees with what was pushed.
+            if push_due
+                || self
+                    .last_counters
+                    .is_none_or(|t| t.elapsed() >= COUNTERS_EVERY)
+            {
+                self.last_counters = Some(Instant::now());
+                self.publish_counters();
+            }
+            if push_due {
+                self.push(cfg, shared, otlp);
+            }
+            if stopping {
+                break;
+            }
+        }
+    }
+
+    /// One turn of the loop: reads the ring buffer, brings tables up to date, looks for new
+    /// processes chosen by name. True when the agent was told to stop.
+    fn turn(&mut self, cfg: &AgentConfig) -> bool {
+        // The kernel wakes the agent at once for what cannot wait (a new process, an exec, a
+        // mapping it has no table for, a filling ring buffer); the rest is read in batches.
+        // At 19 Hz on a few CPUs a wake-up every 20 ms found about one sample, and the
+        // wake-ups with their counter reads cost more than the samples. A Ray worker's task
+        // label is read from its title when its samples are read, and tasks can be short:
+        // while Ray workers are sampled, the loop reads as often as it used to. So are
+        // Python threads' names (a new thread's first sample wakes the loop): while a new
+        // thread has none yet, `threading` may register it any moment, and a short thread
+        // takes its name with it when it ends.
+        let ray = self.ray_seen.is_some_and(|t| t.elapsed() < RAY_LINGER);
+        let wait = if ray || self.names_awaited {
+            SHORT_POLL
+        } else {
+            POLL
+        };
+        self.profiler.wait(wait);
+        // Taken before the ring buffer is read: what the kernel wrote before the signal is
+        // then in the last push (a signal taken after the read left out what came between).
+        let stopping = signals::take().is_some();
+        self.profiler.drain(&mut self.capture);
+        if std::mem::take(&mut self.capture.ray_seen) {
+            self.ray_seen = Some(Instant::now());
+        }
+        let proc_root = Path::new("/proc");
+        self.names_awaited = self
+            .capture
+            .read_awaited_names(&mut self.profiler.tables.python);
+        for pid in self.capture.execs.drain(..) {
+            self.young.exec(pid);
+        }
+        if !self.selective {
+            self.young.filter(&mut self.capture.maps_changed, proc_root);
+        }
+        self.profiler.sync(&mut self.capture);
+        for notice in self.profiler.tables.python.take_notices() {
+            (self.log)(&notice);
+        }
+        if self.by_name {
+            self.exited.clear();
+            let due = self.discovery.due(&mut self.exited);
+            for &pid in &self.exited {
+                self.known.exited(pid);
+            }
+            if due != Due::Nothing {
+                scan(&mut self.profiler, cfg, &mut self.known, &due, &self.log);
+            }
+            self.metrics
+                .process_event_overflows
+                .store(self.discovery.overflows, Relaxed);
+        }
+        stopping
+    }
+
+    /// Copies the kernel's counters and the unwind tables' to /metrics, and says once when
+    /// the node's processes need more unwind rows than it was given.
+    fn publish_counters(&mut self) {
+        let unwinder = self.profiler.tables.unwinder.as_ref().map(|u| u.stats());
+        let c = self.profiler.sampler.counters();
+        metrics::publish_counters(
+            &self.metrics,
+            &c,
+            self.samples_total + self.capture.samples,
+            unwinder,
+        );
+        if let Some(u) = unwinder
+            && u.tables_too_big > 0
+            && !self.told_rows_full
+        {
+            self.told_rows_full = true;
+            (self.log)(&format!(
+                "unwind tables no longer fit in --unwind-rows {}: those executables are walked by frame pointers (pyrometer_agent_unwind_tables_too_big_total); a larger --unwind-rows keeps them",
+                u.rows_capacity
+            ));
+        }
+    }
+
+    /// Ends the interval: its capture becomes a profile that is spooled (and exported), and
+    /// what carries over (blocked threads, live blocks) starts the next one.
+    fn push(&mut self, cfg: &AgentConfig, shared: &Shared, otlp: Option<&Exporter>) {
+        if cfg.off_cpu_min_ns.is_some() {
+            // Threads blocked across the push still count in it (an idle worker would
+            // otherwise be missing until it wakes).
+            self.profiler
+                .flush_off_cpu(&mut self.capture, monotonic_now_ns());
+        }
+        let reported = std::mem::take(&mut self.capture.off_cpu_reported);
+        // The push reports what is in use now; the blocks stay live for the next one.
+        // Blocks of processes that exited are no longer in use: they are forgotten.
+        let live = self.capture.alloc.as_mut().map(|a| {
+            a.now_ns = monotonic_now_ns();
+            a.forget_exited(Path::new("/proc"));
+            a.live.clone()
+        });
+        self.capture
+            .name_late_threads(&mut self.profiler.tables.python);
+        let next = new_capture(cfg, &self.profiler, self.selective, reported, live);
+        let taken = std::mem::replace(&mut self.capture, next);
+        let duration = self.interval_start.elapsed();
+        self.interval_start = Instant::now();
+        let wall = std::mem::replace(&mut self.interval_wall, SystemTime::now());
+        self.samples_total += taken.samples;
+        self.metrics
+            .lost_bad_record
+            .fetch_add(taken.bad_records, Relaxed);
+        // Taken every interval, so usage does not pile up while nothing is sampled.
+        let gpu_usage = self
+            .poller
+            .as_ref()
+            .map(|p| p.state().lock().expect("not poisoned").take_process_usage());
+        let allocations = taken
+            .alloc
+            .as_ref()
+            .is_some_and(|a| !a.live.is_empty() || a.samples > 0);
+        if taken.samples > 0 || taken.off_cpu_events > 0 || allocations {
+            let period_ns = self.profiler.period_ns();
+            let mut profile =
+                taken.into_profile(&mut self.profiler.registry, &mut self.symbolizer, period_ns);
+            if let Some(usage) = &gpu_usage {
+                gpu::label_profile(&mut profile, &gpu::gpus_by_pid(usage));
+            }
+            let batch = Batch {
+                node: &cfg.node,
+                wall,
+                duration,
+                otlp,
+                spool: cfg.collector.is_some(),
+            };
+            if let Err(e) = spool_batch(shared, batch, profile) {
+                (self.log)(&format!("cannot spool a batch: {e}"));
+            }
+        }
+        self.symbolizer.release_files();
+        self.metrics
+            .dwarf_skipped_files
+            .store(self.symbolizer.stats().dwarf_skipped_files, Relaxed);
+        // The interval's samples are symbolized: processes gone since are not needed.
+        self.profiler.registry.forget_exited();
+        self.symbolizer.forget_exited(&self.profiler.registry);
+        self.young.forget_exited(Path::new("/proc"));
+        // The interval's profile and symbolization scratch are freed now: hand the pages
+        // back rather than keep the heap at its peak until the next push.
+        // SAFETY: malloc_trim only releases free memory of the allocator.
+        unsafe { libc::malloc_trim(0) };
+    }
+}
+
+/// What the kernel side is loaded with for the agent.
+fn sampler_config(cfg: &AgentConfig, selective: bool) -> SamplerConfig {
+    SamplerConfig {
+        frequency_hz: cfg.frequency,
+        filter: if selective {
+            Filter::Targets
+        } else {
+            Filter::All
+        },
+        ring_buffer_bytes: ring_buffer_bytes(),
+        unwind_rows: cfg.unwind_rows,
+        btf_path: crate::bpf::btf_path_or_default(cfg.btf_path.as_deref()),
+        off_cpu_min_ns: cfg.off_cpu_min_ns,
+        gil: false,
+        // Always: processes that preload the sampler library are sampled without flags
+        // (their probes fire only when they sample); --alloc-pid/--alloc-comm add uprobes.
+        alloc: Some(AllocConfig {
+            sample_bytes: alloc_mean(cfg),
+            live_entries: crate::bpf::DEFAULT_ALLOC_LIVE,
+            own_targets: true,
+        }),
+        dwarf: cfg.dwarf,
+        debug_reject: cfg.debug_reject,
+    }
+}
+
+fn alloc_mean(cfg: &AgentConfig) -> u64 {
+    cfg.alloc
+        .as_ref()
+        .map_or(crate::bpf::DEFAULT_ALLOC_SAMPLE_BYTES, |a| a.sample_bytes)
+}
+
+/// An interval's capture. Off-CPU intervals still open and live sampled blocks carry over
+/// from one interval's capture to the next. Without --alloc-* the allocation types appear
+/// once a preloaded process has reported (capture.alloc_on_preload), and stay.
+fn new_capture(
+    cfg: &AgentConfig,
+    profiler: &Profiler,
+    selective: bool,
+    reported: std::collections::HashMap<u32, (u64, u64, bool)>,
+    live: Option<std::collections::HashMap<(u32, u64), LiveBlock>>,
+) -> Capture {
+    let mean = alloc_mean(cfg);
+    let mut c = Capture::default();
+    // Node-wide, most processes are never sampled; chosen ones are read at once.
+    c.exec_lazily = !selective;
+    c.off_cpu = cfg.off_cpu_min_ns.is_some();
+    c.off_cpu_reported = reported;
+    c.alloc_on_preload = profiler.tables.alloc.is_some().then_some(mean);
+    if cfg.alloc.is_some() || live.is_some() {
+        let mut a = AllocState::new(mean);
+        a.live = live.unwrap_or_default();
+        c.alloc = Some(a);
+    }
+    c
+}
+
+/// The GPU poller, when polling is on and NVML loads. A missing driver or a lost GPU never
+/// stops the agent: it samples CPUs without them.
+fn start_gpu(
+    cfg: &AgentConfig,
+    metrics: &AgentMetrics,
+    log: &Log,
+) -> Result<Option<Poller>, CommandError> {
+    let Some((interval, lib)) = &cfg.gpu else {
+        return Ok(None);
+    };
+    let source = match gpu::NvmlSource::open(lib) {
+        Ok(s) => s,
+        Err(e) => {
+            log(&format!("GPU source off: {e}"));
+            return Ok(None);
+        }
+    };
+    let devices = source.devices().len();
+    // /metrics shows the latest poll and labels use the per-interval usage: the agent keeps
+    // no history, however long it runs.
+    let p = Poller::start(source, *interval, devices.max(1))
+        .map_err(|e| CommandError::Input(format!("starting the GPU poller: {e}")))?;
+    let _ = metrics.gpu.set(p.state());
+    log(&format!(
+        "polling {devices} GPU{} every {:.3}s",
+        if devices == 1 { "" } else { "s" },
+        interval.as_secs_f64()
+    ));
+    Ok(Some(p))
+}

@@ -1,0 +1,96 @@
+//! Attaching uprobe programs: for every process (the GIL probes on an interpreter binary, the
+//! preloaded sampler library's probes) or for one process (allocator probes).
+
+use std::path::Path;
+
+use aya::Ebpf;
+use aya::programs::UProbe;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+
+use super::{BpfError, Sampler, error_chain};
+
+/// Something that attaches uprobe programs (the sampler; tests use a recorder).
+pub trait Uprobes {
+    /// Attaches `program` at file offset `offset` of the binary at `path`, for every process.
+    fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError>;
+    /// Attaches `program` at `offset` of `path` for process `pid` only, with `cookie`.
+    fn attach_process_probe(
+        &mut self,
+        program: &'static str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        pid: u32,
+    ) -> Result<(), BpfError>;
+    /// Detaches the probes attached for `pid` (it exited).
+    fn detach_process_probes(&mut self, pid: u32);
+}
+
+/// A loaded uprobe program of the object.
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, BpfError> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| BpfError::Load(format!("program {name} missing from object")))?
+        .try_into()
+        .map_err(|e| BpfError::Load(error_chain(&e)))
+}
+
+/// The programs filter by the target set themselves, so a probe for every process costs
+/// the processes that are not targets a trap each; the allocation probes, on functions every
+/// process calls, are attached per process.
+impl Uprobes for Sampler {
+    fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
+        uprobe(&mut self.ebpf, program)?
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(offset),
+                path,
+                UProbeScope::AllProcesses,
+            )
+            .map(|_| ())
+            .map_err(|e| BpfError::Attach {
+                what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
+                reason: error_chain(&e),
+            })
+    }
+
+    fn attach_process_probe(
+        &mut self,
+        program: &'static str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        pid: u32,
+    ) -> Result<(), BpfError> {
+        let scope = std::num::NonZeroU32::new(pid)
+            .map(UProbeScope::OneProcess)
+            .ok_or_else(|| BpfError::Attach {
+                what: format!("uprobe {program}"),
+                reason: "pid 0".into(),
+            })?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: Some(cookie),
+        };
+        let link = uprobe(&mut self.ebpf, program)?
+            .attach(point, path, scope)
+            .map_err(|e| BpfError::Attach {
+                what: format!(
+                    "uprobe {program} at {}+{offset:#x} for pid {pid}",
+                    path.display()
+                ),
+                reason: error_chain(&e),
+            })?;
+        self.pid_probes
+            .entry(pid)
+            .or_default()
+            .push((program, link));
+        Ok(())
+    }
+
+    fn detach_process_probes(&mut self, pid: u32) {
+        for (program, link) in self.pid_probes.remove(&pid).unwrap_or_default() {
+            if let Ok(prog) = uprobe(&mut self.ebpf, program) {
+                let _ = prog.detach(link);
+            }
+        }
+    }
+}

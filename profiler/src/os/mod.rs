@@ -1,0 +1,15 @@
+//! The bottom layer: facts the operating system gives about processes and files, read
+//! without the kernel programs. `/proc` (processes, their mappings and binaries, names,
+//! descendants), ELF files (symbols, segments, needed libraries), privileges, the kernel's
+//! process events, signals, the monotonic clock, and starting a held command. Nothing here
+//! imports from the layers above; the reading of files a profiled process controls belongs
+//! here too, so every layer above reads them the same bounded way.
+
+pub mod clock;
+pub mod elfsyms;
+pub mod pids;
+pub mod privileges;
+pub mod procevents;
+pub mod procs;
+pub mod signals;
+pub mod spawn;

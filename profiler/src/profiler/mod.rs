@@ -1,0 +1,204 @@
+//! The profiler every command samples with: the kernel programs ([`Sampler`]), the tables
+//! that feed them (unwind tables, the Python walker's registrations, allocation probes), the
+//! process registry, and the read loop that turns ring-buffer records into a [`Capture`].
+//! `record`, `top` and the agent differ in what they target and what they make of a capture,
+//! not in how they sample.
+
+pub mod comm;
+pub mod discover;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::alloc::AllocProbes;
+use crate::bpf::{BpfError, Feature, Refusal, Sampler, SamplerConfig};
+use crate::capture::Capture;
+use crate::os::pids;
+use crate::os::procs::ProcessRegistry;
+use crate::python::tracker::PyTracker;
+use crate::tables::Tables;
+use crate::unwinder::Unwinder;
+
+/// Why the profiler could not be opened: the kernel side is missing or refused (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum ProfilerError {
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    #[error("BPF map unwind_rows: {0}")]
+    Unwinder(#[from] crate::unwinder::UnwinderError),
+}
+
+/// The loaded kernel side, its tables and the processes it knows.
+pub struct Profiler {
+    pub sampler: Sampler,
+    pub tables: Tables,
+    pub registry: ProcessRegistry,
+    /// Records read and not yet counted (kept to reuse the allocation).
+    batch: Vec<Vec<u8>>,
+}
+
+impl Profiler {
+    /// Loads the programs `config` asks for and the tables that feed them: DWARF unwind
+    /// tables when `config.dwarf`, the Python walker (with the GIL probes when `config.gil`),
+    /// allocation probes when `config.alloc` (for the processes chosen one by one when
+    /// `own_targets`). A stage the kernel refuses is switched off ([`Profiler::refusals`] says
+    /// which, for the caller to tell); no sampler at all is an error.
+    pub fn open(config: &SamplerConfig, debug_dirs: &[PathBuf]) -> Result<Self, ProfilerError> {
+        let mut sampler = Sampler::load(config)?;
+        let unwinder = if sampler.dwarf() {
+            Some(Unwinder::new(sampler.take_unwind_maps()?)?)
+        } else {
+            None
+        };
+        let mut python = PyTracker::new(Some(sampler.take_py_procs()?));
+        if config.gil && !sampler.refused(Feature::Gil) {
+            python.enable_gil(debug_dirs.to_vec());
+        }
+        let alloc_probes = match config.alloc {
+            Some(alloc) if !sampler.refused(Feature::Alloc) => {
+                let probes = AllocProbes::new(debug_dirs.to_vec());
+                // The agent probes allocators only in the processes chosen for it; every
+                // other process is only checked for the preloaded library.
+                Some(if alloc.own_targets {
+                    probes.only_chosen()
+                } else {
+                    probes
+                })
+            }
+            _ => None,
+        };
+        Ok(Self {
+            sampler,
+            tables: Tables::new(unwinder, python, alloc_probes),
+            registry: ProcessRegistry::new(),
+            batch: Vec::new(),
+        })
+    }
+
+    /// Features the kernel refused: each was switched off, and the capture goes on.
+    pub fn refusals(&self) -> &[Refusal] {
+        self.sampler.refusals()
+    }
+
+    /// Whether the kernel refused `feature` (it is off).
+    pub fn refused(&self, feature: Feature) -> bool {
+        self.sampler.refused(feature)
+    }
+
+    /// The time one sample stands for: the sampling period, in ns.
+    pub fn period_ns(&self) -> i64 {
+        1_000_000_000 / i64::try_from(self.sampler.frequency_hz().max(1)).unwrap_or(i64::MAX)
+    }
+
+    /// Samples per second per CPU.
+    pub fn frequency_hz(&self) -> u64 {
+        self.sampler.frequency_hz()
+    }
+
+    /// Adds a process to the kernel's target set; `follow_children` makes the processes it
+    /// starts targets too.
+    pub fn add_target(&mut self, pid: u32, follow_children: bool) -> Result<(), BpfError> {
+        self.sampler.add_target(pid, follow_children)
+    }
+
+    /// Targets `pids` (and with `subprocesses` their descendants, current and future), with
+    /// their tables and probes in place before the first sample, so even the first stacks
+    /// unwind fully and carry their Python frames.
+    pub fn add_pids(&mut self, pids: &[u32], subprocesses: bool) -> Result<(), BpfError> {
+        let mut all = pids.to_vec();
+        if subprocesses {
+            all.extend(pids::descendants(Path::new("/proc"), pids));
+        }
+        for &pid in &all {
+            self.sampler.add_target(pid, subprocesses)?;
+        }
+        for pid in all {
+            self.sync_pid(pid);
+        }
+        Ok(())
+    }
+
+    /// Reads process `pid` and brings its tables up to date now.
+    pub fn sync_pid(&mut self, pid: u32) {
+        if let Ok(p) = self.registry.observe(pid) {
+            self.tables.sync_process(p, &mut self.sampler);
+        }
+    }
+
+    /// Starts sampling at the configured frequency.
+    pub fn start(&mut self) -> Result<(), BpfError> {
+        self.sampler.start()
+    }
+
+    /// One turn of the capture loop: waits up to `wait` for records, counts them into
+    /// `capture`, brings the tables of processes that changed up to date. Returns the Python
+    /// tracker's and the allocation probes' notices (one line each) for the caller to show.
+    pub fn pump(&mut self, capture: &mut Capture, wait: Duration) -> Vec<String> {
+        self.read(capture, wait);
+        self.sync(capture);
+        let mut notices = self.tables.python.take_notices();
+        if let Some(a) = self.tables.alloc.as_mut() {
+            notices.extend(a.take_notices());
+        }
+        notices
+    }
+
+    /// Waits up to `wait` for records and counts them into `capture` (the tables wait for
+    /// [`Profiler::sync`]).
+    pub fn read(&mut self, capture: &mut Capture, wait: Duration) {
+        self.wait(wait);
+        self.drain(capture);
+    }
+
+    /// Waits up to `wait` for records, without reading them: a caller that checks for a
+    /// stop between the two ([`Profiler::drain`]) reads everything written before the stop.
+    pub fn wait(&mut self, wait: Duration) {
+        self.sampler.wait(wait);
+    }
+
+    /// Counts the records waiting in the ring buffer into `capture`.
+    pub fn drain(&mut self, capture: &mut Capture) {
+        self.sampler.drain_into(&mut self.batch);
+        for rec in self.batch.drain(..) {
+            capture.ingest(
+                &rec,
+                &self.sampler,
+                &mut self.registry,
+                &mut self.tables.python,
+            );
+        }
+    }
+
+    /// Brings the tables of the processes whose maps `capture` saw change up to date.
+    pub fn sync(&mut self, capture: &mut Capture) {
+        self.tables
+            .sync(&mut capture.maps_changed, &self.registry, &mut self.sampler);
+    }
+
+    /// After the last turn: the records still in flight, and the intervals of threads still
+    /// blocked at `now_ns` as if they woke now.
+    pub fn finish(&mut self, capture: &mut Capture, now_ns: u64) {
+        // Samples taken just before the stop may still be on their way to the ring buffer.
+        std::thread::sleep(Duration::from_millis(20));
+        self.read(capture, Duration::ZERO);
+        self.flush_off_cpu(capture, now_ns);
+    }
+
+    /// Counts the intervals of threads still blocked at `now_ns` up to then (the rest
+    /// counts when they wake, or at the next flush).
+    pub fn flush_off_cpu(&mut self, capture: &mut Capture, now_ns: u64) {
+        let pending = self.sampler.pending_off_cpu(now_ns);
+        capture.ingest_pending(
+            &pending,
+            &self.sampler,
+            &mut self.registry,
+            &mut self.tables.python,
+        );
+    }
+
+    /// The parts, to drop the sampler (which detaches every program) and keep the tables
+    /// and the registry for symbolization.
+    pub fn into_parts(self) -> (Sampler, Tables, ProcessRegistry) {
+        (self.sampler, self.tables, self.registry)
+    }
+}
