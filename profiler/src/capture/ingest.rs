@@ -158,7 +158,16 @@ impl Capture {
         let ray = self.titles.labels(h.pid, h.tid, &comm, is_python);
         // Python threads are labelled with their `threading` name where it can be read.
         let (thread, thread_named) = match python.thread_name(h.pid, h.tid) {
-            Some(name) => (name.to_string(), true),
+            Some(name) => {
+                // Kept here as soon as it is known: the tracker forgets an exited process's
+                // names at its next clean-up, which can come before the profile is made.
+                if self.unnamed_threads.contains(&(h.pid, h.tid)) {
+                    self.late_names
+                        .entry((h.pid, h.tid))
+                        .or_insert_with(|| name.to_string());
+                }
+                (name.to_string(), true)
+            }
             None => {
                 if self.unnamed_threads.len() < MAX_LATE_THREADS && is_python {
                     self.unnamed_threads.insert((h.pid, h.tid));
