@@ -629,7 +629,11 @@ fn late_native_threads_get_their_python_frames_at_once() {
 /// `before()` were labelled with the command name until the profile named them at the end.
 /// `before()` spins ~0.7 s: one CI run had no `before()` frame at all when it spun 0.2 s
 /// (likely the thread sampled as it started: see
-/// late_native_threads_get_their_python_frames_at_once).
+/// late_native_threads_get_their_python_frames_at_once). `after()` spins 1.5 s of wall time:
+/// a thread unnamed for over a second has its process's names read again once a second
+/// (the tracker's NAME_REFRESH), so a thread that registers after that is named within the
+/// second; on a loaded machine `before()` outlasts that second, and a shorter `after()`
+/// could end, with its process, before any read saw the name.
 #[test]
 fn samples_before_a_thread_registers_get_its_later_name() {
     if !privileged() {
@@ -647,14 +651,14 @@ fn samples_before_a_thread_registers_get_its_later_name() {
         &python.path,
         &[
             "-c",
-            "import _thread, threading\n\
+            "import _thread, threading, time\n\
              done = threading.Event()\n\
              def before():\n\
              \x20   x = 0\n\
              \x20   for i in range(10000000): x += i\n\
              def after():\n\
-             \x20   x = 0\n\
-             \x20   for i in range(3000000): x += i\n\
+             \x20   x, end = 0, time.monotonic() + 1.5\n\
+             \x20   while time.monotonic() < end: x += 1\n\
              def work():\n\
              \x20   before()\n\
              \x20   threading.current_thread().name = 'late-named'\n\
