@@ -449,7 +449,9 @@ fn the_agent_pushes_gpu_time_of_processes_started_with_the_library() {
             "/metrics",
         )
     };
-    wait_until(AGENT_WAIT, "the agent serving /metrics", || metrics().is_some());
+    wait_until(AGENT_WAIT, "the agent serving /metrics", || {
+        metrics().is_some()
+    });
     // Named so its samples are told from other tests' workloads (the agent sees every process
     // started with the library).
     let py = dir.join("gpuagent-py");
@@ -532,12 +534,14 @@ fn the_agent_pushes_gpu_time_of_processes_started_with_the_library() {
     };
     let complete =
         |m: &HashMap<&'static str, f64>| want.iter().all(|(p, (ns, _))| m.get(p) == Some(ns));
-    let folded = wait_for(AGENT_WAIT, "every phase's gpu_time in the collector", || {
-        match pyrometer_e2e::cluster::http_get(collector.addr, &path) {
+    let folded = wait_for(
+        AGENT_WAIT,
+        "every phase's gpu_time in the collector",
+        || match pyrometer_e2e::cluster::http_get(collector.addr, &path) {
             Some((200, body)) if complete(&by_phase(&body)) => Ok(body),
             other => Err(other),
-        }
-    });
+        },
+    );
     let got = by_phase(&folded);
     for (phase, (ns, _)) in &want {
         assert_eq!(got.get(phase), Some(ns), "{phase}:\n{folded}");
@@ -561,14 +565,18 @@ fn the_agent_pushes_gpu_time_of_processes_started_with_the_library() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     };
-    let text = wait_for(AGENT_WAIT, "every sampled launch counted in /metrics", || {
-        let text = metrics().map(|m| m.1).unwrap_or_default();
-        if sampled_of(&text) >= launches {
-            Ok(text)
-        } else {
-            Err(text)
-        }
-    });
+    let text = wait_for(
+        AGENT_WAIT,
+        "every sampled launch counted in /metrics",
+        || {
+            let text = metrics().map(|m| m.1).unwrap_or_default();
+            if sampled_of(&text) >= launches {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    );
     let sampled = sampled_of(&text);
     assert!(
         sampled >= launches,

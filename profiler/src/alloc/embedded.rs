@@ -368,6 +368,28 @@ mod tests {
     }
 
     #[test]
+    fn a_build_without_a_library_says_in_one_line_what_is_missing() {
+        // As a build without the CUDA headers carries the CUPTI library: empty.
+        let none = Carried {
+            bytes: &[],
+            ..CUPTI
+        };
+        assert!(!none.carried());
+        let root = scratch("none");
+        for err in [
+            none.cached_in(&root).unwrap_err(),
+            none.install(&root).unwrap_err(),
+        ] {
+            let msg = err.to_string();
+            assert!(!msg.contains('\n'), "{msg}");
+            assert!(msg.contains("carries no libpyrometer_cupti.so"), "{msg}");
+            assert!(msg.contains("cargo xtask cuda-headers"), "{msg}");
+        }
+        // Nothing was written.
+        assert!(!root.exists());
+    }
+
+    #[test]
     fn install_writes_the_library_into_a_new_directory() {
         if !carried() {
             return;
