@@ -111,6 +111,7 @@ const USIZE_CONSTANTS: &[&str] = &[
     "COMM_LEN",
     "MAX_MAPPINGS",
     "SPAN_NAME_LEN",
+    "GPU_CHUNK_MAX",
 ];
 
 /// Constants masked against (or packed into) the 64-bit Python frame slots.

@@ -11,6 +11,12 @@
 //! Where the library cannot be built (a target other than x86_64 Linux, whose instructions
 //! it uses; a source tree without the `alloc-preload` directory) an empty file is embedded
 //! and `record --alloc` says that this binary carries no library.
+//!
+//! It carries the CUPTI library (`libpyrometer_cupti.so`, C in `gpu-inject/c/`) the same way,
+//! built here with gcc against the CUDA headers of NVIDIA's wheels: `$PYROMETER_CUDA_INCLUDE`,
+//! else `target/cuda-headers/include` (what `cargo xtask cuda-headers` makes). Without them
+//! an empty file is embedded, a cargo warning says how to get them, and `record --gpu-kernels`
+//! says in one line what is missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,6 +54,89 @@ fn main() {
         "cargo::rustc-env=PYROMETER_ALLOC_HASH={:016x}",
         fnv1a(&bytes)
     );
+
+    let cupti = match cuda_include(&manifest_dir) {
+        Some(include) if supported => {
+            build_cupti(&manifest_dir.join("../gpu-inject/c"), &include, &out_dir)
+        }
+        Some(_) => Vec::new(),
+        None => {
+            println!(
+                "cargo::warning=CUDA headers not found (target/cuda-headers/include or $PYROMETER_CUDA_INCLUDE): this pyrometer carries no libpyrometer_cupti.so and record --gpu-kernels is unavailable; run `cargo xtask cuda-headers` and build again"
+            );
+            Vec::new()
+        }
+    };
+    write_if_changed(&out_dir.join(CUPTI_LIBRARY), &cupti);
+    println!(
+        "cargo::rustc-env=PYROMETER_CUPTI_HASH={:016x}",
+        fnv1a(&cupti)
+    );
+}
+
+const CUPTI_LIBRARY: &str = "libpyrometer_cupti.so";
+
+/// The include directory holding cupti.h, and a watch on where it would appear: a build made
+/// before `cargo xtask cuda-headers` picks the headers up once they are there.
+fn cuda_include(manifest_dir: &Path) -> Option<PathBuf> {
+    println!("cargo::rerun-if-env-changed=PYROMETER_CUDA_INCLUDE");
+    if let Some(dir) = std::env::var_os("PYROMETER_CUDA_INCLUDE") {
+        let dir = PathBuf::from(dir);
+        println!("cargo::rerun-if-changed={}", dir.display());
+        return dir.join("cupti.h").is_file().then_some(dir);
+    }
+    let headers = manifest_dir.join("../target/cuda-headers");
+    // Watched as a directory that exists: cargo reruns a build script for every build while a
+    // watched path is missing (and rebuilds what depends on it).
+    let _ = std::fs::create_dir_all(&headers);
+    println!("cargo::rerun-if-changed={}", headers.display());
+    let include = headers.join("include");
+    include.join("cupti.h").is_file().then_some(include)
+}
+
+/// Compiles every C file of `c_dir` into the CUPTI library; returns its bytes.
+fn build_cupti(c_dir: &Path, include: &Path, out_dir: &Path) -> Vec<u8> {
+    println!("cargo::rerun-if-changed={}", c_dir.display());
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(c_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", c_dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "c"))
+        .collect();
+    // A fixed order: the same sources make the same bytes.
+    sources.sort();
+    let lib = out_dir.join("cupti-build").join(CUPTI_LIBRARY);
+    std::fs::create_dir_all(lib.parent().expect("a parent"))
+        .unwrap_or_else(|e| panic!("{}: {e}", out_dir.display()));
+    let status = Command::new("gcc")
+        .args([
+            "-O2",
+            "-g",
+            "-std=gnu11",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-pthread",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wl,--build-id",
+            "-Wl,-z,defs",
+        ])
+        .arg("-I")
+        .arg(c_dir)
+        .arg("-isystem")
+        .arg(include)
+        .args(&sources)
+        .arg("-o")
+        .arg(&lib)
+        .args(["-ldl", "-lm"])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run gcc: {e} (is gcc installed?)"));
+    assert!(
+        status.success(),
+        "gcc failed to build {CUPTI_LIBRARY}: {status}"
+    );
+    std::fs::read(&lib).unwrap_or_else(|e| panic!("read {}: {e}", lib.display()))
 }
 
 /// Runs the nested build into `target_dir`; returns the library's path.

@@ -109,8 +109,75 @@ fn main() {
     );
     run(Command::new("strip").arg(&static_alloc));
 
+    cupti_standin(fixtures, &out);
+
     println!("cargo:rustc-env=FIXTURE_DIR={}", out.display());
     println!("cargo:rustc-env=FIXTURE_DEBUG_DIR={}", debug_dir.display());
+}
+
+/// The CUPTI stand-in (`fixtures/cupti_standin.c`) as CUPTI 13.5 and as CUPTI 13.0, each as
+/// `libcupti.so.13` in a directory of its own, and the GPU workload's library linked to it; built
+/// against the CUDA headers (found as profiler/build.rs finds them), skipped with a warning without them.
+/// `CUPTI_STANDIN` is empty then, and the tests that need it say why they skip.
+fn cupti_standin(fixtures: &Path, out: &Path) {
+    println!("cargo:rerun-if-env-changed=PYROMETER_CUDA_INCLUDE");
+    let include = match env::var_os("PYROMETER_CUDA_INCLUDE") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let headers = Path::new("../target/cuda-headers");
+            // Watched as a directory that exists (a missing watched path reruns this script,
+            // and rebuilds every test, at every build).
+            let _ = std::fs::create_dir_all(headers);
+            println!("cargo:rerun-if-changed={}", headers.display());
+            headers.join("include")
+        }
+    };
+    if !include.join("cupti.h").is_file() {
+        println!(
+            "cargo:warning=CUDA headers not found in {}: the CUPTI stand-in is not built and the \
+             GPU-kernel tests skip; run `cargo xtask cuda-headers`",
+            include.display()
+        );
+        println!("cargo:rustc-env=CUPTI_STANDIN=");
+        println!("cargo:rustc-env=CUDA_HEADERS=");
+        return;
+    }
+    let include = std::fs::canonicalize(&include).expect("canonical include dir");
+    let flags = [
+        "-O1", "-g", "-Wall", "-Werror", "-shared", "-fPIC", "-pthread",
+    ];
+    for (dir, defines) in [
+        ("cupti-standin", &[][..]),
+        ("cupti-standin-old", &["-DSTANDIN_OLD"][..]),
+    ] {
+        let dir = out.join(dir);
+        std::fs::create_dir_all(&dir).expect("stand-in dir");
+        run(Command::new("gcc")
+            .args(flags)
+            .args(defines)
+            .args(["-fvisibility=hidden", "-Wl,-soname,libcupti.so.13"])
+            .arg("-isystem")
+            .arg(&include)
+            .arg(fixtures.join("cupti_standin.c"))
+            .arg("-o")
+            .arg(dir.join("libcupti.so.13"))
+            .arg("-ldl"));
+    }
+    run(Command::new("gcc")
+        .args(flags)
+        .args(["-fno-omit-frame-pointer", "-fno-optimize-sibling-calls"])
+        .arg("-isystem")
+        .arg(&include)
+        .arg(fixtures.join("gpuwork.c"))
+        .arg("-o")
+        .arg(out.join("libgpuwork.so"))
+        .arg(out.join("cupti-standin/libcupti.so.13"))
+        .arg("-ldl"));
+    println!(
+        "cargo:rustc-env=CUPTI_STANDIN={}",
+        out.join("cupti-standin").display()
+    );
+    println!("cargo:rustc-env=CUDA_HEADERS={}", include.display());
 }
 
 /// The GNU build-id as hex, read with `readelf -n` (binutils, already needed for objcopy).

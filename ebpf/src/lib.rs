@@ -227,6 +227,12 @@ impl<'a> RawSample<'a> {
         if header.flags & SAMPLE_ALLOC_MOVED != 0 && bytes.len() < size_of::<AllocMoveRecord>() {
             return Err(BadRecord("move record without its new address"));
         }
+        if header.flags & SAMPLE_GPU_CHANNEL != 0
+            && (header.value as usize > GPU_CHUNK_MAX
+                || bytes.len() < hsize + header.value as usize)
+        {
+            return Err(BadRecord("GPU channel chunk longer than its record"));
+        }
         Ok(Self {
             header,
             slots: &bytes[hsize..],
@@ -240,6 +246,14 @@ impl<'a> RawSample<'a> {
             return None;
         }
         words(&self.slots[..8]).next()
+    }
+
+    /// A GPU channel record's (`SAMPLE_GPU_CHANNEL`) chunk: the bytes after the header.
+    pub fn gpu_chunk(&self) -> Option<&'a [u8]> {
+        if self.header.flags & SAMPLE_GPU_CHANNEL == 0 {
+            return None;
+        }
+        Some(&self.slots[..self.header.value as usize])
     }
 
     /// User-space return addresses, leaf first.

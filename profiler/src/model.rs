@@ -18,6 +18,9 @@ pub enum FrameKind {
     Python,
     /// An address nothing could name.
     Unknown,
+    /// Work a GPU ran (a kernel, a copy): the leaf of a `gpu_time` sample, on the stack that
+    /// launched it; a name, no module or address.
+    Gpu,
 }
 
 /// One function-level frame. An address that inlining expanded into several functions yields
@@ -234,7 +237,13 @@ pub struct Sources {
     pub gil: bool,
     /// Allocations (the four allocation types).
     pub alloc: bool,
+    /// GPU kernels by launching stack (`--gpu-kernels`).
+    pub gpu_kernels: bool,
 }
+
+/// The GPU kernel types: device time by launching stack (estimated from sampled launches,
+/// weighted) and the kernels, copies and sets it counts.
+pub const GPU_TYPES: [(&str, &str); 2] = [("gpu_time", "nanoseconds"), ("gpu_launches", "count")];
 
 /// The allocation types, in the profile's order (Go's heap profile names).
 pub const ALLOC_TYPES: [(&str, &str); 4] = [
@@ -318,6 +327,11 @@ impl Profile {
         }
         if sources.alloc {
             for (name, unit) in ALLOC_TYPES {
+                p.sample_types.push(SampleType::new(name, unit));
+            }
+        }
+        if sources.gpu_kernels {
+            for (name, unit) in GPU_TYPES {
                 p.sample_types.push(SampleType::new(name, unit));
             }
         }

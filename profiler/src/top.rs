@@ -58,6 +58,7 @@ impl Top {
             unwind_rows: 1 << 20,
             btf_path: crate::bpf::btf_path_or_default(None),
             off_cpu_min_ns: None,
+            gpu_kernels: None,
             gil: false,
             alloc: None,
             dwarf: config.dwarf,

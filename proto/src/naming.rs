@@ -24,6 +24,8 @@ pub fn mapping_kind(filename: &str) -> FrameKind {
         FrameKind::Kernel
     } else if filename == PYTHON_MAPPING {
         FrameKind::Python
+    } else if filename == GPU_MAPPING {
+        FrameKind::Gpu
     } else {
         FrameKind::Native
     }
@@ -91,6 +93,9 @@ fn has_separator_or_control(name: &str) -> bool {
     }
     name.chars().any(|c| c == ';' || c.is_control())
 }
+/// The pseudo mapping of GPU work (kernels, copies) in pyrometer's pprof files: the leaves of
+/// `gpu_time` samples.
+pub const GPU_MAPPING: &str = "[gpu]";
 
 /// `function (file:line)`, `function (file)` without a line, `function` without a file.
 pub fn python_frame_name(function: &str, file: Option<&str>, line: Option<u32>) -> String {

@@ -5,6 +5,7 @@ pub mod alloc;
 #[path = "../../collector/tests/common/clickhouse_server.rs"]
 pub mod clickhouse_server;
 pub mod cluster;
+pub mod gpu_kernels;
 pub mod kernels;
 pub mod otel;
 pub mod python;

@@ -62,7 +62,7 @@ fn each_refused_optional_stage_is_switched_off_and_cpu_samples_go_on() {
         return;
     }
     let dir = scratch("degrade-optional");
-    for (flag, stage, what, program) in [
+    let mut stages = vec![
         (
             "--off-cpu",
             "off_cpu",
@@ -76,7 +76,17 @@ fn each_refused_optional_stage_is_switched_off_and_cpu_samples_go_on() {
             "allocation profiling off",
             "alloc_return",
         ),
-    ] {
+    ];
+    // --gpu-kernels needs the GPU library, built where the CUDA headers were fetched.
+    if pyrometer_e2e::gpu_kernels::standin().is_some() {
+        stages.push((
+            "--gpu-kernels",
+            "gpu_kernels",
+            "GPU kernels by stack off",
+            "gpu_launch",
+        ));
+    }
+    for (flag, stage, what, program) in stages {
         let err = record_cpu631(&dir, &[flag, "--debug-reject", stage]);
         refusal_line(&err, what, program);
     }

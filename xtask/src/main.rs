@@ -17,6 +17,7 @@
 //! - `verifier` the BPF verifier table of the running kernel (see bpfcost.rs)
 //! - `kernels [NAME...]` the kernel matrix under qemu, with a summary table (see kernels.rs)
 //! - `forky-root` the Debian forky root with CPython 3.14/3.15 the tests chroot into (forky.rs)
+//! - `cuda-headers` the CUDA headers the GPU-kernel library builds against (cuda.rs)
 
 mod agentbench;
 mod allocbench;
@@ -26,6 +27,7 @@ mod bench;
 mod book;
 mod bpfcost;
 mod cformat;
+mod cuda;
 mod forky;
 mod kernels;
 mod ledger;
@@ -71,9 +73,14 @@ fn main() -> Result<()> {
             println!("{}", made.display());
             Ok(())
         }
+        Some("cuda-headers") => {
+            let include = cuda::ensure(&root).context("the CUDA headers were not fetched")?;
+            println!("{}", include.display());
+            Ok(())
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask <deps|demo|test|manifest|ledger|arch|bench|book|verifier|kernels [NAME...]|forky-root>"
+                "usage: cargo xtask <deps|demo|test|manifest|ledger|arch|bench|book|verifier|kernels [NAME...]|forky-root|cuda-headers>"
             );
             std::process::exit(2);
         }
@@ -297,6 +304,8 @@ fn test(extra: &[String]) -> Result<()> {
     steps.needed("Ray venv", || otel::ray_venv(&root));
     steps.needed("OpenTelemetry venv", || otel::venv(&root));
     steps.needed("forky root", || forky::ensure(&root));
+    // Before any build: the GPU-kernel library and its stand-in libcupti build against them.
+    steps.needed("CUDA headers (target/cuda-headers)", || cuda::ensure(&root));
     steps.needed("kernel matrix qemu (target/qemu)", || {
         apt::matrix_tools(&build_dir())
     });

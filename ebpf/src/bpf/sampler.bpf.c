@@ -21,6 +21,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 #include "gil.h"
 #include "alloc.h"
+#include "gpu.h"
 
 SEC("perf_event")
 int on_cpu_clock(struct bpf_perf_event_data *ctx)

@@ -30,6 +30,7 @@
 #define REJECT_GIL 4
 #define REJECT_ALLOC 8
 #define REJECT_SAMPLER 16 // the CPU sampler itself, frame pointers too
+#define REJECT_GPU 32
 
 #define TARGET_SELECTED 1
 #define TARGET_FOLLOW_CHILDREN 2
@@ -79,6 +80,11 @@
 // thread's `threading` name while the thread still lives: a short thread can end before the
 // agent's next poll, and its name with it.
 #define SAMPLE_PY_NEW_THREAD 65536
+// A sampled GPU launch (gpu.h): the stack at pyrometer_gpu_launch, aux CUPTI's correlation id.
+#define SAMPLE_GPU_LAUNCH 131072
+// Not a sample: a chunk of libpyrometer_cupti.so's channel follows the header (value bytes of
+// the GPU_CHUNK_MAX the record has room for).
+#define SAMPLE_GPU_CHANNEL 262144
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -114,7 +120,13 @@
 #define COUNTER_ALLOC_PRELOAD_FREES 29 // frees the preloaded library reported (sampled blocks only)
 #define COUNTER_UNWIND_ROW_HITS 30     // DWARF frames whose row came from the per-CPU row cache
 #define COUNTER_UNWIND_ROW_SEARCHES 31 // ... and those whose row was searched for in the table
-#define COUNTER_COUNT 32
+#define COUNTER_GPU_LAUNCHES 32        // sampled GPU launches' stacks sent
+#define COUNTER_GPU_CHUNKS 33          // channel chunks of the GPU library sent
+#define COUNTER_GPU_CHUNKS_REFUSED 34 // ... refused: a length past GPU_CHUNK_MAX, unreadable memory
+#define COUNTER_COUNT 35
+
+// The largest chunk of the GPU library's channel (PYRO_GPU_CHUNK_MAX in gpu-inject/c/).
+#define GPU_CHUNK_MAX 4096
 
 // Unwind rows (see the pyrometer-unwind crate for how they are built). 12 bytes.
 #define CFA_NONE 0

@@ -48,6 +48,12 @@ pub struct AgentMetrics {
     /// The GPU poller's state, when GPUs are polled: rendered as the `pyrometer_gpu_*`
     /// gauges.
     pub gpu: OnceLock<Arc<Mutex<crate::gpu::GpuState>>>,
+    /// GPU kernels by launching stack: the join's counts (cumulative), with the GPU libraries'
+    /// own.
+    pub gpu_kernels: Mutex<crate::capture::gpu::join::Stats>,
+    /// Per GPU (its `gpu` label): device ns of the records read, summed over streams, and the
+    /// ns it was busy (the union of their intervals), added up over pushes.
+    pub gpu_device_ns: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
     /// Features the kernel refused at start: (feature, BPF program), each rendered as
     /// `pyrometer_agent_feature_refused{feature,program} 1`.
     pub refused: OnceLock<Vec<(&'static str, String)>>,
@@ -126,6 +132,25 @@ impl AgentMetrics {
         );
         if let Some(gpu) = self.gpu.get() {
             crate::gpu::metrics::render(&gpu.lock().expect("not poisoned"), &mut o);
+        }
+        render_gpu_kernels(&self.gpu_kernels.lock().expect("not poisoned"), &mut o);
+        let devices = self.gpu_device_ns.lock().expect("not poisoned");
+        if !devices.is_empty() {
+            let _ = write!(
+                o,
+                "# HELP pyrometer_agent_gpu_device_seconds_total Device time of the GPU work read from the GPU libraries: summed over streams, and busy (the union of its intervals).\n\
+                 # TYPE pyrometer_agent_gpu_device_seconds_total counter\n"
+            );
+            for (gpu, (summed, busy)) in devices.iter() {
+                let gpu = gpu.replace('\\', "\\\\").replace('"', "\\\"");
+                let _ = write!(
+                    o,
+                    "pyrometer_agent_gpu_device_seconds_total{{gpu=\"{gpu}\",time=\"summed\"}} {}\n\
+                     pyrometer_agent_gpu_device_seconds_total{{gpu=\"{gpu}\",time=\"busy\"}} {}\n",
+                    *summed as f64 / 1e9,
+                    *busy as f64 / 1e9,
+                );
+            }
         }
         o
     }
@@ -237,6 +262,51 @@ impl AgentMetrics {
             self.unwind_rows_capacity.load(Relaxed),
         );
     }
+}
+
+/// The GPU kernel join's counters (`pyrometer_agent_gpu_*`).
+fn render_gpu_kernels(st: &crate::capture::gpu::join::Stats, o: &mut String) {
+    let _ = write!(
+        o,
+        "# HELP pyrometer_agent_gpu_launches_total Kernel launches, copies and sets the GPU libraries saw, and those whose stack they sampled.\n\
+         # TYPE pyrometer_agent_gpu_launches_total counter\n\
+         pyrometer_agent_gpu_launches_total{{sampled=\"false\"}} {}\n\
+         pyrometer_agent_gpu_launches_total{{sampled=\"true\"}} {}\n\
+         # HELP pyrometer_agent_gpu_records_total Device records (kernels, copies and sets) read from the GPU libraries.\n\
+         # TYPE pyrometer_agent_gpu_records_total counter\n\
+         pyrometer_agent_gpu_records_total{{kind=\"kernel\"}} {}\n\
+         pyrometer_agent_gpu_records_total{{kind=\"copy\"}} {}\n\
+         # HELP pyrometer_agent_gpu_lost_total GPU work or its attribution lost, by reason.\n\
+         # TYPE pyrometer_agent_gpu_lost_total counter\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"cupti_dropped\"}} {}\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"chunk_lost\"}} {}\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"chunk_refused\"}} {}\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"chunk_rate\"}} {}\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"record_refused\"}} {}\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"launch_not_queued\"}} {}\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"stack_missing\"}} {}\n\
+         pyrometer_agent_gpu_lost_total{{reason=\"bound\"}} {}\n\
+         # HELP pyrometer_agent_gpu_processes_off_total Processes started with the GPU library that did not record, by reason.\n\
+         # TYPE pyrometer_agent_gpu_processes_off_total counter\n\
+         pyrometer_agent_gpu_processes_off_total{{reason=\"stood_aside\"}} {}\n\
+         pyrometer_agent_gpu_processes_off_total{{reason=\"no_cupti\"}} {}\n\
+         pyrometer_agent_gpu_processes_off_total{{reason=\"cupti_error\"}} {}\n",
+        st.lib_launches.saturating_sub(st.lib_sampled),
+        st.lib_sampled,
+        st.kernels,
+        st.copies,
+        st.cupti_dropped,
+        st.chunks_lost,
+        st.chunks_refused,
+        st.chunks_rate_limited,
+        st.records_refused,
+        st.notes_dropped,
+        st.stacks_missing,
+        st.kept_refused,
+        st.processes_stood_aside,
+        st.processes_without_cupti,
+        st.processes_cupti_error,
+    );
 }
 
 /// Serves `GET /metrics` on a bound listener (bound while a privileged port still can be).

@@ -6,6 +6,7 @@
 
 mod delivery;
 mod export;
+mod gpu;
 mod metrics;
 mod node;
 mod push;

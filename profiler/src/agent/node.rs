@@ -12,9 +12,10 @@ use super::metrics::{self, AgentMetrics};
 use super::targets::{Known, attach_own_library, scan};
 use super::young::Young;
 use super::{AgentConfig, Log};
-use crate::bpf::{AllocConfig, Feature, Filter, SamplerConfig};
+use crate::bpf::{AllocConfig, Feature, Filter, GpuKernelsConfig, SamplerConfig};
 use crate::capture::{AllocState, Capture, LiveBlock};
 use crate::command::CommandError;
+use crate::gpu::kernels::probes::GpuProbes;
 use crate::gpu::{self, Poller};
 use crate::os::clock::monotonic_now_ns;
 use crate::os::{privileges, signals};
@@ -70,6 +71,10 @@ pub(super) struct Node {
     ray_seen: Option<Instant>,
     names_awaited: bool,
     samples_total: u64,
+    /// GPU kernels by launching stack, unless the kernel refused its probes.
+    gpu_probes: Option<GpuProbes>,
+    /// NVML's index of each GPU's UUID (the `gpu` label).
+    nvml_index: std::collections::HashMap<String, u32>,
 }
 
 impl Node {
@@ -103,6 +108,7 @@ impl Node {
         if let Some(probes) = profiler.tables.alloc.as_mut() {
             attach_own_library(probes, &mut profiler.sampler, &log);
         }
+        let gpu_probes = super::gpu::open(&mut profiler, &log);
         let mut known = Known::default();
         // Opened while the agent still has CAP_NET_ADMIN, which subscribing needs.
         let by_name = cfg.comm.is_some() || cfg.alloc.as_ref().is_some_and(|a| a.comm.is_some());
@@ -124,7 +130,9 @@ impl Node {
         }
         profiler.start().map_err(|e| kernel(&e))?;
         let (metrics, symbolizer, poller) = Self::serve(cfg, &profiler, debug_dirs, &log)?;
-        let capture = new_capture(cfg, &profiler, selective, Default::default(), None);
+        let nvml_index = super::gpu::nvml_index(poller.as_ref());
+        let gpu = gpu_probes.is_some().then_some(&nvml_index);
+        let capture = new_capture(cfg, &profiler, selective, Default::default(), None, gpu);
         Ok(Self {
             profiler,
             metrics,
@@ -145,6 +153,8 @@ impl Node {
             ray_seen: None,
             names_awaited: false,
             samples_total: 0,
+            gpu_probes,
+            nvml_index,
         })
     }
 
@@ -256,6 +266,15 @@ impl Node {
         if !self.selective {
             self.young.filter(&mut self.capture.maps_changed, proc_root);
         }
+        // A process with its own copy of the GPU library (a container image's).
+        if let Some(probes) = self.gpu_probes.as_mut() {
+            super::gpu::attach_mapped(
+                probes,
+                &mut self.profiler,
+                &self.capture.maps_changed,
+                &self.log,
+            );
+        }
         self.profiler.sync(&mut self.capture);
         for notice in self.profiler.tables.python.take_notices() {
             (self.log)(&notice);
@@ -287,6 +306,7 @@ impl Node {
             self.samples_total + self.capture.samples,
             unwinder,
         );
+        super::gpu::publish_stats(&self.metrics, &self.capture);
         if let Some(u) = unwinder
             && u.tables_too_big > 0
             && !self.told_rows_full
@@ -318,8 +338,11 @@ impl Node {
         });
         self.capture
             .name_late_threads(&mut self.profiler.tables.python);
-        let next = new_capture(cfg, &self.profiler, self.selective, reported, live);
-        let taken = std::mem::replace(&mut self.capture, next);
+        let gpu = self.gpu_probes.is_some().then_some(&self.nvml_index);
+        let next = new_capture(cfg, &self.profiler, self.selective, reported, live, gpu);
+        let mut taken = std::mem::replace(&mut self.capture, next);
+        // Launches whose device records have not come yet are joined in the next push.
+        let gpu_records = super::gpu::end_interval(&self.metrics, &mut taken, &mut self.capture);
         let duration = self.interval_start.elapsed();
         self.interval_start = Instant::now();
         let wall = std::mem::replace(&mut self.interval_wall, SystemTime::now());
@@ -336,7 +359,7 @@ impl Node {
             .alloc
             .as_ref()
             .is_some_and(|a| !a.live.is_empty() || a.samples > 0);
-        if taken.samples > 0 || taken.off_cpu_events > 0 || allocations {
+        if taken.samples > 0 || taken.off_cpu_events > 0 || allocations || gpu_records > 0 {
             let period_ns = self.profiler.period_ns();
             let mut profile =
                 taken.into_profile(&mut self.profiler.registry, &mut self.symbolizer, period_ns);
@@ -390,6 +413,9 @@ fn sampler_config(cfg: &AgentConfig, selective: bool) -> SamplerConfig {
             live_entries: crate::bpf::DEFAULT_ALLOC_LIVE,
             own_targets: true,
         }),
+        // Always: processes started with the GPU library are recorded without flags (its
+        // probes fire only in them): every one node-wide, or those --pid and --comm choose.
+        gpu_kernels: Some(GpuKernelsConfig { all: !selective }),
         dwarf: cfg.dwarf,
         debug_reject: cfg.debug_reject,
     }
@@ -410,9 +436,11 @@ fn new_capture(
     selective: bool,
     reported: std::collections::HashMap<u32, (u64, u64, bool)>,
     live: Option<std::collections::HashMap<(u32, u64), LiveBlock>>,
+    gpu: Option<&std::collections::HashMap<String, u32>>,
 ) -> Capture {
     let mean = alloc_mean(cfg);
     let mut c = Capture::default();
+    c.gpu = gpu.map(super::gpu::capture);
     // Node-wide, most processes are never sampled; chosen ones are read at once.
     c.exec_lazily = !selective;
     c.off_cpu = cfg.off_cpu_min_ns.is_some();

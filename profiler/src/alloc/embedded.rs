@@ -1,7 +1,8 @@
-//! The sampler library this `pyrometer` carries inside itself (built by `build.rs`), and
-//! where it is written so that a process can load it: a cache directory keyed by the
-//! library's hash (`record --alloc`, the agent), or a directory of the user's choosing
-//! (`pyrometer install-preload DIR`, for systemd units, container images and Ray).
+//! The libraries this `pyrometer` carries inside itself (built by `build.rs`): the
+//! allocation sampler and the CUPTI library of `--gpu-kernels`; and where they are written so
+//! that a process can load them: a cache directory keyed by the library's hash (`record`, the
+//! agent), or a directory of the user's choosing (`pyrometer install-preload DIR`, for systemd
+//! units, container images and Ray).
 //!
 //! A file in the cache is only ever replaced whole (written aside, then renamed over), never
 //! rewritten in place: processes map it, and a library changed under a running process
@@ -15,12 +16,42 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The library's file name: a process that maps a file of this name loads it.
+/// The allocation sampler's file name: a process that maps a file of this name loads it.
 pub const LIBRARY: &str = "libpyrometer_alloc.so";
-/// The library's bytes; empty in a build for a target it does not support (x86_64 only).
-static BYTES: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpyrometer_alloc.so"));
-/// FNV-1a of [`BYTES`] in hex: the cache directory's name.
-const HASH: &str = env!("PYROMETER_ALLOC_HASH");
+
+/// A library carried inside the binary.
+#[derive(Debug)]
+pub struct Carried {
+    /// Its file name.
+    pub name: &'static str,
+    /// Its bytes; empty in a build that could not make it.
+    bytes: &'static [u8],
+    /// FNV-1a of the bytes in hex: the cache directory's name.
+    hash: &'static str,
+    /// Why a build carries none.
+    missing: &'static str,
+}
+
+/// The allocation sampler (`libpyrometer_alloc.so`).
+pub static ALLOC: Carried = Carried {
+    name: LIBRARY,
+    bytes: include_bytes!(concat!(env!("OUT_DIR"), "/libpyrometer_alloc.so")),
+    hash: env!("PYROMETER_ALLOC_HASH"),
+    missing: "the library is built for x86_64 Linux only",
+};
+
+/// The CUPTI library of `--gpu-kernels` (`libpyrometer_cupti.so`).
+pub static CUPTI: Carried = Carried {
+    name: "libpyrometer_cupti.so",
+    bytes: include_bytes!(concat!(env!("OUT_DIR"), "/libpyrometer_cupti.so")),
+    hash: env!("PYROMETER_CUPTI_HASH"),
+    missing: "it was built without the CUDA headers: run `cargo xtask cuda-headers` and build pyrometer again",
+};
+
+#[cfg(test)]
+const BYTES: &[u8] = ALLOC.bytes;
+#[cfg(test)]
+const HASH: &str = ALLOC.hash;
 /// Overrides the cache directory.
 pub const CACHE_ENV: &str = "PYROMETER_CACHE_DIR";
 /// The cache directory of root.
@@ -28,10 +59,13 @@ pub const ROOT_CACHE: &str = "/var/cache/pyrometer";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
-    #[error("this pyrometer carries no {LIBRARY} (the library is built for x86_64 Linux only)")]
-    NotCarried,
+    #[error("this pyrometer carries no {library} ({why})")]
+    NotCarried {
+        library: &'static str,
+        why: &'static str,
+    },
     #[error(
-        "no cache directory for {LIBRARY}: neither ${CACHE_ENV}, $XDG_CACHE_HOME nor $HOME is set"
+        "no cache directory for pyrometer's libraries: neither ${CACHE_ENV}, $XDG_CACHE_HOME nor $HOME is set"
     )]
     NoCacheDir,
     #[error("{}: {source}", path.display())]
@@ -40,7 +74,7 @@ pub enum EmbeddedError {
         source: std::io::Error,
     },
     #[error(
-        "{} is {why}: {LIBRARY} is not written there (processes would load what others can change); fix its owner and mode, or set ${CACHE_ENV} to another directory",
+        "{} is {why}: pyrometer's libraries are not written there (processes would load what others can change); fix its owner and mode, or set ${CACHE_ENV} to another directory",
         path.display()
     )]
     Unsafe { path: PathBuf, why: String },
@@ -53,17 +87,64 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
     }
 }
 
-/// Whether this build carries the library.
-pub fn carried() -> bool {
-    !BYTES.is_empty()
+/// Whether this build carries the allocation sampler.
+#[cfg(test)]
+fn carried() -> bool {
+    ALLOC.carried()
 }
 
-/// The carried library's bytes.
-pub fn bytes() -> Result<&'static [u8], EmbeddedError> {
-    if carried() {
-        Ok(BYTES)
-    } else {
-        Err(EmbeddedError::NotCarried)
+impl Carried {
+    /// Whether this build carries the library.
+    pub fn carried(&self) -> bool {
+        !self.bytes.is_empty()
+    }
+
+    /// The carried library's bytes.
+    pub fn bytes(&self) -> Result<&'static [u8], EmbeddedError> {
+        if self.carried() {
+            Ok(self.bytes)
+        } else {
+            Err(EmbeddedError::NotCarried {
+                library: self.name,
+                why: self.missing,
+            })
+        }
+    }
+
+    /// The carried library in the cache directory (`DIR/HASH/NAME`), written there first
+    /// unless a verified copy is there already.
+    pub fn cached(&self) -> Result<PathBuf, EmbeddedError> {
+        self.cached_in(&cache_root()?)
+    }
+
+    /// [`Carried::cached`] under `root`.
+    pub fn cached_in(&self, root: &Path) -> Result<PathBuf, EmbeddedError> {
+        let bytes = self.bytes()?;
+        let dir = root.join(self.hash);
+        for d in [root, dir.as_path()] {
+            ensure_private_dir(d)?;
+        }
+        let path = dir.join(self.name);
+        if !is_verified_copy(&path, bytes)? {
+            write_atomically(&path, bytes)?;
+        }
+        Ok(path)
+    }
+
+    /// Writes the carried library as `DIR/NAME` (DIR made 0755 when missing; the file 0644,
+    /// replaced whole); returns its path.
+    pub fn install(&self, dir: &Path) -> Result<PathBuf, EmbeddedError> {
+        let bytes = self.bytes()?;
+        if !dir.is_dir() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(io(dir))?;
+        }
+        let path = dir.join(self.name);
+        write_atomically(&path, bytes)?;
+        Ok(path)
     }
 }
 
@@ -93,40 +174,21 @@ fn cache_root_from(
         .ok_or(EmbeddedError::NoCacheDir)
 }
 
-/// The carried library in the cache directory (`DIR/HASH/libpyrometer_alloc.so`), written
-/// there first unless a verified copy is there already.
+/// The allocation sampler in the cache directory ([`Carried::cached`]).
 pub fn cached_library() -> Result<PathBuf, EmbeddedError> {
-    cached_in(&cache_root()?)
+    ALLOC.cached()
 }
 
 /// [`cached_library`] under `root`.
-pub fn cached_in(root: &Path) -> Result<PathBuf, EmbeddedError> {
-    let bytes = bytes()?;
-    let dir = root.join(HASH);
-    for d in [root, dir.as_path()] {
-        ensure_private_dir(d)?;
-    }
-    let path = dir.join(LIBRARY);
-    if !is_verified_copy(&path, bytes)? {
-        write_atomically(&path, bytes)?;
-    }
-    Ok(path)
+#[cfg(test)]
+fn cached_in(root: &Path) -> Result<PathBuf, EmbeddedError> {
+    ALLOC.cached_in(root)
 }
 
-/// Writes the carried library as `DIR/libpyrometer_alloc.so` (DIR made 0755 when missing;
-/// the file 0644, replaced whole); returns its path.
-pub fn install(dir: &Path) -> Result<PathBuf, EmbeddedError> {
-    let bytes = bytes()?;
-    if !dir.is_dir() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(io(dir))?;
-    }
-    let path = dir.join(LIBRARY);
-    write_atomically(&path, bytes)?;
-    Ok(path)
+/// Writes the allocation sampler into `dir` ([`Carried::install`]).
+#[cfg(test)]
+fn install(dir: &Path) -> Result<PathBuf, EmbeddedError> {
+    ALLOC.install(dir)
 }
 
 /// Makes `dir` (0755, whatever the umask) unless it exists; either way it must be a
@@ -213,8 +275,9 @@ fn same_content(mut file: File, bytes: &[u8]) -> std::io::Result<bool> {
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), EmbeddedError> {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(
-        ".{LIBRARY}.{}.{}.tmp",
+        ".{name}.{}.{}.tmp",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
@@ -302,6 +365,28 @@ mod tests {
         let err = cached_in(&root).unwrap_err().to_string();
         assert!(err.contains("writable by group or others"), "{err}");
         let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_build_without_a_library_says_in_one_line_what_is_missing() {
+        // As a build without the CUDA headers carries the CUPTI library: empty.
+        let none = Carried {
+            bytes: &[],
+            ..CUPTI
+        };
+        assert!(!none.carried());
+        let root = scratch("none");
+        for err in [
+            none.cached_in(&root).unwrap_err(),
+            none.install(&root).unwrap_err(),
+        ] {
+            let msg = err.to_string();
+            assert!(!msg.contains('\n'), "{msg}");
+            assert!(msg.contains("carries no libpyrometer_cupti.so"), "{msg}");
+            assert!(msg.contains("cargo xtask cuda-headers"), "{msg}");
+        }
+        // Nothing was written.
+        assert!(!root.exists());
     }
 
     #[test]

@@ -10,11 +10,10 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSymbol};
+use object::Object;
 
 use super::embedded::{self, EmbeddedError};
 use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, ALLOC_PRELOAD_MOVE, Uprobes};
-use crate::os::elfsyms::{file_offset, loads};
 use crate::os::procs::{BinaryKey, MappingKind, Process};
 
 /// The library's file name.
@@ -133,30 +132,20 @@ pub struct ProbeOffsets {
 
 /// Finds the probe functions in the library at `path`.
 pub fn probe_offsets(path: &Path) -> Result<ProbeOffsets, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let obj = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
-    let loads = loads(&obj);
-    let find = |name: &str| {
-        obj.dynamic_symbols()
-            .find(|s| s.name() == Ok(name) && s.is_definition())
-            .and_then(|s| file_offset(&loads, s.address()))
-            .ok_or_else(|| format!("{}: no {name} (not pyrometer's library?)", path.display()))
+    let found = crate::os::elfsyms::exported_offsets(path, &[SAMPLED_FN, FREE_FN, MOVE_FN])?;
+    let need = |i: usize, name: &str| {
+        found[i].ok_or_else(|| format!("{}: no {name} (not pyrometer's library?)", path.display()))
     };
     Ok(ProbeOffsets {
-        sampled: find(SAMPLED_FN)?,
-        free: find(FREE_FN)?,
-        moved: find(MOVE_FN).ok(),
+        sampled: need(0, SAMPLED_FN)?,
+        free: need(1, FREE_FN)?,
+        moved: found[2],
     })
 }
 
 /// The copy of the library `process` maps, if any (the path as this process reaches it).
 pub fn mapped_library(process: &Process) -> Option<(BinaryKey, PathBuf)> {
-    process
-        .mappings()
-        .iter()
-        .filter(|m| m.kind == MappingKind::File && m.basename() == LIBRARY)
-        .find_map(|m| m.binary())
-        .map(|b| (b.key().clone(), b.path().to_path_buf()))
+    process.mapped_file(LIBRARY)
 }
 
 /// Why `process`, which does not map the library, will not load it: it has no program

@@ -39,6 +39,9 @@ pub struct SamplerConfig {
     pub gil: bool,
     /// Allocation sampling: loads the allocator probe programs, attached per process.
     pub alloc: Option<AllocConfig>,
+    /// GPU kernels by launching stack: loads the probes of libpyrometer_cupti.so, attached per
+    /// copy of the library.
+    pub gpu_kernels: Option<GpuKernelsConfig>,
     /// Walk user stacks with DWARF unwind tables (`--unwind dwarf`); frame pointers only
     /// otherwise. A kernel that refuses the walk turns it off (see [`Sampler::refusals`]).
     pub dwarf: bool,
@@ -73,6 +76,18 @@ pub const ALLOC_PRELOAD: &str = "alloc_preload";
 pub const ALLOC_PRELOAD_FREE: &str = "alloc_preload_free";
 pub const ALLOC_PRELOAD_MOVE: &str = "alloc_preload_move";
 
+/// Which processes' GPU library reports count (`record --gpu-kernels`, the agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuKernelsConfig {
+    /// Every process that loads the library (the agent), rather than the targets (`record`).
+    pub all: bool,
+}
+
+/// The GPU library's probe programs: on `pyrometer_gpu_launch` (a sampled launch's stack) and
+/// `pyrometer_gpu_channel` (a chunk of its channel), attached for every process.
+pub const GPU_LAUNCH: &str = "gpu_launch";
+pub const GPU_CHANNEL: &str = "gpu_channel";
+
 impl Default for SamplerConfig {
     fn default() -> Self {
         Self {
@@ -84,6 +99,7 @@ impl Default for SamplerConfig {
             off_cpu_min_ns: None,
             gil: false,
             alloc: None,
+            gpu_kernels: None,
             dwarf: true,
             debug_reject: 0,
         }

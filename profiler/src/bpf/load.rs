@@ -30,14 +30,17 @@ pub enum Feature {
     OffCpu,
     Gil,
     Alloc,
+    /// GPU kernels by launching stack: the probes on libpyrometer_cupti.so.
+    GpuKernels,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 4] = [
+    pub const ALL: [Feature; 5] = [
         Feature::DwarfUnwinding,
         Feature::OffCpu,
         Feature::Gil,
         Feature::Alloc,
+        Feature::GpuKernels,
     ];
 
     /// The label value on `/metrics` and in `--stats`.
@@ -47,6 +50,7 @@ impl Feature {
             Feature::OffCpu => "off_cpu",
             Feature::Gil => "gil",
             Feature::Alloc => "alloc",
+            Feature::GpuKernels => "gpu_kernels",
         }
     }
 
@@ -57,6 +61,7 @@ impl Feature {
             Feature::OffCpu => "off-CPU time off",
             Feature::Gil => "GIL view off",
             Feature::Alloc => "allocation profiling off",
+            Feature::GpuKernels => "GPU kernels by stack off",
         }
     }
 
@@ -67,6 +72,7 @@ impl Feature {
             Feature::OffCpu => shared::REJECT_OFFCPU,
             Feature::Gil => shared::REJECT_GIL,
             Feature::Alloc => shared::REJECT_ALLOC,
+            Feature::GpuKernels => shared::REJECT_GPU,
         }
     }
 
@@ -77,6 +83,7 @@ impl Feature {
             "off_cpu" | "off-cpu" | "offcpu" => Some(Feature::OffCpu),
             "gil" => Some(Feature::Gil),
             "alloc" => Some(Feature::Alloc),
+            "gpu" | "gpu_kernels" | "gpu-kernels" => Some(Feature::GpuKernels),
             _ => None,
         }
     }
@@ -251,6 +258,7 @@ pub fn requested(config: &SamplerConfig) -> Vec<Feature> {
         (Feature::OffCpu, config.off_cpu_min_ns.is_some()),
         (Feature::Gil, config.gil),
         (Feature::Alloc, config.alloc.is_some()),
+        (Feature::GpuKernels, config.gpu_kernels.is_some()),
     ]
     .into_iter()
     .filter_map(|(feature, on)| on.then_some(feature))
@@ -272,6 +280,10 @@ pub fn feature_programs(feature: Feature) -> Vec<(&'static str, Kind)> {
             (super::ALLOC_PRELOAD, Kind::Uprobe),
             (super::ALLOC_PRELOAD_FREE, Kind::Uprobe),
             (super::ALLOC_PRELOAD_MOVE, Kind::Uprobe),
+        ],
+        Feature::GpuKernels => vec![
+            (super::GPU_LAUNCH, Kind::Uprobe),
+            (super::GPU_CHANNEL, Kind::Uprobe),
         ],
     }
 }
@@ -308,6 +320,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
     // Without --gil the GIL maps stay in the object, one entry each.
     let gil_entries = |n: u32| if config.gil { n } else { 1 };
     let unwind_dwarf = u32::from(dwarf);
+    let gpu_all = u32::from(config.gpu_kernels.is_some_and(|g| g.all));
     // A quarter of the ring buffer waiting wakes the agent; below that it polls.
     let wakeup_bytes = u64::from(config.ring_buffer_bytes / 4);
     EbpfLoader::new()
@@ -327,6 +340,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         .override_global("alloc_filter", &alloc_filter, true)
         // The agent records every process that loads the preloaded sampler library.
         .override_global("alloc_preload_all", &preload_all, true)
+        .override_global("gpu_all", &gpu_all, true)
         .map_max_entries("alloc_live", alloc_entries(alloc.live_entries.max(1)))
         .map_max_entries("alloc_threads", alloc_entries(16384))
         .map_max_entries("alloc_targets", if alloc.own_targets { 4096 } else { 1 })

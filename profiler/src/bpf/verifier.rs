@@ -10,7 +10,8 @@ use aya::{Btf, Endianness};
 
 use super::load::{self, Kind, LoadFailure, ProgramLoad, VERIFIER_BUDGET, VERIFIER_LIMIT};
 use super::{
-    AllocConfig, BpfError, DEFAULT_ALLOC_LIVE, DEFAULT_ALLOC_SAMPLE_BYTES, Filter, SamplerConfig,
+    AllocConfig, BpfError, DEFAULT_ALLOC_LIVE, DEFAULT_ALLOC_SAMPLE_BYTES, Filter,
+    GpuKernelsConfig, SamplerConfig,
 };
 
 /// A configuration the agent or `record` can load: its name as a command line would say it.
@@ -73,6 +74,13 @@ pub fn configurations(btf_path: &Path) -> Vec<Configuration> {
             },
         },
         Configuration {
+            name: "--pid --gpu-kernels",
+            config: SamplerConfig {
+                gpu_kernels: Some(GpuKernelsConfig { all: false }),
+                ..base.clone()
+            },
+        },
+        Configuration {
             name: "--pid --off-cpu --gil --alloc",
             config: SamplerConfig {
                 off_cpu_min_ns: off_cpu,
@@ -82,11 +90,12 @@ pub fn configurations(btf_path: &Path) -> Vec<Configuration> {
             },
         },
         Configuration {
-            name: "agent --all --off-cpu --alloc-comm",
+            name: "agent --all --off-cpu --alloc-comm --gpu-kernels",
             config: SamplerConfig {
                 filter: Filter::All,
                 off_cpu_min_ns: off_cpu,
                 alloc: Some(alloc(true)),
+                gpu_kernels: Some(GpuKernelsConfig { all: true }),
                 ..base
             },
         },

@@ -63,6 +63,12 @@ impl Capture {
         still_blocked: bool,
     ) {
         let h = sample.header;
+        if let Some(chunk) = sample.gpu_chunk() {
+            if let Some(g) = self.gpu.as_mut() {
+                g.chunk(h.pid, chunk, h.timestamp_ns);
+            }
+            return;
+        }
         if h.flags & pyrometer_ebpf::SAMPLE_FREE != 0 {
             match sample.moved_to() {
                 Some(to) => self.count_move(h.pid, h.aux, to, h.value),
@@ -206,7 +212,13 @@ impl Capture {
         registry: &ProcessRegistry,
         still_blocked: bool,
     ) {
-        if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0 {
+        if h.flags & pyrometer_ebpf::SAMPLE_GPU_LAUNCH != 0 {
+            // The launching stack: it counts nothing itself; its GPU work is added to it.
+            let id = self.entry(key).id;
+            if let Some(g) = self.gpu.as_mut() {
+                g.launch(h.pid, h.tid, h.aux, id, h.timestamp_ns);
+            }
+        } else if h.flags & pyrometer_ebpf::SAMPLE_ALLOC != 0 {
             if h.flags & pyrometer_ebpf::SAMPLE_ALLOC_PRELOAD != 0 {
                 if self.alloc.is_none()
                     && let Some(mean) = self.alloc_on_preload

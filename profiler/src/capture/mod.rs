@@ -21,13 +21,14 @@ use crate::python::merge::FrameView;
 use crate::python::tracker::{PyFrameName, PyTracker};
 
 mod alloc;
+pub mod gpu;
 mod ingest;
 mod profile;
 mod timeline;
 pub use alloc::{AllocState, LiveBlock};
 pub use timeline::{
     Activity, CounterPoint, CounterTrack, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
-    DEFAULT_TIMELINE_EVENTS, OffCpuInterval, Timeline, TimelineEvent,
+    DEFAULT_TIMELINE_EVENTS, GpuSpan, OffCpuInterval, Timeline, TimelineEvent,
 };
 
 /// One distinct stack of one thread, as the kernel reported it.
@@ -133,6 +134,8 @@ pub struct Capture {
     pub maps_changed: Vec<u32>,
     /// Which frames the profile's stacks keep (`--frames`).
     pub frames: FrameView,
+    /// GPU kernels by launching stack (`--gpu-kernels`): the profile gets the GPU types.
+    pub gpu: Option<crate::capture::gpu::samples::GpuCapture>,
     /// Python frames named as they arrived (while their process was alive).
     py_names: Interner<PyFrameName>,
     /// The interpreter module of each process that had Python frames.
@@ -235,6 +238,44 @@ impl Capture {
         self.samples += 1;
     }
 
+    /// Gives `next` (the capture of the agent's next push interval) what the GPU join still
+    /// waits for: the sampled launches whose records have not come yet, with their stacks
+    /// re-entered under `next`'s ids, and the names and devices the processes sent. Device
+    /// totals and sums stay with this capture's profile.
+    pub fn hand_over_gpu(&mut self, next: &mut Capture) {
+        let Some(g) = self.gpu.as_mut() else {
+            return;
+        };
+        let wanted: HashSet<u32> = g.joiner.pending_stacks().copied().collect();
+        // A raw stack's Python frames and span are ids into its capture's tables: they are
+        // entered into `next`'s.
+        let by_id: HashMap<u32, RawStack> = self
+            .stacks
+            .iter()
+            .filter(|(_, c)| wanted.contains(&c.id))
+            .map(|(k, c)| {
+                let mut raw = k.clone();
+                for f in &mut raw.python {
+                    let name = self.py_names.get(*f & !PY_ENTRY).clone();
+                    *f = next.py_names.intern(name) | (*f & PY_ENTRY);
+                }
+                raw.span = raw
+                    .span
+                    .map(|id| next.spans.intern(self.spans.get(id).clone()));
+                if let Some(m) = self.py_modules.get(&raw.pid) {
+                    next.py_modules.entry(raw.pid).or_insert_with(|| m.clone());
+                }
+                (c.id, raw)
+            })
+            .collect();
+        let joiner = std::mem::take(&mut g.joiner);
+        let joiner = joiner.remap_stacks(|id| by_id.get(id).map(|raw| next.entry(raw.clone()).id));
+        let mut fresh = crate::capture::gpu::samples::GpuCapture::new(0);
+        fresh.joiner = joiner;
+        fresh.nvml_index = g.nvml_index.clone();
+        next.gpu = Some(fresh);
+    }
+
     /// Names the Python threads sampled before their `threading` name could be read, where it
     /// can be by now (the tracker keeps ended threads' names): a thread is often sampled as it
     /// starts, before `threading` registers it, and the names are read at most every few
@@ -293,6 +334,60 @@ mod tests {
             python: Vec::new(),
             complete: false,
         }
+    }
+
+    #[test]
+    fn gpu_launches_handed_to_the_next_capture_keep_their_python_frames() {
+        use crate::capture::gpu::channel::Status;
+        use crate::capture::gpu::samples::GpuCapture;
+        use crate::capture::gpu::testenc::{Enc, kernel, launch};
+        let py = |f: &str| PyFrameName {
+            function: Arc::from(f),
+            file: Some(Arc::from("train.py")),
+            line: Some(3),
+        };
+        let mut a = Capture {
+            gpu: Some(GpuCapture::new(0)),
+            ..Capture::default()
+        };
+        // The two captures' tables of Python names differ: `conv` has id 1 in one, 0 in the
+        // other, where id 1 is another function.
+        a.py_names.intern(py("setup"));
+        let conv = a.py_names.intern(py("conv_phase"));
+        let id = a
+            .entry(RawStack {
+                python: vec![conv | PY_ENTRY],
+                ..raw(1, 1)
+            })
+            .id;
+        a.gpu.as_mut().unwrap().launch(4_000_000, 1, 7, id, 10);
+        let mut b = Capture {
+            gpu: Some(GpuCapture::new(0)),
+            ..Capture::default()
+        };
+        b.py_names.intern(py("matmul_phase"));
+        b.py_names.intern(py("elementwise_phase"));
+        a.hand_over_gpu(&mut b);
+        let mut e = Enc::default();
+        let status = Status {
+            sample_every: 1,
+            ..Status::default()
+        };
+        e.status(&status)
+            .string(3, 1, "conv")
+            .launch(&launch(7, 1, 1, 0))
+            .kernel(&kernel(7, 3, 0, 100, 600));
+        b.gpu.as_mut().unwrap().chunk(4_000_000, &e.chunk(0), 20);
+        let p = b.into_profile(&mut ProcessRegistry::new(), &mut Symbolizer::new(), 10);
+        let t = p.type_index("gpu_time").unwrap();
+        let s = p
+            .samples
+            .iter()
+            .find(|s| s.values[t] > 0)
+            .expect("a GPU sample");
+        let names: Vec<&str> = p.stack_frames(s.stack).map(|f| &*f.function).collect();
+        assert!(names.contains(&"conv_phase"), "{names:?}");
+        assert_eq!(s.values[t], 500);
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! The end of a capture: every distinct stack symbolized once into a [`Profile`], with the
 //! timeline's events pointing at its samples.
 
+use std::collections::{HashMap, HashSet};
+
 use pyrometer_ebpf::RawSpan;
 
+use super::gpu::samples::LaunchStack;
+
 use super::{Capture, PY_ENTRY, RawStack, StackCount, Timeline};
-use crate::model::{Frame, FrameKind, LabelValue, Labels, Profile, Sources};
+use crate::model::{Frame, FrameKind, Interner, LabelValue, Labels, Profile, Sources};
 use crate::os::procs::ProcessRegistry;
 use crate::python::merge::{self, FrameView};
 use crate::python::tracker::PyFrameName;
@@ -37,34 +41,20 @@ impl Capture {
                 off_cpu: self.off_cpu,
                 gil: self.gil,
                 alloc: self.alloc.is_some(),
+                gpu_kernels: self.gpu.is_some(),
             },
         );
+        // Raw stack id -> the profile stack and labels its GPU work goes under.
+        let mut launch_stacks: HashMap<u32, LaunchStack> = HashMap::new();
+        let launching: HashSet<u32> = self
+            .gpu
+            .as_ref()
+            .map(|g| g.account.sums.keys().filter_map(|k| k.stack).collect())
+            .unwrap_or_default();
         // Raw stack id -> index into profile.samples.
         let mut sample_of = vec![0u32; self.stacks.len()];
         let mut stacks: Vec<(RawStack, StackCount)> = self.stacks.into_iter().collect();
-        // Deterministic output order regardless of hash iteration.
-        stacks.sort_by(|a, b| {
-            (
-                a.0.pid,
-                a.0.tid,
-                &a.0.user,
-                &a.0.kernel,
-                &a.0.ray,
-                a.0.span.map(|id| self.spans.get(id)),
-                &a.0.python,
-                a.0.complete,
-            )
-                .cmp(&(
-                    b.0.pid,
-                    b.0.tid,
-                    &b.0.user,
-                    &b.0.kernel,
-                    &b.0.ray,
-                    b.0.span.map(|id| self.spans.get(id)),
-                    &b.0.python,
-                    b.0.complete,
-                ))
-        });
+        sort_stacks(&mut stacks, &self.spans);
         for (
             raw,
             StackCount {
@@ -121,30 +111,9 @@ impl Capture {
                 .unwrap_or_else(|| raw.thread.clone());
             let thread = match self.late_names.get(&(raw.pid, raw.tid)) {
                 Some(name) if !raw.thread_named => name.clone(),
-                _ => raw.thread,
+                _ => raw.thread.clone(),
             };
-            let labels = Labels::new()
-                .with("pid", LabelValue::Num(i64::from(raw.pid)))
-                .with("tid", LabelValue::Num(i64::from(raw.tid)))
-                .with("comm", LabelValue::Str(process))
-                .with("thread", LabelValue::Str(thread));
-            let labels = match raw.ray.as_deref() {
-                Some(ray) => {
-                    let mut l = labels.with("ray_task", LabelValue::Str(ray.task.clone()));
-                    if let Some(actor) = &ray.actor {
-                        l.set("ray_actor", LabelValue::Str(actor.clone()));
-                    }
-                    if let Some(job) = &ray.job {
-                        l.set("ray_job", LabelValue::Str(job.clone()));
-                    }
-                    l
-                }
-                None => labels,
-            };
-            let labels = match raw.span.map(|id| self.spans.get(id)) {
-                Some(span) => span_labels(labels, span),
-                None => labels,
-            };
+            let labels = stack_labels(&raw, process, thread, raw.span.map(|id| self.spans.get(id)));
             let ns = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             let n = ns(count);
             let mut values = vec![n, n.saturating_mul(period_ns)];
@@ -160,10 +129,33 @@ impl Capture {
                 let (live_objects, live_bytes) = in_use.get(&id).copied().unwrap_or_default();
                 values.extend([objects, bytes, live_objects, live_bytes].map(|v| v.round() as i64));
             }
+            if self.gpu.is_some() {
+                values.extend([0, 0]);
+            }
+            if launching.contains(&id) {
+                launch_stacks.insert(
+                    id,
+                    LaunchStack {
+                        stack,
+                        labels: labels.clone(),
+                    },
+                );
+            }
+            // A stack that only launched GPU work (or waits for its records, handed over from
+            // an earlier push) has no value of its own.
+            if values.iter().all(|&v| v == 0) {
+                continue;
+            }
             let index = profile.add(stack, labels, &values);
             sample_of[id as usize] = u32::try_from(index).unwrap_or(u32::MAX);
         }
+        let keep_spans = self.timeline.is_some();
+        let gpu_spans = match self.gpu.as_mut() {
+            Some(g) => g.add_to_profile(&mut profile, &launch_stacks, registry, keep_spans),
+            None => Vec::new(),
+        };
         let timeline = self.timeline.map(|mut t| {
+            t.gpu = gpu_spans;
             for e in &mut t.events {
                 e.sample = sample_of[e.sample as usize];
             }
@@ -173,6 +165,59 @@ impl Capture {
             t
         });
         (profile, timeline)
+    }
+}
+
+/// Orders the stacks by their content: the same capture gives the same profile, whatever the
+/// hash map's order.
+fn sort_stacks(stacks: &mut [(RawStack, StackCount)], spans: &Interner<RawSpan>) {
+    stacks.sort_by(|a, b| {
+        (
+            a.0.pid,
+            a.0.tid,
+            &a.0.user,
+            &a.0.kernel,
+            &a.0.ray,
+            a.0.span.map(|id| spans.get(id)),
+            &a.0.python,
+            a.0.complete,
+        )
+            .cmp(&(
+                b.0.pid,
+                b.0.tid,
+                &b.0.user,
+                &b.0.kernel,
+                &b.0.ray,
+                b.0.span.map(|id| spans.get(id)),
+                &b.0.python,
+                b.0.complete,
+            ))
+    });
+}
+
+/// A stack's labels: its process and thread, its Ray task and span where it has them.
+fn stack_labels(raw: &RawStack, process: String, thread: String, span: Option<&RawSpan>) -> Labels {
+    let labels = Labels::new()
+        .with("pid", LabelValue::Num(i64::from(raw.pid)))
+        .with("tid", LabelValue::Num(i64::from(raw.tid)))
+        .with("comm", LabelValue::Str(process))
+        .with("thread", LabelValue::Str(thread));
+    let labels = match raw.ray.as_deref() {
+        Some(ray) => {
+            let mut l = labels.with("ray_task", LabelValue::Str(ray.task.clone()));
+            if let Some(actor) = &ray.actor {
+                l.set("ray_actor", LabelValue::Str(actor.clone()));
+            }
+            if let Some(job) = &ray.job {
+                l.set("ray_job", LabelValue::Str(job.clone()));
+            }
+            l
+        }
+        None => labels,
+    };
+    match span {
+        Some(span) => span_labels(labels, span),
+        None => labels,
     }
 }
 

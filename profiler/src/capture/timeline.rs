@@ -43,6 +43,26 @@ pub struct Timeline {
     pub counters: Vec<CounterTrack>,
     /// Off-CPU intervals (`record --off-cpu`), bounded by `capacity` with `events`.
     pub off_cpu: Vec<OffCpuInterval>,
+    /// Device work (`record --gpu-kernels`), bounded by the GPU account.
+    pub gpu: Vec<GpuSpan>,
+}
+
+/// One kernel, copy or set a GPU ran, for its device stream's track.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSpan {
+    /// The `gpu` label of its device (NVML's index, else its UUID).
+    pub device: String,
+    pub pid: u32,
+    pub stream: u32,
+    /// CLOCK_MONOTONIC ns.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub name: String,
+    pub correlation: u32,
+    /// The profile sample (launching stack with this work as leaf) of a sampled launch.
+    pub sample: Option<u32>,
+    /// The launching thread and when its stack was taken, for a sampled launch.
+    pub launch: Option<(u32, u64)>,
 }
 
 /// A counter track of the Chrome trace: values over time, shown under a process of their
@@ -135,6 +155,7 @@ impl Timeline {
             period_ns,
             counters: Vec::new(),
             off_cpu: Vec::new(),
+            gpu: Vec::new(),
         }
     }
 

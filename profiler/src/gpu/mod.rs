@@ -10,6 +10,15 @@
 //! reports GPU_IS_LOST is marked lost and no longer polled.
 
 pub mod csv;
+pub(crate) mod kernels;
+
+/// The channel of the GPU library (`libpyrometer_cupti.so`) as pyrometer reads it: its parser
+/// and the join of device records with sampled launches, for tools and tests that read a
+/// channel the library wrote to a file (`PYROMETER_GPU_DUMP`).
+pub mod channel {
+    pub use crate::capture::gpu::channel::*;
+    pub use crate::capture::gpu::join::{GpuEvent, Joiner, Limits, Op, Stats};
+}
 pub mod metrics;
 pub mod source;
 pub mod summary;

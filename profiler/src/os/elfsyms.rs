@@ -34,6 +34,36 @@ pub fn file_offset(loads: &[(u64, u64, u64)], vaddr: u64) -> Option<u64> {
         .map(|&(addr, off, _)| vaddr - addr + off)
 }
 
+/// The file offsets of the exported functions `names` in the ELF file at `path` (None for one it
+/// does not define): the probe points of pyrometer's in-process libraries.
+pub fn exported_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, String> {
+    use object::ObjectSymbol;
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let obj = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
+    let loads = loads(&obj);
+    Ok(names
+        .iter()
+        .map(|&name| {
+            obj.dynamic_symbols()
+                .find(|s| s.name() == Ok(name) && s.is_definition())
+                .and_then(|s| file_offset(&loads, s.address()))
+        })
+        .collect())
+}
+
+/// A library shipped with this `pyrometer`: `$ENV` when set, else next to the executable (a
+/// cargo build, a tarball), else `../lib/pyrometer/` from it (a package).
+pub fn shipped_library(name: &str, env: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join(name), dir.join("../lib/pyrometer").join(name)]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
 /// The libraries `LD_PRELOAD` (as this process sees it, and a command it starts inherits)
 /// names: paths as they are, bare names searched in the usual library directories.
 pub fn preloaded_libraries() -> Vec<PathBuf> {

@@ -211,6 +211,16 @@ impl Process {
         &self.mappings
     }
 
+    /// The file named `basename` the process maps, if any (the path as this process reaches
+    /// it): where pyrometer's own in-process libraries are found.
+    pub fn mapped_file(&self, basename: &str) -> Option<(BinaryKey, PathBuf)> {
+        self.mappings
+            .iter()
+            .filter(|m| m.kind == MappingKind::File && m.basename() == basename)
+            .find_map(|m| m.binary())
+            .map(|b| (b.key().clone(), b.path().to_path_buf()))
+    }
+
     /// The process was gone at the last refresh; its mappings are the last ones seen.
     #[cfg(test)]
     pub fn exited(&self) -> bool {

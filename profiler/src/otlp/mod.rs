@@ -162,6 +162,8 @@ fn frame_type(kind: FrameKind) -> &'static str {
         FrameKind::Python => "cpython",
         FrameKind::Jit => "jit",
         FrameKind::Native | FrameKind::Unknown => "native",
+        // OpenTelemetry's frame types name no GPU kind.
+        FrameKind::Gpu => "native",
     }
 }
 

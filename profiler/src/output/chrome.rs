@@ -12,13 +12,18 @@
 //! where the thread blocked. GIL-wait and GPU sources, when they run, add their own slices and counter tracks beside these: each of the timeline's
 //! [`CounterTrack`]s becomes counter (`C`) events under a process of its own (one per GPU),
 //! whose pid is [`COUNTER_PID_BASE`] plus the track's index, above any real pid.
+//!
+//! GPU work (`record --gpu-kernels`) goes on the same GPU processes, one thread (track) per
+//! device stream of each profiled process, a complete event per kernel, copy or set. A sampled
+//! launch's event carries its launching stack in `args` and a flow arrow (`s` on the launching
+//! thread when its stack was taken, `f` on the kernel) ties the two.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use serde_json::{Value, json};
 
-use crate::capture::{CounterTrack, OffCpuInterval, Timeline};
+use crate::capture::{CounterTrack, GpuSpan, OffCpuInterval, Timeline};
 use crate::model::{LabelValue, Profile};
 use crate::output::OutputError;
 use crate::output::folded::frame_name;
@@ -120,11 +125,10 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             .or_default()
             .push((e.timestamp_ns, info.chain));
     }
-    if by_thread.is_empty() && timeline.off_cpu.is_empty() {
+    if by_thread.is_empty() && timeline.off_cpu.is_empty() && timeline.gpu.is_empty() {
         return Err(OutputError::Empty("timeline".to_string()));
     }
 
-    let period = timeline.period_ns.max(1);
     let mut events: Vec<Value> = Vec::new();
     for (pid, names) in &processes {
         events.push(json!({
@@ -138,7 +142,54 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             "args": { "name": most_common(names) },
         }));
     }
-    for (&(pid, tid), samples) in &mut by_thread {
+    thread_slices(&mut by_thread, &chains, timeline, &mut events);
+    for e in &timeline.off_cpu {
+        let Some(info) = infos.get(e.sample as usize) else {
+            continue;
+        };
+        events.push(off_cpu_event(
+            e,
+            &chains[info.chain],
+            info,
+            timeline.origin_ns,
+        ));
+    }
+    let named = counter_events(&timeline.counters, timeline.origin_ns, &mut events);
+    gpu_events(
+        &timeline.gpu,
+        &chains,
+        &infos,
+        named,
+        timeline.origin_ns,
+        &mut events,
+    );
+    let mut doc = json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "exporter": concat!("pyrometer ", env!("CARGO_PKG_VERSION")),
+            "period_ns": timeline.period_ns,
+            "samples": timeline.events.len(),
+            "timeline_capacity": timeline.capacity,
+            "samples_not_in_timeline": timeline.dropped,
+        },
+    });
+    if !timeline.gpu.is_empty() {
+        doc["otherData"]["gpu_slices"] = json!(timeline.gpu.len());
+    }
+    Ok(doc)
+}
+
+/// Each thread's samples as slices: consecutive samples of one stack, a period or so apart,
+/// make one slice.
+fn thread_slices(
+    by_thread: &mut BTreeMap<(i64, i64), Vec<(u64, usize)>>,
+    chains: &[Vec<String>],
+    timeline: &Timeline,
+    events: &mut Vec<Value>,
+) {
+    let period = timeline.period_ns.max(1);
+    for (&(pid, tid), samples) in by_thread.iter_mut() {
         // Records of different CPUs reach the ring buffer slightly out of order.
         samples.sort_unstable();
         let mut current: Option<Slice> = None;
@@ -154,7 +205,7 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             if let Some(s) = current.take() {
                 events.push(slice_event(
                     &s,
-                    &chains,
+                    chains,
                     pid,
                     tid,
                     timeline.origin_ns,
@@ -171,7 +222,7 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
         if let Some(s) = current {
             events.push(slice_event(
                 &s,
-                &chains,
+                chains,
                 pid,
                 tid,
                 timeline.origin_ns,
@@ -179,32 +230,14 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
             ));
         }
     }
-    for e in &timeline.off_cpu {
-        let Some(info) = infos.get(e.sample as usize) else {
-            continue;
-        };
-        events.push(off_cpu_event(
-            e,
-            &chains[info.chain],
-            info,
-            timeline.origin_ns,
-        ));
-    }
-    counter_events(&timeline.counters, timeline.origin_ns, &mut events);
-    Ok(json!({
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "exporter": concat!("pyrometer ", env!("CARGO_PKG_VERSION")),
-            "period_ns": timeline.period_ns,
-            "samples": timeline.events.len(),
-            "timeline_capacity": timeline.capacity,
-            "samples_not_in_timeline": timeline.dropped,
-        },
-    }))
 }
 
-fn counter_events(tracks: &[CounterTrack], origin: u64, events: &mut Vec<Value>) {
+/// Returns the trace pids it named.
+fn counter_events(
+    tracks: &[CounterTrack],
+    origin: u64,
+    events: &mut Vec<Value>,
+) -> std::collections::BTreeSet<i64> {
     let mut named = std::collections::BTreeSet::new();
     for t in tracks {
         let pid = COUNTER_PID_BASE + i64::from(t.process_index);
@@ -227,6 +260,83 @@ fn counter_events(tracks: &[CounterTrack], origin: u64, events: &mut Vec<Value>)
                 "tid": 0,
                 "ts": micros(p.timestamp_ns.saturating_sub(origin)),
                 "args": args,
+            }));
+        }
+    }
+    named
+}
+
+/// The GPU processes' pids: NVML's index above [`COUNTER_PID_BASE`], as the counter tracks
+/// have it; a device known only by its UUID after the indexes.
+fn gpu_pid(device: &str, others: &mut BTreeMap<String, i64>) -> i64 {
+    match device.parse::<u32>() {
+        Ok(index) => COUNTER_PID_BASE + i64::from(index),
+        Err(_) => {
+            let next = COUNTER_PID_BASE + 4096 + others.len() as i64;
+            *others.entry(device.to_string()).or_insert(next)
+        }
+    }
+}
+
+fn gpu_events(
+    spans: &[GpuSpan],
+    chains: &[Vec<String>],
+    infos: &[SampleInfo],
+    mut named: std::collections::BTreeSet<i64>,
+    origin: u64,
+    events: &mut Vec<Value>,
+) {
+    let mut others = BTreeMap::new();
+    // One track per (device, process, stream), numbered in order.
+    let mut tracks: BTreeMap<(i64, u32, u32), i64> = BTreeMap::new();
+    for s in spans {
+        tracks.insert((gpu_pid(&s.device, &mut others), s.pid, s.stream), 0);
+    }
+    for (n, ((pid, process, stream), tid)) in tracks.iter_mut().enumerate() {
+        *tid = n as i64 + 1;
+        events.push(json!({
+            "ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+            "args": { "name": format!("stream {stream} (pid {process})") },
+        }));
+    }
+    for s in spans {
+        let pid = gpu_pid(&s.device, &mut others);
+        if named.insert(pid) {
+            events.push(json!({
+                "ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                "args": { "name": format!("GPU {}", s.device) },
+            }));
+        }
+    }
+    for (i, s) in spans.iter().enumerate() {
+        let pid = gpu_pid(&s.device, &mut others);
+        let tid = tracks[&(pid, s.pid, s.stream)];
+        let ts = micros(s.start_ns.saturating_sub(origin));
+        let mut args = json!({ "correlation": s.correlation, "pid": s.pid });
+        let stack = s.sample.and_then(|i| infos.get(i as usize));
+        if let Some(info) = stack {
+            // The launching stack, without the leaf (this event is the leaf).
+            args["stack"] = json!(chains[info.chain][1..]);
+        }
+        events.push(json!({
+            "ph": "X",
+            "cat": "gpu",
+            "name": s.name,
+            "pid": pid,
+            "tid": tid,
+            "ts": ts,
+            "dur": micros(s.end_ns.saturating_sub(s.start_ns)),
+            "args": args,
+        }));
+        if let (Some((launch_tid, launched)), Some(_)) = (s.launch, stack) {
+            events.push(json!({
+                "ph": "s", "cat": "gpu_launch", "name": "launch", "id": i,
+                "pid": s.pid, "tid": launch_tid,
+                "ts": micros(launched.saturating_sub(origin)),
+            }));
+            events.push(json!({
+                "ph": "f", "bp": "e", "cat": "gpu_launch", "name": "launch", "id": i,
+                "pid": pid, "tid": tid, "ts": ts,
             }));
         }
     }
@@ -426,6 +536,62 @@ mod tests {
             .filter(|s| s.0.starts_with("GIL wait"))
             .collect();
         assert_eq!(gil, [("GIL wait: main".to_string(), 200_000.0, 5_000.0)]);
+    }
+
+    #[test]
+    fn gpu_work_gets_a_track_per_stream_linked_to_its_launch() {
+        let (mut p, mut t) = fixture();
+        let kernel = p.intern_frame(Frame::named("gemm", FrameKind::Gpu));
+        let main = p.intern_frame(Frame::named("main", FrameKind::Native));
+        let stack = p.intern_stack(vec![kernel, main]);
+        let labels = Labels::new()
+            .with("pid", LabelValue::Num(10))
+            .with("tid", LabelValue::Num(11));
+        let sample = p.add(stack, labels, &[0, 0]) as u32;
+        let span = |stream, start_ms, sampled: bool| GpuSpan {
+            device: "1".into(),
+            pid: 10,
+            stream,
+            start_ns: t.origin_ns + start_ms * MS,
+            end_ns: t.origin_ns + (start_ms + 2) * MS,
+            name: "gemm".into(),
+            correlation: 7,
+            sample: sampled.then_some(sample),
+            launch: sampled.then_some((11, t.origin_ns + start_ms * MS - MS)),
+        };
+        t.gpu = vec![span(3, 20, true), span(3, 30, false), span(5, 20, false)];
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        let events = doc["traceEvents"].as_array().unwrap();
+        let gpu_pid = COUNTER_PID_BASE + 1;
+        let gpu: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["cat"] == "gpu" && e["pid"] == gpu_pid)
+            .collect();
+        assert_eq!(gpu.len(), 3);
+        // Two streams, two tracks, named.
+        let tids: std::collections::BTreeSet<i64> =
+            gpu.iter().map(|e| e["tid"].as_i64().unwrap()).collect();
+        assert_eq!(tids.len(), 2);
+        assert!(events.iter().any(|e| e["ph"] == "M"
+            && e["pid"] == gpu_pid
+            && e["args"]["name"] == "stream 3 (pid 10)"));
+        assert!(
+            events
+                .iter()
+                .any(|e| e["ph"] == "M" && e["pid"] == gpu_pid && e["args"]["name"] == "GPU 1")
+        );
+        // The sampled one names its launching stack and has its arrow from thread 11.
+        assert_eq!(gpu[0]["args"]["stack"], json!(["main"]));
+        assert!(gpu[1]["args"].get("stack").is_none());
+        let flow: Vec<&Value> = events.iter().filter(|e| e["cat"] == "gpu_launch").collect();
+        assert_eq!(flow.len(), 2);
+        assert_eq!(
+            (flow[0]["ph"].as_str(), flow[0]["tid"].as_i64()),
+            (Some("s"), Some(11))
+        );
+        assert_eq!(flow[1]["ph"], "f");
+        assert_eq!(flow[1]["ts"], gpu[0]["ts"]);
+        assert_eq!(doc["otherData"]["gpu_slices"], 3);
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 /// Pseudo file name of the mapping of Python frames (functions with source files and lines,
 /// no addresses), so a profile read back knows them.
 pub const PYTHON_MAPPING: &str = pyrometer_proto::naming::PYTHON_MAPPING;
+/// The mapping GPU frames are written under, which tells them apart when read back.
+pub const GPU_MAPPING: &str = pyrometer_proto::naming::GPU_MAPPING;
 
 /// Builds the string table: "" at index 0, then strings in order of first use, so the same
 /// profile always gives the same table.
@@ -75,6 +77,7 @@ impl Writer {
         let file = match (frame.kind, &frame.module) {
             (FrameKind::Kernel, _) => KERNEL_MAPPING,
             (FrameKind::Python, _) => PYTHON_MAPPING,
+            (FrameKind::Gpu, _) => GPU_MAPPING,
             (_, Some(module)) => module.as_str(),
             (_, None) => return 0,
         };
@@ -186,6 +189,7 @@ fn wire_kind(f: &Frame) -> pb::FrameKind {
         FrameKind::Kernel => pb::FrameKind::Kernel,
         FrameKind::Python => pb::FrameKind::Python,
         FrameKind::Jit => pb::FrameKind::Jit,
+        FrameKind::Gpu => pb::FrameKind::Gpu,
         FrameKind::Native if f.inlined => pb::FrameKind::Inlined,
         FrameKind::Native => pb::FrameKind::Native,
         FrameKind::Unknown => pb::FrameKind::Unspecified,
@@ -198,6 +202,7 @@ fn line_kind(kind: i32) -> Option<FrameKind> {
         pb::FrameKind::Kernel => Some(FrameKind::Kernel),
         pb::FrameKind::Python => Some(FrameKind::Python),
         pb::FrameKind::Jit => Some(FrameKind::Jit),
+        pb::FrameKind::Gpu => Some(FrameKind::Gpu),
         pb::FrameKind::Native | pb::FrameKind::Inlined => Some(FrameKind::Native),
         _ => None,
     }
@@ -476,9 +481,11 @@ pub fn from_pprof(p: &pb::Profile) -> Result<Profile, PprofError> {
             Some(m) if is_kernel_mapping(m) => FrameKind::Kernel,
             Some(m) if is_jit_mapping(m) => FrameKind::Jit,
             Some(PYTHON_MAPPING) => FrameKind::Python,
+            Some(GPU_MAPPING) => FrameKind::Gpu,
             _ => FrameKind::Native,
         };
-        let module = module.filter(|_| module_kind != FrameKind::Python);
+        let module =
+            module.filter(|_| module_kind != FrameKind::Python && module_kind != FrameKind::Gpu);
         let base = Frame {
             module,
             build_id,

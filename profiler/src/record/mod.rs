@@ -19,9 +19,10 @@ use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
 use std::time::Duration;
 
-use crate::bpf::{AllocConfig, Feature, SamplerConfig};
+use crate::bpf::{AllocConfig, Feature, GpuKernelsConfig, SamplerConfig};
 use crate::capture::Timeline;
 use crate::command::CommandError;
+use crate::gpu::kernels::probes::{self as gpu_probes, GpuProbes};
 use crate::model::{Profile, Sources};
 use crate::os::spawn::{HeldChild, StartupHold};
 use crate::profiler::Profiler;
@@ -57,6 +58,8 @@ pub struct RecordConfig {
     pub gil: bool,
     /// Sample allocations.
     pub alloc: Option<RecordAlloc>,
+    /// GPU kernels by launching stack (`--gpu-kernels`).
+    pub gpu_kernels: Option<RecordGpuKernels>,
     /// Which frames stacks of Python processes keep: `mixed`, `python` or `all`.
     pub frames: String,
     /// Keep per-sample times (for a Chrome trace).
@@ -84,6 +87,15 @@ pub struct RecordAlloc {
     /// function is ever probed: uprobes cost an allocation-heavy program hundreds of times
     /// its run time, so they are never chosen silently.
     pub uprobes: bool,
+}
+
+/// How GPU kernels are attributed to their launching stacks (`--gpu-kernels`).
+#[derive(Debug, Clone)]
+pub struct RecordGpuKernels {
+    /// Take the stack of 1 in N launches per thread (None: the library's default).
+    pub sample_every: Option<u32>,
+    /// The NVML library whose device list maps UUIDs to the `gpu` label's index.
+    pub nvml_lib: OsString,
 }
 
 /// What the recording's user sees while it runs.
@@ -117,6 +129,9 @@ pub struct Recording {
     held_maps_read: Option<(u32, u64)>,
     comm_finder: Option<CommFinder>,
     run: Option<run::Running>,
+    /// With `--gpu-kernels`: the library a command gets, with its probes attached.
+    gpu_library: Option<PathBuf>,
+    gpu_probes: GpuProbes,
 }
 
 /// A finished recording.
@@ -139,6 +154,15 @@ impl Recording {
     pub fn open(config: RecordConfig, observer: &mut dyn Observer) -> Result<Self, CommandError> {
         frame_view(&config.frames)?;
         crate::command::check_sampling_privileges()?;
+        // The GPU library must be there before anything starts: a command run without it
+        // would record no GPU work.
+        let gpu_library = match &config.gpu_kernels {
+            Some(_) => Some(
+                gpu_probes::library()
+                    .map_err(|e| CommandError::Input(format!("--gpu-kernels: {e}")))?,
+            ),
+            None => None,
+        };
         let sampler = SamplerConfig {
             frequency_hz: config.frequency,
             filter: config.targets.filter(),
@@ -154,6 +178,10 @@ impl Recording {
                 live_entries: a.live,
                 own_targets: false,
             }),
+            gpu_kernels: config
+                .gpu_kernels
+                .as_ref()
+                .map(|_| GpuKernelsConfig { all: false }),
             dwarf: config.dwarf,
             debug_reject: config.debug_reject,
         };
@@ -166,11 +194,29 @@ impl Recording {
         for refusal in profiler.refusals() {
             observer.notice(&refusal.to_string());
         }
+        // The probes sit on the library file itself, so a process that loads it later (at
+        // its cuInit) is seen from its first launch.
+        let mut gpu_probes = GpuProbes::default();
+        let gpu_library = gpu_library
+            .filter(|_| !profiler.refused(Feature::GpuKernels))
+            .filter(
+                |lib| match gpu_probes.attach_file(lib, &mut profiler.sampler) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        observer.notice(&format!(
+                            "cannot probe {}: {e}; GPU kernels are not recorded",
+                            lib.display()
+                        ));
+                        false
+                    }
+                },
+            );
         // What the kernel refused is off from here on.
         let sources = Sources {
             off_cpu: config.off_cpu.is_some() && !profiler.refused(Feature::OffCpu),
             gil: config.gil && !profiler.refused(Feature::Gil),
             alloc: config.alloc.is_some() && !profiler.refused(Feature::Alloc),
+            gpu_kernels: gpu_library.is_some(),
         };
         Ok(Self {
             config,
@@ -183,6 +229,8 @@ impl Recording {
             held_maps_read: None,
             comm_finder: None,
             run: None,
+            gpu_library,
+            gpu_probes,
         })
     }
 

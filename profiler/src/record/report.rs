@@ -46,6 +46,18 @@ pub struct RunReport {
     pub capture_cpu_ns: u64,
     /// With `--gpu`: each device's summary.
     pub gpus: Option<Vec<DeviceSummary>>,
+    /// With `--gpu-kernels`: what the GPU libraries reported.
+    pub gpu_kernels: Option<GpuKernelsReport>,
+}
+
+/// The GPU kernels' part of a report (`--gpu-kernels`).
+pub struct GpuKernelsReport {
+    /// The summary, one line a fact.
+    pub text: String,
+    /// The same for `--stats`.
+    pub json: serde_json::Value,
+    /// Kernels, copies and sets the devices ran.
+    pub records: u64,
 }
 
 /// The GIL's part of a report (`--gil`).
@@ -204,6 +216,9 @@ impl RunReport {
             json["alloc_preload_libraries"] = a.preload_libraries.into();
             json["alloc_estimated_bytes"] = a.bytes.into();
             json["alloc_estimated_objects"] = a.objects.into();
+        }
+        if let Some(k) = &self.gpu_kernels {
+            json["gpu_kernels"] = k.json.clone();
         }
         if let Some(g) = &self.gpus {
             json["gpus"] = gpu::summary::to_json(g);

@@ -5,8 +5,11 @@ use std::path::Path;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::report::{AllocReport, GilReport, RunReport, leak_sites, self_cpu_ns, thread_comm};
+use super::report::{
+    AllocReport, GilReport, GpuKernelsReport, RunReport, leak_sites, self_cpu_ns, thread_comm,
+};
 use super::{Observer, Recorded, Recording};
+use crate::capture::gpu::samples::GpuCapture;
 use crate::capture::{
     Activity, AllocState, Capture, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
     DEFAULT_TIMELINE_EVENTS, Timeline,
@@ -123,6 +126,11 @@ impl Recording {
                 .min_age
                 .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
             capture.alloc = Some(state);
+        }
+        if self.sources.gpu_kernels
+            && let Some(g) = &self.config.gpu_kernels
+        {
+            capture.gpu = Some(gpu_capture(self.config.timeline, &g.nvml_lib));
         }
         let mut poller = None;
         if let Some((interval, lib)) = &self.config.gpu {
@@ -248,6 +256,7 @@ impl Recording {
         let sampled_pids = capture.pids.clone();
         let activity = capture.activity.take();
         capture.name_late_threads(&mut tables.python);
+        let gpu_kernels = capture.gpu.as_mut().map(gpu_kernels_report);
         let capture = std::mem::take(&mut run.capture);
         let (samples, off_cpu_events, off_cpu_ns) =
             (capture.samples, capture.off_cpu_events, capture.off_cpu_ns);
@@ -259,6 +268,8 @@ impl Recording {
         let leaks = self.config.alloc.filter(|a| a.leaks && self.sources.alloc);
         if self.sources.alloc {
             profile.default_type = default_alloc_type(&profile, leaks.is_some());
+        } else if let Ok(t) = profile.type_index("gpu_time") {
+            profile.default_type = t;
         }
         let mut gpu_polls = None;
         if let Some(st) = gpu_state.as_mut() {
@@ -315,6 +326,7 @@ impl Recording {
             bpf,
             capture_cpu_ns,
             gpus,
+            gpu_kernels,
         };
         Recorded {
             profile,
@@ -324,6 +336,32 @@ impl Recording {
             gpu_polls,
         }
     }
+}
+
+/// What the GPU libraries reported, for the end of the recording.
+fn gpu_kernels_report(g: &mut GpuCapture) -> GpuKernelsReport {
+    GpuKernelsReport {
+        text: crate::gpu::kernels::report::render(g),
+        json: crate::gpu::kernels::report::json(g),
+        records: g.account.kernels_and_copies(),
+    }
+}
+
+/// GPU work kept for a Chrome trace (kernels, copies); later work counts in the totals only.
+const DEFAULT_GPU_SLICES: usize = 200_000;
+
+/// The capture's GPU-kernel state: device work kept for a trace when the output draws one,
+/// and NVML's index of each device UUID (the `gpu` label), its device list read once.
+fn gpu_capture(timeline: bool, nvml_lib: &std::ffi::OsStr) -> GpuCapture {
+    let mut g = GpuCapture::new(if timeline { DEFAULT_GPU_SLICES } else { 0 });
+    if let Ok(source) = gpu::NvmlSource::open(nvml_lib) {
+        g.nvml_index = source
+            .devices()
+            .iter()
+            .map(|d| (d.uuid.clone(), d.index))
+            .collect();
+    }
+    g
 }
 
 /// The sample type single-type outputs show by default with allocation sampling.

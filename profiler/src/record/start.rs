@@ -66,6 +66,19 @@ impl Recording {
             .add_pids(pids, self.config.subprocesses)
             .map_err(|e| CommandError::Input(e.to_string()))?;
         self.root_pids = pids.to_vec();
+        // Processes started with their own copy of the GPU library (a container's).
+        if self.sources.gpu_kernels {
+            for &pid in pids {
+                if let Some(Err(e)) = self
+                    .profiler
+                    .registry
+                    .get(pid)
+                    .and_then(|p| self.gpu_probes.attach_mapped(p, &mut self.profiler.sampler))
+                {
+                    observer.notice(&format!("pid {pid}: {e}"));
+                }
+            }
+        }
         let Some(a) = &self.profiler.tables.alloc else {
             return Ok(());
         };
@@ -122,19 +135,29 @@ impl Recording {
             _ => None,
         };
         let sample_bytes = self.config.alloc.map_or(0, |a| a.sample_bytes);
-        let env = preload.as_deref().map(|lib| {
-            vec![
-                (
-                    "LD_PRELOAD",
-                    preload::ld_preload(lib, std::env::var_os("LD_PRELOAD")),
-                ),
-                (preload::MEAN_ENV, sample_bytes.to_string().into()),
-            ]
-        });
+        let mut env: Vec<(&str, std::ffi::OsString)> = preload
+            .as_deref()
+            .map(|lib| {
+                vec![
+                    (
+                        "LD_PRELOAD",
+                        preload::ld_preload(lib, std::env::var_os("LD_PRELOAD")),
+                    ),
+                    (preload::MEAN_ENV, sample_bytes.to_string().into()),
+                ]
+            })
+            .unwrap_or_default();
+        if let Some(lib) = &self.gpu_library {
+            env.extend(gpu_command_env(
+                lib,
+                self.config.gpu_kernels.as_ref(),
+                observer,
+            ));
+        }
         self.startup_hold = preload.as_ref().and_then(|_| StartupHold::new().ok());
         let h = HeldChild::spawn_holding(
             argv,
-            env.as_deref().unwrap_or_default(),
+            &env,
             self.startup_hold.as_ref().and_then(|s| s.child_fd()),
         )
         .map_err(|e| CommandError::Input(e.to_string()))?;
@@ -195,6 +218,30 @@ impl Recording {
             hold.release();
         }
     }
+}
+
+/// What a command started with the GPU library gets in its environment (CUDA's and NVTX's
+/// injection variables, the library's 1-in-N); an NVTX tool the environment names already
+/// keeps its place, and the observer hears that NVTX ranges go unlabelled.
+fn gpu_command_env(
+    lib: &Path,
+    config: Option<&super::RecordGpuKernels>,
+    observer: &mut dyn Observer,
+) -> Vec<(&'static str, std::ffi::OsString)> {
+    use crate::gpu::kernels::probes as gpu_probes;
+    let (vars, kept) = gpu_probes::command_env(
+        lib,
+        config.and_then(|g| g.sample_every),
+        std::env::var_os(gpu_probes::NVTX_INJECTION_ENV),
+    );
+    if let Some(other) = kept {
+        observer.notice(&format!(
+            "{} names another NVTX tool ({}): NVTX ranges are not labelled",
+            gpu_probes::NVTX_INJECTION_ENV,
+            other.to_string_lossy()
+        ));
+    }
+    vars
 }
 
 /// Whether `path` is an ELF file (not a `#!` script).

@@ -11,7 +11,9 @@ use anyhow::Context;
 use clap::Args;
 use pyrometer::model::{Profile, Sources};
 use pyrometer::output::{self, OutputFormat};
-use pyrometer::record::{Observer, RecordAlloc, RecordConfig, Recorded, Recording, Targets};
+use pyrometer::record::{
+    Observer, RecordAlloc, RecordConfig, RecordGpuKernels, Recorded, Recording, Targets,
+};
 
 use crate::gpu::NvmlArgs;
 use crate::{EXIT_INPUT, exit_error, parse_bytes, parse_duration, resolve_format};
@@ -76,6 +78,19 @@ pub struct RecordArgs {
     gpu: bool,
     #[command(flatten)]
     nvml: NvmlArgs,
+    /// GPU time by launching stack: every CUDA kernel, copy and set attributed to the stack
+    /// (Python and native) that launched it, as the gpu_time/nanoseconds and
+    /// gpu_launches/count types (the default type then), with `gpu`, `stream` and `nvtx`
+    /// labels. A command started by record gets libpyrometer_cupti.so through CUDA's
+    /// injection hook (CUDA_INJECTION64_PATH, and NVTX_INJECTION64_PATH for NVTX ranges); a
+    /// --pid or --comm process must have been started with it.
+    #[arg(long)]
+    gpu_kernels: bool,
+    /// With --gpu-kernels: take the stack of 1 in N launches per thread (256 by default); each
+    /// stands for N, so totals stay unbiased. 1 takes every launch's, at a few microseconds
+    /// of the launching thread's time each.
+    #[arg(long, value_name = "N", requires = "gpu_kernels", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    gpu_sample_every: Option<u32>,
     /// Also measure off-CPU time: how long target threads stay blocked (sleeping, waiting on
     /// I/O, locks, pipes), by the stack they blocked in, as the `off_cpu/nanoseconds` type.
     /// Preempted (runnable) time is not counted.
@@ -156,7 +171,8 @@ fn default_type(profile: &Profile, leaks: bool, alloc: bool) -> usize {
     } else if alloc {
         "alloc_space"
     } else {
-        return profile.single_type_default();
+        // With --gpu-kernels (whose types the profile has only then): the GPU time.
+        "gpu_time"
     };
     profile
         .type_index(wanted)
@@ -237,10 +253,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<u8> {
 /// output file is created (and deleted again if the recording fails).
 fn check_request(args: &RecordArgs, targets: &Targets) -> anyhow::Result<Output> {
     let alloc = args.alloc || args.leaks;
-    if !args.gpu && (args.nvml.gpu_interval.is_some() || args.nvml.nvml_lib.is_some()) {
+    if !args.gpu && args.nvml.gpu_interval.is_some()
+        || !args.gpu && !args.gpu_kernels && args.nvml.nvml_lib.is_some()
+    {
         return Err(exit_error(
             EXIT_INPUT,
-            "--gpu-interval and --nvml-lib go with --gpu: add --gpu to poll the GPUs",
+            "--gpu-interval and --nvml-lib go with --gpu (--nvml-lib also with --gpu-kernels): add --gpu to poll the GPUs",
         ));
     }
     if !alloc && (args.alloc_sample_bytes.is_some() || args.alloc_uprobes) {
@@ -258,6 +276,7 @@ fn check_request(args: &RecordArgs, targets: &Targets) -> anyhow::Result<Output>
         off_cpu: args.off_cpu,
         gil: args.gil,
         alloc,
+        gpu_kernels: args.gpu_kernels,
     };
     if args.split_by.is_some() && format == OutputFormat::ChromeTrace {
         return Err(exit_error(
@@ -310,6 +329,10 @@ fn config(args: &RecordArgs, targets: Targets) -> anyhow::Result<RecordConfig> {
                 .unwrap_or(pyrometer::command::DEFAULT_OFF_CPU_MIN)
         }),
         gil: args.gil,
+        gpu_kernels: args.gpu_kernels.then(|| RecordGpuKernels {
+            sample_every: args.gpu_sample_every,
+            nvml_lib: args.nvml.library(),
+        }),
         alloc: alloc.then(|| RecordAlloc {
             sample_bytes: args
                 .alloc_sample_bytes
@@ -373,7 +396,8 @@ fn write(
     // An idle target still has a profile with --off-cpu: where its threads blocked.
     let allocations = report.alloc.as_ref().map_or(0, |a| a.samples);
     let off_cpu_events = report.off_cpu.map_or(0, |o| o.0);
-    if report.samples == 0 && off_cpu_events == 0 && allocations == 0 {
+    let gpu_records = report.gpu_kernels.as_ref().map_or(0, |g| g.records);
+    if report.samples == 0 && off_cpu_events == 0 && allocations == 0 && gpu_records == 0 {
         let _ = std::fs::remove_file(&out.path);
         return Err(exit_error(
             EXIT_INPUT,
@@ -419,6 +443,9 @@ fn write(
             .with_context(|| format!("writing {}", path.display()))?;
     }
     summary::print(&report);
+    if let Some(g) = &report.gpu_kernels {
+        eprint!("{}", g.text);
+    }
     if let (Some(summaries), Some((polls, dropped))) = (&report.gpus, gpu_polls) {
         eprint!(
             "pyrometer: GPUs, polled every {:.3}s:\n{}",

@@ -51,6 +51,7 @@ fn function_name(frame: &pyrometer::model::Frame) -> String {
             None => frame.function.clone(),
         },
         FrameKind::Kernel => format!("{} [k]", frame.function),
+        FrameKind::Gpu => format!("{} [gpu]", frame.function),
         _ => frame.function.clone(),
     }
 }
