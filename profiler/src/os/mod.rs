@@ -13,3 +13,4 @@ pub mod procevents;
 pub mod procs;
 pub mod signals;
 pub mod spawn;
+pub mod untrusted;

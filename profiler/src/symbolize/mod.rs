@@ -23,6 +23,7 @@ use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
 use crate::os::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
+use crate::os::untrusted::Root;
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
@@ -65,6 +66,9 @@ pub struct SymbolizerStats {
     /// Times a file with DWARF was opened for its symbol table only, its DWARF not fitting
     /// in [`Symbolizer::with_dwarf_budget`]: its frames have no lines or inlined functions.
     pub dwarf_skipped_files: u64,
+    /// Files a process controls that were refused (a FIFO, a link, a device, over the cap):
+    /// perf maps, so far.
+    pub refused_files: u64,
 }
 
 /// One function at an address, before it is dressed up as a [`Frame`] for a given mapping.
@@ -504,13 +508,22 @@ impl Symbolizer {
         if pm.last_read.is_none() || (due && pm.lookup(lookup).is_none()) {
             // Inside a container the JIT names the file by its namespace pid.
             let ns_pid = registry.get(pid).map_or(pid, |p| p.ns_pid);
-            let tmp = registry.proc_root().join(pid.to_string()).join("root/tmp");
-            let mut candidates = vec![tmp.join(format!("perf-{ns_pid}.map"))];
-            if ns_pid != pid {
-                candidates.push(tmp.join(format!("perf-{pid}.map")));
+            let own = || Root::of_process(registry.proc_root(), pid).ok();
+            let mut candidates = Vec::new();
+            if let Some(root) = own() {
+                candidates.push((root, PathBuf::from(format!("/tmp/perf-{ns_pid}.map"))));
             }
-            candidates.push(PathBuf::from(format!("/tmp/perf-{pid}.map")));
-            pm.reload(&candidates);
+            if ns_pid != pid
+                && let Some(root) = own()
+            {
+                candidates.push((root, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
+            }
+            if let Ok(host) = Root::open(Path::new("/")) {
+                candidates.push((host, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
+            }
+            if pm.reload(&candidates).is_some() {
+                self.stats.refused_files += 1;
+            }
         }
         let e = pm.lookup(lookup)?;
         Some(Frame {

@@ -1,8 +1,10 @@
 //! `/tmp/perf-PID.map` files: JIT compilers (V8, the JVM with perf-map-agent, CPython 3.12's
 //! perf trampolines, LuaJIT…) write one `START SIZE name` line per compiled function.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
+
+use crate::os::untrusted::{Kind, Root, UntrustedError, UntrustedFile};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PerfMapEntry {
@@ -57,14 +59,24 @@ pub(crate) struct PerfMap {
 }
 
 impl PerfMap {
-    /// Reads the first of `candidates` that exists; an absent file leaves the map empty.
-    pub fn reload(&mut self, candidates: &[impl AsRef<Path>]) {
+    /// Reads the first of `candidates` (a root, and the map's path inside it) that exists,
+    /// through the untrusted-file layer: a FIFO, a link, a device or a file over the cap is
+    /// refused and leaves the map empty, as an absent file does. Returns the refusal, if any.
+    pub fn reload(&mut self, candidates: &[(Root, PathBuf)]) -> Option<UntrustedError> {
         self.last_read = Some(Instant::now());
-        self.entries = candidates
-            .iter()
-            .find_map(|p| std::fs::read_to_string(p).ok())
-            .map(|t| parse_perf_map(&t))
-            .unwrap_or_default();
+        self.entries.clear();
+        for (root, path) in candidates {
+            match UntrustedFile::open_in_root(root, path, Kind::PerfMap).and_then(|f| f.read_text())
+            {
+                Ok(text) => {
+                    self.entries = parse_perf_map(&text);
+                    return None;
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Some(e),
+            }
+        }
+        None
     }
 
     pub fn lookup(&self, addr: u64) -> Option<&PerfMapEntry> {
