@@ -176,21 +176,29 @@ impl UntrustedFile {
         Self::checked(fd, path.to_path_buf(), kind)
     }
 
-    /// A new, independent open of a file the profiler already holds and checked (a
-    /// binary kept open past its process), so that reads do not share a file offset.
-    pub fn reopen(held: &File, shown: &Path, kind: Kind) -> Result<Self, UntrustedError> {
-        let proc_path = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
-        let c = cstring(&proc_path).map_err(|e| open_error(shown, e))?;
-        // SAFETY: a NUL-terminated path; the descriptor is owned by `checked`. The magic
-        // link is our own descriptor, so following it is safe.
+    /// Opens a path the profiler resolved itself (a binary's path: the `/proc/self/fd/N` of
+    /// a descriptor it holds, or a host path checked when it was chosen), with the checks.
+    pub fn open_resolved(path: &Path, kind: Kind) -> Result<Self, UntrustedError> {
+        if !path.starts_with("/proc/self/fd") {
+            return Self::open(path, kind);
+        }
+        let c = cstring(path).map_err(|e| open_error(path, e))?;
+        // SAFETY: a NUL-terminated path; the descriptor is owned by `checked`. The magic link
+        // is one of our own descriptors.
         let fd = unsafe { libc::open(c.as_ptr(), OPEN_FLAGS & !libc::O_NOFOLLOW) };
         if fd < 0 {
-            return Err(open_error(shown, io::Error::last_os_error()));
+            return Err(open_error(path, io::Error::last_os_error()));
         }
-        let file = Self::checked(fd, shown.to_path_buf(), kind)?;
-        let meta = held.metadata().map_err(|e| open_error(shown, e))?;
-        file.expect_identity(meta.dev(), meta.ino())?;
-        Ok(file)
+        Self::checked(fd, path.to_path_buf(), kind)
+    }
+
+    /// A `Read + Seek` over the file built on `pread`, for parsers that read what they need
+    /// (`object::read::ReadCache`): no mapping, and no file offset shared with anyone.
+    pub fn reader(&self) -> Reader<'_> {
+        Reader {
+            file: &self.file,
+            pos: 0,
+        }
     }
 
     fn checked(fd: libc::c_int, path: PathBuf, kind: Kind) -> Result<Self, UntrustedError> {
@@ -237,8 +245,41 @@ impl UntrustedFile {
 
     /// Refuses the file unless it is the one a mapping names (`major:minor inode` as
     /// `/proc/PID/maps` shows them).
+    /// overlayfs and btrfs report through `stat` another device than the mapping carries
+    /// (the overlay's, a subvolume's) for the same file; there the inode alone is compared,
+    /// which still tells the mapped file from a replacement: a mapped inode is alive, so no
+    /// other file of its file system has its number.
     pub fn expect_mapped(&self, major: u32, minor: u32, inode: u64) -> Result<(), UntrustedError> {
-        self.expect_identity(libc::makedev(major, minor), inode)
+        let dev = libc::makedev(major, minor);
+        if self.dev != dev && self.ino == inode && self.device_differs_by_design() {
+            return Ok(());
+        }
+        self.expect_identity(dev, inode)
+    }
+
+    fn device_differs_by_design(&self) -> bool {
+        const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+        const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
+        // SAFETY: statfs is plain data, filled by the kernel for an open descriptor.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatfs(self.file.as_raw_fd(), &mut st) } != 0 {
+            return false;
+        }
+        matches!(st.f_type as i64, OVERLAYFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC)
+    }
+
+    /// Opens a mapped file through the kernel's own link to it
+    /// (`/proc/PID/map_files/START-END`, which needs CAP_SYS_ADMIN or
+    /// CAP_CHECKPOINT_RESTORE): the file the process mapped whatever its name is now.
+    pub fn open_map_file(link: &Path, kind: Kind) -> Result<Self, UntrustedError> {
+        let c = cstring(link).map_err(|e| open_error(link, e))?;
+        // SAFETY: a NUL-terminated path; the descriptor is owned by `checked`. The magic link
+        // is the kernel's answer for this mapping, so it is followed on purpose.
+        let fd = unsafe { libc::open(c.as_ptr(), OPEN_FLAGS & !libc::O_NOFOLLOW) };
+        if fd < 0 {
+            return Err(open_error(link, io::Error::last_os_error()));
+        }
+        Self::checked(fd, link.to_path_buf(), kind)
     }
 
     fn expect_identity(&self, dev: u64, ino: u64) -> Result<(), UntrustedError> {
@@ -251,12 +292,8 @@ impl UntrustedFile {
         }
     }
 
-    /// The path it was asked for, for messages.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The size `fstat` gave at open.
+    #[cfg(test)]
     pub fn size(&self) -> u64 {
         self.size
     }
@@ -464,6 +501,36 @@ impl std::ops::Deref for Copy {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         &self.map
+    }
+}
+
+/// See [`UntrustedFile::reader`].
+#[derive(Debug)]
+pub struct Reader<'a> {
+    file: &'a File,
+    pos: u64,
+}
+
+impl io::Read for Reader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl io::Seek for Reader<'_> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let base = match to {
+            io::SeekFrom::Start(n) => {
+                self.pos = n;
+                return Ok(n);
+            }
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+            io::SeekFrom::End(d) => self.file.metadata()?.len().checked_add_signed(d),
+        };
+        self.pos = base.ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        Ok(self.pos)
     }
 }
 
