@@ -7,6 +7,7 @@
 mod delivery;
 mod export;
 mod metrics;
+mod metrics_server;
 mod node;
 mod push;
 mod spool;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::delivery::{Batch, Shared, spool_batch};
 use super::export::Exporter;
 use super::metrics::{self, AgentMetrics};
+use super::metrics_server;
 use super::targets::{Known, attach_own_library, scan};
 use super::young::Young;
 use super::{AgentConfig, Log};
@@ -189,7 +190,7 @@ impl Node {
         );
         let poller = start_gpu(cfg, &metrics, log)?;
         if let Some(listener) = metrics_listener {
-            let bound = metrics::serve_on(listener, metrics.clone())
+            let bound = metrics_server::serve_on(listener, metrics.clone())
                 .map_err(|e| CommandError::Input(format!("cannot serve metrics: {e}")))?;
             log(&format!("metrics on http://{bound}/metrics"));
         }
