@@ -172,7 +172,13 @@ impl Node {
             log("kernel symbols unreadable (/proc/kallsyms): kernel frames stay addresses");
         }
         // Everything privileged is open now. Before the first thread starts, so that every
-        // thread runs with the reduced sets.
+        // thread runs as the unprivileged user with the reduced sets.
+        if let Some((uid, gid)) = cfg.run_as {
+            privileges::become_user(uid, gid).map_err(|e| {
+                CommandError::Kernel(format!("cannot become uid {uid} after attaching: {e}"))
+            })?;
+            log(&format!("running as uid {uid}, gid {gid}"));
+        }
         let kept = privileges::drop_all_but(privileges::AGENT_KEEPS).map_err(|e| {
             CommandError::Kernel(format!("cannot drop capabilities after attaching: {e}"))
         })?;

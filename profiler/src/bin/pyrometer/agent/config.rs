@@ -55,6 +55,11 @@ pub struct AgentArgs {
     /// Serve the agent's own Prometheus /metrics on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     pub(super) metrics_listen: Option<SocketAddr>,
+    /// The user the agent becomes once its programs are attached, as UID[:GID], or `root` to
+    /// stay uid 0 (default 65534:65534, nobody). It keeps only the capabilities it needs
+    /// either way.
+    #[arg(long, value_name = "UID[:GID]")]
+    pub(super) run_as: Option<String>,
     /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
     #[arg(long, value_name = "FILE")]
     pub(super) stats: Option<PathBuf>,
@@ -124,6 +129,7 @@ struct FileConfig {
     token_file: Option<PathBuf>,
     ca: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
+    run_as: Option<String>,
     unwind: Option<String>,
     unwind_rows: Option<u32>,
     dwarf_mb: Option<u64>,
@@ -268,6 +274,10 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         token,
         ca: args.ca.clone().or(file.ca),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        run_as: match args.run_as.clone().or(file.run_as).as_deref() {
+            None => Some(pyrometer::agent::DEFAULT_RUN_AS),
+            Some(s) => parse_run_as(s).map_err(|e| input(format!("run-as: {e}")))?,
+        },
         dwarf: match args.unwind.clone().or(file.unwind).as_deref() {
             None | Some("dwarf") => true,
             Some("fp") => false,
@@ -294,6 +304,22 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             None
         },
     })
+}
+
+/// `UID[:GID]` (the group defaults to the uid's number) or `root`.
+fn parse_run_as(s: &str) -> Result<Option<(u32, u32)>, String> {
+    if s == "root" {
+        return Ok(None);
+    }
+    let (uid, gid) = s.split_once(':').unwrap_or((s, s));
+    let num = |v: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("'{s}' is not UID[:GID] (numbers) or root"))
+    };
+    match (num(uid)?, num(gid)?) {
+        (0, 0) => Ok(None),
+        (uid, gid) => Ok(Some((uid, gid))),
+    }
 }
 
 fn hostname() -> String {
