@@ -117,6 +117,10 @@ fn config_file_capability_drop_and_dwarf_stacks() {
     assert_eq!(field("Uid:"), ["65534"; 4], "{status}");
     assert_eq!(field("Gid:"), ["65534"; 4], "{status}");
     assert!(field("Groups:").is_empty(), "{status}");
+    // Under its seccomp filter (mode 2), in kill mode by default: a system call outside its
+    // list would have ended it, and this test with it.
+    assert_eq!(field("Seccomp:"), ["2"], "{status}");
+    assert_eq!(field("NoNewPrivs:"), ["1"], "{status}");
 
     // A process started after the drop is still found, sampled and unwound from DWARF.
     let mut load = workload_of("cpu631-nofp", &dir, "nofp-wl", 30);

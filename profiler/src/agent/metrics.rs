@@ -12,6 +12,7 @@ pub struct AgentMetrics {
     pub samples: AtomicU64,
     pub lost_ring_buffer: AtomicU64,
     pub lost_bad_record: AtomicU64,
+    pub opted_out_samples: AtomicU64,
     pub user_stack_errors: AtomicU64,
     pub kernel_stack_errors: AtomicU64,
     pub batches_spooled: AtomicU64,
@@ -196,6 +197,12 @@ impl AgentMetrics {
             "gauge",
             "Batches waiting in the spool.",
             self.spool_batches.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_opted_out_samples_total",
+            "counter",
+            "Samples of processes opted out by --exclude-cgroup, dropped unread.",
+            self.opted_out_samples.load(Relaxed),
         );
         one(
             "pyrometer_agent_spool_size_bytes",

@@ -80,6 +80,10 @@ pub struct AgentConfig {
     /// The user and group the agent becomes once its programs are attached (None: it stays
     /// root, with only the capabilities it keeps).
     pub run_as: Option<(u32, u32)>,
+    /// Processes whose cgroup path matches are not profiled: nothing of them is read.
+    pub exclude_cgroup: Option<Regex>,
+    /// What a system call outside the agent's list does once it is attached.
+    pub seccomp: SeccompMode,
     /// `debug_reject` bits ([`crate::command::debug_reject_bits`]): tests of the degraded
     /// paths.
     pub debug_reject: u32,
@@ -95,6 +99,8 @@ pub struct AllocTargets {
     /// Mean bytes between samples.
     pub sample_bytes: u64,
 }
+
+pub use crate::os::seccomp::Mode as SeccompMode;
 
 /// The user and group the agent becomes once attached unless told otherwise (nobody).
 pub const DEFAULT_RUN_AS: (u32, u32) = crate::os::privileges::UNPRIVILEGED;

@@ -90,6 +90,9 @@ impl Node {
         for refusal in profiler.refusals() {
             log(&refusal.to_string());
         }
+        if let Some(re) = &cfg.exclude_cgroup {
+            profiler.registry.set_opt_out(re.clone());
+        }
         if profiler.refused(Feature::Alloc) {
             cfg.alloc = None;
         }
@@ -199,6 +202,29 @@ impl Node {
             let bound = metrics_server::serve_on(listener, metrics.clone())
                 .map_err(|e| CommandError::Input(format!("cannot serve metrics: {e}")))?;
             log(&format!("metrics on http://{bound}/metrics"));
+        }
+        // NVML's own system calls (its ioctls on /dev/nvidia*, its threads) have not been
+        // checked on a real GPU: while it is loaded, calls outside the list are logged.
+        let mode = match (cfg.seccomp, &poller) {
+            (super::SeccompMode::Kill, Some(_)) => {
+                log(
+                    "NVML loaded: the seccomp filter logs calls outside its list instead of killing",
+                );
+                super::SeccompMode::Log
+            }
+            (mode, _) => mode,
+        };
+        crate::os::seccomp::install(mode).map_err(|e| CommandError::Kernel(e.to_string()))?;
+        if mode != super::SeccompMode::Off {
+            log(&format!(
+                "seccomp filter installed ({} system calls; others {})",
+                crate::os::seccomp::AGENT_SYSCALLS.len(),
+                if mode == super::SeccompMode::Kill {
+                    "kill the agent"
+                } else {
+                    "are logged"
+                }
+            ));
         }
         Ok((metrics, symbolizer, poller))
     }
@@ -334,6 +360,9 @@ impl Node {
         self.metrics
             .lost_bad_record
             .fetch_add(taken.bad_records, Relaxed);
+        self.metrics
+            .opted_out_samples
+            .fetch_add(taken.opted_out, Relaxed);
         // Taken every interval, so usage does not pile up while nothing is sampled.
         let gpu_usage = self
             .poller

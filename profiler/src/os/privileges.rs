@@ -238,6 +238,13 @@ pub fn drop_all_but(keep: &[Capability]) -> Result<u64, DropError> {
     };
     // The bounding set first: dropping from it needs CAP_SETPCAP, which capset removes.
     for bit in 0..=last_cap.min(63) {
+        // SAFETY: prctl with integer arguments only.
+        let bounded = unsafe { libc::prctl(libc::PR_CAPBSET_READ, bit as libc::c_ulong, 0, 0, 0) };
+        // Already out of the bounding set (a container's, a unit's): nothing to drop, and no
+        // CAP_SETPCAP needed for it.
+        if bounded == 0 {
+            continue;
+        }
         if mask & (1u64 << bit) == 0 {
             // SAFETY: prctl with integer arguments only.
             let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, bit as libc::c_ulong, 0, 0, 0) };

@@ -34,6 +34,8 @@ pub enum ProcError {
     },
     #[error("malformed line in {}: {line:?}", path.display())]
     Malformed { path: PathBuf, line: String },
+    #[error("process {0} is opted out of profiling")]
+    OptedOut(u32),
 }
 
 /// What backs an executable mapping.
@@ -233,6 +235,7 @@ pub struct ProcessRegistry {
     refresh_interval: Duration,
     processes: crate::FastMap<u32, Process>,
     binaries: crate::FastMap<BinaryKey, Arc<Binary>>,
+    opt_out: Option<crate::os::optout::OptOut>,
 }
 
 impl Default for ProcessRegistry {
@@ -253,6 +256,7 @@ impl ProcessRegistry {
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
             processes: Default::default(),
             binaries: Default::default(),
+            opt_out: None,
         }
     }
 
@@ -266,6 +270,17 @@ impl ProcessRegistry {
         self.refresh_interval = interval;
     }
 
+    /// Processes whose cgroup matches `pattern` are never read ([`crate::os::optout`]).
+    pub fn set_opt_out(&mut self, pattern: regex::Regex) {
+        self.opt_out = Some(crate::os::optout::OptOut::new(pattern));
+    }
+
+    /// Whether `pid` is opted out of profiling: nothing of it may be read.
+    pub fn opted_out(&mut self, pid: u32) -> bool {
+        let root = &self.proc_root;
+        self.opt_out.as_mut().is_some_and(|o| o.excluded(root, pid))
+    }
+
     pub fn get(&self, pid: u32) -> Option<&Process> {
         self.processes.get(&pid)
     }
@@ -274,6 +289,9 @@ impl ProcessRegistry {
     /// was recorded.
     pub fn observe(&mut self, pid: u32) -> Result<&Process, ProcError> {
         if !self.processes.contains_key(&pid) {
+            if self.opted_out(pid) {
+                return Err(ProcError::OptedOut(pid));
+            }
             let dir = self.proc_root.join(pid.to_string());
             let mappings = self.read_mappings(pid)?;
             let comm = fs::read_to_string(dir.join("comm"))
@@ -344,6 +362,9 @@ impl ProcessRegistry {
     /// exec follows fork closely, so there are at most a few of them.
     pub fn exec(&mut self, pid: u32) -> Result<&Process, ProcError> {
         self.processes.remove(&pid);
+        if let Some(o) = &mut self.opt_out {
+            o.forget(pid);
+        }
         self.observe(pid)?;
         // At exec only the executable and the dynamic loader are mapped; the libraries come
         // moments later, so the first miss after an exec may re-read at once.

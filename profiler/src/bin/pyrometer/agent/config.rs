@@ -60,6 +60,16 @@ pub struct AgentArgs {
     /// either way.
     #[arg(long, value_name = "UID[:GID]")]
     pub(super) run_as: Option<String>,
+    /// Do not profile processes whose cgroup path (in /proc/PID/cgroup) matches this regex:
+    /// nothing of them is read and their samples are dropped, e.g. `pod<UID>` (a Kubernetes
+    /// pod, `_` for `-` under the systemd cgroup driver) or `optout\.slice`.
+    #[arg(long, value_name = "REGEX")]
+    pub(super) exclude_cgroup: Option<String>,
+    /// What a system call outside the agent's list does once it is attached: `kill` (the
+    /// default) ends the agent, `log` has the kernel log it and lets it through, `off` installs
+    /// no filter. With NVML loaded `kill` acts as `log`.
+    #[arg(long, value_parser = ["kill", "log", "off"])]
+    pub(super) seccomp: Option<String>,
     /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
     #[arg(long, value_name = "FILE")]
     pub(super) stats: Option<PathBuf>,
@@ -130,6 +140,8 @@ struct FileConfig {
     ca: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     run_as: Option<String>,
+    seccomp: Option<String>,
+    exclude_cgroup: Option<String>,
     unwind: Option<String>,
     unwind_rows: Option<u32>,
     dwarf_mb: Option<u64>,
@@ -274,6 +286,23 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         token,
         ca: args.ca.clone().or(file.ca),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        exclude_cgroup: match args.exclude_cgroup.clone().or(file.exclude_cgroup) {
+            Some(re) => Some(
+                Regex::new(&re)
+                    .map_err(|e| input(format!("invalid --exclude-cgroup regex '{re}': {e}")))?,
+            ),
+            None => None,
+        },
+        seccomp: match args.seccomp.clone().or(file.seccomp).as_deref() {
+            None | Some("kill") => pyrometer::agent::SeccompMode::Kill,
+            Some("log") => pyrometer::agent::SeccompMode::Log,
+            Some("off") => pyrometer::agent::SeccompMode::Off,
+            Some(other) => {
+                return Err(input(format!(
+                    "seccomp must be kill, log or off, not '{other}'"
+                )));
+            }
+        },
         run_as: match args.run_as.clone().or(file.run_as).as_deref() {
             None => Some(pyrometer::agent::DEFAULT_RUN_AS),
             Some(s) => parse_run_as(s).map_err(|e| input(format!("run-as: {e}")))?,

@@ -1,0 +1,97 @@
+//! Opting out: a process in a cgroup matching the agent's `--exclude-cgroup` is not profiled
+//! (its samples are dropped before anything of it is read, and counted on /metrics), while a
+//! process of the same name outside that cgroup is.
+
+use std::process::{Command, Stdio};
+
+use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload_of};
+use pyrometer_e2e::wait::wait_for;
+use pyrometer_e2e::{copy_executable, fixture, privileged, scratch};
+use std::time::Duration;
+
+/// Samples pushed for `pid` (none while the store is empty: a 404).
+fn samples_of(collector: &Collector, pid: u32) -> u64 {
+    let q = enc(&format!("{{node=\"optout\",pid=\"{pid}\"}}"));
+    let path = format!("/api/v1/profile?format=folded&query={q}&from=now-10m");
+    let folded = match http_get(collector.addr, &path) {
+        Some((200, body)) => body,
+        Some((404, _)) => String::new(),
+        other => panic!("GET {path}: {other:?}"),
+    };
+    folded
+        .lines()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A cgroup (v2) made for the test, removed when dropped.
+struct Cgroup(std::path::PathBuf);
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_process_in_an_excluded_cgroup_is_not_profiled() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("optout");
+    let name = format!("pyrometer-optout-{}", std::process::id());
+    let cgroup = Cgroup(std::path::Path::new("/sys/fs/cgroup").join(&name));
+    std::fs::create_dir(&cgroup.0).expect("make a cgroup (cgroup v2 at /sys/fs/cgroup)");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = Agent::start(
+        &dir,
+        "optout",
+        &collector.url(),
+        &[
+            "--comm",
+            "optout-wl",
+            "--exclude-cgroup",
+            &name,
+            "--metrics-listen",
+            &listen,
+            "--no-gpu",
+        ],
+    );
+    let addr = listen.parse().unwrap();
+    agent.wait_for_metrics(addr);
+    // Two processes of the same name: one moves itself into the cgroup before it execs.
+    let exe = dir.join("optout-wl");
+    copy_executable(&fixture("cpu631"), &exe);
+    let mut kept = workload_of("cpu631", &dir, "optout-wl", 60);
+    let mut excluded = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {} 60",
+            cgroup.0.display(),
+            exe.display()
+        ))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    agent.wait_for_metric(addr, "pyrometer_agent_opted_out_samples_total", 20.0);
+    wait_for(
+        Duration::from_secs(60),
+        "the process outside the cgroup to be profiled",
+        || match samples_of(&collector, kept.id()) {
+            n if n >= 50 => Ok(n),
+            n => Err(n),
+        },
+    );
+    assert_eq!(
+        samples_of(&collector, excluded.id()),
+        0,
+        "the opted-out process was profiled"
+    );
+    let _ = excluded.kill();
+    let _ = excluded.wait();
+    let _ = kept.kill();
+    let _ = kept.wait();
+    agent.stop();
+}
