@@ -33,6 +33,32 @@ impl Drop for Cgroup {
     }
 }
 
+/// A mounted cgroup hierarchy to make a cgroup in: the unified one (cgroup v2), else the
+/// `pids` controller's (a machine with v1 hierarchies).
+fn cgroup_root() -> std::path::PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mounts: Vec<(String, String)> = info
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let point = left.split_whitespace().nth(4)?.to_string();
+            let mut r = right.split_whitespace();
+            let fstype = r.next()?.to_string();
+            let options = r.nth(1).unwrap_or_default().to_string();
+            Some((point, format!("{fstype} {options}")))
+        })
+        .collect();
+    let find = |want: &dyn Fn(&str) -> bool| {
+        mounts
+            .iter()
+            .find(|(_, t)| want(t))
+            .map(|(p, _)| std::path::PathBuf::from(p))
+    };
+    find(&|t| t.starts_with("cgroup2 "))
+        .or_else(|| find(&|t| t.starts_with("cgroup ") && t.split(',').any(|o| o == "pids")))
+        .expect("a cgroup hierarchy is mounted")
+}
+
 #[test]
 fn a_process_in_an_excluded_cgroup_is_not_profiled() {
     if !privileged() {
@@ -40,8 +66,8 @@ fn a_process_in_an_excluded_cgroup_is_not_profiled() {
     }
     let dir = scratch("optout");
     let name = format!("pyrometer-optout-{}", std::process::id());
-    let cgroup = Cgroup(std::path::Path::new("/sys/fs/cgroup").join(&name));
-    std::fs::create_dir(&cgroup.0).expect("make a cgroup (cgroup v2 at /sys/fs/cgroup)");
+    let cgroup = Cgroup(cgroup_root().join(&name));
+    std::fs::create_dir(&cgroup.0).expect("make a cgroup");
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");

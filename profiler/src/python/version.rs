@@ -320,6 +320,12 @@ fn analyze(
     is_libpython: bool,
     name_version: Option<(u32, u32, &str)>,
 ) -> Result<PyBinary, PythonError> {
+    if path.as_os_str().is_empty() {
+        return Err(PythonError::Elf {
+            path: shown.to_string(),
+            reason: "refused: not the regular file mapped, or over the size cap".to_string(),
+        });
+    }
     // Copied whole: the version literal is searched for in the read-only data.
     let data = UntrustedFile::open_resolved(path, Kind::ElfWhole)
         .and_then(|f| f.copy())
