@@ -4,25 +4,10 @@
 
 use std::process::{Command, Stdio};
 
-use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload_of};
+use pyrometer_e2e::cluster::{Agent, Collector, free_port, samples_of, workload_of};
 use pyrometer_e2e::wait::wait_for;
 use pyrometer_e2e::{copy_executable, fixture, privileged, scratch};
 use std::time::Duration;
-
-/// Samples pushed for `pid` (none while the store is empty: a 404).
-fn samples_of(collector: &Collector, pid: u32) -> u64 {
-    let q = enc(&format!("{{node=\"optout\",pid=\"{pid}\"}}"));
-    let path = format!("/api/v1/profile?format=folded&query={q}&from=now-10m");
-    let folded = match http_get(collector.addr, &path) {
-        Some((200, body)) => body,
-        Some((404, _)) => String::new(),
-        other => panic!("GET {path}: {other:?}"),
-    };
-    folded
-        .lines()
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
 
 /// A cgroup (v2) made for the test, removed when dropped.
 struct Cgroup(std::path::PathBuf);
@@ -105,13 +90,13 @@ fn a_process_in_an_excluded_cgroup_is_not_profiled() {
     wait_for(
         Duration::from_secs(60),
         "the process outside the cgroup to be profiled",
-        || match samples_of(&collector, kept.id()) {
+        || match samples_of(&collector, "optout", kept.id()) {
             n if n >= 50 => Ok(n),
             n => Err(n),
         },
     );
     assert_eq!(
-        samples_of(&collector, excluded.id()),
+        samples_of(&collector, "optout", excluded.id()),
         0,
         "the opted-out process was profiled"
     );

@@ -157,10 +157,7 @@ pub fn install(mode: Mode) -> Result<(), SeccompError> {
 }
 
 fn build(mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
-    let rules = AGENT_SYSCALLS
-        .iter()
-        .map(|&nr| (nr as i64, Vec::new()))
-        .collect();
+    let rules = AGENT_SYSCALLS.iter().map(|&nr| (nr, Vec::new())).collect();
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(|e| SeccompError::Build(e.to_string()))?;
     filter

@@ -129,9 +129,8 @@ impl Root {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh descriptor nothing else owns.
-        Ok(Root {
-            dir: unsafe { File::from_raw_fd(fd) },
-        })
+        let dir = unsafe { File::from_raw_fd(fd) };
+        Ok(Root { dir })
     }
 }
 
@@ -260,8 +259,9 @@ impl UntrustedFile {
     fn device_differs_by_design(&self) -> bool {
         const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
         const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
-        // SAFETY: statfs is plain data, filled by the kernel for an open descriptor.
+        // SAFETY: statfs is plain data, for which all zeros is a valid value.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: an open descriptor and a statfs to fill.
         if unsafe { libc::fstatfs(self.file.as_raw_fd(), &mut st) } != 0 {
             return false;
         }

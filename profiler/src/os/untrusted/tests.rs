@@ -191,6 +191,7 @@ fn a_file_truncated_while_parsed_is_an_error_not_a_sigbus() {
     let root = Root::open(tmp.path()).unwrap();
     let f = UntrustedFile::open_in_root(&root, Path::new("victim"), Kind::Elf).unwrap();
     // Another reader maps the file, as blazesym or a plain mmap reader would.
+    // SAFETY: a read-only mapping of the test's own file, dropped before it is truncated.
     let mapped = unsafe { memmap2::Mmap::map(&File::open(&path).unwrap()).unwrap() };
     let copy = f
         .copy_elf_sections(&[".eh_frame", ".note.gnu.build-id"])

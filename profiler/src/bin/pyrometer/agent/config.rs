@@ -286,27 +286,10 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         token,
         ca: args.ca.clone().or(file.ca),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
-        exclude_cgroup: match args.exclude_cgroup.clone().or(file.exclude_cgroup) {
-            Some(re) => Some(
-                Regex::new(&re)
-                    .map_err(|e| input(format!("invalid --exclude-cgroup regex '{re}': {e}")))?,
-            ),
-            None => None,
-        },
-        seccomp: match args.seccomp.clone().or(file.seccomp).as_deref() {
-            None | Some("kill") => pyrometer::agent::SeccompMode::Kill,
-            Some("log") => pyrometer::agent::SeccompMode::Log,
-            Some("off") => pyrometer::agent::SeccompMode::Off,
-            Some(other) => {
-                return Err(input(format!(
-                    "seccomp must be kill, log or off, not '{other}'"
-                )));
-            }
-        },
-        run_as: match args.run_as.clone().or(file.run_as).as_deref() {
-            None => Some(pyrometer::agent::DEFAULT_RUN_AS),
-            Some(s) => parse_run_as(s).map_err(|e| input(format!("run-as: {e}")))?,
-        },
+        exclude_cgroup: exclude_cgroup(args.exclude_cgroup.clone().or(file.exclude_cgroup))?,
+        seccomp: seccomp(args.seccomp.clone().or(file.seccomp))?,
+        run_as: parse_run_as(args.run_as.clone().or(file.run_as).as_deref())
+            .map_err(|e| input(format!("run-as: {e}")))?,
         dwarf: match args.unwind.clone().or(file.unwind).as_deref() {
             None | Some("dwarf") => true,
             Some("fp") => false,
@@ -335,8 +318,32 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
     })
 }
 
-/// `UID[:GID]` (the group defaults to the uid's number) or `root`.
-fn parse_run_as(s: &str) -> Result<Option<(u32, u32)>, String> {
+fn exclude_cgroup(pattern: Option<String>) -> anyhow::Result<Option<Regex>> {
+    pattern
+        .map(|re| {
+            Regex::new(&re)
+                .map_err(|e| input(format!("invalid --exclude-cgroup regex '{re}': {e}")))
+        })
+        .transpose()
+}
+
+fn seccomp(mode: Option<String>) -> anyhow::Result<pyrometer::agent::SeccompMode> {
+    use pyrometer::agent::SeccompMode;
+    match mode.as_deref() {
+        None | Some("kill") => Ok(SeccompMode::Kill),
+        Some("log") => Ok(SeccompMode::Log),
+        Some("off") => Ok(SeccompMode::Off),
+        Some(other) => Err(input(format!(
+            "seccomp must be kill, log or off, not '{other}'"
+        ))),
+    }
+}
+
+/// `UID[:GID]` (the group defaults to the uid's number) or `root`; nobody when not given.
+fn parse_run_as(s: Option<&str>) -> Result<Option<(u32, u32)>, String> {
+    let Some(s) = s else {
+        return Ok(Some(pyrometer::agent::DEFAULT_RUN_AS));
+    };
     if s == "root" {
         return Ok(None);
     }
