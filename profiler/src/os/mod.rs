@@ -16,3 +16,4 @@ pub mod seccomp;
 pub mod signals;
 pub mod spawn;
 pub mod untrusted;
+pub mod workers;

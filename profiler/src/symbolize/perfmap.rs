@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::os::untrusted::{Kind, Root, UntrustedError, UntrustedFile};
+use crate::os::untrusted::{Kind, Root, UntrustedFile};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PerfMapEntry {
@@ -51,34 +51,38 @@ pub fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
     out
 }
 
+/// What reading a process's perf map gave.
+#[derive(Debug)]
+pub(crate) enum Read {
+    Entries(Vec<PerfMapEntry>),
+    Absent,
+    /// A FIFO, a link, a device or a file over the cap.
+    Refused,
+}
+
+/// Reads and parses the first of `candidates` (a root, and the map's path inside it) that
+/// exists, through the untrusted-file layer.
+pub(crate) fn read(candidates: &[(Root, PathBuf)]) -> Read {
+    for (root, path) in candidates {
+        match UntrustedFile::open_in_root(root, path, Kind::PerfMap).and_then(|f| f.read_text()) {
+            Ok(text) => return Read::Entries(parse_perf_map(&text)),
+            Err(e) if e.is_not_found() => {}
+            Err(_) => return Read::Refused,
+        }
+    }
+    Read::Absent
+}
+
 /// One process's perf map as last read.
 #[derive(Debug, Default)]
 pub(crate) struct PerfMap {
-    entries: Vec<PerfMapEntry>,
+    pub entries: Vec<PerfMapEntry>,
     pub last_read: Option<Instant>,
+    /// A read did not finish in time: no other is tried before then.
+    pub backoff_until: Option<Instant>,
 }
 
 impl PerfMap {
-    /// Reads the first of `candidates` (a root, and the map's path inside it) that exists,
-    /// through the untrusted-file layer: a FIFO, a link, a device or a file over the cap is
-    /// refused and leaves the map empty, as an absent file does. Returns the refusal, if any.
-    pub fn reload(&mut self, candidates: &[(Root, PathBuf)]) -> Option<UntrustedError> {
-        self.last_read = Some(Instant::now());
-        self.entries.clear();
-        for (root, path) in candidates {
-            match UntrustedFile::open_in_root(root, path, Kind::PerfMap).and_then(|f| f.read_text())
-            {
-                Ok(text) => {
-                    self.entries = parse_perf_map(&text);
-                    return None;
-                }
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Some(e),
-            }
-        }
-        None
-    }
-
     pub fn lookup(&self, addr: u64) -> Option<&PerfMapEntry> {
         let i = self.entries.partition_point(|e| e.start <= addr);
         let e = self.entries.get(i.checked_sub(1)?)?;
@@ -114,7 +118,7 @@ garbage line
         );
         let map = PerfMap {
             entries: e,
-            last_read: None,
+            ..Default::default()
         };
         assert_eq!(
             map.lookup(0x7f0000002010).unwrap().name,
