@@ -65,10 +65,18 @@ enum Confinement {
     Namespaces,
 }
 
-/// Files shared by every hostile root of a test: the host canary and the 10M-line map.
+/// Files shared by every hostile root of a test: the host canary and the 10M-line map. The
+/// test's scratch directory (hundreds of MB) goes with it, on failure too.
 struct Host {
     canary: PathBuf,
     huge_map: PathBuf,
+    dir: PathBuf,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 impl Host {
@@ -89,7 +97,11 @@ impl Host {
             ));
         }
         std::fs::write(&huge_map, text).unwrap();
-        Host { canary, huge_map }
+        Host {
+            canary,
+            huge_map,
+            dir: dir.to_path_buf(),
+        }
     }
 }
 
@@ -327,7 +339,6 @@ fn record_all_beside_each_hostile_root() {
         assert_eq!(hostile.plant, plant);
         drop(hostile);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -348,7 +359,6 @@ fn record_all_beside_every_hostile_root_at_once() {
     }
     record_beside(&dir, &hostiles, "all", baseline);
     drop(hostiles);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The folded profile the collector holds for `node` (empty while it holds none).
