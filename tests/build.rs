@@ -110,6 +110,29 @@ fn main() {
     run(Command::new("strip").arg(&static_alloc));
 
     cupti_standin(fixtures, &out);
+    // The hostile-container tests' process (static, to run alone in a chroot), and the library
+    // it maps and the one it is replaced by.
+    gcc(
+        &fixtures.join("hostile.c"),
+        &out.join("hostile"),
+        &["-O1", "-static", "-pthread"],
+    );
+    for (lib, name) in [
+        ("libvictim.so", "victim_spin"),
+        ("libreplaced.so", "replaced_canary_symbol"),
+    ] {
+        gcc(
+            &fixtures.join("spinlib.c"),
+            &out.join(lib),
+            &[
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-nostdlib",
+                &format!("-DNAME={name}"),
+            ],
+        );
+    }
 
     println!("cargo:rustc-env=FIXTURE_DIR={}", out.display());
     println!("cargo:rustc-env=FIXTURE_DEBUG_DIR={}", debug_dir.display());

@@ -147,7 +147,7 @@ impl TitleCache {
             self.entries.clear();
         }
         let dir = self.proc_root.join(pid.to_string());
-        let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+        let cmdline = read_capped(&dir.join("cmdline")).unwrap_or_default();
         let entry = self.entries.entry(pid).or_insert(Entry {
             read_at: Instant::now(),
             labels: None,
@@ -172,11 +172,7 @@ impl TitleCache {
         }
         let job = entry
             .job
-            .get_or_insert_with(|| {
-                std::fs::read(dir.join("environ"))
-                    .ok()
-                    .and_then(|e| parse_job(&e))
-            })
+            .get_or_insert_with(|| read_capped(&dir.join("environ")).and_then(|e| parse_job(&e)))
             .clone();
         let mut fresh = parse_title(&cmdline, job);
         if let Some(l) = fresh.as_mut() {
@@ -205,6 +201,15 @@ impl TitleCache {
     pub fn forget(&mut self, pid: u32) {
         self.entries.remove(&pid);
     }
+}
+
+/// A `/proc` file of the process, cut at the untrusted-file layer's cap for process text: its
+/// command line and environment are the process's to make as large as it likes.
+fn read_capped(path: &std::path::Path) -> Option<Vec<u8>> {
+    use crate::os::untrusted::{Kind, UntrustedFile};
+    UntrustedFile::open(path, Kind::ProcText)
+        .and_then(|f| f.read_bytes())
+        .ok()
 }
 
 #[cfg(test)]

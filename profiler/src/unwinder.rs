@@ -466,14 +466,16 @@ impl Unwinder {
 
     fn build(&mut self, path: &Path) -> Built {
         let started = std::time::Instant::now();
-        // Mapped, not read: a copy of a large binary on the heap would keep the allocator's
-        // high-water mark long after the table is built.
-        let Ok(file) = std::fs::File::open(path) else {
-            return Built::Failed;
-        };
-        // SAFETY: a read-only private mapping; a binary rewritten underneath (not done to
-        // mapped executables) could only make the table wrong, which the walk tolerates.
-        let Ok(bytes) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        // A sparse copy in an anonymous mapping, not the heap (a copy of a large binary there
+        // would keep the allocator's high-water mark long after the table is built) and not a
+        // mapping of the file (which a process truncating it would turn into a SIGBUS here):
+        // only the headers and the CFI are read.
+        let bytes = crate::os::untrusted::UntrustedFile::open_resolved(
+            path,
+            crate::os::untrusted::Kind::Elf,
+        )
+        .and_then(|f| f.copy_elf_sections(&[".eh_frame", ".debug_frame"]));
+        let Ok(bytes) = bytes else {
             return Built::Failed;
         };
         let loads = load_segments(&bytes);

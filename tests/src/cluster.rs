@@ -215,6 +215,22 @@ pub fn enc(s: &str) -> String {
         .collect()
 }
 
+/// Samples the collector holds for `pid` of node `node` in the last ten minutes (none while
+/// its store is empty: a 404).
+pub fn samples_of(collector: &Collector, node: &str, pid: u32) -> u64 {
+    let q = enc(&format!("{{node=\"{node}\",pid=\"{pid}\"}}"));
+    let path = format!("/api/v1/profile?format=folded&query={q}&from=now-10m");
+    let folded = match http_get(collector.addr, &path) {
+        Some((200, body)) => body,
+        Some((404, _)) => String::new(),
+        other => panic!("GET {path}: {other:?}"),
+    };
+    folded
+        .lines()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Starts the cpu631 fixture under another name (its comm), running for `seconds`.
 pub fn workload(dir: &Path, name: &str, seconds: u32) -> Child {
     workload_of("cpu631", dir, name, seconds)

@@ -1,5 +1,5 @@
-//! The agent on its own terms: configured from a TOML file, holding only the capabilities it
-//! needs once attached, and unwinding stacks without frame pointers in the kernel.
+//! The agent on its own terms: configured from a TOML file, running as nobody with only the
+//! capabilities it needs once attached, and unwinding stacks without frame pointers in the kernel.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -103,6 +103,24 @@ fn config_file_capability_drop_and_dwarf_stacks() {
             "{name}"
         );
     }
+    // And as nobody (the default run-as user), real, effective, saved and file-system ids
+    // alike, with no supplementary group left from root.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |f: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(f))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(field("Uid:"), ["65534"; 4], "{status}");
+    assert_eq!(field("Gid:"), ["65534"; 4], "{status}");
+    assert!(field("Groups:").is_empty(), "{status}");
+    // Under its seccomp filter (mode 2), in kill mode by default: a system call outside its
+    // list would have ended it, and this test with it.
+    assert_eq!(field("Seccomp:"), ["2"], "{status}");
+    assert_eq!(field("NoNewPrivs:"), ["1"], "{status}");
 
     // A process started after the drop is still found, sampled and unwound from DWARF.
     let mut load = workload_of("cpu631-nofp", &dir, "nofp-wl", 30);

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use prost::Message;
-use pyrometer_e2e::cluster::{Collector, enc, free_port, http_get};
+use pyrometer_e2e::cluster::{Collector, free_port, samples_of};
 use pyrometer_e2e::wait::wait_for;
 use pyrometer_e2e::{pprof_samples, pprof_type, privileged, pyrometer_bin, scratch};
 use pyrometer_proto::ingest::PushRequest;
@@ -24,21 +24,6 @@ impl Drop for Kill {
             let _ = c.wait();
         }
     }
-}
-
-/// Samples pushed for `pid` of node `node` (none while the store is empty: a 404).
-fn samples_of(collector: &Collector, node: &str, pid: u32) -> u64 {
-    let q = enc(&format!("{{node=\"{node}\",pid=\"{pid}\"}}"));
-    let path = format!("/api/v1/profile?format=folded&query={q}&from=now-10m");
-    let folded = match http_get(collector.addr, &path) {
-        Some((200, body)) => body,
-        Some((404, _)) => String::new(),
-        other => panic!("GET {path}: {other:?}"),
-    };
-    folded
-        .lines()
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 /// Samples by pid in the batches an agent left in its spool (it could not push them).

@@ -3,18 +3,16 @@
 //! server framework (DESIGN.md), and `/metrics` is one GET.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 #[derive(Default)]
 pub struct AgentMetrics {
     pub samples: AtomicU64,
     pub lost_ring_buffer: AtomicU64,
     pub lost_bad_record: AtomicU64,
+    pub opted_out_samples: AtomicU64,
     pub user_stack_errors: AtomicU64,
     pub kernel_stack_errors: AtomicU64,
     pub batches_spooled: AtomicU64,
@@ -226,6 +224,12 @@ impl AgentMetrics {
             self.spool_batches.load(Relaxed),
         );
         one(
+            "pyrometer_agent_opted_out_samples_total",
+            "counter",
+            "Samples of processes opted out by --exclude-cgroup, dropped unread.",
+            self.opted_out_samples.load(Relaxed),
+        );
+        one(
             "pyrometer_agent_spool_size_bytes",
             "gauge",
             "Bytes waiting in the spool.",
@@ -307,42 +311,6 @@ fn render_gpu_kernels(st: &crate::capture::gpu::join::Stats, o: &mut String) {
         st.processes_without_cupti,
         st.processes_cupti_error,
     );
-}
-
-/// Serves `GET /metrics` on a bound listener (bound while a privileged port still can be).
-pub fn serve_on(listener: TcpListener, metrics: Arc<AgentMetrics>) -> std::io::Result<SocketAddr> {
-    let local = listener.local_addr()?;
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-                    match conn.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&head);
-                let path = line.split_whitespace().nth(1).unwrap_or("");
-                let (status, ctype, body) = if path == "/metrics" || path.starts_with("/metrics?")
-                {
-                    ("200 OK", "text/plain; version=0.0.4", metrics.render())
-                } else {
-                    ("404 Not Found", "text/plain", "only /metrics is served here\n".into())
-                };
-                let _ = write!(
-                    conn,
-                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
-        })?;
-    Ok(local)
 }
 
 /// Copies the kernel's counters and the unwind tables' to the metrics.

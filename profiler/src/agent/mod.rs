@@ -8,6 +8,7 @@ mod delivery;
 mod export;
 mod gpu;
 mod metrics;
+mod metrics_server;
 mod node;
 mod push;
 mod spool;
@@ -77,6 +78,13 @@ pub struct AgentConfig {
     pub alloc: Option<AllocTargets>,
     /// Kernel BTF to load against (None: the running kernel's).
     pub btf_path: Option<PathBuf>,
+    /// The user and group the agent becomes once its programs are attached (None: it stays
+    /// root, with only the capabilities it keeps).
+    pub run_as: Option<(u32, u32)>,
+    /// Processes whose cgroup path matches are not profiled: nothing of them is read.
+    pub exclude_cgroup: Option<Regex>,
+    /// What a system call outside the agent's list does once it is attached.
+    pub seccomp: SeccompMode,
     /// `debug_reject` bits ([`crate::command::debug_reject_bits`]): tests of the degraded
     /// paths.
     pub debug_reject: u32,
@@ -92,6 +100,11 @@ pub struct AllocTargets {
     /// Mean bytes between samples.
     pub sample_bytes: u64,
 }
+
+pub use crate::os::seccomp::Mode as SeccompMode;
+
+/// The user and group the agent becomes once attached unless told otherwise (nobody).
+pub const DEFAULT_RUN_AS: (u32, u32) = crate::os::privileges::UNPRIVILEGED;
 
 /// What the agent did, for its last line and `--stats`.
 #[derive(Debug, Serialize)]
@@ -151,6 +164,9 @@ pub fn run(mut cfg: AgentConfig, log: Log) -> Result<AgentSummary, CommandError>
     let (client, otlp_client) = clients(&cfg)?;
     let spool = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes, &cfg.node)
         .map_err(|e| CommandError::Input(e.to_string()))?;
+    if let Some((uid, gid)) = cfg.run_as {
+        hand_over(&cfg.spool_dir, uid, gid)?;
+    }
     crate::command::check_sampling_privileges()?;
     let mut node = Node::open(&mut cfg, log.clone())?;
     let metrics = node.metrics.clone();
@@ -259,4 +275,24 @@ fn clients(cfg: &AgentConfig) -> Result<(Option<PushClient>, Option<PushClient>)
         None => None,
     };
     Ok((client, otlp_client))
+}
+
+/// Gives the spool to the user the agent becomes, so that it can go on writing there: the
+/// directory and what is in it (the agent's own files, not followed if links).
+fn hand_over(dir: &std::path::Path, uid: u32, gid: u32) -> Result<(), CommandError> {
+    let chown = |p: &std::path::Path| {
+        std::os::unix::fs::lchown(p, Some(uid), Some(gid)).map_err(|e| {
+            CommandError::Input(format!(
+                "cannot give {} to uid {uid} (the agent's run-as user): {e}",
+                p.display()
+            ))
+        })
+    };
+    chown(dir)?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| CommandError::Input(format!("cannot read {}: {e}", dir.display())))?;
+    for entry in entries.flatten() {
+        chown(&entry.path())?;
+    }
+    Ok(())
 }

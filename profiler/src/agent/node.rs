@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::delivery::{Batch, Shared, spool_batch};
 use super::export::Exporter;
 use super::metrics::{self, AgentMetrics};
+use super::metrics_server;
 use super::targets::{Known, attach_own_library, scan};
 use super::young::Young;
 use super::{AgentConfig, Log};
@@ -93,6 +94,9 @@ impl Node {
         // which features the agent runs without.
         for refusal in profiler.refusals() {
             log(&refusal.to_string());
+        }
+        if let Some(re) = &cfg.exclude_cgroup {
+            profiler.registry.set_opt_out(re.clone());
         }
         if profiler.refused(Feature::Alloc) {
             cfg.alloc = None;
@@ -181,7 +185,13 @@ impl Node {
             log("kernel symbols unreadable (/proc/kallsyms): kernel frames stay addresses");
         }
         // Everything privileged is open now. Before the first thread starts, so that every
-        // thread runs with the reduced sets.
+        // thread runs as the unprivileged user with the reduced sets.
+        if let Some((uid, gid)) = cfg.run_as {
+            privileges::become_user(uid, gid).map_err(|e| {
+                CommandError::Kernel(format!("cannot become uid {uid} after attaching: {e}"))
+            })?;
+            log(&format!("running as uid {uid}, gid {gid}"));
+        }
         let kept = privileges::drop_all_but(privileges::AGENT_KEEPS).map_err(|e| {
             CommandError::Kernel(format!("cannot drop capabilities after attaching: {e}"))
         })?;
@@ -199,9 +209,32 @@ impl Node {
         );
         let poller = start_gpu(cfg, &metrics, log)?;
         if let Some(listener) = metrics_listener {
-            let bound = metrics::serve_on(listener, metrics.clone())
+            let bound = metrics_server::serve_on(listener, metrics.clone())
                 .map_err(|e| CommandError::Input(format!("cannot serve metrics: {e}")))?;
             log(&format!("metrics on http://{bound}/metrics"));
+        }
+        // NVML's own system calls (its ioctls on /dev/nvidia*, its threads) have not been
+        // checked on a real GPU: while it is loaded, calls outside the list are logged.
+        let mode = match (cfg.seccomp, &poller) {
+            (super::SeccompMode::Kill, Some(_)) => {
+                log(
+                    "NVML loaded: the seccomp filter logs calls outside its list instead of killing",
+                );
+                super::SeccompMode::Log
+            }
+            (mode, _) => mode,
+        };
+        crate::os::seccomp::install(mode).map_err(|e| CommandError::Kernel(e.to_string()))?;
+        if mode != super::SeccompMode::Off {
+            log(&format!(
+                "seccomp filter installed ({} system calls; others {})",
+                crate::os::seccomp::AGENT_SYSCALLS.len(),
+                if mode == super::SeccompMode::Kill {
+                    "kill the agent"
+                } else {
+                    "are logged"
+                }
+            ));
         }
         Ok((metrics, symbolizer, poller))
     }
@@ -350,6 +383,9 @@ impl Node {
         self.metrics
             .lost_bad_record
             .fetch_add(taken.bad_records, Relaxed);
+        self.metrics
+            .opted_out_samples
+            .fetch_add(taken.opted_out, Relaxed);
         // Taken every interval, so usage does not pile up while nothing is sampled.
         let gpu_usage = self
             .poller

@@ -80,6 +80,11 @@ impl Capture {
             self.exec_event(&h, registry);
             return;
         }
+        // Before anything of the process is read (its maps, its perf map, its memory).
+        if registry.opted_out(h.pid) {
+            self.opted_out += 1;
+            return;
+        }
         if h.comm.starts_with(b"ray::") {
             self.ray_seen = true;
         }

@@ -111,6 +111,8 @@ pub struct Capture {
     pub off_cpu_reported: HashMap<u32, (u64, u64, bool)>,
     /// Records that failed to parse (never expected; counted, not hidden).
     pub bad_records: u64,
+    /// Samples of processes opted out of profiling, dropped unread.
+    pub opted_out: u64,
     /// A sample of a Ray worker (comm `ray::…`) was read since the caller last cleared this.
     pub ray_seen: bool,
     /// Kernel stack ids that were gone from the stack map when read.

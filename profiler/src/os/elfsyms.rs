@@ -102,7 +102,9 @@ const LIBRARY_DIRS: [&str; 5] = [
 pub fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
     use object::elf;
     use object::read::elf::{Dyn, FileHeader};
-    let Ok(data) = std::fs::read(exe) else {
+    let data = super::untrusted::UntrustedFile::open(exe, super::untrusted::Kind::Elf)
+        .and_then(|f| f.copy_elf_sections(&[".dynamic", ".dynstr"]));
+    let Ok(data) = data else {
         return Vec::new();
     };
     let Ok(header) = elf::FileHeader64::<object::Endianness>::parse(&*data) else {

@@ -7,9 +7,13 @@
 
 pub mod clock;
 pub mod elfsyms;
+pub mod optout;
 pub mod pids;
 pub mod privileges;
 pub mod procevents;
 pub mod procs;
+pub mod seccomp;
 pub mod signals;
 pub mod spawn;
+pub mod untrusted;
+pub mod workers;

@@ -112,6 +112,107 @@ pub enum DropError {
     },
 }
 
+/// The user the agent becomes once attached when not told otherwise: `nobody`.
+pub const UNPRIVILEGED: (u32, u32) = (65534, 65534);
+
+/// Becomes `uid`/`gid` (real, effective and saved; no supplementary groups) keeping every
+/// capability, so that what the agent does afterwards is done as that user with only the
+/// capabilities [`drop_all_but`] then leaves: files it creates are that user's, and nothing
+/// root owns and the capabilities do not cover (writing root's files, signalling root's
+/// processes) is open to it. Like the drop, it must run while the process has one thread.
+pub fn become_user(uid: u32, gid: u32) -> Result<(), DropError> {
+    let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
+    if threads > 1 {
+        return Err(DropError::Threads(threads));
+    }
+    let os = |call: &'static str| DropError::Os {
+        call,
+        source: std::io::Error::last_os_error(),
+    };
+    // SAFETY: prctl, setgroups, setresgid and setresuid with integer arguments (and a null
+    // list of groups, of length 0).
+    unsafe {
+        if libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0 {
+            return Err(os("prctl(PR_SET_KEEPCAPS)"));
+        }
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(os("setgroups"));
+        }
+        if libc::setresgid(gid, gid, gid) != 0 {
+            return Err(os("setresgid"));
+        }
+        if libc::setresuid(uid, uid, uid) != 0 {
+            return Err(os("setresuid"));
+        }
+        if libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0 {
+            return Err(os("prctl(PR_SET_KEEPCAPS)"));
+        }
+    }
+    // Leaving uid 0 cleared the effective set; the permitted one was kept.
+    let (permitted, _) = capget().map_err(|_| os("capget"))?;
+    capset(permitted).map_err(|_| os("capset"))
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// This thread's permitted and effective sets.
+fn capget() -> std::io::Result<(u64, u64)> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut now = [CapData::default(); 2];
+    // SAFETY: header and a two-element data array, as _LINUX_CAPABILITY_VERSION_3 wants.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, now.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
+    Ok((
+        join(now[0].permitted, now[1].permitted),
+        join(now[0].effective, now[1].effective),
+    ))
+}
+
+/// Sets this thread's permitted and effective sets to `set`, its inheritable set empty.
+fn capset(set: u64) -> std::io::Result<()> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let (low, high) = (set as u32, (set >> 32) as u32);
+    let new = [
+        CapData {
+            effective: low,
+            permitted: low,
+            inheritable: 0,
+        },
+        CapData {
+            effective: high,
+            permitted: high,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: as in capget; a set never grows past the permitted one (the kernel refuses).
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, new.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Drops every capability but `keep` from the effective, permitted, inheritable, ambient and
 /// bounding sets, so a compromised agent (it parses other processes' binaries) holds only
 /// what sampling needs. Capabilities belong to a thread, and threads inherit them, so this
@@ -137,6 +238,13 @@ pub fn drop_all_but(keep: &[Capability]) -> Result<u64, DropError> {
     };
     // The bounding set first: dropping from it needs CAP_SETPCAP, which capset removes.
     for bit in 0..=last_cap.min(63) {
+        // SAFETY: prctl with integer arguments only.
+        let bounded = unsafe { libc::prctl(libc::PR_CAPBSET_READ, bit as libc::c_ulong, 0, 0, 0) };
+        // Already out of the bounding set (a container's, a unit's): nothing to drop, and no
+        // CAP_SETPCAP needed for it.
+        if bounded == 0 {
+            continue;
+        }
         if mask & (1u64 << bit) == 0 {
             // SAFETY: prctl with integer arguments only.
             let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, bit as libc::c_ulong, 0, 0, 0) };
@@ -158,47 +266,9 @@ pub fn drop_all_but(keep: &[Capability]) -> Result<u64, DropError> {
     if r != 0 {
         return Err(os("prctl(PR_CAP_AMBIENT_CLEAR_ALL)"));
     }
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header {
-        version: VERSION_3,
-        pid: 0,
-    };
-    let mut now = [Data::default(); 2];
-    // SAFETY: header and a two-element data array, as _LINUX_CAPABILITY_VERSION_3 wants.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut header, now.as_mut_ptr()) } != 0 {
-        return Err(os("capget"));
-    }
-    let permitted = (now[0].permitted as u64 | (now[1].permitted as u64) << 32) & mask;
-    let low = permitted as u32;
-    let high = (permitted >> 32) as u32;
-    let new = [
-        Data {
-            effective: low,
-            permitted: low,
-            inheritable: 0,
-        },
-        Data {
-            effective: high,
-            permitted: high,
-            inheritable: 0,
-        },
-    ];
-    // SAFETY: as above; the data only shrinks the sets.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut header, new.as_ptr()) } != 0 {
-        return Err(os("capset"));
-    }
+    let (now, _) = capget().map_err(|_| os("capget"))?;
+    let permitted = now & mask;
+    capset(permitted).map_err(|_| os("capset"))?;
     Ok(permitted)
 }
 

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::os::untrusted::{Kind, Root, UntrustedFile};
+
 /// Default minimum time between two re-reads of one process's maps.
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_millis(500);
 /// How long after exec (or first sight) a process counts as young, and how often it may be
@@ -32,6 +34,8 @@ pub enum ProcError {
     },
     #[error("malformed line in {}: {line:?}", path.display())]
     Malformed { path: PathBuf, line: String },
+    #[error("process {0} is opted out of profiling")]
+    OptedOut(u32),
 }
 
 /// What backs an executable mapping.
@@ -117,12 +121,10 @@ impl Binary {
     /// a chroot's mappings carry the root's path in front, and `.gnu_debuglink` targets are
     /// looked up under the debug dirs by the path inside.
     pub fn seen_path<'a>(&self, mapped: &'a str) -> &'a str {
-        self.own_root
-            .as_ref()
-            .filter(|r| r.prefix.len() > 1)
-            .and_then(|r| mapped.strip_prefix(r.prefix.as_str()))
-            .filter(|rest| rest.starts_with('/'))
-            .unwrap_or(mapped)
+        match &self.own_root {
+            Some(r) => seen_in(r, mapped),
+            None => mapped,
+        }
     }
 
     pub fn key(&self) -> &BinaryKey {
@@ -243,6 +245,7 @@ pub struct ProcessRegistry {
     refresh_interval: Duration,
     processes: crate::FastMap<u32, Process>,
     binaries: crate::FastMap<BinaryKey, Arc<Binary>>,
+    opt_out: Option<crate::os::optout::OptOut>,
 }
 
 impl Default for ProcessRegistry {
@@ -263,6 +266,7 @@ impl ProcessRegistry {
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
             processes: Default::default(),
             binaries: Default::default(),
+            opt_out: None,
         }
     }
 
@@ -276,6 +280,17 @@ impl ProcessRegistry {
         self.refresh_interval = interval;
     }
 
+    /// Processes whose cgroup matches `pattern` are never read ([`crate::os::optout`]).
+    pub fn set_opt_out(&mut self, pattern: regex::Regex) {
+        self.opt_out = Some(crate::os::optout::OptOut::new(pattern));
+    }
+
+    /// Whether `pid` is opted out of profiling: nothing of it may be read.
+    pub fn opted_out(&mut self, pid: u32) -> bool {
+        let root = &self.proc_root;
+        self.opt_out.as_mut().is_some_and(|o| o.excluded(root, pid))
+    }
+
     pub fn get(&self, pid: u32) -> Option<&Process> {
         self.processes.get(&pid)
     }
@@ -284,6 +299,9 @@ impl ProcessRegistry {
     /// was recorded.
     pub fn observe(&mut self, pid: u32) -> Result<&Process, ProcError> {
         if !self.processes.contains_key(&pid) {
+            if self.opted_out(pid) {
+                return Err(ProcError::OptedOut(pid));
+            }
             let dir = self.proc_root.join(pid.to_string());
             let mappings = self.read_mappings(pid)?;
             let comm = fs::read_to_string(dir.join("comm"))
@@ -354,6 +372,9 @@ impl ProcessRegistry {
     /// exec follows fork closely, so there are at most a few of them.
     pub fn exec(&mut self, pid: u32) -> Result<&Process, ProcError> {
         self.processes.remove(&pid);
+        if let Some(o) = &mut self.opt_out {
+            o.forget(pid);
+        }
         self.observe(pid)?;
         // At exec only the executable and the dynamic loader are mapped; the libraries come
         // moments later, so the first miss after an exec may re-read at once.
@@ -438,34 +459,83 @@ impl ProcessRegistry {
             return Arc::clone(b);
         }
         let pid_dir = self.proc_root.join(pid.to_string());
-        let rooted = pid_dir
-            .join("root")
-            .join(plain.strip_prefix("/").unwrap_or(plain));
-        let map_file = pid_dir
-            .join("map_files")
-            .join(format!("{:x}-{:x}", m.start, m.end));
-        let binary = match File::open(&rooted) {
-            // A deleted file's name may now belong to its replacement (a package upgrade).
-            Ok(f) if m.deleted && f.metadata().is_ok_and(|md| md.ino() != m.inode) => {
-                open_held(&map_file, None).unwrap_or_else(|| plain_binary(plain))
+        let own_root = own_root(&pid_dir.join("root"));
+        let binary = match open_mapped(&pid_dir, m, plain, own_root.as_ref()) {
+            // A process sharing the profiler's root names the file by the path the profiler
+            // would open; the path stays the name, as the plain path always did.
+            Some(Opened::Host(_)) if own_root.is_none() => plain_binary(plain),
+            Some(Opened::Host(f)) => {
+                held_binary(f.into_file(), plain.parent().map(Path::to_path_buf))
             }
-            Ok(f) if same_file(&f, plain) => plain_binary(plain),
-            Ok(f) => held_binary(f, rooted.parent().map(Path::to_path_buf)),
-            Err(_) if m.deleted => {
-                open_held(&map_file, None).unwrap_or_else(|| plain_binary(plain))
+            Some(Opened::Inside(f, seen)) => {
+                let dir = own_root
+                    .as_ref()
+                    .zip(seen.parent())
+                    .map(|(r, d)| r.path.join(d.strip_prefix("/").unwrap_or(d)));
+                held_binary(f.into_file(), dir)
             }
-            // The process's root is unreadable (it exited, or no permission): the plain path
-            // is right for every process not in a container.
-            Err(_) => plain_binary(plain),
+            Some(Opened::Mapped(f)) => held_binary(f.into_file(), None),
+            // Nothing that opens is the file mapped: nothing of it is read.
+            None => unreadable_binary(plain),
         };
         let binary = Arc::new(Binary {
             key: key.clone(),
-            own_root: own_root(&pid_dir.join("root")),
+            own_root,
             ..binary
         });
         self.binaries.insert(key, Arc::clone(&binary));
         binary
     }
+}
+
+/// Where the file a mapping names was opened.
+enum Opened {
+    /// Inside the process's own root, by the path it sees (which is also returned).
+    Inside(UntrustedFile, PathBuf),
+    /// By the path as the profiler sees it.
+    Host(UntrustedFile),
+    /// Through the kernel's link to the mapping.
+    Mapped(UntrustedFile),
+}
+
+/// Opens the file `m` maps through the untrusted-file layer, trying the process's root, the
+/// profiler's view of the path, and the kernel's link to the mapping, in that order; each
+/// must be the device and inode mapped, so a file replaced after exec (or a link planted
+/// where the library was) is not believed.
+fn open_mapped(
+    pid_dir: &Path,
+    m: &Mapping,
+    plain: &Path,
+    root: Option<&OwnRoot>,
+) -> Option<Opened> {
+    let check = |f: UntrustedFile| {
+        (m.inode == 0 || f.expect_mapped(m.major, m.minor, m.inode).is_ok()).then_some(f)
+    };
+    // A deleted file's name, if anything, is its replacement's (a package upgrade).
+    if m.deleted {
+        return open_link(pid_dir, m).and_then(check).map(Opened::Mapped);
+    }
+    if let Some(r) = root {
+        let seen = Path::new(seen_in(r, plain.to_str().unwrap_or_default()));
+        let inside = Root::open(&r.path)
+            .ok()
+            .and_then(|root| UntrustedFile::open_in_root(&root, seen, Kind::Elf).ok())
+            .and_then(check);
+        if let Some(f) = inside {
+            return Some(Opened::Inside(f, seen.to_path_buf()));
+        }
+    }
+    if let Some(f) = UntrustedFile::open(plain, Kind::Elf).ok().and_then(check) {
+        return Some(Opened::Host(f));
+    }
+    open_link(pid_dir, m).and_then(check).map(Opened::Mapped)
+}
+
+fn open_link(pid_dir: &Path, m: &Mapping) -> Option<UntrustedFile> {
+    let link = pid_dir
+        .join("map_files")
+        .join(format!("{:x}-{:x}", m.start, m.end));
+    UntrustedFile::open_map_file(&link, Kind::Elf).ok()
 }
 
 /// The process's root when it is not ours, held open.
@@ -483,6 +553,15 @@ fn own_root(root: &Path) -> Option<OwnRoot> {
         prefix,
         _held: dir,
     })
+}
+
+/// `mapped` with the root's place in our namespace taken off its front, when it has it.
+fn seen_in<'a>(root: &OwnRoot, mapped: &'a str) -> &'a str {
+    Some(root)
+        .filter(|r| r.prefix.len() > 1)
+        .and_then(|r| mapped.strip_prefix(r.prefix.as_str()))
+        .filter(|rest| rest.starts_with('/'))
+        .unwrap_or(mapped)
 }
 
 fn same_file(f: &File, path: &Path) -> bool {
@@ -514,8 +593,17 @@ fn held_binary(f: File, dir: Option<PathBuf>) -> Binary {
     }
 }
 
-fn open_held(path: &Path, dir: Option<PathBuf>) -> Option<Binary> {
-    File::open(path).ok().map(|f| held_binary(f, dir))
+/// A mapped file that could not be opened as the file mapped: its path is empty, so every
+/// reader's open fails and its frames keep their module and offset.
+fn unreadable_binary(path: &Path) -> Binary {
+    Binary {
+        key: BinaryKey::Path(path.to_path_buf()),
+        path: PathBuf::new(),
+        dir: None,
+        _held: None,
+        build_id: OnceLock::new(),
+        own_root: None,
+    }
 }
 
 struct RawMapping {
@@ -581,7 +669,8 @@ pub(crate) fn parse_ns_pid(status: &str) -> Option<u32> {
 
 /// Reads an ELF file's GNU build-id (lowercase hex) without loading the whole file.
 pub fn read_build_id(path: &Path) -> Option<String> {
-    let cache = object::read::ReadCache::new(File::open(path).ok()?);
+    let file = UntrustedFile::open_resolved(path, Kind::Elf).ok()?;
+    let cache = object::read::ReadCache::new(file.reader());
     let obj = object::File::parse(&cache).ok()?;
     use object::Object as _;
     let id = obj.build_id().ok()??;

@@ -9,6 +9,7 @@
 //! An inlined `take_gil` could not get a return probe; none of the builds here has one, and one
 //! found is counted so the summary can say so.
 
+use crate::os::untrusted::{Kind, UntrustedFile};
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -48,8 +49,12 @@ pub fn find_sites(
     shown: &str,
     debug_file: Option<&Path>,
 ) -> Result<GilSites, GilError> {
+    // Copied whole (the probe sites are found in the code): into the profiler's own memory,
+    // so a file truncated meanwhile is a parse error, not a SIGBUS.
     let read = |p: &Path| {
-        std::fs::read(p).map_err(|e| GilError::Read(p.display().to_string(), e.to_string()))
+        UntrustedFile::open_resolved(p, Kind::ElfWhole)
+            .and_then(|f| f.copy())
+            .map_err(|e| GilError::Read(p.display().to_string(), e.to_string()))
     };
     let data = read(binary)?;
     let obj = object::File::parse(&*data)

@@ -79,7 +79,12 @@ impl NativeTables {
             .tables
             .entry(binary.key().clone())
             .or_insert_with(|| {
-                let bytes = std::fs::read(binary.path()).ok()?;
+                let bytes = crate::os::untrusted::UntrustedFile::open_resolved(
+                    binary.path(),
+                    crate::os::untrusted::Kind::Elf,
+                )
+                .and_then(|f| f.copy_elf_sections(&[".eh_frame", ".debug_frame"]))
+                .ok()?;
                 let obj = object::File::parse(&*bytes).ok()?;
                 let loads = loads(&obj);
                 let table = pyrometer_unwind::build_table(&bytes).ok()?;

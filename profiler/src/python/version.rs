@@ -3,6 +3,7 @@
 //! `/usr/bin/python3.11`). Binaries are opened through the process registry, so a
 //! containerized process's files are read through `/proc/PID/root`.
 
+use crate::os::untrusted::{Kind, UntrustedFile};
 use std::fmt;
 use std::fs;
 use std::path::Path;
@@ -319,10 +320,19 @@ fn analyze(
     is_libpython: bool,
     name_version: Option<(u32, u32, &str)>,
 ) -> Result<PyBinary, PythonError> {
-    let data = fs::read(path).map_err(|e| PythonError::Elf {
-        path: shown.to_string(),
-        reason: e.to_string(),
-    })?;
+    if path.as_os_str().is_empty() {
+        return Err(PythonError::Elf {
+            path: shown.to_string(),
+            reason: "refused: not the regular file mapped, or over the size cap".to_string(),
+        });
+    }
+    // Copied whole: the version literal is searched for in the read-only data.
+    let data = UntrustedFile::open_resolved(path, Kind::ElfWhole)
+        .and_then(|f| f.copy())
+        .map_err(|e| PythonError::Elf {
+            path: shown.to_string(),
+            reason: e.to_string(),
+        })?;
     let elf = object::File::parse(&*data).map_err(|e| PythonError::Elf {
         path: shown.to_string(),
         reason: e.to_string(),
@@ -454,7 +464,9 @@ pub fn interpreter_binary(exe: &Path) -> Option<std::path::PathBuf> {
     {
         return Some(lib);
     }
-    let data = fs::read(&exe).ok()?;
+    let data = UntrustedFile::open(&exe, Kind::ElfWhole)
+        .and_then(|f| f.copy())
+        .ok()?;
     let obj = object::File::parse(&*data).ok()?;
     let has_runtime = obj
         .dynamic_symbols()
@@ -465,7 +477,12 @@ pub fn interpreter_binary(exe: &Path) -> Option<std::path::PathBuf> {
 
 /// The process's command line, NUL-separated arguments joined by spaces, bounded.
 pub fn command_line(proc_root: &Path, pid: u32) -> Option<String> {
-    let raw = fs::read(proc_root.join(pid.to_string()).join("cmdline")).ok()?;
+    let raw = UntrustedFile::open(
+        &proc_root.join(pid.to_string()).join("cmdline"),
+        Kind::ProcText,
+    )
+    .and_then(|f| f.read_bytes())
+    .ok()?;
     let raw = &raw[..raw.len().min(4096)];
     let args: Vec<String> = raw
         .split(|&b| b == 0)

@@ -16,13 +16,14 @@ pub(crate) mod testutil;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
 use crate::os::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
+use crate::os::untrusted::Root;
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
@@ -65,6 +66,12 @@ pub struct SymbolizerStats {
     /// Times a file with DWARF was opened for its symbol table only, its DWARF not fitting
     /// in [`Symbolizer::with_dwarf_budget`]: its frames have no lines or inlined functions.
     pub dwarf_skipped_files: u64,
+    /// Files a process controls that were refused (a FIFO, a link, a device, over the cap):
+    /// perf maps, so far.
+    pub refused_files: u64,
+    /// Reads that did not finish by their deadline (a file on a mount that does not answer):
+    /// the process is left alone for a while, the read keeps one worker.
+    pub stalled_reads: u64,
 }
 
 /// One function at an address, before it is dressed up as a [`Frame`] for a given mapping.
@@ -107,6 +114,13 @@ struct OpenFile {
     dwarf: Option<u64>,
 }
 
+/// Threads reading perf maps; each read stuck past its deadline holds one until it returns.
+const PERF_MAP_WORKERS: usize = 2;
+/// How long a perf map read may take (16 MiB read and parsed on a busy machine).
+const PERF_MAP_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a process whose perf map read overran is left alone.
+const PERF_MAP_BACKOFF: Duration = Duration::from_secs(60);
+
 /// Not `Send`: blazesym's resolvers use `Rc`. Create it on the thread that symbolizes.
 pub struct Symbolizer {
     /// A blazesym symbolizer per file (each caches the one file it read), so that files
@@ -121,6 +135,8 @@ pub struct Symbolizer {
     /// Innermost-first functions at (module, lookup file offset); `None`: nothing found.
     results: crate::FastMap<(ModKey, u64), Option<Rc<[Resolved]>>>,
     perf_maps: HashMap<u32, PerfMap>,
+    /// Where files a process controls are read, with deadlines.
+    workers: crate::os::workers::Workers,
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
@@ -158,6 +174,7 @@ impl Symbolizer {
             elves: Default::default(),
             results: Default::default(),
             perf_maps: HashMap::new(),
+            workers: crate::os::workers::Workers::new(PERF_MAP_WORKERS),
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
@@ -500,17 +517,41 @@ impl Symbolizer {
     ) -> Option<Frame> {
         let interval = self.perf_map_interval;
         let pm = self.perf_maps.entry(pid).or_default();
-        let due = pm.last_read.is_none_or(|t| t.elapsed() >= interval);
-        if pm.last_read.is_none() || (due && pm.lookup(lookup).is_none()) {
+        let due = pm.last_read.is_none_or(|t| t.elapsed() >= interval)
+            && pm.backoff_until.is_none_or(|t| Instant::now() >= t);
+        if due && (pm.last_read.is_none() || pm.lookup(lookup).is_none()) {
             // Inside a container the JIT names the file by its namespace pid.
             let ns_pid = registry.get(pid).map_or(pid, |p| p.ns_pid);
-            let tmp = registry.proc_root().join(pid.to_string()).join("root/tmp");
-            let mut candidates = vec![tmp.join(format!("perf-{ns_pid}.map"))];
-            if ns_pid != pid {
-                candidates.push(tmp.join(format!("perf-{pid}.map")));
+            let own = || Root::of_process(registry.proc_root(), pid).ok();
+            let mut candidates = Vec::new();
+            if let Some(root) = own() {
+                candidates.push((root, PathBuf::from(format!("/tmp/perf-{ns_pid}.map"))));
             }
-            candidates.push(PathBuf::from(format!("/tmp/perf-{pid}.map")));
-            pm.reload(&candidates);
+            if ns_pid != pid
+                && let Some(root) = own()
+            {
+                candidates.push((root, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
+            }
+            if let Ok(host) = Root::open(Path::new("/")) {
+                candidates.push((host, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
+            }
+            pm.last_read = Some(Instant::now());
+            // On a worker: a file on a mount that never answers holds the worker, not this.
+            match self
+                .workers
+                .run(PERF_MAP_DEADLINE, move || perfmap::read(&candidates))
+            {
+                Ok(perfmap::Read::Entries(e)) => pm.entries = e,
+                Ok(perfmap::Read::Absent) => pm.entries.clear(),
+                Ok(perfmap::Read::Refused) => {
+                    pm.entries.clear();
+                    self.stats.refused_files += 1;
+                }
+                Err(_) => {
+                    pm.backoff_until = Some(Instant::now() + PERF_MAP_BACKOFF);
+                    self.stats.stalled_reads += 1;
+                }
+            }
         }
         let e = pm.lookup(lookup)?;
         Some(Frame {

@@ -1,8 +1,10 @@
 //! `/tmp/perf-PID.map` files: JIT compilers (V8, the JVM with perf-map-agent, CPython 3.12's
 //! perf trampolines, LuaJIT…) write one `START SIZE name` line per compiled function.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
+
+use crate::os::untrusted::{Kind, Root, UntrustedFile};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PerfMapEntry {
@@ -49,24 +51,38 @@ pub fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
     out
 }
 
+/// What reading a process's perf map gave.
+#[derive(Debug)]
+pub(crate) enum Read {
+    Entries(Vec<PerfMapEntry>),
+    Absent,
+    /// A FIFO, a link, a device or a file over the cap.
+    Refused,
+}
+
+/// Reads and parses the first of `candidates` (a root, and the map's path inside it) that
+/// exists, through the untrusted-file layer.
+pub(crate) fn read(candidates: &[(Root, PathBuf)]) -> Read {
+    for (root, path) in candidates {
+        match UntrustedFile::open_in_root(root, path, Kind::PerfMap).and_then(|f| f.read_text()) {
+            Ok(text) => return Read::Entries(parse_perf_map(&text)),
+            Err(e) if e.is_not_found() => {}
+            Err(_) => return Read::Refused,
+        }
+    }
+    Read::Absent
+}
+
 /// One process's perf map as last read.
 #[derive(Debug, Default)]
 pub(crate) struct PerfMap {
-    entries: Vec<PerfMapEntry>,
+    pub entries: Vec<PerfMapEntry>,
     pub last_read: Option<Instant>,
+    /// A read did not finish in time: no other is tried before then.
+    pub backoff_until: Option<Instant>,
 }
 
 impl PerfMap {
-    /// Reads the first of `candidates` that exists; an absent file leaves the map empty.
-    pub fn reload(&mut self, candidates: &[impl AsRef<Path>]) {
-        self.last_read = Some(Instant::now());
-        self.entries = candidates
-            .iter()
-            .find_map(|p| std::fs::read_to_string(p).ok())
-            .map(|t| parse_perf_map(&t))
-            .unwrap_or_default();
-    }
-
     pub fn lookup(&self, addr: u64) -> Option<&PerfMapEntry> {
         let i = self.entries.partition_point(|e| e.start <= addr);
         let e = self.entries.get(i.checked_sub(1)?)?;
@@ -102,7 +118,7 @@ garbage line
         );
         let map = PerfMap {
             entries: e,
-            last_read: None,
+            ..Default::default()
         };
         assert_eq!(
             map.lookup(0x7f0000002010).unwrap().name,

@@ -282,10 +282,9 @@ fn return_addresses_are_looked_up_one_byte_back() {
     assert_eq!(frames[2].kind, FrameKind::Unknown);
 }
 
-#[test]
-fn jit_frames_come_from_the_perf_map_through_the_process_root() {
-    let tmp = TempDir::new("sym-jit");
-    let pid = 4_000_123;
+/// A fake process `pid` under `tmp/proc` with anonymous executable memory at 0x7f0000000000
+/// and a root of its own; returns where its perf map goes in that root.
+fn jit_process(tmp: &TempDir, pid: u32) -> PathBuf {
     let dir = tmp.path().join("proc").join(pid.to_string());
     fs::create_dir_all(&dir).unwrap();
     fs::write(
@@ -296,7 +295,14 @@ fn jit_frames_come_from_the_perf_map_through_the_process_root() {
     let rootfs = tmp.path().join("rootfs");
     fs::create_dir_all(rootfs.join("tmp")).unwrap();
     std::os::unix::fs::symlink(&rootfs, dir.join("root")).unwrap();
-    let map = rootfs.join(format!("tmp/perf-{pid}.map"));
+    rootfs.join(format!("tmp/perf-{pid}.map"))
+}
+
+#[test]
+fn jit_frames_come_from_the_perf_map_through_the_process_root() {
+    let tmp = TempDir::new("sym-jit");
+    let pid = 4_000_123;
+    let map = jit_process(&tmp, pid);
     fs::write(
         &map,
         "7f0000001000 100 jitted_a\n0x7f0000002000 0x10 jitted b\n",
@@ -582,4 +588,33 @@ fn release_files_prefers_the_most_recently_used() {
     assert_eq!(s.open_files(), 2);
     assert!(s.is_open(&c) && s.is_open(&b), "the two most recent kept");
     assert!(!s.is_open(&a), "the oldest let go");
+}
+
+/// A perf map the process made a FIFO (which a blocking open would wait on forever) or a link
+/// to a host file is refused and counted; the JIT frame is left unnamed.
+#[test]
+fn hostile_perf_maps_are_refused_without_hanging() {
+    let tmp = TempDir::new("sym-jit-hostile");
+    let pid = 4_000_124;
+    let map = jit_process(&tmp, pid);
+    let canary = tmp.path().join("canary.map");
+    fs::write(&canary, "7f0000001000 100 host_canary\n").unwrap();
+
+    let fifo = std::ffi::CString::new(map.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let mut reg = ProcessRegistry::with_proc_root(tmp.path().join("proc"));
+    let mut s = Symbolizer::new().with_perf_map_interval(Duration::ZERO);
+    let f = s.user(&mut reg, pid, &[0x7f0000001010]);
+    assert_eq!(f[0].function, UNKNOWN);
+    assert_eq!(s.stats().refused_files, 1);
+
+    fs::remove_file(&map).unwrap();
+    std::os::unix::fs::symlink(&canary, &map).unwrap();
+    let f = s.user(&mut reg, pid, &[0x7f0000001010]);
+    assert_eq!(
+        f[0].function, UNKNOWN,
+        "the host file behind the link is not read"
+    );
+    assert_eq!(s.stats().refused_files, 2);
 }

@@ -188,8 +188,11 @@ fn binary_resolves_through_process_root() {
     let rootfs = tmp.path().join("rootfs");
     fs::create_dir_all(rootfs.join("opt/app")).unwrap();
     fs::copy(&prog, rootfs.join("opt/app/p")).unwrap();
-    let maps = "1000-2000 r-xp 00001000 fd:07 99 /opt/app/p\n";
-    let proc_root = fake_proc(&tmp, 9, maps);
+    let maps = format!(
+        "1000-2000 r-xp 00001000 {} /opt/app/p\n",
+        identity(&rootfs.join("opt/app/p"))
+    );
+    let proc_root = fake_proc(&tmp, 9, &maps);
     std::os::unix::fs::symlink(&rootfs, proc_root.join("9/root")).unwrap();
     let mut reg = ProcessRegistry::with_proc_root(&proc_root);
     reg.observe(9).unwrap();
@@ -222,7 +225,11 @@ fn binary_resolves_through_process_root() {
     );
 
     // Without a readable root the plain path is used.
-    let maps = format!("1000-2000 r-xp 00000000 fd:07 100 {}\n", prog.display());
+    let maps = format!(
+        "1000-2000 r-xp 00000000 {} {}\n",
+        identity(&prog),
+        prog.display()
+    );
     let proc_root2 = tmp.path().join("proc2");
     fs::create_dir_all(proc_root2.join("5")).unwrap();
     fs::write(proc_root2.join("5/maps"), maps).unwrap();
@@ -230,4 +237,65 @@ fn binary_resolves_through_process_root() {
     reg.observe(5).unwrap();
     let (m, _) = reg.find(5, 0x1000).unwrap();
     assert_eq!(m.binary().unwrap().path(), prog.as_path());
+}
+
+/// A file's `major:minor inode` as a maps line carries them.
+fn identity(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).unwrap();
+    format!(
+        "{:02x}:{:02x} {}",
+        libc::major(m.dev()),
+        libc::minor(m.dev()),
+        m.ino()
+    )
+}
+
+/// A library replaced after the process mapped it (renamed over, as an attacker or an
+/// upgrade would), or a link planted at its path, is not read: the binary has no readable
+/// path and no build-id.
+#[test]
+fn a_binary_replaced_after_mapping_is_not_read() {
+    let tmp = TempDir::new("procs-replaced");
+    let prog = compile_c(
+        &tmp,
+        "p",
+        "int main(void) { return 0; }",
+        &["-Wl,--build-id"],
+    );
+    let rootfs = tmp.path().join("rootfs");
+    fs::create_dir_all(rootfs.join("opt/app")).unwrap();
+    let lib = rootfs.join("opt/app/p");
+    fs::copy(&prog, &lib).unwrap();
+    let maps = format!("1000-2000 r-xp 00000000 {} /opt/app/p\n", identity(&lib));
+    let other = compile_c(
+        &tmp,
+        "q",
+        "int other(void) { return 1; }",
+        &["-shared", "-Wl,--build-id"],
+    );
+    fs::copy(&other, rootfs.join("opt/app/q")).unwrap();
+    fs::rename(rootfs.join("opt/app/q"), &lib).unwrap();
+    let proc_root = fake_proc(&tmp, 9, &maps);
+    std::os::unix::fs::symlink(&rootfs, proc_root.join("9/root")).unwrap();
+    let mut reg = ProcessRegistry::with_proc_root(&proc_root);
+    reg.observe(9).unwrap();
+    let (m, _) = reg.find(9, 0x1010).unwrap();
+    assert_eq!(
+        m.build_id(),
+        None,
+        "the replacement's build-id was believed"
+    );
+    assert_eq!(m.binary().unwrap().path(), Path::new(""));
+
+    // A link where the library was: not followed, even to the very file mapped.
+    fs::remove_file(&lib).unwrap();
+    std::os::unix::fs::symlink(&prog, &lib).unwrap();
+    let maps = format!("1000-2000 r-xp 00000000 {} /opt/app/p\n", identity(&prog));
+    fs::write(proc_root.join("9/maps"), maps).unwrap();
+    reg.forget(9);
+    let mut reg = ProcessRegistry::with_proc_root(&proc_root);
+    reg.observe(9).unwrap();
+    let (m, _) = reg.find(9, 0x1010).unwrap();
+    assert_eq!(m.build_id(), None);
 }

@@ -55,6 +55,21 @@ pub struct AgentArgs {
     /// Serve the agent's own Prometheus /metrics on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     pub(super) metrics_listen: Option<SocketAddr>,
+    /// The user the agent becomes once its programs are attached, as UID[:GID], or `root` to
+    /// stay uid 0 (default 65534:65534, nobody). It keeps only the capabilities it needs
+    /// either way.
+    #[arg(long, value_name = "UID[:GID]")]
+    pub(super) run_as: Option<String>,
+    /// Do not profile processes whose cgroup path (in /proc/PID/cgroup) matches this regex:
+    /// nothing of them is read and their samples are dropped, e.g. `pod<UID>` (a Kubernetes
+    /// pod, `_` for `-` under the systemd cgroup driver) or `optout\.slice`.
+    #[arg(long, value_name = "REGEX")]
+    pub(super) exclude_cgroup: Option<String>,
+    /// What a system call outside the agent's list does once it is attached: `kill` (the
+    /// default) ends the agent, `log` has the kernel log it and lets it through, `off` installs
+    /// no filter. With NVML loaded `kill` acts as `log`.
+    #[arg(long, value_parser = ["kill", "log", "off"])]
+    pub(super) seccomp: Option<String>,
     /// On exit, write what was sampled, pushed, dropped and left spooled as JSON here.
     #[arg(long, value_name = "FILE")]
     pub(super) stats: Option<PathBuf>,
@@ -124,6 +139,9 @@ struct FileConfig {
     token_file: Option<PathBuf>,
     ca: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
+    run_as: Option<String>,
+    seccomp: Option<String>,
+    exclude_cgroup: Option<String>,
     unwind: Option<String>,
     unwind_rows: Option<u32>,
     dwarf_mb: Option<u64>,
@@ -268,6 +286,10 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         token,
         ca: args.ca.clone().or(file.ca),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        exclude_cgroup: exclude_cgroup(args.exclude_cgroup.clone().or(file.exclude_cgroup))?,
+        seccomp: seccomp(args.seccomp.clone().or(file.seccomp))?,
+        run_as: parse_run_as(args.run_as.clone().or(file.run_as).as_deref())
+            .map_err(|e| input(format!("run-as: {e}")))?,
         dwarf: match args.unwind.clone().or(file.unwind).as_deref() {
             None | Some("dwarf") => true,
             Some("fp") => false,
@@ -294,6 +316,46 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             None
         },
     })
+}
+
+fn exclude_cgroup(pattern: Option<String>) -> anyhow::Result<Option<Regex>> {
+    pattern
+        .map(|re| {
+            Regex::new(&re)
+                .map_err(|e| input(format!("invalid --exclude-cgroup regex '{re}': {e}")))
+        })
+        .transpose()
+}
+
+fn seccomp(mode: Option<String>) -> anyhow::Result<pyrometer::agent::SeccompMode> {
+    use pyrometer::agent::SeccompMode;
+    match mode.as_deref() {
+        None | Some("kill") => Ok(SeccompMode::Kill),
+        Some("log") => Ok(SeccompMode::Log),
+        Some("off") => Ok(SeccompMode::Off),
+        Some(other) => Err(input(format!(
+            "seccomp must be kill, log or off, not '{other}'"
+        ))),
+    }
+}
+
+/// `UID[:GID]` (the group defaults to the uid's number) or `root`; nobody when not given.
+fn parse_run_as(s: Option<&str>) -> Result<Option<(u32, u32)>, String> {
+    let Some(s) = s else {
+        return Ok(Some(pyrometer::agent::DEFAULT_RUN_AS));
+    };
+    if s == "root" {
+        return Ok(None);
+    }
+    let (uid, gid) = s.split_once(':').unwrap_or((s, s));
+    let num = |v: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("'{s}' is not UID[:GID] (numbers) or root"))
+    };
+    match (num(uid)?, num(gid)?) {
+        (0, 0) => Ok(None),
+        (uid, gid) => Ok(Some((uid, gid))),
+    }
 }
 
 fn hostname() -> String {

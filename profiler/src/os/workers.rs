@@ -1,0 +1,167 @@
+//! A small pool of threads for work on behalf of a profiled process that may not return in
+//! time: a read of a file on a mount that never answers (FUSE), a parse of something huge. The
+//! caller waits up to a deadline; a job that overruns keeps its worker (a thread blocked in the
+//! kernel cannot be taken back) and the caller is told, so it can back off from that process.
+//! With every worker held by a stuck job, new jobs are refused at once: stuck reads cost at
+//! most [`Workers::new`]'s count of threads, never the caller.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Why a job gave no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// It was still running at the deadline; it keeps its worker until it returns.
+    Overran,
+    /// Every worker is held by a job that overran; it was not started.
+    Busy,
+}
+
+pub struct Workers {
+    jobs: Mutex<Option<Sender<Job>>>,
+    count: usize,
+    started: AtomicUsize,
+    /// Workers running a job now.
+    busy: Arc<AtomicUsize>,
+    queue: Mutex<Option<Arc<Mutex<Receiver<Job>>>>>,
+}
+
+impl Workers {
+    /// A pool of at most `count` threads (`pyrometer-worker`), started on first use.
+    pub fn new(count: usize) -> Self {
+        let (tx, rx) = mpsc::channel::<Job>();
+        Self {
+            jobs: Mutex::new(Some(tx)),
+            count: count.max(1),
+            started: AtomicUsize::new(0),
+            busy: Arc::new(AtomicUsize::new(0)),
+            queue: Mutex::new(Some(Arc::new(Mutex::new(rx)))),
+        }
+    }
+
+    /// Runs `job` on a worker and waits up to `deadline` for its answer.
+    pub fn run<T: Send + 'static>(
+        &self,
+        deadline: Duration,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Refused> {
+        if self.busy.load(Ordering::Acquire) >= self.count {
+            return Err(Refused::Busy);
+        }
+        self.ensure_started();
+        let (tx, rx) = mpsc::channel();
+        let busy = self.busy.clone();
+        busy.fetch_add(1, Ordering::AcqRel);
+        let wrapped: Job = Box::new(move || {
+            let _ = tx.send(job());
+            busy.fetch_sub(1, Ordering::AcqRel);
+        });
+        let sent = self
+            .jobs
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .is_some_and(|s| s.send(wrapped).is_ok());
+        if !sent {
+            self.busy.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refused::Busy);
+        }
+        match rx.recv_timeout(deadline) {
+            Ok(v) => Ok(v),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                Err(Refused::Overran)
+            }
+        }
+    }
+
+    /// Workers held by a job now (those that overran among them).
+    #[cfg(test)]
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    fn ensure_started(&self) {
+        while self.started.load(Ordering::Acquire) < self.count {
+            let Some(queue) = self.queue.lock().expect("not poisoned").clone() else {
+                return;
+            };
+            if self.started.fetch_add(1, Ordering::AcqRel) >= self.count {
+                return;
+            }
+            let spawned = std::thread::Builder::new()
+                .name("pyrometer-worker".into())
+                .spawn(move || {
+                    loop {
+                        let job = queue.lock().expect("not poisoned").recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                });
+            if spawned.is_err() {
+                self.started.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        // Closing the queue ends the idle workers; a stuck one ends when its job returns.
+        self.jobs.lock().expect("not poisoned").take();
+        self.queue.lock().expect("not poisoned").take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stuck_job_holds_one_worker_and_the_others_go_on() {
+        let pool = Workers::new(2);
+        assert_eq!(pool.run(Duration::from_secs(5), || 7), Ok(7));
+        // A job that never returns on its own (a read that never answers).
+        let (release, stuck) = mpsc::channel::<()>();
+        let started = std::time::Instant::now();
+        let r = pool.run(Duration::from_millis(100), move || {
+            let _ = stuck.recv();
+        });
+        assert_eq!(r, Err(Refused::Overran));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(pool.busy(), 1);
+        assert_eq!(
+            pool.run(Duration::from_secs(5), || 8),
+            Ok(8),
+            "the other worker"
+        );
+        // A second stuck job takes the last worker; then jobs are refused at once.
+        let (release2, stuck2) = mpsc::channel::<()>();
+        let r = pool.run(Duration::from_millis(100), move || {
+            let _ = stuck2.recv();
+        });
+        assert_eq!(r, Err(Refused::Overran));
+        let started = std::time::Instant::now();
+        assert_eq!(pool.run(Duration::from_secs(5), || 9), Err(Refused::Busy));
+        assert!(started.elapsed() < Duration::from_millis(100));
+        // Once a stuck job returns, its worker serves again.
+        drop(release);
+        drop(release2);
+        wait_idle(&pool);
+        assert_eq!(pool.run(Duration::from_secs(5), || 10), Ok(10));
+    }
+
+    fn wait_idle(pool: &Workers) {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while pool.busy() > 0 {
+            assert!(std::time::Instant::now() < until, "workers never came back");
+            std::thread::yield_now();
+        }
+    }
+}

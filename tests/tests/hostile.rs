@@ -1,0 +1,465 @@
+//! `record --all` beside processes that try to hang, exhaust or mislead the profiler: each runs
+//! in a chroot, or in a new mount and pid namespace and a chroot, made here, spins in anonymous
+//! executable memory at a fixed address, and plants one of the files below where the profiler
+//! reads. A normal process burns CPU beside them. The recording must end on time, name the
+//! normal process's functions, and never show a symbol from a file the hostile process does
+//! not own (a host file its links point at) or put in place after it mapped the original. The
+//! agent, pushing to a collector, serves the normal process as well beside them as without
+//! them.
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload};
+use pyrometer_e2e::wait::{cpu_time, cpu_used};
+use pyrometer_e2e::*;
+
+/// Where `hostile` spins (fixtures/hostile.c).
+const SPIN_AT: u64 = 0x7e00_0000_0000;
+/// Symbols that must never appear in a profile: the host's canary, the 10M-line map's, and the
+/// library put in place of the one mapped.
+const FORBIDDEN: [&str; 3] = [
+    "pyrometer_canary_symbol",
+    "huge_map_symbol",
+    "replaced_canary_symbol",
+];
+const DURATION_S: u64 = 3;
+/// `record --all` must end within this much of its duration.
+const GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plant {
+    /// A FIFO as the perf map: a blocking open waits forever for a writer.
+    Fifo,
+    /// The perf map a link to /dev/zero: a reader reads without end.
+    DevZero,
+    /// The perf map an absolute link to a host file naming the process's code.
+    CanaryAbsolute,
+    /// The same through `..` links.
+    CanaryRelative,
+    /// A 4 GB sparse `libpython3.12.so.1.0`, mapped.
+    SparseLibpython,
+    /// A perf map of 10 million lines.
+    HugeMap,
+    /// A library replaced, once mapped, by another with a canary function at the same offset
+    /// (renamed over it, and a copy named as the maps show a deleted file).
+    ReplacedLibrary,
+}
+
+const PLANTS: [Plant; 7] = [
+    Plant::Fifo,
+    Plant::DevZero,
+    Plant::CanaryAbsolute,
+    Plant::CanaryRelative,
+    Plant::SparseLibpython,
+    Plant::HugeMap,
+    Plant::ReplacedLibrary,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Confinement {
+    Chroot,
+    /// New mount and pid namespaces (the process is pid 1 there), and a chroot.
+    Namespaces,
+}
+
+/// Files shared by every hostile root of a test: the host canary and the 10M-line map. The
+/// test's scratch directory (hundreds of MB) goes with it, on failure too.
+struct Host {
+    canary: PathBuf,
+    huge_map: PathBuf,
+    dir: PathBuf,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Host {
+    fn new(dir: &Path) -> Host {
+        let canary = dir.join("host-only-canary.map");
+        std::fs::write(
+            &canary,
+            format!("{SPIN_AT:x} 1000 pyrometer_canary_symbol\n"),
+        )
+        .unwrap();
+        let huge_map = dir.join("huge.map");
+        let mut text = String::with_capacity(10_000_000 * 30);
+        text.push_str(&format!("{SPIN_AT:x} 1000 huge_map_symbol\n"));
+        for i in 1..10_000_000u64 {
+            text.push_str(&format!(
+                "{:x} 10 huge_map_symbol_{i}\n",
+                SPIN_AT + 0x1000 + i * 16
+            ));
+        }
+        std::fs::write(&huge_map, text).unwrap();
+        Host {
+            canary,
+            huge_map,
+            dir: dir.to_path_buf(),
+        }
+    }
+}
+
+struct Hostile {
+    child: Child,
+    plant: Plant,
+    root: PathBuf,
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+/// The file offset of `victim_spin` in libvictim.so (the same in libreplaced.so, built alike).
+fn spin_offset() -> u64 {
+    let sym = |lib: &str, name: &str| -> u64 {
+        let out = Command::new("nm").arg(fixture(lib)).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.ends_with(name))
+            .unwrap_or_else(|| panic!("{name} in {lib}: {text}"));
+        u64::from_str_radix(line.split_whitespace().next().unwrap(), 16).unwrap()
+    };
+    let offset = sym("libvictim.so", "victim_spin");
+    assert_eq!(offset, sym("libreplaced.so", "replaced_canary_symbol"));
+    offset
+}
+
+/// Starts `hostile` in a new root under `dir` with `plant` in place.
+fn start(dir: &Path, host: &Host, plant: Plant, how: Confinement) -> Hostile {
+    let root = dir.join(format!("{plant:?}-{how:?}"));
+    for d in ["bin", "tmp", "lib", "usr/lib"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    copy_executable(&fixture("hostile"), &root.join("bin/hostile"));
+    let mut args: Vec<String> = Vec::new();
+    match plant {
+        Plant::SparseLibpython => {
+            let lib = root.join("usr/lib/libpython3.12.so.1.0");
+            std::fs::File::create(&lib)
+                .unwrap()
+                .set_len(4 << 30)
+                .unwrap();
+            args.extend(["MAP".into(), "/usr/lib/libpython3.12.so.1.0".into()]);
+        }
+        Plant::ReplacedLibrary => {
+            std::fs::copy(fixture("libvictim.so"), root.join("lib/libvictim.so")).unwrap();
+            args.extend([
+                "SPIN".into(),
+                "/lib/libvictim.so".into(),
+                format!("{:#x}", spin_offset()),
+            ]);
+        }
+        _ => {}
+    }
+    let mut cmd = match how {
+        Confinement::Chroot => Command::new("nice"),
+        Confinement::Namespaces => {
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--pid", "--fork", "--kill-child", "nice"]);
+            c
+        }
+    };
+    // Niced, as a dozen of them spin beside the normal process on a shared machine, but not
+    // so far that a busy machine leaves them no CPU: their samples are what reads the plants.
+    cmd.args(["-n", "10", "chroot"])
+        .arg(&root)
+        .arg("/bin/hostile")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "hostile {plant:?} {how:?} did not start"
+    );
+    // The pid the process names its perf map by: its own, or 1 in its pid namespace.
+    let ns_pid = match how {
+        Confinement::Chroot => child.id(),
+        Confinement::Namespaces => 1,
+    };
+    let map = root.join(format!("tmp/perf-{ns_pid}.map"));
+    match plant {
+        Plant::Fifo => {
+            let c = std::ffi::CString::new(map.to_str().unwrap()).unwrap();
+            // SAFETY: a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        }
+        Plant::DevZero => symlink("/dev/zero", &map).unwrap(),
+        Plant::CanaryAbsolute => symlink(&host.canary, &map).unwrap(),
+        Plant::CanaryRelative => {
+            let up = "../".repeat(root.components().count() + 2);
+            let target = format!(
+                "{up}{}",
+                host.canary.to_str().unwrap().trim_start_matches('/')
+            );
+            symlink(target, &map).unwrap();
+        }
+        Plant::HugeMap => std::fs::hard_link(&host.huge_map, &map)
+            .or_else(|_| std::fs::copy(&host.huge_map, &map).map(drop))
+            .unwrap(),
+        Plant::ReplacedLibrary => {
+            let lib = root.join("lib/libvictim.so");
+            let new = root.join("lib/new");
+            std::fs::copy(fixture("libreplaced.so"), &new).unwrap();
+            std::fs::rename(&new, &lib).unwrap();
+            std::fs::copy(
+                fixture("libreplaced.so"),
+                root.join("lib/libvictim.so (deleted)"),
+            )
+            .unwrap();
+        }
+        Plant::SparseLibpython => {}
+    }
+    Hostile { child, plant, root }
+}
+
+/// Runs `record --all` beside `hostiles` and a normal CPU burner; checks it ends on time,
+/// names the burner's functions, and shows nothing forbidden. Returns how long it took.
+///
+/// On time: within [`GRACE`] of its duration plus what the same recording takes beyond its
+/// duration with no hostile process beside it (`baseline`, measured just before). `--all`
+/// symbolizes every process of the machine, and on a shared machine with others' large
+/// binaries running that alone can take seconds; a hostile process must not add more.
+fn record_beside(dir: &Path, hostiles: &[Hostile], tag: &str, baseline: Duration) -> Duration {
+    let mut burner = Command::new(fixture("cpu631"))
+        .arg("60")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = dir.join(format!("{tag}.folded"));
+    let started = Instant::now();
+    // Ahead of the spinning hostile processes (and the machine's other work) for the CPU,
+    // the same with them and without: what is measured is what they do to the recorder
+    // through what they plant, not the CPU they take.
+    let mut rec = Command::new("nice")
+        .args(["-n", "-10"])
+        .arg(pyrometer_bin())
+        .args(["record", "--all", "-F", "99", "--duration"])
+        .arg(DURATION_S.to_string())
+        .arg("-o")
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let limit = baseline.max(Duration::from_secs(DURATION_S)) + GRACE;
+    // Polled, not waited on: a recorder hung on a FIFO must fail the test, not hang it.
+    let status = loop {
+        if let Some(s) = rec.try_wait().unwrap() {
+            break Some(s);
+        }
+        if started.elapsed() > limit + Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = started.elapsed();
+    burner.kill().ok();
+    burner.wait().ok();
+    let Some(status) = status else {
+        rec.kill().ok();
+        rec.wait().ok();
+        panic!("{tag}: record --all still running after {took:?}");
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(rec.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{tag}: record failed: {err}");
+    assert!(
+        took <= limit,
+        "{tag}: record --all --duration {DURATION_S} took {took:?} (at most {limit:?}: \
+         {baseline:?} without a hostile process, and {GRACE:?})"
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    for name in FORBIDDEN {
+        assert!(
+            !text.contains(name),
+            "{tag}: {name} in the profile:\n{text}"
+        );
+    }
+    let stacks = read_folded(&out);
+    assert!(
+        stacks
+            .iter()
+            .any(|s| s.frames[0] == "cpu631" && s.frames.iter().any(|f| f == "leaf_a")),
+        "{tag}: the normal process's functions are missing"
+    );
+    // The hostile processes were sampled: the test exercised what it planted.
+    let hostile_samples: u64 = stacks
+        .iter()
+        .filter(|s| s.frames[0] == "hostile")
+        .map(|s| s.count)
+        .sum();
+    if hostiles.is_empty() {
+        assert_eq!(hostile_samples, 0);
+    } else {
+        assert!(hostile_samples > 0, "{tag}: no hostile process was sampled");
+    }
+    eprintln!("{tag}: record --all --duration {DURATION_S} took {took:?}");
+    took
+}
+
+/// How long the recording takes with no hostile process beside it (bounded by
+/// [`record_beside`]'s own limit, from the duration alone).
+fn baseline(dir: &Path) -> Duration {
+    record_beside(dir, &[], "baseline", Duration::from_secs(60))
+}
+
+#[test]
+fn record_all_beside_each_hostile_root() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("hostile-each");
+    let host = Host::new(&dir);
+    let baseline = baseline(&dir);
+    for plant in PLANTS {
+        let hostile = start(&dir, &host, plant, Confinement::Chroot);
+        record_beside(
+            &dir,
+            std::slice::from_ref(&hostile),
+            &format!("{plant:?}"),
+            baseline,
+        );
+        assert_eq!(hostile.plant, plant);
+        drop(hostile);
+    }
+}
+
+#[test]
+fn record_all_beside_every_hostile_root_at_once() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("hostile-all");
+    let host = Host::new(&dir);
+    let baseline = baseline(&dir);
+    let hostiles: Vec<Hostile> = [Confinement::Chroot, Confinement::Namespaces]
+        .into_iter()
+        .flat_map(|how| PLANTS.map(|plant| (plant, how)))
+        .map(|(plant, how)| start(&dir, &host, plant, how))
+        .collect();
+    for h in &hostiles {
+        assert!(h.root.join("bin/hostile").exists());
+    }
+    record_beside(&dir, &hostiles, "all", baseline);
+    drop(hostiles);
+}
+
+/// The folded profile the collector holds for `node` (empty while it holds none).
+fn collected(collector: &Collector, node: &str, query: &str) -> String {
+    let q = enc(&format!("{{node=\"{node}\"{query}}}"));
+    let path = format!("/api/v1/profile?format=folded&query={q}&from=now-10m");
+    match http_get(collector.addr, &path) {
+        Some((200, body)) => body,
+        Some((404, _)) => String::new(),
+        other => panic!("GET {path}: {other:?}"),
+    }
+}
+
+/// One agent run beside `steady` (and whatever hostile processes run): the steady process's
+/// samples that reached the collector per second of its CPU time, and the agent's peak RSS.
+fn agent_run(dir: &Path, collector: &Collector, node: &str, steady: u32) -> (f64, u64) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = Agent::start(
+        dir,
+        node,
+        &collector.url(),
+        &[
+            "--comm",
+            "steady-wl|hostile",
+            "-F",
+            "199",
+            "--metrics-listen",
+            &listen,
+            "--no-gpu",
+        ],
+    );
+    agent.wait_for_metrics(listen.parse().unwrap());
+    let cpu_from = cpu_time(steady).unwrap();
+    cpu_used(steady, Duration::from_secs(6), Duration::from_secs(60));
+    let cpu = cpu_time(steady).unwrap() - cpu_from;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
+    let hwm_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    agent.stop();
+    let folded = collected(collector, node, &format!(",pid=\"{steady}\""));
+    let symbolized: u64 = folded
+        .lines()
+        .filter(|l| l.contains("leaf_"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    (symbolized as f64 / cpu.as_secs_f64(), hwm_kb * 1024)
+}
+
+/// The agent with a collector, beside every hostile root at once and without them: the
+/// normal process's symbolized samples per second of its CPU time stay within 10 %, the
+/// agent's peak RSS within 64 MB, and no planted name reaches the collector.
+#[test]
+fn the_agent_beside_hostile_roots_serves_the_normal_process_alike() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("hostile-agent");
+    let host = Host::new(&dir);
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let mut steady = workload(&dir, "steady-wl", 600);
+    let (alone, rss_alone) = agent_run(&dir, &collector, "alone", steady.id());
+    let hostiles: Vec<Hostile> = [Confinement::Chroot, Confinement::Namespaces]
+        .into_iter()
+        .flat_map(|how| PLANTS.map(|plant| (plant, how)))
+        .map(|(plant, how)| start(&dir, &host, plant, how))
+        .collect();
+    let (beside, rss_beside) = agent_run(&dir, &collector, "beside", steady.id());
+    let hostile_profile = collected(&collector, "beside", ",comm=\"hostile\"");
+    drop(hostiles);
+    let _ = steady.kill();
+    let _ = steady.wait();
+    eprintln!(
+        "steady samples per CPU second: {alone:.1} alone, {beside:.1} beside; agent peak RSS \
+         {} MB alone, {} MB beside",
+        rss_alone >> 20,
+        rss_beside >> 20
+    );
+    assert!(
+        alone > 100.0,
+        "too few samples to compare: {alone:.1}/s at 199 Hz"
+    );
+    assert!(
+        (beside - alone).abs() <= 0.10 * alone,
+        "steady samples per CPU second: {alone:.1} alone, {beside:.1} beside hostile roots"
+    );
+    assert!(
+        rss_beside <= rss_alone + (64 << 20),
+        "agent peak RSS {} MB beside hostile roots, {} MB alone",
+        rss_beside >> 20,
+        rss_alone >> 20
+    );
+    assert!(
+        !hostile_profile.is_empty(),
+        "the hostile processes were not profiled"
+    );
+    let everything = collected(&collector, "beside", "");
+    for name in FORBIDDEN {
+        assert!(!everything.contains(name), "{name} reached the collector");
+    }
+}
