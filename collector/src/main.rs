@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use pyrometer_collector::api::{self, AppState};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location, read_credentials};
 use pyrometer_collector::ingest::Limits;
 use pyrometer_collector::metrics::Metrics;
-use pyrometer_collector::server::{self, AppState};
 use pyrometer_collector::sqlite::SqliteStore;
 use pyrometer_collector::store::Store;
 use pyrometer_collector::tls::TlsListener;
@@ -148,7 +148,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             args.compact_after,
             args.maintenance_interval,
         ));
-        let app = server::router(state.clone());
+        let app = api::router(state.clone());
         match tls {
             Some(config) => {
                 let failures = state.clone();
@@ -223,7 +223,7 @@ async fn maintenance(
     loop {
         tick.tick().await;
         let store = store.clone();
-        let now = server::now_s();
+        let now = api::now_s();
         let result = tokio::task::spawn_blocking(move || {
             store.expire(now - retention.as_secs() as i64)?;
             store.compact(now - compact_after.as_secs() as i64, 300)

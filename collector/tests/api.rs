@@ -10,9 +10,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::{Kind, TestStore, enc, get, profile, profile_of, push, request, test_store};
 use proptest::prelude::*;
+use pyrometer_collector::api::{AppState, router};
 use pyrometer_collector::ingest::{self, Limits};
 use pyrometer_collector::metrics::Metrics;
-use pyrometer_collector::server::{AppState, router};
 
 const TOKEN: &str = "t0ken-for-tests";
 
@@ -63,7 +63,7 @@ async fn start(name: &str, kind: Kind) -> (SocketAddr, Arc<AppState>, TestStore)
 
 async fn auth_dedup_queries_and_errors(kind: Kind) {
     let (addr, state, _store) = start("api", kind).await;
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     let body = request(
         "agent-1",
         1,
@@ -187,7 +187,7 @@ fn row<'a>(d: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
 
 async fn diff_of_two_ranges_and_of_two_label_sets(kind: Kind) {
     let (addr, _state, _store) = start("diff", kind).await;
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     let (old, new) = (now - 600, now - 60);
     // slow: 50 % of the samples, then 66.7 % (z ~ 13); a kernel frame under it is charged
     // to it unless kernel=true.
@@ -339,7 +339,7 @@ async fn series_over_time_split_by_label(kind: Kind) {
     let (addr, _state, _store) = start("series", kind).await;
     // Two pushes from n1 a minute apart (two stacks in the first), one from n2 and one
     // from n3; all within the last five minutes, on 10 s bucket boundaries.
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     let t0 = now - now.rem_euclid(60) - 240;
     let pushes = [
         (
@@ -439,7 +439,7 @@ async fn series_over_time_split_by_label(kind: Kind) {
 /// `format=flame`: interned names and `[value, process, frames...]` rows, as the UI reads them.
 async fn flame_format_for_the_web_ui(kind: Kind) {
     let (addr, _state, _store) = start("flame", kind).await;
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     for (agent, node, p) in [
         (
             "a1",

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use common::clickhouse_server::{self, ClickHouse};
 use common::{Kind, clickhouse_store, get, profile, push, request, test_store, wait_until};
+use pyrometer_collector::api::{AppState, now_s, router};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
 use pyrometer_collector::ingest::Limits;
 use pyrometer_collector::metrics::Metrics;
-use pyrometer_collector::server::{AppState, now_s, router};
 use pyrometer_collector::store::{Batch, LabelSet, Row, Selection, Store, StoreError};
 
 fn scratch(name: &str) -> std::path::PathBuf {

@@ -16,8 +16,10 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use crate::api::error::ApiError;
+use crate::api::params::{RangeParams, label_list, sample_type};
+use crate::api::state::AppState;
 use crate::query::Selector;
-use crate::server::{ApiError, AppState, RangeParams, sample_type};
 use crate::store::{BUCKET_SECONDS, LabelSet, Point, Selection};
 
 /// Steps a chart gets when the request names none: about one per 3 px of a wide chart.
@@ -104,14 +106,7 @@ async fn series_inner(state: &Arc<AppState>, p: SeriesParams) -> Result<Response
     let (from_s, to_s) = p.range.range()?;
     let step = step_of(p.step.as_deref(), from_s, to_s)?;
     let limit = limit_of(p.limit.as_deref())?;
-    let by: Vec<String> =
-        p.by.as_deref()
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
+    let by = label_list(p.by.as_deref());
     let wanted = p.sample_type.unwrap_or_else(|| "samples".into());
     let store = state.store.clone();
     let (ty, points) = tokio::task::spawn_blocking(move || {

@@ -14,9 +14,11 @@ use axum::response::{IntoResponse, Response};
 use pyrometer_diff::{Aggregate, DiffOptions};
 use serde::Deserialize;
 
+use crate::api::error::ApiError;
+use crate::api::params::RangeParams;
+use crate::api::state::AppState;
 use crate::query::Selector;
 use crate::render;
-use crate::server::{ApiError, AppState, RangeParams};
 use crate::store::{LabelSet, Selection, Stacked};
 
 /// How folded output and the ingest path mark kernel frames.
@@ -176,7 +178,7 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
         let types = store
             .sample_types()
             .map_err(|e| ApiError::store(&st.metrics, e))?;
-        let ty = crate::server::sample_type(&types, &wanted)?.clone();
+        let ty = crate::api::params::sample_type(&types, &wanted)?.clone();
         // The z-test counts samples; a type that is not itself a count (cpu time) takes its
         // counts from `samples` of the same stacks, as `pyrometer diff` does with a profile's
         // count type.

@@ -1,0 +1,199 @@
+//! The gRPC ingest methods (`Ingest.Push`, OTLP's `ProfilesService/Export`) as hand-written
+//! tonic services, without generated code: authentication before the body is read, decoding
+//! and storing on a blocking thread.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use prost::Message;
+use pyrometer_proto::grpc::RawCodec;
+use pyrometer_proto::ingest::PushReply;
+use tonic::Status;
+
+use crate::api::params::now_s;
+use crate::api::state::AppState;
+use crate::ingest;
+
+/// Constant-time comparison, so response timing does not reveal how much of a token matched.
+fn token_ok(expected: &str, header: Option<&[u8]>) -> bool {
+    let Some(given) = header.and_then(|h| h.strip_prefix(b"Bearer ")) else {
+        return false;
+    };
+    let want = expected.as_bytes();
+    given.len() == want.len()
+        && given
+            .iter()
+            .zip(want)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// What a gRPC ingest method receives.
+#[derive(Clone, Copy)]
+pub enum Format {
+    /// pyrometer's own `Ingest.Push`.
+    Push,
+    /// OTLP's `ProfilesService/Export` (profiles/v1development).
+    Otlp,
+}
+
+/// The gRPC ingest methods (`Ingest.Push`, OTLP's export), without generated code.
+#[derive(Clone)]
+pub struct IngestService(Arc<AppState>, Format);
+
+/// The service answering `format` requests.
+pub fn service(state: Arc<AppState>, format: Format) -> IngestService {
+    IngestService(state, format)
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<B> tower_service::Service<http::Request<B>> for IngestService
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let state = self.0.clone();
+        let format = self.1;
+        Box::pin(async move {
+            // Checked before the body is read, so an unauthenticated client cannot make the
+            // collector buffer a large message.
+            if let Some(token) = &state.token
+                && !token_ok(
+                    token,
+                    req.headers().get("authorization").map(|v| v.as_bytes()),
+                )
+            {
+                state.metrics.refused_unauthenticated.fetch_add(1, Relaxed);
+                return Ok(Status::unauthenticated("missing or wrong bearer token").into_http());
+            }
+            let mut grpc = tonic::server::Grpc::new(RawCodec)
+                .max_decoding_message_size(state.max_message_bytes);
+            Ok(match format {
+                Format::Push => grpc.unary(Push(state), req).await,
+                Format::Otlp => grpc.unary(OtlpExport(state), req).await,
+            })
+        })
+    }
+}
+
+struct Push(Arc<AppState>);
+
+impl tonic::server::UnaryService<Bytes> for Push {
+    type Response = Bytes;
+    type Future = BoxFuture<Result<tonic::Response<Bytes>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let state = self.0.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let bytes = request.into_inner();
+            let st = state.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                let batch = ingest::decode(&bytes, &st.limits, now_s())
+                    .map_err(|e| (true, Status::invalid_argument(e.to_string())))?;
+                st.store
+                    .ingest(&batch)
+                    .map_err(|e| (false, Status::unavailable(e.to_string())))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+            match result {
+                Ok(stored) => {
+                    state.metrics.observe_ingest(started.elapsed(), stored);
+                    let reply = PushReply {
+                        duplicate: stored.duplicate,
+                        samples: stored.rows,
+                    };
+                    Ok(tonic::Response::new(Bytes::from(reply.encode_to_vec())))
+                }
+                Err((invalid, status)) => {
+                    let counter = if invalid {
+                        &state.metrics.refused_invalid
+                    } else {
+                        &state.metrics.store_errors
+                    };
+                    counter.fetch_add(1, Relaxed);
+                    // Every store failure is retryable for the agent (Unavailable): it keeps
+                    // the batch in its spool and pushes it again later.
+                    Err(status)
+                }
+            }
+        })
+    }
+}
+
+/// OTLP profiles export: every (resource, profile) of the request is stored as one batch.
+struct OtlpExport(Arc<AppState>);
+
+impl tonic::server::UnaryService<Bytes> for OtlpExport {
+    type Response = Bytes;
+    type Future = BoxFuture<Result<tonic::Response<Bytes>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let state = self.0.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let bytes = request.into_inner();
+            let st = state.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                let batches = crate::otlp_ingest::decode(&bytes, &st.limits, now_s())
+                    .map_err(|e| (true, Status::invalid_argument(e.to_string())))?;
+                batches
+                    .iter()
+                    .map(|b| st.store.ingest(b))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| (false, Status::unavailable(e.to_string())))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+            match result {
+                Ok(stored) => {
+                    for s in stored {
+                        state.metrics.observe_ingest(started.elapsed(), s);
+                    }
+                    let reply = pyrometer_proto::otlp::ExportProfilesServiceResponse::default();
+                    Ok(tonic::Response::new(Bytes::from(reply.encode_to_vec())))
+                }
+                Err((invalid, status)) => {
+                    let counter = if invalid {
+                        &state.metrics.refused_invalid
+                    } else {
+                        &state.metrics.store_errors
+                    };
+                    counter.fetch_add(1, Relaxed);
+                    Err(status)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_ok;
+
+    #[test]
+    fn tokens() {
+        assert!(token_ok("s3cret", Some(b"Bearer s3cret")));
+        assert!(!token_ok("s3cret", Some(b"Bearer s3cres")));
+        assert!(!token_ok("s3cret", Some(b"Bearer s3cret2")));
+        assert!(!token_ok("s3cret", Some(b"s3cret")));
+        assert!(!token_ok("s3cret", None));
+    }
+}
