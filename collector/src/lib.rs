@@ -4,14 +4,18 @@
 
 pub mod api;
 pub mod clickhouse;
+pub mod config;
+pub mod frames;
 pub mod idmap;
 pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod otlp_ingest;
 pub mod query;
 pub mod render;
 pub mod sqlite;
 pub mod store;
+pub mod tenant;
 pub mod tls;
 pub mod ui;
 pub mod wire;

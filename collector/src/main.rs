@@ -9,7 +9,8 @@ use anyhow::Context;
 use clap::Parser;
 use pyrometer_collector::api::{self, AppState};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location, read_credentials};
-use pyrometer_collector::ingest::Limits;
+use pyrometer_collector::config::Config;
+use pyrometer_collector::limits::LimitFlags;
 use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::sqlite::SqliteStore;
 use pyrometer_collector::store::Store;
@@ -59,9 +60,15 @@ struct Args {
     /// Buckets older than this are merged into 5-minute buckets.
     #[arg(long, default_value = "1d", value_parser = parse_age)]
     compact_after: Duration,
-    /// Largest batch accepted, in MiB.
-    #[arg(long, default_value_t = 16)]
-    max_batch_mb: usize,
+    /// TOML file of limits, for every tenant and per tenant (see the book's security page);
+    /// the limit flags below win over its `[limits]`.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Largest push accepted, in MiB (the same as --max-push-bytes).
+    #[arg(long, hide = true)]
+    max_batch_mb: Option<usize>,
+    #[command(flatten)]
+    limits: LimitFlags,
     /// How often retention and compaction run.
     #[arg(long, default_value = "10m", value_parser = parse_age, hide = true)]
     maintenance_interval: Duration,
@@ -122,12 +129,17 @@ fn run(args: Args) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(pyrometer_collector::tls::server_config(cert, key)?),
         _ => None,
     };
+    let mut flags = args.limits.clone();
+    if let Some(mb) = args.max_batch_mb {
+        flags.max_push_bytes.get_or_insert(mb << 20);
+    }
+    let config = Config::load(args.config.as_deref(), &flags)?;
     let (store, store_name) = open_store(&args)?;
     let state = Arc::new(AppState {
         store: store.clone(),
         token,
-        limits: Limits::default(),
-        max_message_bytes: args.max_batch_mb << 20,
+        limits: config.limits,
+        retention: args.retention,
         metrics: Metrics::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,20 +1,56 @@
 //! The collector's own health on `/metrics`, in the Prometheus text format.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use crate::store::Ingested;
 
+/// A counter per reason; reasons are names fixed in the code (limit keys and the like), so
+/// their number is bounded.
+#[derive(Default)]
+pub struct ByReason(Mutex<BTreeMap<&'static str, u64>>);
+
+impl ByReason {
+    pub fn add(&self, reason: &'static str) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(reason).or_default();
+        *n = n.saturating_add(1);
+    }
+
+    pub fn get(&self, reason: &str) -> u64 {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(reason).copied().unwrap_or(0)
+    }
+
+    /// `name{label="reason"} n` lines, the `always` reasons listed even at 0.
+    fn render(&self, out: &mut String, name: &str, label: &str, help: &str, always: &[&str]) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for r in always {
+            m.entry(r).or_default();
+        }
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} counter\n");
+        for (reason, n) in m {
+            let _ = writeln!(out, "{name}{{{label}=\"{reason}\"}} {n}");
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
     pub batches_ingested: AtomicU64,
     pub batches_duplicate: AtomicU64,
     pub rows_ingested: AtomicU64,
-    pub refused_unauthenticated: AtomicU64,
-    pub refused_invalid: AtomicU64,
-    pub store_errors: AtomicU64,
+    /// Pushes refused: `unauthenticated`, `forbidden`, `invalid`, `store_error`, `time_window`,
+    /// `rate_limited`, or the key of the limit a push broke.
+    pub pushes_refused: ByReason,
+    /// Requests (pushes and reads) whose credentials were missing, wrong or not allowed.
+    pub auth_failures: ByReason,
+    /// Samples of new label sets refused over a tenant's `max_label_sets`.
+    pub label_sets_refused: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
     /// Queries answered 503 because the store was unavailable.
     pub queries_unavailable: AtomicU64,
@@ -71,16 +107,25 @@ impl Metrics {
             "Sample rows (stack, label set, type) stored.",
             self.rows_ingested.load(Relaxed),
         );
-        let _ = write!(
-            out,
-            "# HELP pyrometer_collector_pushes_refused_total Pushes refused, by reason.\n\
-             # TYPE pyrometer_collector_pushes_refused_total counter\n\
-             pyrometer_collector_pushes_refused_total{{reason=\"unauthenticated\"}} {}\n\
-             pyrometer_collector_pushes_refused_total{{reason=\"invalid\"}} {}\n\
-             pyrometer_collector_pushes_refused_total{{reason=\"store_error\"}} {}\n",
-            self.refused_unauthenticated.load(Relaxed),
-            self.refused_invalid.load(Relaxed),
-            self.store_errors.load(Relaxed),
+        self.pushes_refused.render(
+            &mut out,
+            "pyrometer_collector_pushes_refused_total",
+            "reason",
+            "Pushes refused, by reason (a limit's key when a push broke it).",
+            &["unauthenticated", "invalid", "store_error"],
+        );
+        self.auth_failures.render(
+            &mut out,
+            "pyrometer_collector_auth_failures_total",
+            "reason",
+            "Requests refused for their credentials, by reason.",
+            &["missing", "wrong_token", "forbidden"],
+        );
+        counter(
+            &mut out,
+            "pyrometer_collector_label_sets_refused_total",
+            "Samples of new label sets refused over a tenant's max_label_sets.",
+            self.label_sets_refused.load(Relaxed),
         );
         summary(
             &mut out,

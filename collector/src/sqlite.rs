@@ -17,8 +17,8 @@ use chunk::{IdMap, IdSet};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::{
-    BUCKET_SECONDS, Batch, Ingested, LabelSet, Point, Selection, Stacked, Store, StoreError,
-    content_hash,
+    BUCKET_SECONDS, Batch, Frame, Ingested, LabelSet, Point, Selection, Stack, Stacked, Store,
+    StoreError, add, content_hash,
 };
 
 const SCHEMA: &str = "
@@ -60,9 +60,9 @@ pub struct SqliteStore {
 /// stack costs one pass over its names, not a lookup per frame and an encoded key.
 #[derive(Default)]
 struct Cache {
-    frames: HashMap<String, i64>,
+    frames: HashMap<Frame, i64>,
     stack_index: IdMap<u64, Vec<i64>>,
-    stack_by_id: IdMap<i64, Arc<Vec<String>>>,
+    stack_by_id: IdMap<i64, Stack>,
     /// Ids by the address of the stack held in `stack_by_id`: decoded stacks are shared
     /// across pushes (see `ingest`), so most of a batch's are the very allocation stored
     /// here and are found without hashing their names. Sound because `stack_by_id` keeps
@@ -73,8 +73,8 @@ struct Cache {
     types: HashMap<(String, String), i64>,
 }
 
-fn stack_hash(frames: &[String]) -> u64 {
-    content_hash(frames.iter().map(String::as_str))
+fn stack_hash(frames: &[Frame]) -> u64 {
+    content_hash(frames.iter().map(|f| &**f))
 }
 
 fn labels_hash(labels: &LabelSet) -> u64 {
@@ -82,7 +82,7 @@ fn labels_hash(labels: &LabelSet) -> u64 {
 }
 
 impl Cache {
-    fn find_stack(&self, hash: u64, frames: &[String]) -> Option<i64> {
+    fn find_stack(&self, hash: u64, frames: &[Frame]) -> Option<i64> {
         let ids = self.stack_index.get(&hash)?;
         ids.iter().copied().find(|id| {
             self.stack_by_id
@@ -91,7 +91,7 @@ impl Cache {
         })
     }
 
-    fn add_stack(&mut self, hash: u64, id: i64, frames: Arc<Vec<String>>) {
+    fn add_stack(&mut self, hash: u64, id: i64, frames: Stack) {
         self.stack_index.entry(hash).or_default().push(id);
         self.stack_by_address
             .insert(Arc::as_ptr(&frames).addr(), id);
@@ -173,10 +173,11 @@ impl SqliteStore {
 
 fn load_cache(conn: &Connection) -> Result<Cache, StoreError> {
     let mut cache = Cache::default();
-    let mut names: HashMap<i64, String> = HashMap::new();
+    let mut names: HashMap<i64, Frame> = HashMap::new();
     let mut stmt = conn.prepare("SELECT id, name FROM frames")?;
     for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
         let (id, name) = row?;
+        let name = Frame::from(name);
         cache.frames.insert(name.clone(), id);
         names.insert(id, name);
     }
@@ -321,8 +322,10 @@ fn convert_samples(conn: &mut Connection) -> Result<(), StoreError> {
                 tx.prepare("SELECT type, labelset, stack, value FROM samples WHERE bucket = ?1")?;
             let mut rows = stmt.query([bucket])?;
             while let Some(r) = rows.next()? {
-                *sums.entry((r.get(0)?, r.get(1)?, r.get(2)?)).or_default() +=
-                    r.get::<_, i64>(3)?;
+                add(
+                    sums.entry((r.get(0)?, r.get(1)?, r.get(2)?)).or_default(),
+                    r.get::<_, i64>(3)?,
+                );
             }
             drop(rows);
             drop(stmt);
@@ -344,19 +347,19 @@ struct Interner<'a> {
 }
 
 impl Interner<'_> {
-    fn frame(&mut self, name: &str) -> Result<i64, StoreError> {
+    fn frame(&mut self, name: &Frame) -> Result<i64, StoreError> {
         if let Some(&id) = self.cache.frames.get(name).or(self.fresh.frames.get(name)) {
             return Ok(id);
         }
         self.tx
             .prepare_cached("INSERT INTO frames (name) VALUES (?1)")?
-            .execute([name])?;
+            .execute([&**name])?;
         let id = self.tx.last_insert_rowid();
-        self.fresh.frames.insert(name.to_string(), id);
+        self.fresh.frames.insert(name.clone(), id);
         Ok(id)
     }
 
-    fn stack(&mut self, frames: &Arc<Vec<String>>) -> Result<i64, StoreError> {
+    fn stack(&mut self, frames: &Stack) -> Result<i64, StoreError> {
         let address = Arc::as_ptr(frames).addr();
         if let Some(&id) = self
             .cache
@@ -447,7 +450,7 @@ impl Store for SqliteStore {
         let mut sums = Sums::default();
         // Label sets and stacks arrive as shared Arcs: intern each once per batch.
         let mut labelsets: IdMap<*const LabelSet, i64> = IdMap::default();
-        let mut stacks: IdMap<*const Vec<String>, i64> = IdMap::default();
+        let mut stacks: IdMap<*const Vec<Frame>, i64> = IdMap::default();
         for row in &batch.rows {
             let labelset = match labelsets.get(&Arc::as_ptr(&row.labels)) {
                 Some(&id) => id,
@@ -468,7 +471,7 @@ impl Store for SqliteStore {
             let ty = *types
                 .get(row.sample_type)
                 .ok_or_else(|| StoreError::Corrupt("row names a missing sample type".into()))?;
-            *sums.entry((ty, labelset, stack)).or_default() += row.value;
+            add(sums.entry((ty, labelset, stack)).or_default(), row.value);
         }
         write_chunks(&tx, bucket, sums)?;
         let fresh = interner.fresh;
@@ -509,7 +512,7 @@ impl Store for SqliteStore {
                 if all || wanted.contains(&labelset) {
                     let mut bad = false;
                     chunk::each_entry(entries, |stack, value| match pack(labelset, stack) {
-                        Ok(k) => *sums.entry(k).or_default() += value,
+                        Ok(k) => add(sums.entry(k).or_default(), value),
                         Err(_) => bad = true,
                     })?;
                     if bad {
@@ -586,8 +589,8 @@ impl Store for SqliteStore {
             chunk::each_group(data, |labelset, entries| {
                 if all || wanted.contains(&labelset) {
                     let mut total = 0i64;
-                    chunk::each_entry(entries, |_, value| total += value)?;
-                    *sums.entry((step, labelset)).or_default() += total;
+                    chunk::each_entry(entries, |_, value| add(&mut total, value))?;
+                    add(sums.entry((step, labelset)).or_default(), total);
                 }
                 Ok(())
             })?;
@@ -677,7 +680,7 @@ impl Store for SqliteStore {
                     let ty: i64 = r.get(0)?;
                     chunk::each_group(r.get_ref(1)?.as_blob()?, |labelset, entries| {
                         chunk::each_entry(entries, |stack, value| {
-                            *sums.entry((ty, labelset, stack)).or_default() += value;
+                            add(sums.entry((ty, labelset, stack)).or_default(), value);
                         })
                     })?;
                 }

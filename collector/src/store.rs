@@ -9,6 +9,18 @@ use std::sync::Arc;
 /// A sample's labels, sorted by name so equal sets compare and serialize equally.
 pub type LabelSet = BTreeMap<String, String>;
 
+/// One frame's name, shared by every stack that holds it: a decoded stack costs a pointer a
+/// frame, not a copy of each name.
+pub type Frame = Arc<str>;
+
+/// Frame names, root first; one shared allocation per distinct stack.
+pub type Stack = Arc<Vec<Frame>>;
+
+/// The label that holds a sample's tenant, set by the collector from the credentials that
+/// pushed it (a pushed label of that name, as any starting with `__`, is dropped). The
+/// default tenant's samples have none, so data stored before tenants existed is its.
+pub const TENANT_LABEL: &str = "__tenant__";
+
 /// Seconds covered by one ingest bucket: the agent's default push interval.
 pub const BUCKET_SECONDS: i64 = 10;
 
@@ -16,8 +28,7 @@ pub const BUCKET_SECONDS: i64 = 10;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
     pub labels: Arc<LabelSet>,
-    /// Frame names, root first.
-    pub stack: Arc<Vec<String>>,
+    pub stack: Stack,
     /// Index into [`Batch::sample_types`].
     pub sample_type: usize,
     pub value: i64,
@@ -55,7 +66,7 @@ pub struct Selection<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stacked {
     pub labels: Arc<LabelSet>,
-    pub stack: Arc<Vec<String>>,
+    pub stack: Stack,
     pub value: i64,
 }
 
@@ -143,6 +154,13 @@ pub trait Store: Send + Sync {
     fn compact(&self, before_s: i64, coarse_s: i64) -> Result<u64, StoreError>;
 }
 
+/// Adds `value` to `sum`, stopping at `i64::MAX` or `i64::MIN` rather than wrapping: a sum of
+/// values pushed by a peer must never turn two large ones into a small or negative one.
+#[inline]
+pub fn add(sum: &mut i64, value: i64) {
+    *sum = sum.saturating_add(value);
+}
+
 /// `labels` without the labels not named in `keep`.
 pub fn project(labels: &LabelSet, keep: &[&str]) -> LabelSet {
     labels
@@ -155,9 +173,12 @@ pub fn project(labels: &LabelSet, keep: &[&str]) -> LabelSet {
 /// `stacks` with label sets cut to `keep` and equal (label set, stack) entries summed, zero
 /// sums left out, sorted by label set and stack: the meaning of [`Store::select_merged`].
 pub fn merge(stacks: Vec<Stacked>, keep: &[&str]) -> Vec<Stacked> {
-    let mut sums: BTreeMap<(LabelSet, Arc<Vec<String>>), i64> = BTreeMap::new();
+    let mut sums: BTreeMap<(LabelSet, Stack), i64> = BTreeMap::new();
     for s in stacks {
-        *sums.entry((project(&s.labels, keep), s.stack)).or_default() += s.value;
+        add(
+            sums.entry((project(&s.labels, keep), s.stack)).or_default(),
+            s.value,
+        );
     }
     let mut out: Vec<Stacked> = Vec::with_capacity(sums.len());
     for ((labels, stack), value) in sums {

@@ -50,8 +50,11 @@ async fn start(name: &str, kind: Kind) -> (SocketAddr, Arc<AppState>, TestStore)
     let state = Arc::new(AppState {
         store: guard.store.clone(),
         token: Some(TOKEN.into()),
-        limits: Limits::default(),
-        max_message_bytes: 1 << 20,
+        limits: Limits {
+            max_push_bytes: 1 << 20,
+            ..Limits::default()
+        },
+        retention: std::time::Duration::from_secs(7 * 86_400),
         metrics: Metrics::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -162,13 +165,7 @@ async fn auth_dedup_queries_and_errors(kind: Kind) {
     );
     assert!(metrics.contains("pyrometer_collector_batches_duplicate_total 1"));
     assert!(metrics.contains("pyrometer_collector_batches_ingested_total 2"));
-    assert_eq!(
-        state
-            .metrics
-            .refused_invalid
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(state.metrics.pushes_refused.get("invalid"), 0);
 }
 
 fn json(body: &str) -> serde_json::Value {
@@ -482,12 +479,8 @@ async fn flame_format_for_the_web_ui(kind: Kind) {
 
 async fn malformed_pushes_are_refused_and_the_collector_keeps_serving(kind: Kind) {
     let (addr, _state, _store) = start("malformed", kind).await;
-    let valid = request(
-        "a",
-        1,
-        "n1",
-        profile("app", &["main", "work"], 5, 1_700_000_000),
-    );
+    let now = pyrometer_collector::api::now_s();
+    let valid = request("a", 1, "n1", profile("app", &["main", "work"], 5, now));
     let mut cases: Vec<Bytes> = (0..valid.len())
         .step_by(3)
         .map(|n| valid.slice(..n))
@@ -503,30 +496,32 @@ async fn malformed_pushes_are_refused_and_the_collector_keeps_serving(kind: Kind
     for body in cases {
         if let Ok(r) = push(addr, Some(TOKEN), body.clone()).await {
             // Some truncations are still valid messages (e.g. without a profile they are not).
-            assert!(
-                ingest::decode(&body, &Limits::default(), 0).is_ok(),
-                "{r:?}"
-            );
+            let limits = Limits::default();
+            let ctx = ingest::Context::new(&limits, now);
+            assert!(ingest::decode(&body, &ctx).is_ok(), "{r:?}");
         }
     }
     assert!(!push(addr, Some(TOKEN), valid).await.unwrap().duplicate);
     assert_eq!(get(addr, "/metrics").await.0, 200);
 }
 
+/// The clock of the decoding tests below: the pushes' time.
+const NOW: i64 = 1_700_000_000;
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-        let _ = ingest::decode(&bytes, &Limits::default(), 0);
+        let _ = ingest::decode(&bytes, &ingest::Context::new(&Limits::default(), NOW));
     }
 
     #[test]
     fn mutated_requests_never_panic(pos in 0usize..200, byte in any::<u8>(), cut in 0usize..200) {
-        let mut body = request("a", 1, "n", profile("app", &["main", "f", "g"], 3, 5)).to_vec();
+        let mut body = request("a", 1, "n", profile("app", &["main", "f", "g"], 3, NOW)).to_vec();
         let pos = pos % body.len();
         body[pos] = byte;
         body.truncate(cut.max(1).min(body.len()));
-        let _ = ingest::decode(&body, &Limits::default(), 0);
+        let _ = ingest::decode(&body, &ingest::Context::new(&Limits::default(), NOW));
     }
 }

@@ -13,7 +13,7 @@ use common::clickhouse_server::{self, ClickHouse};
 use common::{Kind, clickhouse_store, get, profile, push, request, test_store, wait_until};
 use pyrometer_collector::api::{AppState, now_s, router};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
-use pyrometer_collector::ingest::Limits;
+use pyrometer_collector::ingest::{Context, Limits};
 use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::store::{Batch, LabelSet, Row, Selection, Store, StoreError};
 
@@ -25,8 +25,11 @@ async fn collector(store: Arc<dyn Store>) -> SocketAddr {
     let state = Arc::new(AppState {
         store,
         token: None,
-        limits: Limits::default(),
-        max_message_bytes: 1 << 20,
+        limits: Limits {
+            max_push_bytes: 1 << 20,
+            ..Limits::default()
+        },
+        retention: std::time::Duration::from_secs(7 * 86_400),
         metrics: Metrics::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -274,7 +277,9 @@ fn schema_versions_credentials_and_retention() {
     let old = now - 3 * day;
     for (seq, t) in [(1, old), (2, now)] {
         let bytes = request("a", seq, "n", profile("app", &["main"], 4, t));
-        let batch = pyrometer_collector::ingest::decode(&bytes, &Limits::default(), now).unwrap();
+        let batch =
+            pyrometer_collector::ingest::decode(&bytes, &Context::new(&Limits::default(), now))
+                .unwrap();
         store.ingest(&batch).unwrap();
     }
     let total = |from: i64| everything(&store, from, now + 1);
@@ -336,7 +341,9 @@ fn everything(store: &dyn Store, from_s: i64, to_s: i64) -> i64 {
 
 fn pushed(store: &dyn Store, agent: &str, seq: u64, node: &str, time_s: i64) -> bool {
     let bytes = request(agent, seq, node, profile("app", &["main"], 4, time_s));
-    let batch = pyrometer_collector::ingest::decode(&bytes, &Limits::default(), time_s).unwrap();
+    let batch =
+        pyrometer_collector::ingest::decode(&bytes, &Context::new(&Limits::default(), time_s))
+            .unwrap();
     !store.ingest(&batch).unwrap().duplicate
 }
 
@@ -470,7 +477,7 @@ fn batch(agent: &str, sequence: u64, time_s: i64, rows: &[(&str, i64)]) -> Batch
             .enumerate()
             .map(|(i, &(node, value))| Row {
                 labels: Arc::new(LabelSet::from([("node".to_string(), node.to_string())])),
-                stack: Arc::new(vec!["main".to_string(), format!("f{i}")]),
+                stack: Arc::new(vec!["main".into(), format!("f{i}").into()]),
                 sample_type: 0,
                 value,
             })
@@ -569,7 +576,7 @@ fn labelled(
                     [("node", node), ("comm", comm), ("thread", thread)]
                         .map(|(k, v)| (k.to_string(), v.to_string())),
                 )),
-                stack: Arc::new(vec!["main".to_string(), format!("f{stack}")]),
+                stack: Arc::new(vec!["main".into(), format!("f{stack}").into()]),
                 sample_type: 0,
                 value,
             })

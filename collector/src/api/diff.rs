@@ -19,7 +19,7 @@ use crate::api::params::RangeParams;
 use crate::api::state::AppState;
 use crate::query::Selector;
 use crate::render;
-use crate::store::{LabelSet, Selection, Stacked};
+use crate::store::{Frame, LabelSet, Selection, Stacked};
 
 /// How folded output and the ingest path mark kernel frames.
 const KERNEL_SUFFIX: &str = "_[k]";
@@ -319,7 +319,7 @@ fn select(
     let stacks = of_type(sample_type)?;
     let samples = if counts_from_samples {
         let counts = of_type("samples")?;
-        let by_key: HashMap<(&LabelSet, &Vec<String>), i64> = counts
+        let by_key: HashMap<(&LabelSet, &Vec<Frame>), i64> = counts
             .iter()
             .map(|c| ((c.labels.as_ref(), c.stack.as_ref()), c.value))
             .collect();
@@ -349,7 +349,7 @@ fn aggregate(sel: &Selected, kernel: bool) -> Aggregate {
             s.stack
                 .iter()
                 .rev()
-                .map(|f| (f.as_str(), f.ends_with(KERNEL_SUFFIX))),
+                .map(|f| (&**f, f.ends_with(KERNEL_SUFFIX))),
         );
         out.add(&frames, s.value, n);
     }

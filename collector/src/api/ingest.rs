@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -19,6 +18,7 @@ use tonic::Status;
 use crate::api::params::now_s;
 use crate::api::state::AppState;
 use crate::ingest;
+use crate::store::Ingested;
 
 /// Constant-time comparison, so response timing does not reveal how much of a token matched.
 fn token_ok(expected: &str, header: Option<&[u8]>) -> bool {
@@ -79,104 +79,87 @@ where
                     req.headers().get("authorization").map(|v| v.as_bytes()),
                 )
             {
-                state.metrics.refused_unauthenticated.fetch_add(1, Relaxed);
+                state.metrics.pushes_refused.add("unauthenticated");
                 return Ok(Status::unauthenticated("missing or wrong bearer token").into_http());
             }
             let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .max_decoding_message_size(state.max_message_bytes);
-            Ok(match format {
-                Format::Push => grpc.unary(Push(state), req).await,
-                Format::Otlp => grpc.unary(OtlpExport(state), req).await,
-            })
+                .max_decoding_message_size(state.limits.max_push_bytes);
+            Ok(grpc.unary(Handler(state, format), req).await)
         })
     }
 }
 
-struct Push(Arc<AppState>);
+/// One gRPC call of `format`: decoded and stored on a blocking thread, so a slow store or a
+/// large push never holds up the runtime; refusals are counted by reason.
+struct Handler(Arc<AppState>, Format);
 
-impl tonic::server::UnaryService<Bytes> for Push {
-    type Response = Bytes;
-    type Future = BoxFuture<Result<tonic::Response<Bytes>, Status>>;
-
-    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let state = self.0.clone();
-        Box::pin(async move {
-            let started = Instant::now();
-            let bytes = request.into_inner();
-            let st = state.clone();
-            let result = tokio::task::spawn_blocking(move || {
-                let batch = ingest::decode(&bytes, &st.limits, now_s())
-                    .map_err(|e| (true, Status::invalid_argument(e.to_string())))?;
-                st.store
-                    .ingest(&batch)
-                    .map_err(|e| (false, Status::unavailable(e.to_string())))
-            })
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
-            match result {
-                Ok(stored) => {
-                    state.metrics.observe_ingest(started.elapsed(), stored);
-                    let reply = PushReply {
-                        duplicate: stored.duplicate,
-                        samples: stored.rows,
-                    };
-                    Ok(tonic::Response::new(Bytes::from(reply.encode_to_vec())))
-                }
-                Err((invalid, status)) => {
-                    let counter = if invalid {
-                        &state.metrics.refused_invalid
-                    } else {
-                        &state.metrics.store_errors
-                    };
-                    counter.fetch_add(1, Relaxed);
-                    // Every store failure is retryable for the agent (Unavailable): it keeps
-                    // the batch in its spool and pushes it again later.
-                    Err(status)
-                }
-            }
-        })
+impl Handler {
+    fn decode_and_store(
+        state: &AppState,
+        format: Format,
+        bytes: &[u8],
+    ) -> Result<Vec<Ingested>, (&'static str, Status)> {
+        let ctx = ingest::Context {
+            retention_s: state.retention.as_secs() as i64,
+            ..ingest::Context::new(&state.limits, now_s())
+        };
+        let refused =
+            |e: ingest::IngestError| (e.reason(), Status::invalid_argument(e.to_string()));
+        let batches = match format {
+            Format::Push => vec![ingest::decode(bytes, &ctx).map_err(refused)?],
+            Format::Otlp => crate::otlp_ingest::decode(bytes, &ctx).map_err(refused)?,
+        };
+        // Every store failure is retryable for the agent (Unavailable): it keeps the batch in
+        // its spool and pushes it again later.
+        batches
+            .iter()
+            .map(|b| state.store.ingest(b))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ("store_error", Status::unavailable(e.to_string())))
     }
 }
 
-/// OTLP profiles export: every (resource, profile) of the request is stored as one batch.
-struct OtlpExport(Arc<AppState>);
-
-impl tonic::server::UnaryService<Bytes> for OtlpExport {
+impl tonic::server::UnaryService<Bytes> for Handler {
     type Response = Bytes;
     type Future = BoxFuture<Result<tonic::Response<Bytes>, Status>>;
 
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let state = self.0.clone();
+        let (state, format) = (self.0.clone(), self.1);
         Box::pin(async move {
             let started = Instant::now();
             let bytes = request.into_inner();
             let st = state.clone();
-            let result = tokio::task::spawn_blocking(move || {
-                let batches = crate::otlp_ingest::decode(&bytes, &st.limits, now_s())
-                    .map_err(|e| (true, Status::invalid_argument(e.to_string())))?;
-                batches
-                    .iter()
-                    .map(|b| st.store.ingest(b))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| (false, Status::unavailable(e.to_string())))
-            })
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+            let result =
+                tokio::task::spawn_blocking(move || Self::decode_and_store(&st, format, &bytes))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
             match result {
                 Ok(stored) => {
-                    for s in stored {
-                        state.metrics.observe_ingest(started.elapsed(), s);
+                    let took = started.elapsed();
+                    for s in &stored {
+                        state.metrics.observe_ingest(took, *s);
                     }
-                    let reply = pyrometer_proto::otlp::ExportProfilesServiceResponse::default();
-                    Ok(tonic::Response::new(Bytes::from(reply.encode_to_vec())))
-                }
-                Err((invalid, status)) => {
-                    let counter = if invalid {
-                        &state.metrics.refused_invalid
-                    } else {
-                        &state.metrics.store_errors
+                    let reply = match format {
+                        Format::Push => {
+                            let s = stored.first().copied().unwrap_or(Ingested {
+                                duplicate: false,
+                                rows: 0,
+                            });
+                            PushReply {
+                                duplicate: s.duplicate,
+                                samples: s.rows,
+                            }
+                            .encode_to_vec()
+                        }
+                        Format::Otlp => {
+                            pyrometer_proto::otlp::ExportProfilesServiceResponse::default()
+                                .encode_to_vec()
+                        }
                     };
-                    counter.fetch_add(1, Relaxed);
+                    Ok(tonic::Response::new(Bytes::from(reply)))
+                }
+                Err((reason, status)) => {
+                    state.metrics.pushes_refused.add(reason);
                     Err(status)
                 }
             }

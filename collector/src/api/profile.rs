@@ -102,7 +102,7 @@ fn answer(
     ty: &(String, String),
     stacks: &[Stacked],
 ) -> Result<Response, ApiError> {
-    let total: i64 = stacks.iter().map(|s| s.value).sum();
+    let total = stacks.iter().fold(0i64, |t, s| t.saturating_add(s.value));
     if !by.is_empty() {
         let groups: Vec<serde_json::Value> = render::group_totals(stacks, by)
             .into_iter()

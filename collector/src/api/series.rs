@@ -20,7 +20,7 @@ use crate::api::error::ApiError;
 use crate::api::params::{RangeParams, label_list, sample_type};
 use crate::api::state::AppState;
 use crate::query::Selector;
-use crate::store::{BUCKET_SECONDS, LabelSet, Point, Selection};
+use crate::store::{BUCKET_SECONDS, LabelSet, Point, Selection, add};
 
 /// Steps a chart gets when the request names none: about one per 3 px of a wide chart.
 const DEFAULT_POINTS: i64 = 300;
@@ -131,7 +131,7 @@ async fn series_inner(state: &Arc<AppState>, p: SeriesParams) -> Result<Response
 
     let grid = Grid::new(from_s, to_s, step);
     let groups = group(&points, &by, &grid);
-    let total: i64 = groups.iter().map(|g| g.total).sum();
+    let total = groups.iter().fold(0i64, |t, g| t.saturating_add(g.total));
     let (kept, rest) = keep_largest(groups, limit);
     let mut series: Vec<serde_json::Value> = kept
         .into_iter()
@@ -202,8 +202,8 @@ fn group(points: &[Point], by: &[String], grid: &Grid) -> Vec<Group> {
             total: 0,
             values: vec![0; grid.len],
         });
-        g.values[i] += p.value;
-        g.total += p.value;
+        add(&mut g.values[i], p.value);
+        add(&mut g.total, p.value);
     }
     let mut out: Vec<Group> = groups.into_values().collect();
     out.sort_by(|a, b| a.labels.cmp(&b.labels));
@@ -233,9 +233,9 @@ fn keep_largest(mut groups: Vec<Group>, limit: usize) -> (Vec<Group>, Option<Gro
         if keep {
             kept.push(g);
         } else {
-            other.total += g.total;
+            add(&mut other.total, g.total);
             for (o, v) in other.values.iter_mut().zip(&g.values) {
-                *o += v;
+                add(o, *v);
             }
         }
     }

@@ -11,7 +11,7 @@ pub struct AppState {
     /// The bearer token pushes must carry; `None` accepts every push.
     pub token: Option<String>,
     pub limits: Limits,
-    /// Largest gRPC message accepted, in bytes.
-    pub max_message_bytes: usize,
+    /// How long samples are kept: older batches are refused.
+    pub retention: std::time::Duration,
     pub metrics: Metrics,
 }

@@ -19,7 +19,8 @@ use http::{Client, HttpError};
 use rowbinary::{Reader, Writer};
 
 use crate::store::{
-    BUCKET_SECONDS, Batch, Ingested, LabelSet, Point, Selection, Stacked, Store, StoreError,
+    BUCKET_SECONDS, Batch, Frame, Ingested, LabelSet, Point, Selection, Stack, Stacked, Store,
+    StoreError,
 };
 
 /// Where the store is: `clickhouse://HOST[:PORT]/DATABASE` (HTTP interface, port 8123 by
@@ -113,7 +114,7 @@ struct Caches {
     /// When this collector last wrote each label set: only these are skipped when interning
     /// (label sets read back may be about to be removed by retention).
     written_labelsets: HashMap<u64, Instant>,
-    stacks: HashMap<u64, Arc<Vec<String>>>,
+    stacks: HashMap<u64, Stack>,
 }
 
 impl Caches {
@@ -282,13 +283,13 @@ impl ClickHouseStore {
     }
 
     /// Stacks of `ids`, from the cache or ClickHouse.
-    fn stacks(&self, ids: &[u64]) -> Result<HashMap<u64, Arc<Vec<String>>>, StoreError> {
+    fn stacks(&self, ids: &[u64]) -> Result<HashMap<u64, Stack>, StoreError> {
         self.fetch_by_id(
             ids,
             "stacks",
             "frames",
             |c| &mut c.stacks,
-            |_, r| Ok(r.strs()?),
+            |_, r| Ok(r.strs()?.into_iter().map(Frame::from).collect()),
         )
     }
 
@@ -374,7 +375,7 @@ impl ClickHouseStore {
         batch: &Batch,
         types: &[u64],
         labelsets: &HashMap<u64, &Arc<LabelSet>>,
-        stacks: &HashMap<u64, &Arc<Vec<String>>>,
+        stacks: &HashMap<u64, &Stack>,
     ) -> Result<(), StoreError> {
         let (new_types, new_labelsets, new_stacks) = {
             let caches = self.caches();
@@ -391,7 +392,7 @@ impl ClickHouseStore {
                 })
                 .map(|(&id, &l)| (id, l.clone()))
                 .collect();
-            let new_stacks: Vec<(u64, Arc<Vec<String>>)> = stacks
+            let new_stacks: Vec<(u64, Stack)> = stacks
                 .iter()
                 .filter(|(id, _)| !caches.stacks.contains_key(id))
                 .map(|(&id, &s)| (id, s.clone()))
@@ -575,7 +576,7 @@ impl Store for ClickHouseStore {
             .map(|(n, u)| ids::sample_type(n, u))
             .collect();
         // Rows of one (type, label set, stack) summed here: fewer rows to store and read.
-        let mut stack_ids: HashMap<*const Vec<String>, u64> = HashMap::new();
+        let mut stack_ids: HashMap<*const Vec<Frame>, u64> = HashMap::new();
         let mut labelset_ids: HashMap<*const LabelSet, u64> = HashMap::new();
         let mut merged: HashMap<(u64, u64, u64), i64> = HashMap::new();
         let mut labelsets = HashMap::new();
@@ -592,7 +593,7 @@ impl Store for ClickHouseStore {
                 .or_insert_with(|| ids::labelset(&row.labels));
             labelsets.insert(lid, &row.labels);
             stacks.insert(sid, &row.stack);
-            *merged.entry((ty, lid, sid)).or_default() += row.value;
+            crate::store::add(merged.entry((ty, lid, sid)).or_default(), row.value);
         }
         self.intern(batch, &types, &labelsets, &stacks)?;
         let attempt = ids::attempt(&batch.agent_id, batch.sequence);

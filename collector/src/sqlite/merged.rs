@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rusqlite::params;
 
 use super::{SqliteStore, chunk};
-use crate::store::{LabelSet, Selection, Stacked, StoreError, project};
+use crate::store::{LabelSet, Selection, Stacked, StoreError, add, project};
 
 /// Group tables up to this many entries are summed densely (an array indexed by group and
 /// stack id) rather than through a hash map: 16 MiB of sums at most.
@@ -40,13 +40,13 @@ impl Sums {
         match self {
             Sums::Dense { stacks, sums } => match usize::try_from(stack) {
                 Ok(s) if s < *stacks => {
-                    sums[group as usize * *stacks + s] += value;
+                    add(&mut sums[group as usize * *stacks + s], value);
                     true
                 }
                 _ => false,
             },
             Sums::Sparse(map) => {
-                *map.entry((group, stack)).or_default() += value;
+                add(map.entry((group, stack)).or_default(), value);
                 true
             }
         }

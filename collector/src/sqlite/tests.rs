@@ -13,7 +13,12 @@ fn batch(agent: &str, seq: u64, time_s: i64, node: &str, stack: &[&str], v: i64)
         sample_types: vec![("samples".into(), "count".into())],
         rows: vec![Row {
             labels: Arc::new(labels),
-            stack: Arc::new(stack.iter().map(|s| s.to_string()).collect()),
+            stack: Arc::new(
+                stack
+                    .iter()
+                    .map(|&s| crate::store::Frame::from(s))
+                    .collect(),
+            ),
             sample_type: 0,
             value: v,
         }],
