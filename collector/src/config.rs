@@ -18,7 +18,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::limits::{LimitFlags, Limits};
-use crate::tenant::valid_tenant;
+use crate::tenant_name::valid_tenant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -3,6 +3,7 @@
 //! and diffs over HTTP on the same port, with a web UI and its own `/metrics`.
 
 pub mod api;
+pub mod auth;
 pub mod clickhouse;
 pub mod config;
 pub mod frames;
@@ -13,9 +14,11 @@ pub mod metrics;
 pub mod otlp_ingest;
 pub mod query;
 pub mod render;
+pub mod serve;
 pub mod sqlite;
 pub mod store;
 pub mod tenant;
+pub mod tenant_name;
 pub mod tls;
 pub mod ui;
 pub mod wire;

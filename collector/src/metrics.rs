@@ -52,8 +52,12 @@ pub struct Metrics {
     /// Samples of new label sets refused over a tenant's `max_label_sets`.
     pub label_sets_refused: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
+    /// Connections closed on arrival because `--max-connections` were open.
+    pub connections_refused: AtomicU64,
     /// Queries answered 503 because the store was unavailable.
     pub queries_unavailable: AtomicU64,
+    /// Queries answered 503 because they ran past their tenant's query timeout.
+    pub queries_timed_out: AtomicU64,
     ingest_ns: AtomicU64,
     ingest_count: AtomicU64,
     query_ns: AtomicU64,
@@ -149,6 +153,12 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "pyrometer_collector_connections_refused_total",
+            "Connections closed on arrival because --max-connections were open.",
+            self.connections_refused.load(Relaxed),
+        );
+        counter(
+            &mut out,
             "pyrometer_collector_query_errors_total",
             "Profile queries answered with an error.",
             self.query_errors.load(Relaxed),
@@ -158,6 +168,12 @@ impl Metrics {
             "pyrometer_collector_queries_store_unavailable_total",
             "Queries answered 503 because the store was unreachable or overloaded.",
             self.queries_unavailable.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "pyrometer_collector_queries_timed_out_total",
+            "Queries answered 503 because they ran past their tenant's query_timeout.",
+            self.queries_timed_out.load(Relaxed),
         );
         if let Some(bytes) = store_bytes {
             let _ = write!(

@@ -145,6 +145,7 @@ impl SqliteStore {
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;",
         )?;
+        private(&path);
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if version > LAYOUT_VERSION {
             return Err(StoreError::Schema(format!(
@@ -168,6 +169,17 @@ impl SqliteStore {
         // A panic while holding the lock cannot leave SQLite inconsistent (transactions roll
         // back), so a poisoned lock is still usable.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The store's files (and those of a store made by an older collector) readable by the
+/// collector alone: profiles name hosts, processes, code and traces.
+fn private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
     }
 }
 
@@ -614,15 +626,34 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+    fn label_names(
+        &self,
+        from_s: i64,
+        to_s: i64,
+        labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+    ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let names: BTreeSet<String> = sets.iter().flat_map(|s| s.keys().cloned()).collect();
+        let names: BTreeSet<String> = sets
+            .iter()
+            .filter(|s| labels(s))
+            .flat_map(|s| s.keys().cloned())
+            .collect();
         Ok(names.into_iter().collect())
     }
 
-    fn label_values(&self, name: &str, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+    fn label_values(
+        &self,
+        name: &str,
+        from_s: i64,
+        to_s: i64,
+        labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+    ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let values: BTreeSet<String> = sets.iter().filter_map(|s| s.get(name).cloned()).collect();
+        let values: BTreeSet<String> = sets
+            .iter()
+            .filter(|s| labels(s))
+            .filter_map(|s| s.get(name).cloned())
+            .collect();
         Ok(values.into_iter().collect())
     }
 

@@ -3,8 +3,10 @@
 //! one ([`crate::clickhouse`]). Every method may fail with [`StoreError::Unavailable`] when
 //! the store is remote: callers answer it with a retryable status, never as "no data".
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A sample's labels, sorted by name so equal sets compare and serialize equally.
 pub type LabelSet = BTreeMap<String, String>;
@@ -99,12 +101,15 @@ pub enum StoreError {
     ClickHouse(String),
     #[error("store schema: {0}")]
     Schema(String),
+    /// The query ran past its deadline (see [`with_deadline`]) and was stopped.
+    #[error("the query ran past its deadline")]
+    Timeout,
 }
 
 impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Unavailable(_) => true,
+            StoreError::Unavailable(_) | StoreError::Timeout => true,
             // Another process holds the write lock past the busy timeout.
             StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
                 e.code,
@@ -139,10 +144,21 @@ pub trait Store: Send + Sync {
     /// Buckets are chosen as by [`Store::select`] (bucket start in `[from_s, to_s)`); a step
     /// without samples has no point. Memory: one entry per (matching label set, step).
     fn series(&self, selection: &Selection<'_>, step_s: i64) -> Result<Vec<Point>, StoreError>;
-    /// Label names used by samples in the range, sorted.
-    fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError>;
-    /// Values of one label in the range, sorted.
-    fn label_values(&self, name: &str, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError>;
+    /// Label names used by samples in the range whose label sets `labels` accepts, sorted.
+    fn label_names(
+        &self,
+        from_s: i64,
+        to_s: i64,
+        labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+    ) -> Result<Vec<String>, StoreError>;
+    /// Values of one label in the range among label sets `labels` accepts, sorted.
+    fn label_values(
+        &self,
+        name: &str,
+        from_s: i64,
+        to_s: i64,
+        labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+    ) -> Result<Vec<String>, StoreError>;
     /// `(name, unit)` of every sample type stored.
     fn sample_types(&self) -> Result<Vec<(String, String)>, StoreError>;
     /// Bytes the store occupies on disk.
@@ -200,3 +216,30 @@ pub fn merge(stacks: Vec<Stacked>, keep: &[&str]) -> Vec<Stacked> {
 }
 
 pub use crate::idmap::content_hash;
+
+thread_local! {
+    static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with a deadline the stores check while it queries (SQLite between steps of its
+/// virtual machine, ClickHouse as the query's execution time): past it they stop with
+/// [`StoreError::Timeout`].
+pub fn with_deadline<T>(deadline: Instant, f: impl FnOnce() -> T) -> T {
+    let before = DEADLINE.replace(Some(deadline));
+    let out = f();
+    DEADLINE.set(before);
+    out
+}
+
+/// The deadline of the query running on this thread, if any.
+pub fn deadline() -> Option<Instant> {
+    DEADLINE.get()
+}
+
+/// `Err(Timeout)` once the deadline has passed.
+pub fn check_deadline() -> Result<(), StoreError> {
+    match deadline() {
+        Some(d) if Instant::now() >= d => Err(StoreError::Timeout),
+        _ => Ok(()),
+    }
+}

@@ -8,11 +8,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{Kind, TestStore, enc, get, profile, profile_of, push, request, test_store};
+use common::{Kind, TestStore, enc, profile, profile_of, push, request, test_store};
 use proptest::prelude::*;
-use pyrometer_collector::api::{AppState, router};
+use pyrometer_collector::api::AppState;
+use pyrometer_collector::auth::Auth;
+use pyrometer_collector::config::Config;
 use pyrometer_collector::ingest::{self, Limits};
-use pyrometer_collector::metrics::Metrics;
 
 const TOKEN: &str = "t0ken-for-tests";
 
@@ -47,21 +48,24 @@ async fn start(name: &str, kind: Kind) -> (SocketAddr, Arc<AppState>, TestStore)
     let guard = tokio::task::spawn_blocking(move || test_store(kind, &dir))
         .await
         .unwrap();
-    let state = Arc::new(AppState {
-        store: guard.store.clone(),
-        token: Some(TOKEN.into()),
+    let config = Config {
         limits: Limits {
             max_push_bytes: 1 << 20,
             ..Limits::default()
         },
-        retention: std::time::Duration::from_secs(7 * 86_400),
-        metrics: Metrics::default(),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, state, guard)
+        ..Config::default()
+    };
+    let state = Arc::new(
+        AppState::new(guard.store.clone())
+            .with_auth(Auth::open().with_tokens(TOKEN).unwrap())
+            .with_config(config),
+    );
+    (common::serve(state.clone()).await, state, guard)
+}
+
+/// GET with the test's token (reads need one when pushes do).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    common::get_with(addr, path, Some(TOKEN)).await
 }
 
 async fn auth_dedup_queries_and_errors(kind: Kind) {

@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::clickhouse_server::{self, ClickHouse};
 use common::{Kind, clickhouse_store, get, profile, push, request, test_store, wait_until};
-use pyrometer_collector::api::{AppState, now_s, router};
+use pyrometer_collector::api::{AppState, now_s};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
 use pyrometer_collector::ingest::{Context, Limits};
-use pyrometer_collector::metrics::Metrics;
 use pyrometer_collector::store::{Batch, LabelSet, Row, Selection, Store, StoreError};
 
 fn scratch(name: &str) -> std::path::PathBuf {
@@ -22,21 +21,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 }
 
 async fn collector(store: Arc<dyn Store>) -> SocketAddr {
-    let state = Arc::new(AppState {
-        store,
-        token: None,
-        limits: Limits {
-            max_push_bytes: 1 << 20,
-            ..Limits::default()
-        },
-        retention: std::time::Duration::from_secs(7 * 86_400),
-        metrics: Metrics::default(),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(state);
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
+    common::serve(Arc::new(AppState::new(store))).await
 }
 
 async fn open(server: &ClickHouse) -> Arc<dyn Store> {
@@ -460,7 +445,9 @@ fn retention_removes_label_sets_no_sample_uses() {
     let other = clickhouse_store(&server, "ls");
     assert!(pushed(&other, "b", 1, "gone-node", now));
     assert_eq!(count("gone-node"), "1");
-    let values = store.label_values("node", now - 60, now + 1).unwrap();
+    let values = store
+        .label_values("node", now - 60, now + 1, &|_| true)
+        .unwrap();
     assert_eq!(values, ["gone-node", "kept-node"]);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -14,12 +14,13 @@ use axum::response::{IntoResponse, Response};
 use pyrometer_diff::{Aggregate, DiffOptions};
 use serde::Deserialize;
 
+use crate::api::access::{Reader, run_query};
 use crate::api::error::ApiError;
 use crate::api::params::RangeParams;
 use crate::api::state::AppState;
 use crate::query::Selector;
 use crate::render;
-use crate::store::{Frame, LabelSet, Selection, Stacked};
+use crate::store::{Frame, LabelSet, Selection, Stacked, Store};
 
 /// How folded output and the ingest path mark kernel frames.
 const KERNEL_SUFFIX: &str = "_[k]";
@@ -136,11 +137,12 @@ fn options(p: &DiffParams) -> Result<(DiffOptions, Option<f64>), ApiError> {
 
 pub async fn diff(
     State(state): State<Arc<AppState>>,
+    reader: Reader,
     query: Result<Query<DiffParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let result = match query {
-        Ok(Query(p)) => diff_inner(&state, p).await,
+        Ok(Query(p)) => diff_inner(&state, &reader, p).await,
         // e.g. a parameter given twice.
         Err(e) => Err(ApiError::bad_request(e.body_text())),
     };
@@ -150,7 +152,11 @@ pub async fn diff(
     result
 }
 
-async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, ApiError> {
+async fn diff_inner(
+    state: &Arc<AppState>,
+    reader: &Reader,
+    p: DiffParams,
+) -> Result<Response, ApiError> {
     let base = Side::resolve(
         "base",
         p.base_query.as_ref(),
@@ -173,8 +179,8 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
     let wanted = p.sample_type.clone().unwrap_or_else(|| "samples".into());
 
     let st = state.clone();
-    let (ty, base, new, sides) = tokio::task::spawn_blocking(move || {
-        let store = &st.store;
+    let tenant = reader.0.clone();
+    let (ty, base, new, sides) = run_query(state, reader, move |store| {
         let types = store
             .sample_types()
             .map_err(|e| ApiError::store(&st.metrics, e))?;
@@ -184,12 +190,15 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
         // count type.
         let counts_from_samples =
             ty.1 != "count" && types.iter().any(|(n, u)| n == "samples" && u == "count");
-        let selected = [&base, &new].map(|side| select(&st, side, &ty.0, counts_from_samples));
+        let own = Reader(tenant);
+        let selected = [&base, &new].map(|side| {
+            let matcher = |l: &LabelSet| own.owns(l) && side.selector.matches(l);
+            select(&st, store, &matcher, side, &ty.0, counts_from_samples)
+        });
         let [b, n] = selected;
         Ok((ty, b?, n?, (base, new)))
     })
-    .await
-    .map_err(ApiError::internal)??;
+    .await?;
     let (base_side, new_side) = sides;
     for (side, sel) in [(&base_side, &base), (&new_side, &new)] {
         if sel.stacks.iter().all(|s| s.value <= 0) {
@@ -300,19 +309,19 @@ fn utc(secs: i64) -> String {
 
 fn select(
     state: &AppState,
+    store: &dyn Store,
+    matcher: &(dyn Fn(&LabelSet) -> bool + Sync),
     side: &Side,
     sample_type: &str,
     counts_from_samples: bool,
 ) -> Result<Selected, ApiError> {
-    let matcher = |l: &LabelSet| side.selector.matches(l);
     let of_type = |sample_type: &str| {
-        state
-            .store
+        store
             .select(&Selection {
                 from_s: side.from_s,
                 to_s: side.to_s,
                 sample_type,
-                labels: &matcher,
+                labels: matcher,
             })
             .map_err(|e| ApiError::store(&state.metrics, e))
     };

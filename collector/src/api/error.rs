@@ -13,6 +13,8 @@ use crate::store::StoreError;
 pub struct ApiError {
     code: StatusCode,
     message: String,
+    /// The store stopped the query at its deadline.
+    timed_out: bool,
 }
 
 impl ApiError {
@@ -20,7 +22,12 @@ impl ApiError {
         Self {
             code,
             message: message.into(),
+            timed_out: false,
         }
+    }
+
+    pub(crate) fn is_timeout(&self) -> bool {
+        self.timed_out
     }
 
     pub(crate) fn bad_request(message: impl ToString) -> Self {
@@ -32,6 +39,7 @@ impl ApiError {
         Self {
             code: self.code,
             message: format!("{what}: {}", self.message),
+            timed_out: self.timed_out,
         }
     }
 
@@ -47,6 +55,12 @@ impl ApiError {
     /// 503 with the reason when the store is unavailable (counted on `/metrics`), 500
     /// otherwise.
     pub(crate) fn store(metrics: &Metrics, e: StoreError) -> Self {
+        if matches!(e, StoreError::Timeout) {
+            return Self {
+                timed_out: true,
+                ..Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            };
+        }
         if e.is_unavailable() {
             metrics.queries_unavailable.fetch_add(1, Relaxed);
             Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())

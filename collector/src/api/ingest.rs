@@ -1,6 +1,8 @@
 //! The gRPC ingest methods (`Ingest.Push`, OTLP's `ProfilesService/Export`) as hand-written
-//! tonic services, without generated code: authentication before the body is read, decoding
-//! and storing on a blocking thread.
+//! tonic services, without generated code: the content type and the credentials are checked
+//! before the body is read (a browser page cannot post one: it cannot send `application/grpc`
+//! across sites), the body is read up to the tenant's largest push, the tenant's ingest rate
+//! is taken, and decoding and storing run on a blocking thread.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,24 +17,12 @@ use pyrometer_proto::grpc::RawCodec;
 use pyrometer_proto::ingest::PushReply;
 use tonic::Status;
 
+use crate::api::access::authorize;
 use crate::api::params::now_s;
 use crate::api::state::AppState;
+use crate::auth::{PeerCertificate, Role};
 use crate::ingest;
 use crate::store::Ingested;
-
-/// Constant-time comparison, so response timing does not reveal how much of a token matched.
-fn token_ok(expected: &str, header: Option<&[u8]>) -> bool {
-    let Some(given) = header.and_then(|h| h.strip_prefix(b"Bearer ")) else {
-        return false;
-    };
-    let want = expected.as_bytes();
-    given.len() == want.len()
-        && given
-            .iter()
-            .zip(want)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-}
 
 /// What a gRPC ingest method receives.
 #[derive(Clone, Copy)]
@@ -71,37 +61,67 @@ where
         let state = self.0.clone();
         let format = self.1;
         Box::pin(async move {
+            let grpc_content = req
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| {
+                    v == "application/grpc" || v.starts_with("application/grpc+proto")
+                });
+            if !grpc_content {
+                state.metrics.pushes_refused.add("content_type");
+                let body = serde_json::json!({
+                    "error": "pushes are gRPC: content-type must be application/grpc",
+                    "code": 415,
+                });
+                return Ok(http::Response::builder()
+                    .status(http::StatusCode::UNSUPPORTED_MEDIA_TYPE)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(tonic::body::Body::new(body.to_string()))
+                    .expect("a valid response"));
+            }
             // Checked before the body is read, so an unauthenticated client cannot make the
             // collector buffer a large message.
-            if let Some(token) = &state.token
-                && !token_ok(
-                    token,
-                    req.headers().get("authorization").map(|v| v.as_bytes()),
-                )
-            {
-                state.metrics.pushes_refused.add("unauthenticated");
-                return Ok(Status::unauthenticated("missing or wrong bearer token").into_http());
-            }
-            let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .max_decoding_message_size(state.limits.max_push_bytes);
-            Ok(grpc.unary(Handler(state, format), req).await)
+            let cert = req.extensions().get::<PeerCertificate>();
+            let tenant = match authorize(&state, req.headers(), cert, Role::Push) {
+                Ok(t) => t,
+                Err(e) => {
+                    state.metrics.pushes_refused.add(if e.unauthenticated() {
+                        "unauthenticated"
+                    } else {
+                        "forbidden"
+                    });
+                    let status = if e.unauthenticated() {
+                        Status::unauthenticated(e.message())
+                    } else {
+                        Status::permission_denied(e.message())
+                    };
+                    return Ok(status.into_http());
+                }
+            };
+            let max = state.tenants.limits(&tenant).max_push_bytes;
+            let mut grpc = tonic::server::Grpc::new(RawCodec).max_decoding_message_size(max);
+            Ok(grpc.unary(Handler(state, format, tenant), req).await)
         })
     }
 }
 
 /// One gRPC call of `format`: decoded and stored on a blocking thread, so a slow store or a
 /// large push never holds up the runtime; refusals are counted by reason.
-struct Handler(Arc<AppState>, Format);
+struct Handler(Arc<AppState>, Format, String);
 
 impl Handler {
     fn decode_and_store(
         state: &AppState,
         format: Format,
+        tenant: &str,
         bytes: &[u8],
     ) -> Result<Vec<Ingested>, (&'static str, Status)> {
+        let limits = state.tenants.limits(tenant);
         let ctx = ingest::Context {
+            tenant,
             retention_s: state.retention.as_secs() as i64,
-            ..ingest::Context::new(&state.limits, now_s())
+            ..ingest::Context::new(limits, now_s())
         };
         let refused =
             |e: ingest::IngestError| (e.reason(), Status::invalid_argument(e.to_string()));
@@ -124,15 +144,20 @@ impl tonic::server::UnaryService<Bytes> for Handler {
     type Future = BoxFuture<Result<tonic::Response<Bytes>, Status>>;
 
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let (state, format) = (self.0.clone(), self.1);
+        let (state, format, tenant) = (self.0.clone(), self.1, self.2.clone());
         Box::pin(async move {
             let started = Instant::now();
             let bytes = request.into_inner();
+            if let Err(busy) = state.tenants.admit_push(&tenant, bytes.len()) {
+                state.metrics.pushes_refused.add("rate_limited");
+                return Err(Status::resource_exhausted(busy.to_string()));
+            }
             let st = state.clone();
-            let result =
-                tokio::task::spawn_blocking(move || Self::decode_and_store(&st, format, &bytes))
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?;
+            let result = tokio::task::spawn_blocking(move || {
+                Self::decode_and_store(&st, format, &tenant, &bytes)
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
             match result {
                 Ok(stored) => {
                     let took = started.elapsed();
@@ -164,19 +189,5 @@ impl tonic::server::UnaryService<Bytes> for Handler {
                 }
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::token_ok;
-
-    #[test]
-    fn tokens() {
-        assert!(token_ok("s3cret", Some(b"Bearer s3cret")));
-        assert!(!token_ok("s3cret", Some(b"Bearer s3cres")));
-        assert!(!token_ok("s3cret", Some(b"Bearer s3cret2")));
-        assert!(!token_ok("s3cret", Some(b"s3cret")));
-        assert!(!token_ok("s3cret", None));
     }
 }

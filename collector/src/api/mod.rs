@@ -3,6 +3,7 @@
 //! This module only routes; handlers live in the submodules, and the types they share in
 //! [`error`], [`params`] and [`state`].
 
+pub mod access;
 pub mod diff;
 pub mod error;
 pub mod ingest;
@@ -16,7 +17,8 @@ pub mod trace_link;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
 use axum::routing::get;
 use pyrometer_proto::ingest::PUSH_PATH;
 
@@ -45,5 +47,30 @@ pub fn router(state: Arc<AppState>) -> Router {
             ingest::service(state.clone(), ingest::Format::Otlp),
         )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
+}
+
+/// Headers every answer carries: the UI loads only its own scripts and styles, is never
+/// framed by another site, and no answer is sniffed into another type.
+async fn security_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; \
+             connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
+             frame-ancestors 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    r
 }

@@ -9,6 +9,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use crate::api::access::{Reader, run_query, store_error};
 use crate::api::error::ApiError;
 use crate::api::params::{RangeParams, label_list, sample_type};
 use crate::api::state::AppState;
@@ -30,17 +31,22 @@ pub struct ProfileParams {
 
 pub async fn profile(
     State(state): State<Arc<AppState>>,
+    reader: Reader,
     Query(p): Query<ProfileParams>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let result = profile_inner(&state, p).await;
+    let result = profile_inner(&state, &reader, p).await;
     state
         .metrics
         .observe_query(started.elapsed(), result.is_ok());
     result
 }
 
-async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Response, ApiError> {
+async fn profile_inner(
+    state: &Arc<AppState>,
+    reader: &Reader,
+    p: ProfileParams,
+) -> Result<Response, ApiError> {
     let selector =
         Selector::parse(p.query.as_deref().unwrap_or("")).map_err(ApiError::bad_request)?;
     let (from_s, to_s) = p.range.range()?;
@@ -65,30 +71,33 @@ async fn profile_inner(state: &Arc<AppState>, p: ProfileParams) -> Result<Respon
             _ => Some(vec!["comm".to_string()]),
         }
     };
-    let store = state.store.clone();
     let wanted = p.sample_type.clone();
-    let (types, stacks) = tokio::task::spawn_blocking(move || {
-        let types = store.sample_types()?;
-        let name = wanted.unwrap_or_else(|| "samples".into());
-        let matcher = |l: &crate::store::LabelSet| selector.matches(l);
-        let selection = Selection {
-            from_s,
-            to_s,
-            sample_type: &name,
-            labels: &matcher,
+    let tenant = reader.0.clone();
+    let st = state.clone();
+    let (types, stacks) = run_query(state, reader, move |store| {
+        let select = || {
+            let types = store.sample_types()?;
+            let name = wanted.unwrap_or_else(|| "samples".into());
+            let own = Reader(tenant);
+            let matcher = |l: &crate::store::LabelSet| own.owns(l) && selector.matches(l);
+            let selection = Selection {
+                from_s,
+                to_s,
+                sample_type: &name,
+                labels: &matcher,
+            };
+            let stacks = match &keep {
+                Some(keep) => {
+                    let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+                    store.select_merged(&selection, &keep)?
+                }
+                None => store.select(&selection)?,
+            };
+            Ok::<_, StoreError>((types, stacks))
         };
-        let stacks = match &keep {
-            Some(keep) => {
-                let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
-                store.select_merged(&selection, &keep)?
-            }
-            None => store.select(&selection)?,
-        };
-        Ok::<_, StoreError>((types, stacks))
+        select().map_err(|e| store_error(&st, e))
     })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(|e| ApiError::store(&state.metrics, e))?;
+    .await?;
     let name = p.sample_type.as_deref().unwrap_or("samples");
     let ty = sample_type(&types, name)?;
     answer(&p, &format, &by, ty, &stacks)

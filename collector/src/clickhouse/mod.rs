@@ -708,17 +708,34 @@ impl Store for ClickHouseStore {
             .collect())
     }
 
-    fn label_names(&self, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+    fn label_names(
+        &self,
+        from_s: i64,
+        to_s: i64,
+        labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+    ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let names: std::collections::BTreeSet<String> =
-            sets.values().flat_map(|s| s.keys().cloned()).collect();
+        let names: std::collections::BTreeSet<String> = sets
+            .values()
+            .filter(|s| labels(s))
+            .flat_map(|s| s.keys().cloned())
+            .collect();
         Ok(names.into_iter().collect())
     }
 
-    fn label_values(&self, name: &str, from_s: i64, to_s: i64) -> Result<Vec<String>, StoreError> {
+    fn label_values(
+        &self,
+        name: &str,
+        from_s: i64,
+        to_s: i64,
+        labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+    ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let values: std::collections::BTreeSet<String> =
-            sets.values().filter_map(|s| s.get(name).cloned()).collect();
+        let values: std::collections::BTreeSet<String> = sets
+            .values()
+            .filter(|s| labels(s))
+            .filter_map(|s| s.get(name).cloned())
+            .collect();
         Ok(values.into_iter().collect())
     }
 

@@ -62,7 +62,10 @@ fn replay_counts_once_and_survives_reopen() {
     assert!(store.ingest(&b).unwrap().duplicate);
     assert_eq!(total(&store, 0, 2000), 12);
     assert!(store.has_batch("a", 2).unwrap());
-    assert_eq!(store.label_values("node", 0, 2000).unwrap(), vec!["n1"]);
+    assert_eq!(
+        store.label_values("node", 0, 2000, &|_| true).unwrap(),
+        vec!["n1"]
+    );
     // The time range selects buckets: 1000 and 1003 share the bucket starting at 1000.
     assert_eq!(total(&store, 1010, 2000), 0);
 }

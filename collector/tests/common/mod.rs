@@ -147,12 +147,18 @@ pub async fn push(
 
 /// A plain HTTP/1.1 GET: status and body.
 pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    get_with(addr, path, None).await
+}
+
+/// A plain HTTP/1.1 GET with a bearer token: status and body.
+pub async fn get_with(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
     let path = path.to_string();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
         )
         .unwrap();
         let mut raw = Vec::new();
@@ -197,6 +203,23 @@ pub fn enc(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Serves `state` on a random loopback port as the collector binary does; the address.
+pub async fn serve(state: std::sync::Arc<pyrometer_collector::api::AppState>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = pyrometer_collector::api::router(state.clone());
+    let metrics = state.metrics.clone();
+    tokio::spawn(pyrometer_collector::serve::serve(
+        listener,
+        app,
+        None,
+        pyrometer_collector::serve::Options::default(),
+        metrics,
+        std::future::pending(),
+    ));
+    addr
 }
 
 #[path = "clickhouse_server.rs"]
