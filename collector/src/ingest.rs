@@ -276,6 +276,7 @@ pub fn from_view(
         time_s,
         sample_types,
         rows,
+        max_label_sets: Some(ctx.limits.max_label_sets),
     })
 }
 

@@ -40,9 +40,14 @@ struct Args {
     #[arg(long, default_value = "/var/lib/pyrometer-collector")]
     data_dir: PathBuf,
     /// Where profiles are kept: sqlite:DIR (embedded, the default, in --data-dir) or
-    /// clickhouse://HOST:PORT/DATABASE (shared by any number of collectors).
+    /// clickhouse://HOST:PORT/DATABASE (shared by any number of collectors), or
+    /// clickhouses://HOST:PORT/DATABASE over HTTPS.
     #[arg(long, value_name = "URL")]
     store: Option<String>,
+    /// PEM file of the CA that signed a clickhouses:// store's certificate (default: the
+    /// system's roots).
+    #[arg(long, value_name = "FILE")]
+    store_ca: Option<PathBuf>,
     /// File holding USER:PASSWORD for the ClickHouse store (never on the command line).
     #[arg(long, value_name = "FILE")]
     store_credentials: Option<PathBuf>,
@@ -270,8 +275,13 @@ async fn reload_on_sighup(state: Arc<AppState>) {
 /// The store `--store` (or `--data-dir`) names, and how to name it in messages.
 fn open_store(args: &Args) -> anyhow::Result<(Arc<dyn Store>, String)> {
     let spec = args.store.clone().unwrap_or_default();
-    if spec.starts_with("clickhouse://") {
-        let location = Location::parse(&spec).map_err(anyhow::Error::msg)?;
+    if spec.starts_with("clickhouse://") || spec.starts_with("clickhouses://") {
+        let mut location = Location::parse(&spec).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            args.store_ca.is_none() || location.tls,
+            "--store-ca is for a clickhouses:// (HTTPS) store"
+        );
+        location.ca = args.store_ca.clone();
         let credentials = match &args.store_credentials {
             Some(path) => Some(read_credentials(path).map_err(anyhow::Error::msg)?),
             None => None,

@@ -74,6 +74,8 @@ impl Metrics {
         } else {
             self.batches_ingested.fetch_add(1, Relaxed);
             self.rows_ingested.fetch_add(stored.rows, Relaxed);
+            self.label_sets_refused
+                .fetch_add(stored.rows_refused, Relaxed);
         }
     }
 

@@ -37,7 +37,7 @@ pub struct Row {
 }
 
 /// A validated push: everything the store needs, nothing wire-specific.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Batch {
     pub agent_id: String,
     pub sequence: u64,
@@ -46,13 +46,19 @@ pub struct Batch {
     /// `(name, unit)` pairs, e.g. `("cpu", "nanoseconds")`.
     pub sample_types: Vec<(String, String)>,
     pub rows: Vec<Row>,
+    /// Label sets the batch's tenant may keep (its `max_label_sets`): rows of label sets
+    /// the store does not hold yet are refused once it holds this many. `None`: no limit.
+    pub max_label_sets: Option<usize>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Ingested {
     /// The (agent id, sequence) pair had been stored before; nothing was added.
     pub duplicate: bool,
     pub rows: u64,
+    /// Rows left out because their label set was new and the tenant holds its
+    /// `max_label_sets` already.
+    pub rows_refused: u64,
 }
 
 /// What a query selects: a time range, a sample type and a predicate on label sets.
@@ -120,9 +126,15 @@ impl StoreError {
     }
 }
 
+/// The tenant of a label set (internal name: empty for the default tenant).
+pub fn tenant_of(labels: &LabelSet) -> &str {
+    labels.get(TENANT_LABEL).map_or("", String::as_str)
+}
+
 pub trait Store: Send + Sync {
     /// Stores a batch atomically, once: a batch whose (agent id, sequence) was stored before
-    /// changes nothing.
+    /// changes nothing. Rows of new label sets beyond the batch's `max_label_sets` are left
+    /// out (and counted in the answer).
     fn ingest(&self, batch: &Batch) -> Result<Ingested, StoreError>;
     /// Stacks with their summed values, one entry per (label set, stack).
     fn select(&self, selection: &Selection<'_>) -> Result<Vec<Stacked>, StoreError>;
@@ -163,7 +175,8 @@ pub trait Store: Send + Sync {
     fn sample_types(&self) -> Result<Vec<(String, String)>, StoreError>;
     /// Bytes the store occupies on disk.
     fn size_bytes(&self) -> Result<u64, StoreError>;
-    /// Deletes buckets starting before `before_s`; returns the rows removed.
+    /// Deletes buckets starting before `before_s`, then the label sets, stacks and frame
+    /// names no remaining sample uses; returns the rows removed.
     fn expire(&self, before_s: i64) -> Result<u64, StoreError>;
     /// Merges buckets starting before `before_s` into buckets of `coarse_s` seconds (totals
     /// unchanged, time resolution lost); returns the rows removed.

@@ -325,7 +325,18 @@ fn everything(store: &dyn Store, from_s: i64, to_s: i64) -> i64 {
 }
 
 fn pushed(store: &dyn Store, agent: &str, seq: u64, node: &str, time_s: i64) -> bool {
-    let bytes = request(agent, seq, node, profile("app", &["main"], 4, time_s));
+    pushed_stack(store, agent, seq, node, time_s, &["main"])
+}
+
+fn pushed_stack(
+    store: &dyn Store,
+    agent: &str,
+    seq: u64,
+    node: &str,
+    time_s: i64,
+    stack: &[&str],
+) -> bool {
+    let bytes = request(agent, seq, node, profile("app", stack, 4, time_s));
     let batch =
         pyrometer_collector::ingest::decode(&bytes, &Context::new(&Limits::default(), time_s))
             .unwrap();
@@ -346,8 +357,9 @@ fn mutations_done(server: &ClickHouse, db: &str) {
     }
 }
 
-/// A store of schema version 1 (rows sorted by time first, in `samples`; label sets
-/// without a write time) opens as version 2: its rows stay readable beside new ones in
+/// A store of schema version 1 (rows sorted by time first, in `samples`; label sets and
+/// stacks without a write time) opens as the current version: its rows stay readable beside
+/// new ones in
 /// `samples_v2`, a replay of an old batch is still recognized, and retention drops days of
 /// both tables.
 #[test]
@@ -368,6 +380,7 @@ fn a_version_1_store_is_upgraded_in_place() {
         "DROP TABLE up.all_samples",
         "DROP TABLE up.samples_v2",
         "ALTER TABLE up.labelsets DROP COLUMN at",
+        "ALTER TABLE up.stacks DROP COLUMN at",
         "DROP TABLE up.schema_version",
         "CREATE TABLE up.schema_version (version UInt32, applied_at DateTime DEFAULT now())
          ENGINE = ReplacingMergeTree() ORDER BY version",
@@ -380,13 +393,13 @@ fn a_version_1_store_is_upgraded_in_place() {
         server
             .sql("SELECT max(version) FROM up.schema_version")
             .trim(),
-        "2"
+        pyrometer_collector::clickhouse::schema::VERSION.to_string()
     );
     assert_eq!(
         server
-            .sql("SELECT count() FROM system.columns WHERE database = 'up' AND table = 'labelsets' AND name = 'at'")
+            .sql("SELECT count() FROM system.columns WHERE database = 'up' AND table IN ('labelsets', 'stacks') AND name = 'at'")
             .trim(),
-        "1"
+        "2"
     );
     assert_eq!(everything(&store, old - day, now + 1), 8);
     assert!(
@@ -409,9 +422,9 @@ fn a_version_1_store_is_upgraded_in_place() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Retention removes the label sets no sample row uses any more (once they are older than
-/// the grace a collector's cache relies on), keeps those still used, and a label set seen
-/// again after its removal is written again and read back.
+/// Retention removes the label sets and stacks no sample row uses any more (once they are
+/// older than the grace a collector's cache relies on), keeps those still used, and a label
+/// set seen again after its removal is written again and read back.
 #[test]
 fn retention_removes_label_sets_no_sample_uses() {
     let dir = scratch("labelsets");
@@ -419,8 +432,30 @@ fn retention_removes_label_sets_no_sample_uses() {
     let now = now_s();
     let day = 86_400;
     let store = clickhouse_store(&server, "ls");
-    assert!(pushed(&store, "a", 1, "gone-node", now - 3 * day));
-    assert!(pushed(&store, "a", 2, "kept-node", now));
+    assert!(pushed_stack(
+        &store,
+        "a",
+        1,
+        "gone-node",
+        now - 3 * day,
+        &["main", "gone"]
+    ));
+    assert!(pushed_stack(
+        &store,
+        "a",
+        2,
+        "kept-node",
+        now,
+        &["main", "kept"]
+    ));
+    let stacks = |frame: &str| {
+        server
+            .sql(&format!(
+                "SELECT count() FROM ls.stacks WHERE has(frames, '{frame}')"
+            ))
+            .trim()
+            .to_string()
+    };
     let count = |node: &str| {
         server
             .sql(&format!(
@@ -433,13 +468,17 @@ fn retention_removes_label_sets_no_sample_uses() {
     store.expire(now - day).unwrap();
     mutations_done(&server, "ls");
     assert_eq!(count("gone-node"), "1");
+    assert_eq!(stacks("gone"), "1");
     // As if written long ago.
     server.sql("ALTER TABLE ls.labelsets UPDATE at = toDateTime(1000) WHERE 1");
+    server.sql("ALTER TABLE ls.stacks UPDATE at = toDateTime(1000) WHERE 1");
     mutations_done(&server, "ls");
     store.expire(now - day).unwrap();
     mutations_done(&server, "ls");
     assert_eq!(count("gone-node"), "0");
     assert_eq!(count("kept-node"), "1");
+    assert_eq!(stacks("gone"), "0");
+    assert_eq!(stacks("kept"), "1");
     assert_eq!(everything(&store, now - 4 * day, now + 1), 4);
     // Another collector (its cache empty) meets the label set again.
     let other = clickhouse_store(&server, "ls");
@@ -469,6 +508,7 @@ fn batch(agent: &str, sequence: u64, time_s: i64, rows: &[(&str, i64)]) -> Batch
                 value,
             })
             .collect(),
+        max_label_sets: None,
     }
 }
 
@@ -568,6 +608,7 @@ fn labelled(
                 value,
             })
             .collect(),
+        max_label_sets: None,
     }
 }
 

@@ -166,10 +166,7 @@ impl tonic::server::UnaryService<Bytes> for Handler {
                     }
                     let reply = match format {
                         Format::Push => {
-                            let s = stored.first().copied().unwrap_or(Ingested {
-                                duplicate: false,
-                                rows: 0,
-                            });
+                            let s = stored.first().copied().unwrap_or_default();
                             PushReply {
                                 duplicate: s.duplicate,
                                 samples: s.rows,
