@@ -224,6 +224,7 @@ pub fn from_view(
     let mut stack_cache: IdMap<&[u64], Stack> = IdMap::default();
     let mut names: Vec<&Frame> = Vec::new();
     let rows = profile.values.iter().filter(|&&v| v != 0).count();
+    budget.charge(rows.saturating_mul(std::mem::size_of::<Row>()))?;
     let mut rows = Vec::with_capacity(rows);
     for sample in &profile.sample {
         let values = profile.values(sample);
@@ -442,7 +443,6 @@ struct Labels<'p, 'v> {
 impl Labels<'_, '_> {
     fn set(&self, labels: &[LabelView], budget: &mut Budget) -> Result<Arc<LabelSet>, IngestError> {
         let mut set = LabelSet::new();
-        let mut cost = 0usize;
         for &(key, str, num) in labels {
             let name = string(self.profile, key)?;
             if name.is_empty() || name == "node" || name.starts_with("__") {
@@ -465,28 +465,21 @@ impl Labels<'_, '_> {
                 value.len(),
                 self.limits.max_label_value_bytes,
             )?;
-            cost = cost.saturating_add(label_cost(name, &value));
             set.insert(name.to_string(), value);
         }
         // The pushing agent's node wins over any sample label of that name.
-        cost = cost.saturating_add(label_cost("node", self.node));
         set.insert("node".into(), self.node.to_string());
         if !self.tenant.is_empty() {
-            cost = cost.saturating_add(label_cost(TENANT_LABEL, self.tenant));
             set.insert(TENANT_LABEL.into(), self.tenant.to_string());
         }
-        budget.charge(cost.saturating_add(LABEL_SET_COST))?;
+        set.shrink();
+        budget.charge(LABEL_SET_COST + set.heap_bytes())?;
         Ok(Arc::new(set))
     }
 }
 
-/// Bytes a label set costs beyond its labels: the `Arc` and the map's first node.
-const LABEL_SET_COST: usize = 600;
-
-/// Bytes one label of a set costs: its strings and its share of the map's nodes.
-fn label_cost(name: &str, value: &str) -> usize {
-    name.len() + value.len() + 112
-}
+/// Bytes a label set costs beyond its heap: the `Arc` and the set itself.
+const LABEL_SET_COST: usize = 16 + std::mem::size_of::<LabelSet>();
 
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,7 @@ pub mod config;
 pub mod frames;
 pub mod idmap;
 pub mod ingest;
+pub mod labelset;
 pub mod limits;
 pub mod metrics;
 pub mod otlp_ingest;

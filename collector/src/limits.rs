@@ -31,9 +31,10 @@ pub struct Limits {
     pub max_label_value_bytes: usize,
     /// Entries of each table of an OTLP request's dictionary (and of its stack table).
     pub max_dictionary_entries: usize,
-    /// Memory one push may decode into beyond its own bytes (new stacks and label sets), per
-    /// byte pushed: a pprof stack names its locations by id, so a few bytes can stand for
-    /// thousands of frames. An agent's pushes decode into 2 to 10 bytes per byte.
+    /// Memory one push may decode into (its rows, and the names, stacks and label sets new to
+    /// the collector), per byte pushed: a pprof stack names its locations by id, so a few
+    /// bytes can stand for thousands of frames. An agent's pushes decode into 2 to 13 bytes
+    /// per byte.
     pub max_expansion: usize,
     /// Label sets a tenant keeps (retention removes unused ones); samples of new label sets
     /// beyond it are refused and counted.
@@ -65,7 +66,7 @@ impl Default for Limits {
             max_label_name_bytes: 1024,
             max_label_value_bytes: 2048,
             max_dictionary_entries: 500_000,
-            max_expansion: 24,
+            max_expansion: 32,
             max_label_sets: 100_000,
             ingest_rate_mb: 64.0,
             ingest_burst_mb: 128.0,
@@ -151,7 +152,8 @@ pub struct LimitFlags {
     /// Entries of each table of an OTLP dictionary (default 500000).
     #[arg(long, value_name = "N")]
     pub max_dictionary_entries: Option<usize>,
-    /// Bytes of new names, stacks and label sets a push may decode into per byte (default 24).
+    /// Bytes of rows and new names, stacks and label sets a push may decode into per byte
+    /// pushed (default 32).
     #[arg(long, value_name = "N")]
     pub max_expansion: Option<usize>,
     /// Label sets a tenant keeps; samples of new ones beyond it are refused (default 100000).

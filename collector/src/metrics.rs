@@ -60,6 +60,9 @@ pub struct Metrics {
     pub queries_timed_out: AtomicU64,
     ingest_ns: AtomicU64,
     ingest_count: AtomicU64,
+    /// CPU time of the threads that decoded and stored pushes, and the most one took.
+    push_cpu_ns: AtomicU64,
+    push_cpu_max_ns: AtomicU64,
     query_ns: AtomicU64,
     query_count: AtomicU64,
     query_errors: AtomicU64,
@@ -77,6 +80,13 @@ impl Metrics {
             self.label_sets_refused
                 .fetch_add(stored.rows_refused, Relaxed);
         }
+    }
+
+    /// The CPU time one push (or OTLP request) took of the thread that handled it.
+    pub fn observe_push_cpu(&self, cpu: Duration) {
+        let ns = cpu.as_nanos() as u64;
+        self.push_cpu_ns.fetch_add(ns, Relaxed);
+        self.push_cpu_max_ns.fetch_max(ns, Relaxed);
     }
 
     pub fn observe_query(&self, took: Duration, ok: bool) {
@@ -140,6 +150,18 @@ impl Metrics {
             self.ingest_ns.load(Relaxed),
             self.ingest_count.load(Relaxed),
         );
+        let _ = write!(
+            out,
+            "# HELP pyrometer_collector_push_cpu_seconds_total CPU time of the threads that \
+             decoded and stored pushes.\n\
+             # TYPE pyrometer_collector_push_cpu_seconds_total counter\n\
+             pyrometer_collector_push_cpu_seconds_total {}\n\
+             # HELP pyrometer_collector_push_cpu_seconds_max The most CPU time one push took.\n\
+             # TYPE pyrometer_collector_push_cpu_seconds_max gauge\n\
+             pyrometer_collector_push_cpu_seconds_max {}\n",
+            self.push_cpu_ns.load(Relaxed) as f64 / 1e9,
+            self.push_cpu_max_ns.load(Relaxed) as f64 / 1e9,
+        );
         summary(
             &mut out,
             "pyrometer_collector_query_duration_seconds",
@@ -187,6 +209,17 @@ impl Metrics {
         }
         out
     }
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn summary(out: &mut String, name: &str, help: &str, ns: u64, count: u64) {

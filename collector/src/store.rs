@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A sample's labels, sorted by name so equal sets compare and serialize equally.
-pub type LabelSet = BTreeMap<String, String>;
+pub use crate::labelset::LabelSet;
 
 /// One frame's name, shared by every stack that holds it: a decoded stack costs a pointer a
 /// frame, not a copy of each name.

@@ -154,7 +154,13 @@ impl tonic::server::UnaryService<Bytes> for Handler {
             }
             let st = state.clone();
             let result = tokio::task::spawn_blocking(move || {
-                Self::decode_and_store(&st, format, &tenant, &bytes)
+                let cpu = crate::metrics::thread_cpu();
+                let result = Self::decode_and_store(&st, format, &tenant, &bytes);
+                // Dropped here too, on this thread: its freeing counts.
+                drop(bytes);
+                st.metrics
+                    .observe_push_cpu(crate::metrics::thread_cpu().saturating_sub(cpu));
+                result
             })
             .await
             .map_err(|e| Status::internal(e.to_string()))?;

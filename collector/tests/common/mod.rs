@@ -145,6 +145,41 @@ pub async fn push(
     Ok(PushReply::decode(reply.into_inner()).expect("reply decodes"))
 }
 
+/// One unary gRPC call of `path` with a raw body: the raw reply.
+pub async fn call(
+    addr: SocketAddr,
+    token: Option<&str>,
+    path: &'static str,
+    body: Vec<u8>,
+) -> Result<Bytes, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(64 << 20);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut req = tonic::Request::new(Bytes::from(body));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let path = http::uri::PathAndQuery::from_static(path);
+    Ok(grpc.unary(req, path, RawCodec).await?.into_inner())
+}
+
+pub fn now_s() -> i64 {
+    pyrometer_collector::api::now_s()
+}
+
+#[path = "hostile.rs"]
+pub mod hostile;
+
+#[path = "binary.rs"]
+pub mod binary;
+
 /// A plain HTTP/1.1 GET: status and body.
 pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     get_with(addr, path, None).await
