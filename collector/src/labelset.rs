@@ -187,9 +187,15 @@ mod tests {
         assert_eq!(keys, ["comm", "node", "pid"]);
         let mut smaller = set.clone();
         smaller.remove("pid");
-        let smaller_map: BTreeMap<String, String> =
-            smaller.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        assert_eq!(smaller.cmp(&set), smaller_map.cmp(&map), "ordered as the map");
+        let smaller_map: BTreeMap<String, String> = smaller
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(
+            smaller.cmp(&set),
+            smaller_map.cmp(&map),
+            "ordered as the map"
+        );
         assert_eq!(set.len(), 3);
     }
 }

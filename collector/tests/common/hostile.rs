@@ -349,6 +349,30 @@ pub fn otlp_shared_stack(depth: u64, samples: u64, time_s: i64) -> Vec<u8> {
     otlp(&profile, &dict, "otlp-node")
 }
 
+/// OTLP: one location referenced `len` times by the stack of one sample.
+pub fn otlp_long_stack(len: u64, time_s: i64) -> Vec<u8> {
+    let mut dict = Pb::default();
+    dict.msg(2, &Pb::default());
+    dict.msg(3, &Pb::default());
+    dict.msg(3, Pb::default().int(1, 1));
+    let mut line = Pb::default();
+    line.int(1, 1);
+    dict.msg(2, Pb::default().msg(3, &line));
+    for s in ["", "fn", "samples", "count"] {
+        dict.bytes(5, s.as_bytes());
+    }
+    dict.msg(7, &Pb::default());
+    dict.msg(
+        7,
+        Pb::default().packed(1, std::iter::repeat_n(1, len as usize)),
+    );
+    let mut profile = Pb::default();
+    profile.msg(1, Pb::default().int(1, 2).int(2, 3));
+    profile.msg(2, Pb::default().int(1, 1).packed(4, [1]));
+    profile.fixed64(3, time_s as u64 * 1_000_000_000);
+    otlp(&profile, &dict, "otlp-long")
+}
+
 /// OTLP: `strings` distinct strings and `samples` samples each labelled with a few of them
 /// through the attribute table (label strings were once looked up one by one).
 pub fn otlp_many_strings(strings: u64, samples: u64, time_s: i64) -> Vec<u8> {
