@@ -11,6 +11,7 @@ pub mod idmap;
 pub mod ingest;
 pub mod labelset;
 pub mod limits;
+pub mod memory;
 pub mod metrics;
 pub mod otlp_ingest;
 pub mod query;

@@ -131,6 +131,7 @@ fn parse_age(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> std::process::ExitCode {
+    pyrometer_collector::memory::limit_arenas();
     let args = Args::parse();
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -75,6 +75,53 @@ pub struct SqliteStore {
     touched: Mutex<Option<retention::Touched>>,
     /// Whether retention pruned since the store was opened.
     pruned_once: AtomicBool,
+    _checkpointer: Checkpointer,
+}
+
+/// Copies the write-ahead log into the database every second, on a connection and thread of
+/// its own, so that no push pays for it; stopped when the store is dropped.
+struct Checkpointer {
+    stop: std::sync::Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the journal is checkpointed.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Checkpointer {
+    fn start(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.execute_batch("PRAGMA busy_timeout = 5000;")?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("sqlite-checkpoint".into())
+            .spawn(move || {
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::park_timeout(CHECKPOINT_EVERY);
+                    // Passive: copies what no reader still needs, waits for nobody.
+                    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                }
+            })
+            .map_err(|source| StoreError::Create {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
 }
 
 impl SqliteStore {
@@ -87,9 +134,12 @@ impl SqliteStore {
         let path = dir.join("pyrometer.sqlite");
         let mut conn = Connection::open(&path)?;
         // FULL: a batch is acknowledged only after its commit is on disk, so an agent that
-        // deleted it from its spool cannot lose it to a power cut either.
+        // deleted it from its spool cannot lose it to a power cut either. The journal is
+        // checkpointed by a thread of its own (see `Checkpointer`), not by the commit of
+        // whichever push crosses the threshold.
         conn.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;",
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;
+             PRAGMA wal_autocheckpoint = 0;",
         )?;
         private(&path);
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -105,6 +155,7 @@ impl SqliteStore {
             convert_samples(&mut conn)?;
         }
         let cache = Cache::load(&conn)?;
+        let checkpointer = Checkpointer::start(&path)?;
         Ok(Self {
             path,
             writer: Mutex::new(conn),
@@ -112,6 +163,7 @@ impl SqliteStore {
             cache: RwLock::new(cache),
             touched: Mutex::new(None),
             pruned_once: AtomicBool::new(false),
+            _checkpointer: checkpointer,
         })
     }
 

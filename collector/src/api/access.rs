@@ -122,6 +122,16 @@ pub async fn run_query<T: Send + 'static>(
     }
 }
 
+/// Runs `f` (rendering an answer: pprof, SVG, JSON of thousands of stacks) on a blocking
+/// thread: on the runtime's few workers it would hold up the pushes they also serve.
+pub async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)
+}
+
 /// A store error as an API error (see [`ApiError::store`]).
 pub fn store_error(state: &AppState, e: StoreError) -> ApiError {
     ApiError::store(&state.metrics, e)

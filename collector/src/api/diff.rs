@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use pyrometer_diff::{Aggregate, DiffOptions};
 use serde::Deserialize;
 
-use crate::api::access::{Reader, run_query};
+use crate::api::access::{Reader, off_runtime, run_query};
 use crate::api::error::ApiError;
 use crate::api::params::RangeParams;
 use crate::api::state::AppState;
@@ -199,6 +199,19 @@ async fn diff_inner(
         Ok((ty, b?, n?, (base, new)))
     })
     .await?;
+    off_runtime(move || answer(&ty, base, new, sides, &format, options, fail_above)).await?
+}
+
+/// The comparison of the two sides' stacks in `format`.
+fn answer(
+    ty: &(String, String),
+    base: Selected,
+    new: Selected,
+    sides: (Side, Side),
+    format: &str,
+    options: DiffOptions,
+    fail_above: Option<f64>,
+) -> Result<Response, ApiError> {
     let (base_side, new_side) = sides;
     for (side, sel) in [(&base_side, &base), (&new_side, &new)] {
         if sel.stacks.iter().all(|s| s.value <= 0) {
@@ -259,8 +272,8 @@ async fn diff_inner(
         }
     }
     let mut body = d.to_json(fail_above);
-    body["type"] = ty.0.into();
-    body["unit"] = ty.1.into();
+    body["type"] = ty.0.clone().into();
+    body["unit"] = ty.1.clone().into();
     for (key, side) in [("base", &base_side), ("new", &new_side)] {
         if let (Some(obj), serde_json::Value::Object(sel)) =
             (body[key].as_object_mut(), side.describe())

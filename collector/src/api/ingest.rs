@@ -157,7 +157,11 @@ impl tonic::server::UnaryService<Bytes> for Handler {
                 let cpu = crate::metrics::thread_cpu();
                 let result = Self::decode_and_store(&st, format, &tenant, &bytes);
                 // Dropped here too, on this thread: its freeing counts.
+                let large = bytes.len() >= crate::memory::RELEASE_AFTER;
                 drop(bytes);
+                if large {
+                    crate::memory::release();
+                }
                 st.metrics
                     .observe_push_cpu(crate::metrics::thread_cpu().saturating_sub(cpu));
                 result

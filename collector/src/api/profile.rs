@@ -9,7 +9,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use crate::api::access::{Reader, run_query, store_error};
+use crate::api::access::{Reader, off_runtime, run_query, store_error};
 use crate::api::error::ApiError;
 use crate::api::params::{RangeParams, label_list, sample_type};
 use crate::api::state::AppState;
@@ -99,8 +99,8 @@ async fn profile_inner(
     })
     .await?;
     let name = p.sample_type.as_deref().unwrap_or("samples");
-    let ty = sample_type(&types, name)?;
-    answer(&p, &format, &by, ty, &stacks)
+    let ty = sample_type(&types, name)?.clone();
+    off_runtime(move || answer(&p, &format, &by, &ty, &stacks)).await?
 }
 
 /// The selection's stacks in the asked format.

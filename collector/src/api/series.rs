@@ -16,7 +16,7 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use crate::api::access::{Reader, run_query, store_error};
+use crate::api::access::{Reader, off_runtime, run_query, store_error};
 use crate::api::error::ApiError;
 use crate::api::params::{RangeParams, label_list, sample_type};
 use crate::api::state::AppState;
@@ -135,8 +135,22 @@ async fn series_inner(
     })
     .await?;
 
+    off_runtime(move || answer(&ty, from_s, to_s, step, limit, &by, &points)).await
+}
+
+/// The series of `points` on the grid of `[from_s, to_s)` in `step`s, the `limit` largest
+/// kept and the rest summed, as JSON.
+fn answer(
+    ty: &(String, String),
+    from_s: i64,
+    to_s: i64,
+    step: i64,
+    limit: usize,
+    by: &[String],
+    points: &[Point],
+) -> Response {
     let grid = Grid::new(from_s, to_s, step);
-    let groups = group(&points, &by, &grid);
+    let groups = group(points, by, &grid);
     let total = groups.iter().fold(0i64, |t, g| t.saturating_add(g.total));
     let (kept, rest) = keep_largest(groups, limit);
     let mut series: Vec<serde_json::Value> = kept
@@ -155,7 +169,7 @@ async fn series_inner(
         "type": ty.0, "unit": ty.1, "from": from_s, "to": to_s - 1, "step": step, "by": by,
         "total": total, "timestamps": grid.timestamps(), "series": series,
     });
-    Ok(axum::Json(body).into_response())
+    axum::Json(body).into_response()
 }
 
 /// The steps of `[from_s, to_s)`: starts at multiples of `step`, the first one holding `from_s`.
