@@ -117,14 +117,19 @@ fn check_counts(c: &Counts, l: &Limits) -> Result<(), LimitError> {
     Ok(())
 }
 
-/// Decodes a pushed `PushRequest` (borrowing its strings, see [`crate::wire`]) into a batch.
-pub fn decode(bytes: &[u8], ctx: &Context<'_>) -> Result<Batch, IngestError> {
-    Limits::check(
+/// Refuses a push larger than the tenant's `max_push_bytes`.
+pub fn check_size(bytes: &[u8], limits: &Limits) -> Result<(), IngestError> {
+    Ok(Limits::check(
         "max_push_bytes",
         "bytes pushed",
         bytes.len(),
-        ctx.limits.max_push_bytes,
-    )?;
+        limits.max_push_bytes,
+    )?)
+}
+
+/// Decodes a pushed `PushRequest` (borrowing its strings, see [`crate::wire`]) into a batch.
+pub fn decode(bytes: &[u8], ctx: &Context<'_>) -> Result<Batch, IngestError> {
+    check_size(bytes, ctx.limits)?;
     let counts = wire::count(bytes).map_err(|e| IngestError::Decode(e.to_string()))?;
     check_counts(&counts, ctx.limits)?;
     let req =

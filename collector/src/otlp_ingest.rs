@@ -187,12 +187,7 @@ fn check_counts(c: &Counts, l: &Limits) -> Result<(), IngestError> {
 
 /// The batches of one encoded `ExportProfilesServiceRequest`.
 pub fn decode(bytes: &[u8], ctx: &Context<'_>) -> Result<Vec<Batch>, IngestError> {
-    Limits::check(
-        "max_push_bytes",
-        "bytes pushed",
-        bytes.len(),
-        ctx.limits.max_push_bytes,
-    )?;
+    crate::ingest::check_size(bytes, ctx.limits)?;
     let bad = |e: String| IngestError::Decode(format!("not an ExportProfilesServiceRequest: {e}"));
     check_counts(&count(bytes).map_err(|e| bad(e.to_string()))?, ctx.limits)?;
     let req = pb::ExportProfilesServiceRequest::decode(bytes).map_err(|e| bad(e.to_string()))?;

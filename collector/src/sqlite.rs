@@ -32,6 +32,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::{
     BUCKET_SECONDS, Batch, Ingested, LabelSet, Point, Selection, Stacked, Store, StoreError, add,
+    names_of, values_of,
 };
 
 const SCHEMA: &str = "
@@ -350,12 +351,7 @@ impl Store for SqliteStore {
         labels: &(dyn Fn(&LabelSet) -> bool + Sync),
     ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let names: std::collections::BTreeSet<String> = sets
-            .iter()
-            .filter(|s| labels(s))
-            .flat_map(|s| s.keys().cloned())
-            .collect();
-        Ok(names.into_iter().collect())
+        Ok(names_of(sets.iter().map(|s| &**s), labels))
     }
 
     fn label_values(
@@ -366,12 +362,7 @@ impl Store for SqliteStore {
         labels: &(dyn Fn(&LabelSet) -> bool + Sync),
     ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let values: std::collections::BTreeSet<String> = sets
-            .iter()
-            .filter(|s| labels(s))
-            .filter_map(|s| s.get(name).cloned())
-            .collect();
-        Ok(values.into_iter().collect())
+        Ok(values_of(sets.iter().map(|s| &**s), name, labels))
     }
 
     fn sample_types(&self) -> Result<Vec<(String, String)>, StoreError> {

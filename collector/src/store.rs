@@ -190,6 +190,30 @@ pub fn add(sum: &mut i64, value: i64) {
     *sum = sum.saturating_add(value);
 }
 
+/// The label names of the label sets `labels` accepts, sorted (for [`Store::label_names`]).
+pub fn names_of<'a>(
+    sets: impl Iterator<Item = &'a LabelSet>,
+    labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+) -> Vec<String> {
+    let names: std::collections::BTreeSet<&String> =
+        sets.filter(|s| labels(s)).flat_map(|s| s.keys()).collect();
+    names.into_iter().cloned().collect()
+}
+
+/// The values of label `name` among the label sets `labels` accepts, sorted (for
+/// [`Store::label_values`]).
+pub fn values_of<'a>(
+    sets: impl Iterator<Item = &'a LabelSet>,
+    name: &str,
+    labels: &(dyn Fn(&LabelSet) -> bool + Sync),
+) -> Vec<String> {
+    let values: std::collections::BTreeSet<&String> = sets
+        .filter(|s| labels(s))
+        .filter_map(|s| s.get(name))
+        .collect();
+    values.into_iter().cloned().collect()
+}
+
 /// `labels` without the labels not named in `keep`.
 pub fn project(labels: &LabelSet, keep: &[&str]) -> LabelSet {
     labels

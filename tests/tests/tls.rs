@@ -171,6 +171,154 @@ fn tls_push_needs_the_ca_and_plain_text_is_refused() {
     );
 }
 
+/// A client certificate the CA signed, for an agent named `cn`, in `dir` as `NAME.pem` and
+/// `NAME.key`.
+fn make_client_cert(dir: &Path, name: &str, cn: &str) {
+    run(Command::new("openssl")
+        .current_dir(dir)
+        .args([
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .args([
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+        ])
+        .args(["-subj", &format!("/CN={cn}")]));
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    run(Command::new("openssl").current_dir(dir).args([
+        "x509",
+        "-req",
+        "-in",
+        &format!("{name}.csr"),
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        &format!("{name}.pem"),
+        "-days",
+        "2",
+        "-extfile",
+        "client.ext",
+    ]));
+}
+
+/// An agent authenticates with a client certificate (`--client-cert`/`--client-key`) to a
+/// collector that asks for them (`--client-ca`): its pushes arrive; an agent without one is
+/// refused and keeps its batches.
+#[test]
+fn a_client_certificate_authenticates_the_agent() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("tls-client");
+    make_certs(&dir);
+    make_client_cert(&dir, "agent", "node-cert.internal");
+    let port = free_port();
+    let _collector = Server(
+        Command::new(collector_bin())
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(dir.join("store"))
+            .arg("--tls-cert")
+            .arg(dir.join("server.pem"))
+            .arg("--tls-key")
+            .arg(dir.join("server.key"))
+            .arg("--client-ca")
+            .arg(dir.join("ca.pem"))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start pyrometer-collector"),
+    );
+    // Reads need credentials too: curl presents the agent's certificate.
+    let get = |path: &str| -> Option<String> {
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "5", "--cacert"])
+            .arg(dir.join("ca.pem"))
+            .arg("--cert")
+            .arg(dir.join("agent.pem"))
+            .arg("--key")
+            .arg(dir.join("agent.key"))
+            .arg(format!("https://127.0.0.1:{port}{path}"))
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get("/metrics").is_none() {
+        assert!(Instant::now() < deadline, "collector never served HTTPS");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        https_get(&dir, port, "/api/v1/labels").is_none(),
+        "a read without credentials"
+    );
+    let mut load = workload(&dir, "cert-wl", 30);
+    let url = format!("https://127.0.0.1:{port}");
+    let ca = dir.join("ca.pem");
+    let (cert, key) = (dir.join("agent.pem"), dir.join("agent.key"));
+    let mut with = Agent::start(
+        &dir,
+        "node-cert",
+        &url,
+        &[
+            "--comm",
+            "cert-wl",
+            "--ca",
+            ca.to_str().unwrap(),
+            "--client-cert",
+            cert.to_str().unwrap(),
+            "--client-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let mut without = Agent::start(
+        &dir,
+        "node-nocert",
+        &url,
+        &["--comm", "cert-wl", "--ca", ca.to_str().unwrap()],
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let pushed = get("/metrics")
+            .map(|m| metric(&m, "pyrometer_collector_batches_ingested_total"))
+            .unwrap_or(0.0);
+        if pushed >= 3.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pushes with the client certificate arrived"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let good = with.stop();
+    let bad = without.stop();
+    let _ = load.kill();
+    let _ = load.wait();
+    assert!(good["samples_pushed"].as_i64().unwrap() > 0, "{good}");
+    assert_eq!(bad["samples_pushed"], 0, "{bad}");
+    assert!(bad["spool_samples"].as_u64().unwrap() > 0, "{bad}");
+    let groups: serde_json::Value =
+        serde_json::from_str(&get("/api/v1/profile?by=node&type=samples").unwrap()).unwrap();
+    let nodes: Vec<&str> = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["labels"]["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["node-cert"]);
+}
+
 #[test]
 fn tls_set_up_errors_are_one_line() {
     let dir = scratch("tls-errors");

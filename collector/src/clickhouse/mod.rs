@@ -660,12 +660,7 @@ impl Store for ClickHouseStore {
         labels: &(dyn Fn(&LabelSet) -> bool + Sync),
     ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let names: std::collections::BTreeSet<String> = sets
-            .values()
-            .filter(|s| labels(s))
-            .flat_map(|s| s.keys().cloned())
-            .collect();
-        Ok(names.into_iter().collect())
+        Ok(crate::store::names_of(sets.values().map(|s| &**s), labels))
     }
 
     fn label_values(
@@ -676,12 +671,11 @@ impl Store for ClickHouseStore {
         labels: &(dyn Fn(&LabelSet) -> bool + Sync),
     ) -> Result<Vec<String>, StoreError> {
         let sets = self.labelsets_in(from_s, to_s)?;
-        let values: std::collections::BTreeSet<String> = sets
-            .values()
-            .filter(|s| labels(s))
-            .filter_map(|s| s.get(name).cloned())
-            .collect();
-        Ok(values.into_iter().collect())
+        Ok(crate::store::values_of(
+            sets.values().map(|s| &**s),
+            name,
+            labels,
+        ))
     }
 
     fn sample_types(&self) -> Result<Vec<(String, String)>, StoreError> {

@@ -7,11 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rusqlite::params;
-
-use super::read::QueryError;
+use super::read::each_chunk;
 use super::{SqliteStore, chunk};
-use crate::store::{LabelSet, Selection, Stacked, StoreError, add, check_deadline, project};
+use crate::store::{LabelSet, Selection, Stacked, StoreError, add, project};
 
 /// Group tables up to this many entries are summed densely (an array indexed by group and
 /// stack id) rather than through a hash map: 16 MiB of sums at most.
@@ -125,29 +123,19 @@ impl SqliteStore {
         };
         let mut sums = Sums::new(groups.len(), max_stack);
         let conn = self.reader()?;
-        {
-            let mut stmt = conn.prepare_cached(
-                "SELECT data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
-            )?;
-            let mut rows = stmt
-                .query(params![ty, selection.from_s, selection.to_s])
-                .map_err(QueryError)?;
-            while let Some(r) = rows.next().map_err(QueryError)? {
-                let data = r.get_ref(0)?.as_blob()?;
-                chunk::each_group(data, |labelset, entries| {
-                    let group = usize::try_from(labelset)
-                        .ok()
-                        .and_then(|l| group_of.get(l))
-                        .copied()
-                        .unwrap_or(u32::MAX);
-                    if group == u32::MAX {
-                        return Ok(());
-                    }
-                    chunk::each_entry(entries, |stack, value| sums.add(group, stack, value))
-                })?;
-            }
-        }
-        check_deadline()?;
+        each_chunk(&conn, ty, selection.from_s, selection.to_s, |_, data| {
+            chunk::each_group(data, |labelset, entries| {
+                let group = usize::try_from(labelset)
+                    .ok()
+                    .and_then(|l| group_of.get(l))
+                    .copied()
+                    .unwrap_or(u32::MAX);
+                if group == u32::MAX {
+                    return Ok(());
+                }
+                chunk::each_entry(entries, |stack, value| sums.add(group, stack, value))
+            })
+        })?;
         let sums = sums.into_sorted();
         let stacks = self.stacks(&conn, sums.iter().map(|s| s.1))?;
         // A stack gone since the chunks were read was removed by retention with them.

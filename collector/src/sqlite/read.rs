@@ -68,6 +68,25 @@ impl From<QueryError> for StoreError {
     }
 }
 
+/// Calls `f(bucket, data)` for every chunk of type `ty` whose bucket starts in
+/// `[from_s, to_s)`; an interruption at the deadline is [`StoreError::Timeout`].
+pub(super) fn each_chunk(
+    conn: &Connection,
+    ty: i64,
+    from_s: i64,
+    to_s: i64,
+    mut f: impl FnMut(i64, &[u8]) -> Result<(), chunk::Corrupt>,
+) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT bucket, data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
+    )?;
+    let mut rows = stmt.query(params![ty, from_s, to_s]).map_err(QueryError)?;
+    while let Some(r) = rows.next().map_err(QueryError)? {
+        f(r.get(0)?, r.get_ref(1)?.as_blob()?)?;
+    }
+    check_deadline()
+}
+
 impl SqliteStore {
     /// A read-only connection of the pool.
     pub(super) fn reader(&self) -> Result<Reader<'_>, StoreError> {
@@ -201,31 +220,21 @@ impl SqliteStore {
             }
         };
         let mut sums: IdMap<u64, i64> = IdMap::default();
-        {
-            let mut stmt = conn.prepare_cached(
-                "SELECT data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
-            )?;
-            let mut rows = stmt
-                .query(params![ty, selection.from_s, selection.to_s])
-                .map_err(QueryError)?;
-            while let Some(r) = rows.next().map_err(QueryError)? {
-                let data = r.get_ref(0)?.as_blob()?;
-                chunk::each_group(data, |labelset, entries| {
-                    if all || wanted.contains(&labelset) {
-                        let mut bad = false;
-                        chunk::each_entry(entries, |stack, value| match pack(labelset, stack) {
-                            Ok(k) => add(sums.entry(k).or_default(), value),
-                            Err(_) => bad = true,
-                        })?;
-                        if bad {
-                            return Err(chunk::Corrupt("an id beyond 2^32"));
-                        }
+        each_chunk(&conn, ty, selection.from_s, selection.to_s, |_, data| {
+            chunk::each_group(data, |labelset, entries| {
+                if all || wanted.contains(&labelset) {
+                    let mut bad = false;
+                    chunk::each_entry(entries, |stack, value| match pack(labelset, stack) {
+                        Ok(k) => add(sums.entry(k).or_default(), value),
+                        Err(_) => bad = true,
+                    })?;
+                    if bad {
+                        return Err(chunk::Corrupt("an id beyond 2^32"));
                     }
-                    Ok(())
-                })?;
-            }
-        }
-        check_deadline()?;
+                }
+                Ok(())
+            })
+        })?;
         // Sorted by (label set, stack), so answers stay deterministic.
         let mut sums: Vec<(u64, i64)> = sums.into_iter().filter(|&(_, v)| v != 0).collect();
         sums.sort_unstable_by_key(|&(k, _)| k);
@@ -274,17 +283,13 @@ impl SqliteStore {
         // Summed here, as in `select`: groups of unwanted label sets are skipped undecoded and
         // only values are added (a chunk's stacks do not matter to a series).
         let mut sums: IdMap<(i64, i64), i64> = IdMap::default();
-        {
-            let mut stmt = conn.prepare_cached(
-                "SELECT bucket, data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
-            )?;
-            let mut rows = stmt
-                .query(params![ty, selection.from_s, selection.to_s])
-                .map_err(QueryError)?;
-            while let Some(r) = rows.next().map_err(QueryError)? {
-                let bucket: i64 = r.get(0)?;
+        each_chunk(
+            &conn,
+            ty,
+            selection.from_s,
+            selection.to_s,
+            |bucket, data| {
                 let step = bucket - bucket.rem_euclid(step_s);
-                let data = r.get_ref(1)?.as_blob()?;
                 chunk::each_group(data, |labelset, entries| {
                     if all || wanted.contains(&labelset) {
                         let mut total = 0i64;
@@ -292,10 +297,9 @@ impl SqliteStore {
                         add(sums.entry((step, labelset)).or_default(), total);
                     }
                     Ok(())
-                })?;
-            }
-        }
-        check_deadline()?;
+                })
+            },
+        )?;
         let cache = self.cache();
         let mut out = Vec::with_capacity(sums.len());
         for ((time_s, labelset), value) in sums {
