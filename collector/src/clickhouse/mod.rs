@@ -148,6 +148,13 @@ const MAX_ANSWER: usize = 1 << 30;
 /// Ids per `IN (...)` list sent in one query.
 const IN_CHUNK: usize = 20_000;
 
+/// The largest value one sample row holds (saturated when written). ClickHouse sums `Int64`
+/// columns in `Int64` and wraps; summing wider (Decimal128, or two halves) cost 45 to 60 % more
+/// per grouped query on 18.16. With rows bounded here, a sum wraps only when one group of one
+/// tenant's query holds 65,536 rows at the bound: a day of a core's CPU time in nanoseconds
+/// is 2^46.
+const MAX_ROW_VALUE: i64 = 1 << 47;
+
 pub struct ClickHouseStore {
     client: Client,
     db: String,
@@ -547,7 +554,7 @@ impl Store for ClickHouseStore {
             w.u64(ty);
             w.u64(lid);
             w.u64(sid);
-            w.i64(value);
+            w.i64(value.clamp(-MAX_ROW_VALUE, MAX_ROW_VALUE));
             w.u64(attempt);
             w.u64(0);
             w.u64(0);
