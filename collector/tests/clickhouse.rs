@@ -732,3 +732,36 @@ fn merged_selections_match_the_full_selection_on_both_stores() {
         );
     }
 }
+
+/// The store over HTTPS (`clickhouses://`): checked against the CA given, it stores and reads;
+/// against the system's roots, which do not hold the test's CA, it does not open.
+#[test]
+fn the_store_speaks_https_checked_against_its_ca() {
+    let dir = scratch("https");
+    let server = ClickHouse::start_https(&dir);
+    let port = server.https_port.unwrap();
+    let url = format!("clickhouses://127.0.0.1:{port}/secure");
+    let credentials = || {
+        Some((
+            clickhouse_server::USER.to_string(),
+            clickhouse_server::PASSWORD.to_string(),
+        ))
+    };
+    let mut location = Location::parse(&url).unwrap();
+    assert!(location.tls);
+    let refused = match ClickHouseStore::open(&location, credentials(), Duration::from_secs(10)) {
+        Ok(_) => panic!("opened over HTTPS although the system's roots do not hold the test CA"),
+        Err(e) => e.to_string(),
+    };
+    // A machine without system roots refuses before connecting, and says what to give.
+    assert!(
+        refused.contains("certificate") || refused.contains("--store-ca"),
+        "{refused}"
+    );
+    location.ca = Some(server.ca());
+    let store = ClickHouseStore::open(&location, credentials(), Duration::from_secs(10)).unwrap();
+    let now = now_s();
+    assert!(pushed(&store, "a", 1, "tls-node", now));
+    assert_eq!(everything(&store, now - 60, now + 1), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,22 +19,59 @@ pub struct ClickHouse {
     child: Option<Child>,
     dir: PathBuf,
     pub port: u16,
+    /// The HTTPS port, when started with [`ClickHouse::start_https`].
+    pub https_port: Option<u16>,
 }
 
 impl ClickHouse {
     /// Starts a server in `dir` (emptied first). Panics with what to install when Debian's
     /// clickhouse-server is missing: `cargo xtask deps` installs it.
     pub fn start(dir: &Path) -> ClickHouse {
+        Self::start_with(dir, false)
+    }
+
+    /// [`ClickHouse::start`] also serving HTTPS, with a certificate for 127.0.0.1 signed by a
+    /// CA made for the test (its PEM: [`ClickHouse::ca`]).
+    pub fn start_https(dir: &Path) -> ClickHouse {
+        Self::start_with(dir, true)
+    }
+
+    /// The CA that signed the HTTPS certificate.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn start_with(dir: &Path, https: bool) -> ClickHouse {
         assert!(
             Path::new(SERVER).exists(),
             "{SERVER} is missing: install Debian's clickhouse-server (cargo xtask deps does)"
         );
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir.join("data")).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
+        let free = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .unwrap()
+                .port()
+        };
+        let port = free();
+        let https_port = https.then(free);
+        let tls = match https_port {
+            Some(p) => {
+                make_certs(dir);
+                format!(
+                    "<https_port>{p}</https_port>
+    <openSSL><server>
+        <certificateFile>{d}/server.pem</certificateFile>
+        <privateKeyFile>{d}/server.key</privateKeyFile>
+        <verificationMode>none</verificationMode>
+        <loadDefaultCAFile>false</loadDefaultCAFile>
+    </server></openSSL>",
+                    d = dir.display()
+                )
+            }
+            None => String::new(),
+        };
         std::fs::write(
             dir.join("config.xml"),
             format!(
@@ -42,6 +79,7 @@ impl ClickHouse {
 <yandex>
     <logger><level>warning</level><log>{d}/server.log</log><errorlog>{d}/error.log</errorlog></logger>
     <http_port>{port}</http_port>
+    {tls}
     <listen_host>127.0.0.1</listen_host>
     <path>{d}/data/</path>
     <tmp_path>{d}/tmp/</tmp_path>
@@ -82,6 +120,7 @@ impl ClickHouse {
             child: None,
             dir: dir.to_path_buf(),
             port,
+            https_port,
         };
         ch.resume();
         ch
@@ -159,6 +198,79 @@ impl ClickHouse {
         let _ = s.read_to_string(&mut answer);
         answer.starts_with("HTTP/1.1 200") && answer.contains("Ok.")
     }
+}
+
+/// A CA and a server certificate for 127.0.0.1 it signed, in `dir`.
+fn make_certs(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test CA",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
 }
 
 impl Drop for ClickHouse {
