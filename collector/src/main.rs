@@ -267,8 +267,14 @@ async fn reload_on_sighup(state: Arc<AppState>) {
     };
     while hup.recv().await.is_some() {
         match state.auth.reload() {
-            Ok(()) => eprintln!("pyrometer-collector: token file read again"),
-            Err(e) => eprintln!("pyrometer-collector: {e}; keeping the tokens read before"),
+            Ok(()) => {
+                state.metrics.token_reloads.add("ok");
+                eprintln!("pyrometer-collector: token file read again");
+            }
+            Err(e) => {
+                state.metrics.token_reloads.add("error");
+                eprintln!("pyrometer-collector: {e}; keeping the tokens read before");
+            }
         }
     }
 }

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub pushes_refused: ByReason,
     /// Requests (pushes and reads) whose credentials were missing, wrong or not allowed.
     pub auth_failures: ByReason,
+    /// Readings of the token file on SIGHUP: `ok`, or `error` (the old tokens stay).
+    pub token_reloads: ByReason,
     /// Samples of new label sets refused over a tenant's `max_label_sets`.
     pub label_sets_refused: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
@@ -136,6 +138,13 @@ impl Metrics {
             "reason",
             "Requests refused for their credentials, by reason.",
             &["missing", "wrong_token", "forbidden"],
+        );
+        self.token_reloads.render(
+            &mut out,
+            "pyrometer_collector_token_file_reloads_total",
+            "result",
+            "Readings of the token file on SIGHUP; after an error the tokens read before stay.",
+            &["ok", "error"],
         );
         counter(
             &mut out,

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::binary::{Server, http_get};
-use common::{Kind, call, hostile, now_s};
+use common::{Kind, call, hostile, now_s, wait_until};
 use pyrometer_proto::ingest::PUSH_PATH;
 
 fn scratch(name: &str) -> std::path::PathBuf {
@@ -94,11 +94,18 @@ async fn the_token_file_is_read_again_on_sighup_and_the_store_is_private() {
     }
     let e = push("first-token-0123456789", 3).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    // Reads, /metrics among them, need the new token too.
+    server.token = Some("second-token-012345678".into());
     // A broken file leaves the tokens in force.
     std::fs::write(&tokens, "broken line with four words\n").unwrap();
     // SAFETY: as above.
     unsafe { libc::kill(server.child.id() as i32, libc::SIGHUP) };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reloads = "pyrometer_collector_token_file_reloads_total";
+    wait_until(Duration::from_secs(10), "the broken file read", || {
+        server.metric(&format!("{reloads}{{result=\"error\"}}")) >= 1.0
+    })
+    .await;
+    assert_eq!(server.metric(&format!("{reloads}{{result=\"ok\"}}")), 1.0);
     push("second-token-012345678", 4).await.unwrap();
     assert!(server.alive());
 }
@@ -135,8 +142,8 @@ fn connections_beyond_the_limit_or_without_a_request_are_closed() {
     let mut quiet: Vec<TcpStream> = (0..40)
         .map(|_| TcpStream::connect(server.addr).unwrap())
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    // ...so the next is closed on arrival and counted...
+    // ...so the next, accepted after them (the kernel queues connections in the order they
+    // arrive), is closed on arrival and counted...
     let mut extra = TcpStream::connect(server.addr).unwrap();
     assert!(
         closed(&mut extra, Duration::from_secs(2)),

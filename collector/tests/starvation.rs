@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use common::hostile;
-use common::{Kind, call, enc, get_with, now_s, test_store};
+use common::{Kind, call, enc, get_with, now_s, test_store, wait_until};
 use pyrometer_collector::api::AppState;
 use pyrometer_collector::config::Config;
 use pyrometer_collector::limits::{LimitFlags, Limits};
@@ -136,8 +136,11 @@ async fn pushes_are_answered_while_heavy_queries_run(kind: Kind) {
             }
         }));
     }
-    // Let the queries get going first.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Pushes are timed once the queries are going (eight answers in).
+    wait_until(Duration::from_secs(120), "the queries answered", || {
+        answered.load(Relaxed) >= 8
+    })
+    .await;
     let mut latencies = Vec::with_capacity(PUSHES);
     for i in 0..PUSHES {
         let body = hostile::simple("agent", i as u64 + 1, "pusher", 1, now_s());

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use pyrometer_e2e::cluster::{Agent, collector_bin, free_port, http_get, workload};
+use pyrometer_e2e::wait::wait_until;
 use pyrometer_e2e::{privileged, pyrometer, scratch, stderr};
 
 fn run(cmd: &mut Command) -> Output {
@@ -253,11 +254,11 @@ fn a_client_certificate_authenticates_the_agent() {
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get("/metrics").is_none() {
-        assert!(Instant::now() < deadline, "collector never served HTTPS");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        Duration::from_secs(30),
+        "the collector serving HTTPS",
+        || get("/metrics").is_some(),
+    );
     assert!(
         https_get(&dir, port, "/api/v1/labels").is_none(),
         "a read without credentials"
@@ -287,20 +288,14 @@ fn a_client_certificate_authenticates_the_agent() {
         &url,
         &["--comm", "cert-wl", "--ca", ca.to_str().unwrap()],
     );
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let pushed = get("/metrics")
-            .map(|m| metric(&m, "pyrometer_collector_batches_ingested_total"))
-            .unwrap_or(0.0);
-        if pushed >= 3.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no pushes with the client certificate arrived"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    wait_until(
+        Duration::from_secs(90),
+        "three pushes with the client certificate",
+        || {
+            get("/metrics")
+                .is_some_and(|m| metric(&m, "pyrometer_collector_batches_ingested_total") >= 3.0)
+        },
+    );
     let good = with.stop();
     let bad = without.stop();
     let _ = load.kill();
