@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use prost::Message;
+#[path = "../tests/common/certs.rs"]
+mod certs;
 #[path = "../tests/common/clickhouse_server.rs"]
 mod clickhouse_server;
 

@@ -6,6 +6,7 @@
 //! CPU time of the thread that handled it (the collector's own
 //! `pyrometer_collector_push_cpu_seconds_max`).
 
+#[macro_use]
 mod common;
 
 use std::io::{Read, Write};
@@ -21,21 +22,6 @@ use pyrometer_proto::otlp::EXPORT_PATH;
 const TOKEN: &str = "adversarial-read-push-0123456789";
 const RSS_GROWTH: u64 = 256 << 20;
 const CPU_LIMIT_S: f64 = 2.0;
-
-macro_rules! for_each_store {
-    ($f:ident) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$f(super::Kind::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn clickhouse() {
-                super::$f(super::Kind::ClickHouse).await
-            }
-        }
-    };
-}
 
 for_each_store!(hostile_pushes_leave_the_collector_serving);
 

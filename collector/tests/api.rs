@@ -2,6 +2,7 @@
 //! queries, errors, and malformed pushes that must never take it down. Each test runs
 //! against both stores (SQLite, and a private ClickHouse server).
 
+#[macro_use]
 mod common;
 
 use std::net::SocketAddr;
@@ -16,22 +17,6 @@ use pyrometer_collector::config::Config;
 use pyrometer_collector::ingest::{self, Limits};
 
 const TOKEN: &str = "t0ken-for-tests";
-
-/// Runs the async test body `$f(kind)` once per store, each as its own test.
-macro_rules! for_each_store {
-    ($f:ident) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$f(super::Kind::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn clickhouse() {
-                super::$f(super::Kind::ClickHouse).await
-            }
-        }
-    };
-}
 
 for_each_store!(auth_dedup_queries_and_errors);
 for_each_store!(diff_of_two_ranges_and_of_two_label_sets);

@@ -4,6 +4,7 @@
 //! memory stays bounded, and the collector, killed, restarts with the 100,000 label sets
 //! stored within 5 s and under 200 MB of RSS.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -11,21 +12,6 @@ use std::time::{Duration, Instant};
 use common::binary::Server;
 use common::{Kind, call, hostile, now_s};
 use pyrometer_proto::ingest::PUSH_PATH;
-
-macro_rules! for_each_store {
-    ($f:ident) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$f(super::Kind::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn clickhouse() {
-                super::$f(super::Kind::ClickHouse).await
-            }
-        }
-    };
-}
 
 for_each_store!(a_million_label_values_are_refused_past_the_limit);
 

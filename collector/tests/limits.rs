@@ -5,6 +5,7 @@
 //! `max_label_sets` are refused and counted while the rest of the push is stored; a tenant
 //! over its ingest rate is told to retry.
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -15,21 +16,6 @@ use pyrometer_collector::api::AppState;
 use pyrometer_collector::config::Config;
 use pyrometer_proto::ingest::PUSH_PATH;
 use pyrometer_proto::otlp::EXPORT_PATH;
-
-macro_rules! for_each_store {
-    ($f:ident) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$f(super::Kind::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn clickhouse() {
-                super::$f(super::Kind::ClickHouse).await
-            }
-        }
-    };
-}
 
 for_each_store!(each_limit_within_and_beyond);
 

@@ -6,6 +6,7 @@
 //! property, not a benchmark). The limits are the collector's defaults for each store (four
 //! queries at once per tenant on SQLite, one on ClickHouse).
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -19,21 +20,6 @@ use pyrometer_collector::config::Config;
 use pyrometer_collector::limits::{LimitFlags, Limits};
 use pyrometer_collector::store::{BUCKET_SECONDS, Batch, Frame, LabelSet, Row, Store};
 use pyrometer_proto::ingest::PUSH_PATH;
-
-macro_rules! for_each_store {
-    ($f:ident) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$f(super::Kind::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn clickhouse() {
-                super::$f(super::Kind::ClickHouse).await
-            }
-        }
-    };
-}
 
 for_each_store!(pushes_are_answered_while_heavy_queries_run);
 

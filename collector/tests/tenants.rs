@@ -6,36 +6,21 @@
 
 #[allow(dead_code)]
 mod chromium;
+#[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use common::binary::{Server, http_get};
-use common::hostile;
-use common::{Kind, call, enc, now_s, test_store};
+use common::{Kind, call, dechunk, enc, now_s, test_store};
+use common::{certs, hostile};
 use pyrometer_collector::api::AppState;
 use pyrometer_collector::auth::Auth;
 use pyrometer_proto::grpc::RawCodec;
 use pyrometer_proto::ingest::PUSH_PATH;
 use serde_json::Value;
-
-macro_rules! for_each_store {
-    ($f:ident) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$f(super::Kind::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn clickhouse() {
-                super::$f(super::Kind::ClickHouse).await
-            }
-        }
-    };
-}
 
 for_each_store!(tenants_see_and_push_only_their_own);
 for_each_store!(behind_a_trusted_proxy_the_header_names_the_tenant);
@@ -50,82 +35,19 @@ tok-admin-000000001  default  admin
 cn:agent-b.internal  beta     push
 ";
 
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A CA; a server certificate for 127.0.0.1; client certificates `agent-b.internal` and
 /// `stranger` signed by the CA; and `rogue`, signed by a CA of its own.
 fn make_certs(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    for ca in ["ca", "rogue-ca"] {
-        run(Command::new("openssl")
-            .current_dir(dir)
-            .args(["req", "-x509"])
-            .args(ec)
-            .args([
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-            ])
-            .args(["-days", "2", "-subj", &format!("/CN={ca}")]));
-    }
-    let sign = |name: &str, cn: &str, ca: &str, ext: &str| {
-        run(Command::new("openssl")
-            .current_dir(dir)
-            .arg("req")
-            .args(ec)
-            .args([
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ])
-            .args(["-subj", &format!("/CN={cn}")]));
-        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
-        run(Command::new("openssl").current_dir(dir).args([
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ]));
-    };
-    sign(
-        "server",
-        "localhost",
-        "ca",
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-    );
+    certs::ca(dir, "ca");
+    certs::ca(dir, "rogue-ca");
+    certs::sign(dir, "server", "localhost", "ca", certs::SERVER);
     for (name, cn, ca) in [
         ("agent-b", "agent-b.internal", "ca"),
         ("stranger", "stranger", "ca"),
         ("rogue", "agent-b.internal", "rogue-ca"),
     ] {
-        sign(name, cn, ca, "extendedKeyUsage=clientAuth\n");
+        certs::sign(dir, name, cn, ca, certs::CLIENT);
     }
 }
 
@@ -200,19 +122,6 @@ async fn get(
     })
     .await
     .unwrap()
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = &rest[n + 2..];
-    }
-    out
 }
 
 /// The processes (`comm` values) a token's reader sees in the last hour.

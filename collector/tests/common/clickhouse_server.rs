@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::certs;
+
 pub const SERVER: &str = "/usr/sbin/clickhouse-server";
 pub const USER: &str = "pyrometer";
 pub const PASSWORD: &str = "ch-test-password";
@@ -58,7 +60,8 @@ impl ClickHouse {
         let https_port = https.then(free);
         let tls = match https_port {
             Some(p) => {
-                make_certs(dir);
+                certs::ca(dir, "ca");
+                certs::sign(dir, "server", "localhost", "ca", certs::SERVER);
                 format!(
                     "<https_port>{p}</https_port>
     <openSSL><server>
@@ -198,79 +201,6 @@ impl ClickHouse {
         let _ = s.read_to_string(&mut answer);
         answer.starts_with("HTTP/1.1 200") && answer.contains("Ok.")
     }
-}
-
-/// A CA and a server certificate for 127.0.0.1 it signed, in `dir`.
-fn make_certs(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .current_dir(dir)
-            .args(args)
-            .output()
-            .expect("run openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test CA",
-        ],
-    ]
-    .concat());
-    run(&[
-        &["req"][..],
-        &ec,
-        &[
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    ]
-    .concat());
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
 }
 
 impl Drop for ClickHouse {

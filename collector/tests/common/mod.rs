@@ -3,6 +3,24 @@
 // Each test binary compiles this module and uses only part of it.
 #![allow(dead_code)]
 
+/// Runs the async test body `$f(kind)` once per store, each as its own test (`$f::sqlite`,
+/// `$f::clickhouse`). Test binaries that run on one store only leave it unused.
+#[allow(unused_macros)]
+macro_rules! for_each_store {
+    ($f:ident) => {
+        mod $f {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$f(super::Kind::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn clickhouse() {
+                super::$f(super::Kind::ClickHouse).await
+            }
+        }
+    };
+}
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 
@@ -215,7 +233,8 @@ pub async fn get_with(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16
     .unwrap()
 }
 
-fn dechunk(mut body: &str) -> String {
+/// The body of a chunked HTTP/1.1 answer, its chunks joined.
+pub fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
         let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
@@ -256,6 +275,9 @@ pub async fn serve(state: std::sync::Arc<pyrometer_collector::api::AppState>) ->
     ));
     addr
 }
+
+#[path = "certs.rs"]
+pub mod certs;
 
 #[path = "clickhouse_server.rs"]
 pub mod clickhouse_server;
