@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use prost::Message;
+#[path = "../tests/common/certs.rs"]
+mod certs;
 #[path = "../tests/common/clickhouse_server.rs"]
 mod clickhouse_server;
 
@@ -303,7 +305,8 @@ fn run(kind: &Kind, store: &dyn Store, nodes: usize, buckets: i64, rows: usize) 
             let (bytes, total) = batch(&mut rng, &pool, n, first_bucket + b, rows);
             let started = Instant::now();
             let cpu_started = thread_cpu();
-            let decoded = ingest::decode(&bytes, &limits, now_s).expect("valid batch");
+            let decoded =
+                ingest::decode(&bytes, &ingest::Context::new(&limits, now_s)).expect("valid batch");
             let decoded_at = thread_cpu();
             decode_cpu += decoded_at - cpu_started;
             let r = store.ingest(&decoded).expect("ingest");

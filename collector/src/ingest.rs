@@ -1,37 +1,25 @@
 //! Turns pushed bytes into a [`Batch`], checking every index and limit on the way: whatever
-//! arrives, the answer is a batch or an error, never a panic.
+//! arrives, the answer is a batch or an error that names what was wrong, never a panic, and
+//! nothing is allocated for a list before its count is checked against its limit. What one
+//! push may decode into is bounded too: a stack deeper than the limit keeps its leaf-most
+//! frames under a `[truncated]` root, and the new names, stacks and label sets of one push
+//! may take at most `max_expansion` bytes per byte pushed.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use prost::Message;
-use pyrometer_proto::ingest::PushRequest;
 use pyrometer_proto::{FrameKind, naming};
 
+use crate::frames;
 use crate::idmap::IdMap;
-use crate::store::{Batch, LabelSet, Row};
-use crate::wire::{self, LabelView, ProfileView, PushView};
+pub use crate::limits::{LimitError, Limits};
+use crate::store::{Batch, Frame, LabelSet, Row, Stack, TENANT_LABEL};
+use crate::wire::{self, Counts, LabelView, ProfileView, PushView};
 
-/// Limits on one batch; beyond them it is refused as a whole.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_samples: usize,
-    pub max_depth: usize,
-    pub max_labels: usize,
-    pub max_string: usize,
-}
+/// How far ahead of the collector's clock a batch may be stamped.
+pub const MAX_AHEAD_S: i64 = 600;
 
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_samples: 1_000_000,
-            max_depth: 4096,
-            max_labels: 64,
-            max_string: 4096,
-        }
-    }
-}
+/// The root frame of a stack cut at `max_stack_depth`.
+pub const TRUNCATED: &str = "[truncated]";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IngestError {
@@ -39,54 +27,184 @@ pub enum IngestError {
     Decode(String),
     #[error("invalid batch: {0}")]
     Invalid(String),
+    #[error("refused: {0}")]
+    Limit(#[from] LimitError),
+    #[error("refused: {0}")]
+    Time(String),
+}
+
+impl IngestError {
+    /// Why, as `/metrics` counts refusals: the limit's key, `time_window` or `invalid`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            IngestError::Decode(_) | IngestError::Invalid(_) => "invalid",
+            IngestError::Limit(e) => e.key,
+            IngestError::Time(_) => "time_window",
+        }
+    }
 }
 
 fn invalid(what: impl Into<String>) -> IngestError {
     IngestError::Invalid(what.into())
 }
 
-/// Decodes a pushed `PushRequest` (borrowing its strings, see [`crate::wire`]) into a batch.
-pub fn decode(bytes: &[u8], limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
-    let req = wire::decode(bytes).map_err(|e| IngestError::Decode(e.to_string()))?;
-    from_view(&req, limits, now_s)
+/// What decoding needs beside the bytes: the pushing tenant's limits, its name (empty for the
+/// default tenant) and the accepted time window.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub limits: &'a Limits,
+    pub tenant: &'a str,
+    pub now_s: i64,
+    /// Batches stamped before `now_s - retention_s` would be expired at once: refused.
+    pub retention_s: i64,
 }
 
-/// A push made from another format (e.g. OTLP) as a batch, every index and limit checked.
-/// Encoded and decoded again so there is one path from a push to a batch; these pushes are
-/// rare next to the agents'.
-pub fn from_request(req: PushRequest, limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
-    decode(&req.encode_to_vec(), limits, now_s)
-}
-
-fn from_view(req: &PushView<'_>, limits: &Limits, now_s: i64) -> Result<Batch, IngestError> {
-    if req.agent_id.is_empty() || req.agent_id.len() > 256 {
-        return Err(invalid("agent_id must have 1 to 256 bytes"));
+impl<'a> Context<'a> {
+    /// The default tenant at `now_s` with a week of retention.
+    pub fn new(limits: &'a Limits, now_s: i64) -> Self {
+        Self {
+            limits,
+            tenant: "",
+            now_s,
+            retention_s: 7 * 86_400,
+        }
     }
-    if req.node.is_empty() || req.node.len() > 256 {
-        return Err(invalid("node must have 1 to 256 bytes"));
+
+    /// The id a batch's (agent, sequence) is deduplicated under: tenants cannot collide.
+    fn agent_key(&self, agent_id: &str) -> String {
+        if self.tenant.is_empty() {
+            agent_id.to_string()
+        } else {
+            // Agent ids hold no control characters (checked), so this cannot be forged.
+            format!("{}\u{1f}{agent_id}", self.tenant)
+        }
+    }
+
+    fn check_time(&self, time_s: i64) -> Result<(), IngestError> {
+        let (oldest, newest) = (
+            self.now_s.saturating_sub(self.retention_s),
+            self.now_s.saturating_add(MAX_AHEAD_S),
+        );
+        if time_s < oldest || time_s > newest {
+            return Err(IngestError::Time(format!(
+                "the batch is stamped {time_s} (Unix seconds), outside the accepted window \
+                 [{oldest}, {newest}] (the retention back, {MAX_AHEAD_S} s ahead): check the \
+                 sending node's clock"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Checks the counted lists of a push against the limits, before any is allocated.
+fn check_counts(c: &Counts, l: &Limits) -> Result<(), LimitError> {
+    Limits::check("max_samples", "samples", c.samples, l.max_samples)?;
+    Limits::check(
+        "max_sample_types",
+        "sample types",
+        c.sample_types,
+        l.max_sample_types,
+    )?;
+    Limits::check("max_locations", "locations", c.locations, l.max_locations)?;
+    Limits::check("max_mappings", "mappings", c.mappings, l.max_mappings)?;
+    Limits::check("max_functions", "functions", c.functions, l.max_functions)?;
+    Limits::check("max_strings", "strings", c.strings, l.max_strings)?;
+    // Every value belongs to a sample with one value per type.
+    let values = c.samples.saturating_mul(c.sample_types.max(1));
+    Limits::check("max_samples", "sample values", c.values, values)?;
+    let labels = c.samples.saturating_mul(l.max_labels_per_sample);
+    Limits::check("max_labels_per_sample", "labels", c.labels, labels)?;
+    Ok(())
+}
+
+/// Refuses a push larger than the tenant's `max_push_bytes`.
+pub fn check_size(bytes: &[u8], limits: &Limits) -> Result<(), IngestError> {
+    Ok(Limits::check(
+        "max_push_bytes",
+        "bytes pushed",
+        bytes.len(),
+        limits.max_push_bytes,
+    )?)
+}
+
+/// Decodes a pushed `PushRequest` (borrowing its strings, see [`crate::wire`]) into a batch.
+pub fn decode(bytes: &[u8], ctx: &Context<'_>) -> Result<Batch, IngestError> {
+    check_size(bytes, ctx.limits)?;
+    let counts = wire::count(bytes).map_err(|e| IngestError::Decode(e.to_string()))?;
+    check_counts(&counts, ctx.limits)?;
+    let req =
+        wire::decode_counted(bytes, &counts).map_err(|e| IngestError::Decode(e.to_string()))?;
+    let profile = req.profile.as_ref().ok_or_else(|| invalid("no profile"))?;
+    let mut budget = Budget::new(ctx.limits, bytes.len());
+    let frames = Frames::new(profile, ctx.limits, &mut budget)?;
+    from_view(&req, &frames, ctx, &mut budget)
+}
+
+/// Memory a push may still decode into (see [`Limits::max_expansion`]).
+pub struct Budget {
+    left: usize,
+    limit: usize,
+}
+
+impl Budget {
+    pub fn new(limits: &Limits, bytes: usize) -> Self {
+        let limit = limits.max_expansion.saturating_mul(bytes.max(1024));
+        Self { left: limit, limit }
+    }
+
+    fn take(&mut self, cost: usize) -> bool {
+        match self.left.checked_sub(cost) {
+            Some(left) => {
+                self.left = left;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn exceeded(&self, cost: usize) -> IngestError {
+        IngestError::Limit(LimitError {
+            key: "max_expansion",
+            what: "bytes of new names, stacks and label sets",
+            value: (self.limit - self.left).saturating_add(cost) as u64,
+            limit: self.limit as u64,
+        })
+    }
+
+    fn charge(&mut self, cost: usize) -> Result<(), IngestError> {
+        if self.take(cost) {
+            Ok(())
+        } else {
+            Err(self.exceeded(cost))
+        }
+    }
+}
+
+/// The string at index `i`, checked against the table.
+fn string<'p>(profile: &ProfileView<'p>, i: i64) -> Result<&'p str, IngestError> {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| profile.string_table.get(i))
+        .copied()
+        .ok_or_else(|| invalid(format!("string index {i} out of range")))
+}
+
+/// A batch of the samples of `req`, whose locations `frames` names.
+pub fn from_view(
+    req: &PushView<'_>,
+    frames: &Frames,
+    ctx: &Context<'_>,
+    budget: &mut Budget,
+) -> Result<Batch, IngestError> {
+    let printable = |s: &str| !s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control);
+    if !printable(req.agent_id) {
+        return Err(invalid("agent_id must be 1 to 256 bytes of printable text"));
+    }
+    if !printable(req.node) {
+        return Err(invalid("node must be 1 to 256 bytes of printable text"));
     }
     let profile = req.profile.as_ref().ok_or_else(|| invalid("no profile"))?;
-    if profile.sample.len() > limits.max_samples {
-        return Err(invalid(format!(
-            "{} samples, more than the limit of {}",
-            profile.sample.len(),
-            limits.max_samples
-        )));
-    }
-    let s = |i: i64| -> Result<&str, IngestError> {
-        let s = usize::try_from(i)
-            .ok()
-            .and_then(|i| profile.string_table.get(i))
-            .copied()
-            .ok_or_else(|| invalid(format!("string index {i} out of range")))?;
-        if s.len() > limits.max_string {
-            return Err(invalid("string longer than the limit"));
-        }
-        Ok(s)
-    };
-    if profile.string_table.first().is_some_and(|s| !s.is_empty()) {
-        return Err(invalid("string_table[0] must be empty"));
-    }
+    let s = |i: i64| string(profile, i);
     let sample_types = profile
         .sample_type
         .iter()
@@ -95,36 +213,45 @@ fn from_view(req: &PushView<'_>, limits: &Limits, now_s: i64) -> Result<Batch, I
     if sample_types.is_empty() {
         return Err(invalid("no sample types"));
     }
-    let frames = location_names(profile, &s)?;
     let time_s = if profile.time_nanos > 0 {
         profile.time_nanos / 1_000_000_000
     } else {
-        now_s
+        ctx.now_s
     };
-
+    ctx.check_time(time_s)?;
+    let labels = Labels {
+        profile,
+        node: req.node,
+        tenant: ctx.tenant,
+        limits: ctx.limits,
+    };
     let mut label_cache: IdMap<&[LabelView], Arc<LabelSet>> = IdMap::default();
-    let mut stack_cache: IdMap<&[u64], Arc<Vec<String>>> = IdMap::default();
-    let mut names: Vec<&str> = Vec::new();
-    let mut rows = Vec::with_capacity(profile.sample.len() * sample_types.len());
+    let mut stack_cache: IdMap<&[u64], Stack> = IdMap::default();
+    let mut names: Vec<&Frame> = Vec::new();
+    let rows = profile.values.iter().filter(|&&v| v != 0).count();
+    budget.charge(rows.saturating_mul(std::mem::size_of::<Row>()))?;
+    let mut rows = Vec::with_capacity(rows);
     for sample in &profile.sample {
         let values = profile.values(sample);
         let location_ids = profile.location_ids(sample);
         let sample_labels = profile.labels(sample);
         if values.len() != sample_types.len() {
-            return Err(invalid(
-                "a sample's value count differs from the sample types",
-            ));
+            return Err(invalid(format!(
+                "a sample has {} values for {} sample types",
+                values.len(),
+                sample_types.len()
+            )));
         }
-        if location_ids.len() > limits.max_depth {
-            return Err(invalid("a stack deeper than the limit"));
-        }
-        if sample_labels.len() > limits.max_labels {
-            return Err(invalid("a sample with more labels than the limit"));
-        }
+        Limits::check(
+            "max_labels_per_sample",
+            "labels of a sample",
+            sample_labels.len(),
+            ctx.limits.max_labels_per_sample,
+        )?;
         let labels = match label_cache.get(sample_labels) {
             Some(set) => set.clone(),
             None => {
-                let set = labels(sample_labels, req.node, &s)?;
+                let set = labels.set(sample_labels, budget)?;
                 label_cache.insert(sample_labels, set.clone());
                 set
             }
@@ -132,15 +259,8 @@ fn from_view(req: &PushView<'_>, limits: &Limits, now_s: i64) -> Result<Batch, I
         let stack = match stack_cache.get(location_ids) {
             Some(st) => st.clone(),
             None => {
-                names.clear();
-                // location_id is leaf first; inlined lines within a location innermost first.
-                for id in location_ids.iter().rev() {
-                    let lines = frames
-                        .get(*id)
-                        .ok_or_else(|| invalid(format!("location id {id} not in the profile")))?;
-                    names.extend(lines.iter().rev().map(|n| n.as_ref()));
-                }
-                let st = shared_stack(&names);
+                let st =
+                    frames.stack(location_ids, ctx.limits.max_stack_depth, &mut names, budget)?;
                 stack_cache.insert(location_ids, st.clone());
                 st
             }
@@ -157,256 +277,214 @@ fn from_view(req: &PushView<'_>, limits: &Limits, now_s: i64) -> Result<Batch, I
         }
     }
     Ok(Batch {
-        agent_id: req.agent_id.to_string(),
+        agent_id: ctx.agent_key(req.agent_id),
         sequence: req.sequence,
         time_s,
         sample_types,
         rows,
+        max_label_sets: Some(ctx.limits.max_label_sets),
     })
 }
 
-/// Stacks decoded before, by a hash of their frame names: the same code runs on every node
-/// and in every push, so most stacks of a batch were seen before, and sharing them saves
-/// building (and the store hashing and dropping) dozens of strings per stack. Process-wide,
-/// since every push is decoded alike; bounded by [`SHARED_STACKS`].
-static STACKS: OnceLock<Mutex<SharedStacks>> = OnceLock::new();
-
-/// Stacks by content hash; a hash names several only when they collide.
-type SharedStacks = HashMap<u64, Vec<Arc<Vec<String>>>>;
-
-/// Stacks [`STACKS`] holds before it starts over.
-const SHARED_STACKS: usize = 1 << 16;
-
-/// The shared stack of these frame names (root first), made and remembered if new.
-fn shared_stack(names: &[&str]) -> Arc<Vec<String>> {
-    let hash = crate::store::content_hash(names.iter().copied());
-    let cache = STACKS.get_or_init(Mutex::default);
-    // Holds only immutable Arcs, so a poisoned lock is still consistent.
-    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = cache.get(&hash).and_then(|same| {
-        same.iter()
-            .find(|s| s.len() == names.len() && s.iter().zip(names).all(|(a, b)| a == b))
-    }) {
-        return found.clone();
-    }
-    if cache.len() >= SHARED_STACKS {
-        cache.clear();
-    }
-    let stack = Arc::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>());
-    cache.entry(hash).or_default().push(stack.clone());
-    stack
-}
-
-/// Frame names of every location: one list for all, so a batch's hundreds of locations do
-/// not each allocate their own.
-struct Locations<'p> {
+/// Frame names of every location: one list for all, so a push's hundreds of locations do
+/// not each allocate their own, and each name one shared allocation (see [`frames`]).
+pub struct Frames {
     /// Location id to its `[start, end)` in `names`.
     by_id: IdMap<u64, (u32, u32)>,
-    names: Vec<Cow<'p, str>>,
+    /// Innermost inlined function first within a location.
+    names: Vec<Frame>,
+    /// The root of a truncated stack.
+    truncated: Frame,
 }
 
-impl<'p> Locations<'p> {
-    /// The location's frame names, innermost inlined function first.
-    fn get(&self, id: u64) -> Option<&[Cow<'p, str>]> {
-        let &(start, end) = self.by_id.get(&id)?;
-        self.names.get(start as usize..end as usize)
-    }
-}
-
-/// Frame names per location id, innermost inlined function first.
-fn location_names<'p>(
-    profile: &ProfileView<'p>,
-    s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
-) -> Result<Locations<'p>, IngestError> {
-    let functions: IdMap<u64, (&str, &str)> = profile
-        .function
-        .iter()
-        .map(|f| Ok((f.id, (s(f.name)?, s(f.filename)?))))
-        .collect::<Result<_, IngestError>>()?;
-    // A line says what it is; one that does not (an older agent's, another tool's) is told
-    // by its mapping's name.
-    let mapping_kinds: Vec<(u64, FrameKind)> = profile
-        .mapping
-        .iter()
-        .filter_map(|&(id, filename)| Some((id, naming::mapping_kind(s(filename).ok()?))))
-        .collect();
-    let mut out = Locations {
-        by_id: IdMap::default(),
-        names: Vec::with_capacity(profile.location.len()),
-    };
-    out.by_id.reserve(profile.location.len());
-    for loc in &profile.location {
-        let by_mapping = mapping_kinds
+impl Frames {
+    /// Names the locations of `profile`, checking every string and index they use.
+    pub fn new(
+        profile: &ProfileView<'_>,
+        limits: &Limits,
+        budget: &mut Budget,
+    ) -> Result<Self, IngestError> {
+        if profile.string_table.first().is_some_and(|s| !s.is_empty()) {
+            return Err(invalid("string_table[0] must be empty"));
+        }
+        if let Some(long) = profile
+            .string_table
             .iter()
-            .find(|&&(id, _)| id == loc.mapping_id && id != 0)
-            .map_or(FrameKind::Native, |&(_, k)| k);
-        let start = out.names.len();
-        let names = &mut out.names;
-        for &(function_id, line, kind) in profile.lines(loc) {
-            let &(name, file) = functions
-                .get(&function_id)
-                .ok_or_else(|| invalid(format!("function id {function_id} not in the profile")))?;
-            let kind = match FrameKind::try_from(kind) {
-                Ok(FrameKind::Unspecified) | Err(_) => by_mapping,
-                Ok(k) => k,
-            };
-            let line = u32::try_from(line).ok().filter(|&l| l > 0);
-            // As the node's own outputs name them (`function (file:line)` for Python).
-            names.push(naming::frame_name(kind, name, Some(file), line));
+            .find(|s| s.len() > limits.max_string_bytes)
+        {
+            Limits::check(
+                "max_string_bytes",
+                "bytes of a string",
+                long.len(),
+                limits.max_string_bytes,
+            )?;
         }
-        if names.len() == start {
-            names.push(Cow::Owned(format!("0x{:x}", loc.address)));
+        let s = |i: i64| string(profile, i);
+        let mut functions: IdMap<u64, (&str, &str)> = IdMap::default();
+        functions.reserve(profile.function.len());
+        for f in &profile.function {
+            functions.insert(f.id, (s(f.name)?, s(f.filename)?));
         }
-        let range = u32::try_from(start)
-            .ok()
-            .zip(u32::try_from(names.len()).ok())
-            .ok_or_else(|| invalid("too many frames"))?;
-        out.by_id.insert(loc.id, range);
+        // A line says what it is; one that does not (an older agent's, another tool's) is
+        // told by its mapping's name.
+        let mut kinds: IdMap<u64, FrameKind> = IdMap::default();
+        kinds.reserve(profile.mapping.len());
+        for &(id, filename) in &profile.mapping {
+            if id == 0 {
+                continue;
+            }
+            kinds.insert(
+                id,
+                s(filename).map_or(FrameKind::Native, naming::mapping_kind),
+            );
+        }
+        let mut out = Frames {
+            by_id: IdMap::default(),
+            names: Vec::with_capacity(profile.lines.len().max(profile.location.len())),
+            truncated: frames::name(TRUNCATED).0,
+        };
+        out.by_id.reserve(profile.location.len());
+        let mut intern = |name: &str| -> Result<Frame, IngestError> {
+            let (frame, new) = frames::name(name);
+            if new {
+                budget.charge(frames::name_cost(name))?;
+            }
+            Ok(frame)
+        };
+        for loc in &profile.location {
+            let by_mapping = kinds
+                .get(&loc.mapping_id)
+                .copied()
+                .unwrap_or(FrameKind::Native);
+            let start = out.names.len();
+            for &(function_id, line, kind) in profile.lines(loc) {
+                let &(name, file) = functions.get(&function_id).ok_or_else(|| {
+                    invalid(format!("function id {function_id} not in the profile"))
+                })?;
+                let kind = match FrameKind::try_from(kind) {
+                    Ok(FrameKind::Unspecified) | Err(_) => by_mapping,
+                    Ok(k) => k,
+                };
+                let line = u32::try_from(line).ok().filter(|&l| l > 0);
+                // As the node's own outputs name them (`function (file:line)` for Python).
+                out.names
+                    .push(intern(&naming::frame_name(kind, name, Some(file), line))?);
+            }
+            if out.names.len() == start {
+                out.names.push(intern(&format!("0x{:x}", loc.address))?);
+            }
+            let range = u32::try_from(start)
+                .ok()
+                .zip(u32::try_from(out.names.len()).ok())
+                .ok_or_else(|| invalid("too many frames"))?;
+            out.by_id.insert(loc.id, range);
+        }
+        Ok(out)
     }
-    Ok(out)
+
+    /// The location's frame names, innermost inlined function first.
+    fn get(&self, id: u64) -> Result<&[Frame], IngestError> {
+        self.by_id
+            .get(&id)
+            .and_then(|&(start, end)| self.names.get(start as usize..end as usize))
+            .ok_or_else(|| invalid(format!("location id {id} not in the profile")))
+    }
+
+    /// The stack of `location_ids` (leaf first), root first, its inlined frames expanded;
+    /// deeper than `max_depth` frames it keeps the leaf-most ones under a [`TRUNCATED`] root.
+    /// `names` is scratch space.
+    fn stack<'f>(
+        &'f self,
+        location_ids: &[u64],
+        max_depth: usize,
+        names: &mut Vec<&'f Frame>,
+        budget: &mut Budget,
+    ) -> Result<Stack, IngestError> {
+        let mut depth = 0usize;
+        for &id in location_ids {
+            depth = depth.saturating_add(self.get(id)?.len());
+        }
+        // Frames (root first) to leave out, to keep `max_depth - 1` under the marker.
+        let mut skip = if depth > max_depth {
+            depth - max_depth.saturating_sub(1)
+        } else {
+            0
+        };
+        names.clear();
+        if skip > 0 {
+            names.push(&self.truncated);
+        }
+        for &id in location_ids.iter().rev() {
+            let lines = self.get(id)?;
+            if skip >= lines.len() {
+                skip -= lines.len();
+                continue;
+            }
+            names.extend(lines.iter().rev().skip(skip));
+            skip = 0;
+        }
+        let mut needed = 0;
+        let found = frames::stack(names, |cost| {
+            needed = cost;
+            budget.take(cost)
+        });
+        let stack = found
+            .map(|(stack, _)| stack)
+            .ok_or_else(|| budget.exceeded(needed));
+        names.clear();
+        stack
+    }
 }
 
-fn labels<'p>(
-    labels: &[LabelView],
-    node: &str,
-    s: &dyn Fn(i64) -> Result<&'p str, IngestError>,
-) -> Result<Arc<LabelSet>, IngestError> {
-    let mut set = LabelSet::new();
-    for &(key, str, num) in labels {
-        let name = s(key)?;
-        if name.is_empty() || name == "node" {
-            continue;
-        }
-        let value = if str != 0 {
-            s(str)?.to_string()
-        } else {
-            num.to_string()
-        };
-        set.insert(name.to_string(), value);
-    }
-    // The pushing agent's node wins over any sample label of that name.
-    set.insert("node".into(), node.to_string());
-    Ok(Arc::new(set))
+/// Builds the label set of a sample: every label checked against the limits, reserved names
+/// (`__` first) left out, the pushing node's name and the tenant set by the collector.
+struct Labels<'p, 'v> {
+    profile: &'v ProfileView<'p>,
+    node: &'v str,
+    tenant: &'v str,
+    limits: &'v Limits,
 }
+
+impl Labels<'_, '_> {
+    fn set(&self, labels: &[LabelView], budget: &mut Budget) -> Result<Arc<LabelSet>, IngestError> {
+        let mut set = LabelSet::new();
+        for &(key, str, num) in labels {
+            let name = string(self.profile, key)?;
+            if name.is_empty() || name == "node" || name.starts_with("__") {
+                continue;
+            }
+            Limits::check(
+                "max_label_name_bytes",
+                "bytes of a label name",
+                name.len(),
+                self.limits.max_label_name_bytes,
+            )?;
+            let value = if str != 0 {
+                string(self.profile, str)?.to_string()
+            } else {
+                num.to_string()
+            };
+            Limits::check(
+                "max_label_value_bytes",
+                "bytes of a label value",
+                value.len(),
+                self.limits.max_label_value_bytes,
+            )?;
+            set.insert(name.to_string(), value);
+        }
+        // The pushing agent's node wins over any sample label of that name.
+        set.insert("node".into(), self.node.to_string());
+        if !self.tenant.is_empty() {
+            set.insert(TENANT_LABEL.into(), self.tenant.to_string());
+        }
+        set.shrink();
+        budget.charge(LABEL_SET_COST + set.heap_bytes())?;
+        Ok(Arc::new(set))
+    }
+}
+
+/// Bytes a label set costs beyond its heap: the `Arc` and the set itself.
+const LABEL_SET_COST: usize = 16 + std::mem::size_of::<LabelSet>();
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use pyrometer_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
-
-    /// A Python frame (under the `[python]` mapping) reads `function (file:line)`, as the
-    /// node's own outputs write it; a native one its function name.
-    #[test]
-    fn python_frames_are_named_with_file_and_line() {
-        let stack = |python_mapping: &str, kinds: [FrameKind; 2]| {
-            let strings: Vec<String> = [
-                "",
-                "samples",
-                "count",
-                python_mapping,
-                "grow",
-                "/srv/app/lib/python3.11/site-packages/pkg/mod.py",
-                "/usr/lib/libc.so.6",
-                "malloc",
-            ]
-            .map(String::from)
-            .to_vec();
-            let profile = Profile {
-                sample_type: vec![ValueType { r#type: 1, unit: 2 }],
-                mapping: vec![
-                    Mapping {
-                        id: 1,
-                        filename: 3,
-                        ..Default::default()
-                    },
-                    Mapping {
-                        id: 2,
-                        filename: 6,
-                        ..Default::default()
-                    },
-                ],
-                function: vec![
-                    Function {
-                        id: 1,
-                        name: 4,
-                        filename: 5,
-                        ..Default::default()
-                    },
-                    Function {
-                        id: 2,
-                        name: 7,
-                        ..Default::default()
-                    },
-                ],
-                location: vec![
-                    Location {
-                        id: 1,
-                        mapping_id: 1,
-                        line: vec![Line {
-                            function_id: 1,
-                            line: 12,
-                            column: 0,
-                            kind: kinds[0] as i32,
-                        }],
-                        ..Default::default()
-                    },
-                    Location {
-                        id: 2,
-                        mapping_id: 2,
-                        address: 0x1234,
-                        line: vec![Line {
-                            function_id: 2,
-                            line: 0,
-                            column: 0,
-                            kind: kinds[1] as i32,
-                        }],
-                        ..Default::default()
-                    },
-                ],
-                sample: vec![Sample {
-                    location_id: vec![2, 1],
-                    value: vec![3],
-                    label: vec![],
-                }],
-                string_table: strings,
-                ..Default::default()
-            };
-            let bytes = PushRequest {
-                agent_id: "a".into(),
-                sequence: 1,
-                node: "n".into(),
-                profile: Some(profile),
-            }
-            .encode_to_vec();
-            let batch = decode(&bytes, &Limits::default(), 100).unwrap();
-            batch.rows[0].stack.as_slice().to_vec()
-        };
-        // Without kinds (an older agent): the `[python]` mapping tells.
-        let unsaid = [FrameKind::Unspecified; 2];
-        assert_eq!(
-            stack("[python]", unsaid),
-            ["grow (pkg/mod.py:12)", "malloc"]
-        );
-        // With them, the mapping's name does not matter.
-        assert_eq!(
-            stack("/opt/py", [FrameKind::Python, FrameKind::Native]),
-            ["grow (pkg/mod.py:12)", "malloc"]
-        );
-        assert_eq!(
-            stack("[python]", [FrameKind::Native, FrameKind::Kernel]),
-            ["grow", "malloc_[k]"]
-        );
-        assert_eq!(stack("/opt/py", unsaid), ["grow", "malloc"]);
-    }
-
-    /// The same stack decoded from two pushes is one shared allocation; a different one is not.
-    #[test]
-    fn stacks_are_shared_across_batches() {
-        let a = shared_stack(&["main", "ingest-test-shared", "leaf"]);
-        let b = shared_stack(&["main", "ingest-test-shared", "leaf"]);
-        let c = shared_stack(&["main", "ingest-test-shared"]);
-        assert!(Arc::ptr_eq(&a, &b));
-        assert!(!Arc::ptr_eq(&a, &c));
-        assert_eq!(c.as_slice(), ["main", "ingest-test-shared"]);
-    }
-}
+mod tests;

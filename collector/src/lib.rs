@@ -2,19 +2,25 @@
 //! an embedded store, and answers queries (flame graphs, pprof, folded, top, group totals)
 //! and diffs over HTTP on the same port, with a web UI and its own `/metrics`.
 
+pub mod api;
+pub mod auth;
 pub mod clickhouse;
-pub mod diff_api;
+pub mod config;
+pub mod frames;
 pub mod idmap;
 pub mod ingest;
+pub mod labelset;
+pub mod limits;
+pub mod memory;
 pub mod metrics;
 pub mod otlp_ingest;
 pub mod query;
 pub mod render;
-pub mod series_api;
-pub mod server;
+pub mod serve;
 pub mod sqlite;
 pub mod store;
+pub mod tenant;
+pub mod tenant_name;
 pub mod tls;
-pub mod trace_link;
 pub mod ui;
 pub mod wire;

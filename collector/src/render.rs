@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use pyrometer_proto as pb;
 
-use crate::store::Stacked;
+use crate::store::{Frame, Stacked, add};
 
 /// `root;...;leaf` with the sample's process (`comm` label) as the root frame, as `pyrometer
 /// record` writes folded files, merged and sorted.
@@ -26,18 +26,21 @@ fn fold(stacks: &[Stacked], comm_root: bool) -> Vec<(String, i64)> {
     // Summed per (process, stack) first: a cluster-wide answer has one entry per label set
     // and stack, many times more than distinct lines, and the stores hand out one shared
     // `Arc` per stack, so its address is the key and each line is built once.
-    type Key<'a> = (Option<&'a str>, *const Vec<String>);
-    let mut by_stack: HashMap<Key<'_>, (&[String], i64)> = HashMap::new();
+    type Key<'a> = (Option<&'a str>, *const Vec<Frame>);
+    let mut by_stack: HashMap<Key<'_>, (&[Frame], i64)> = HashMap::new();
     for s in stacks {
         let comm = if comm_root {
             s.labels.get("comm").map(String::as_str)
         } else {
             None
         };
-        by_stack
-            .entry((comm, std::sync::Arc::as_ptr(&s.stack)))
-            .or_insert((s.stack.as_slice(), 0))
-            .1 += s.value;
+        add(
+            &mut by_stack
+                .entry((comm, std::sync::Arc::as_ptr(&s.stack)))
+                .or_insert((s.stack.as_slice(), 0))
+                .1,
+            s.value,
+        );
     }
     let mut merged: BTreeMap<String, i64> = BTreeMap::new();
     for ((comm, _), (frames, value)) in by_stack {
@@ -54,7 +57,7 @@ fn fold(stacks: &[Stacked], comm_root: bool) -> Vec<(String, i64)> {
         if line.is_empty() {
             line.push_str("[unknown]");
         }
-        *merged.entry(line).or_insert(0) += value;
+        add(merged.entry(line).or_insert(0), value);
     }
     merged.into_iter().filter(|&(_, v)| v > 0).collect()
 }
@@ -84,7 +87,7 @@ pub fn flame_json(stacks: &[Stacked], sample_type: (&str, &str)) -> String {
         if comm.is_none() {
             key.push(-1);
         }
-        for name in comm.into_iter().chain(s.stack.iter().map(String::as_str)) {
+        for name in comm.into_iter().chain(s.stack.iter().map(|f| &**f)) {
             let next = names.len() as i64;
             key.push(*index.entry(name).or_insert_with(|| {
                 names.push(name);
@@ -92,7 +95,7 @@ pub fn flame_json(stacks: &[Stacked], sample_type: (&str, &str)) -> String {
             }));
         }
         match merged.get_mut(key.as_slice()) {
-            Some(v) => *v += s.value,
+            Some(v) => add(v, s.value),
             None => {
                 merged.insert(key.clone(), s.value);
             }
@@ -101,7 +104,7 @@ pub fn flame_json(stacks: &[Stacked], sample_type: (&str, &str)) -> String {
     // Sorted, so answers are deterministic.
     let mut rows: Vec<(Vec<i64>, i64)> = merged.into_iter().filter(|&(_, v)| v > 0).collect();
     rows.sort_unstable();
-    let total: i64 = rows.iter().map(|(_, v)| v).sum();
+    let total = rows.iter().fold(0i64, |t, (_, v)| t.saturating_add(*v));
     let quoted = |s: &str| serde_json::to_string(s).expect("strings serialize");
     let mut out = String::with_capacity(64 + rows.len() * 64);
     let _ = write!(
@@ -168,7 +171,7 @@ pub fn pprof(stacks: &[Stacked], sample_type: (&str, &str)) -> pb::Profile {
         r#type: id(sample_type.0),
         unit: id(sample_type.1),
     };
-    let mut functions: HashMap<String, u64> = HashMap::new();
+    let mut functions: HashMap<Frame, u64> = HashMap::new();
     let mut function = Vec::new();
     let mut location = Vec::new();
     let mut sample = Vec::with_capacity(stacks.len());
@@ -245,11 +248,11 @@ pub fn top(stacks: &[Stacked], limit: usize) -> Vec<TopRow> {
         seen.clear();
         for f in s.stack.iter() {
             if seen.insert(f) {
-                rows.entry(f).or_default().1 += s.value;
+                add(&mut rows.entry(f).or_default().1, s.value);
             }
         }
         if let Some(leaf) = s.stack.last() {
-            rows.entry(leaf).or_default().0 += s.value;
+            add(&mut rows.entry(leaf).or_default().0, s.value);
         }
     }
     let mut out: Vec<TopRow> = rows
@@ -275,7 +278,7 @@ pub fn group_totals(stacks: &[Stacked], by: &[String]) -> Vec<(BTreeMap<String, 
             .iter()
             .map(|b| s.labels.get(b).cloned().unwrap_or_default())
             .collect();
-        *groups.entry(key).or_insert(0) += s.value;
+        add(groups.entry(key).or_insert(0), s.value);
     }
     groups
         .into_iter()
@@ -296,7 +299,7 @@ mod tests {
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
             ),
-            stack: Arc::new(frames.iter().map(|s| s.to_string()).collect()),
+            stack: Arc::new(frames.iter().map(|&s| Frame::from(s)).collect()),
             value,
         }
     }

@@ -75,6 +75,23 @@ pub struct ProfileView<'a> {
 }
 
 impl ProfileView<'_> {
+    /// Empty, with room for exactly the counted entries.
+    fn with(c: &Counts) -> Self {
+        Self {
+            sample_type: Vec::with_capacity(c.sample_types),
+            sample: Vec::with_capacity(c.samples),
+            mapping: Vec::with_capacity(c.mappings),
+            location: Vec::with_capacity(c.locations),
+            function: Vec::with_capacity(c.functions),
+            string_table: Vec::with_capacity(c.strings),
+            time_nanos: 0,
+            location_ids: Vec::with_capacity(c.location_ids),
+            values: Vec::with_capacity(c.values),
+            labels: Vec::with_capacity(c.labels),
+            lines: Vec::with_capacity(c.lines),
+        }
+    }
+
     pub fn location_ids(&self, s: &SampleView) -> &[u64] {
         &self.location_ids[s.location_ids.0 as usize..s.location_ids.1 as usize]
     }
@@ -89,9 +106,9 @@ impl ProfileView<'_> {
     }
 }
 
-const VARINT: u8 = 0;
+pub(crate) const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
-const LEN: u8 = 2;
+pub(crate) const LEN: u8 = 2;
 const START_GROUP: u8 = 3;
 const END_GROUP: u8 = 4;
 const FIXED32: u8 = 5;
@@ -99,22 +116,22 @@ const FIXED32: u8 = 5;
 /// Nesting allowed in skipped groups (prost's recursion limit).
 const MAX_DEPTH: u32 = 100;
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     data: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn new(data: &'a [u8]) -> Self {
+    pub(crate) fn new(data: &'a [u8]) -> Self {
         Self { data, at: 0 }
     }
 
-    fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.at >= self.data.len()
     }
 
     #[inline]
-    fn varint(&mut self) -> Result<u64, WireError> {
+    pub(crate) fn varint(&mut self) -> Result<u64, WireError> {
         // The common one-byte case first.
         if let Some(&b) = self.data.get(self.at)
             && b < 0x80
@@ -140,7 +157,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A field's number and wire type.
-    fn key(&mut self) -> Result<(u32, u8), WireError> {
+    pub(crate) fn key(&mut self) -> Result<(u32, u8), WireError> {
         let key = self.varint()?;
         let field = u32::try_from(key >> 3).map_err(|_| WireError("field number too large"))?;
         if field == 0 {
@@ -149,7 +166,7 @@ impl<'a> Reader<'a> {
         Ok((field, (key & 7) as u8))
     }
 
-    fn bytes(&mut self) -> Result<&'a [u8], WireError> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], WireError> {
         let len = usize::try_from(self.varint()?).map_err(|_| WireError("length too large"))?;
         let end = self.at.checked_add(len).filter(|&e| e <= self.data.len());
         let Some(end) = end else {
@@ -164,7 +181,7 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(self.bytes()?).map_err(|_| WireError("a string is not UTF-8"))
     }
 
-    fn skip(&mut self, field: u32, wire: u8, depth: u32) -> Result<(), WireError> {
+    pub(crate) fn skip(&mut self, field: u32, wire: u8, depth: u32) -> Result<(), WireError> {
         match wire {
             VARINT => {
                 self.varint()?;
@@ -210,7 +227,7 @@ impl<'a> Reader<'a> {
         self.varint()
     }
 
-    fn message(&mut self, wire: u8) -> Result<Reader<'a>, WireError> {
+    pub(crate) fn message(&mut self, wire: u8) -> Result<Reader<'a>, WireError> {
         if wire != LEN {
             return err("a message field with another wire type");
         }
@@ -240,8 +257,107 @@ fn span(start: usize, end: usize) -> Result<Span, WireError> {
     }
 }
 
-/// Decodes a `PushRequest`.
+/// How many entries each list of a push holds, read without decoding them: the limits are
+/// checked on these, and the lists are then allocated once at their exact size.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub sample_types: usize,
+    pub samples: usize,
+    pub mappings: usize,
+    pub locations: usize,
+    pub functions: usize,
+    pub strings: usize,
+    /// Over all samples.
+    pub location_ids: usize,
+    pub values: usize,
+    pub labels: usize,
+    /// Over all locations.
+    pub lines: usize,
+}
+
+/// Entries of a repeated varint field, packed or not, without decoding them.
+pub(crate) fn count_repeated(r: &mut Reader<'_>, wire: u8) -> Result<usize, WireError> {
+    match wire {
+        VARINT => r.varint().map(|_| 1),
+        // Each varint ends with the one byte of it below 0x80.
+        LEN => Ok(r.bytes()?.iter().filter(|&&b| b < 0x80).count()),
+        _ => err("a repeated varint field with another wire type"),
+    }
+}
+
+/// Counts the lists of a `PushRequest` (see [`Counts`]); malformed framing fails here.
+pub fn count(bytes: &[u8]) -> Result<Counts, WireError> {
+    let mut c = Counts::default();
+    let mut r = Reader::new(bytes);
+    while !r.done() {
+        match r.key()? {
+            (4, w) => count_profile(&mut r.message(w)?, &mut c)?,
+            (f, w) => r.skip(f, w, 0)?,
+        }
+    }
+    Ok(c)
+}
+
+fn count_profile(r: &mut Reader<'_>, c: &mut Counts) -> Result<(), WireError> {
+    while !r.done() {
+        match r.key()? {
+            (1, w) => {
+                r.message(w)?;
+                c.sample_types += 1;
+            }
+            (2, w) => {
+                let mut m = r.message(w)?;
+                c.samples += 1;
+                while !m.done() {
+                    match m.key()? {
+                        (1, w) => c.location_ids += count_repeated(&mut m, w)?,
+                        (2, w) => c.values += count_repeated(&mut m, w)?,
+                        (3, w) => {
+                            m.message(w)?;
+                            c.labels += 1;
+                        }
+                        (f, w) => m.skip(f, w, 0)?,
+                    }
+                }
+            }
+            (3, w) => {
+                r.message(w)?;
+                c.mappings += 1;
+            }
+            (4, w) => {
+                let mut m = r.message(w)?;
+                c.locations += 1;
+                while !m.done() {
+                    match m.key()? {
+                        (4, w) => {
+                            m.message(w)?;
+                            c.lines += 1;
+                        }
+                        (f, w) => m.skip(f, w, 0)?,
+                    }
+                }
+            }
+            (5, w) => {
+                r.message(w)?;
+                c.functions += 1;
+            }
+            (6, LEN) => {
+                r.bytes()?;
+                c.strings += 1;
+            }
+            (f, w) => r.skip(f, w, 0)?,
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a `PushRequest`, counting its lists first.
 pub fn decode(bytes: &[u8]) -> Result<PushView<'_>, WireError> {
+    decode_counted(bytes, &count(bytes)?)
+}
+
+/// Decodes a `PushRequest` whose lists [`count`] counted: each list is allocated once.
+pub fn decode_counted<'a>(bytes: &'a [u8], c: &Counts) -> Result<PushView<'a>, WireError> {
     let mut r = Reader::new(bytes);
     let mut out = PushView::default();
     while !r.done() {
@@ -252,7 +368,10 @@ pub fn decode(bytes: &[u8]) -> Result<PushView<'_>, WireError> {
             (4, w) => {
                 let mut m = r.message(w)?;
                 // A message field sent twice is merged into one.
-                profile(&mut m, out.profile.get_or_insert_with(ProfileView::default))?;
+                profile(
+                    &mut m,
+                    out.profile.get_or_insert_with(|| ProfileView::with(c)),
+                )?;
             }
             (1 | 3, _) => return err("a string field with another wire type"),
             (f, w) => r.skip(f, w, 0)?,

@@ -2,35 +2,21 @@
 //! queries, errors, and malformed pushes that must never take it down. Each test runs
 //! against both stores (SQLite, and a private ClickHouse server).
 
+#[macro_use]
 mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{Kind, TestStore, enc, get, profile, profile_of, push, request, test_store};
+use common::{Kind, TestStore, enc, profile, profile_of, push, request, test_store};
 use proptest::prelude::*;
+use pyrometer_collector::api::AppState;
+use pyrometer_collector::auth::Auth;
+use pyrometer_collector::config::Config;
 use pyrometer_collector::ingest::{self, Limits};
-use pyrometer_collector::metrics::Metrics;
-use pyrometer_collector::server::{AppState, router};
 
 const TOKEN: &str = "t0ken-for-tests";
-
-/// Runs the async test body `$f(kind)` once per store, each as its own test.
-macro_rules! for_each_store {
-    ($f:ident) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$f(super::Kind::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn clickhouse() {
-                super::$f(super::Kind::ClickHouse).await
-            }
-        }
-    };
-}
 
 for_each_store!(auth_dedup_queries_and_errors);
 for_each_store!(diff_of_two_ranges_and_of_two_label_sets);
@@ -47,23 +33,29 @@ async fn start(name: &str, kind: Kind) -> (SocketAddr, Arc<AppState>, TestStore)
     let guard = tokio::task::spawn_blocking(move || test_store(kind, &dir))
         .await
         .unwrap();
-    let state = Arc::new(AppState {
-        store: guard.store.clone(),
-        token: Some(TOKEN.into()),
-        limits: Limits::default(),
-        max_message_bytes: 1 << 20,
-        metrics: Metrics::default(),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, state, guard)
+    let config = Config {
+        limits: Limits {
+            max_push_bytes: 1 << 20,
+            ..Limits::default()
+        },
+        ..Config::default()
+    };
+    let state = Arc::new(
+        AppState::new(guard.store.clone())
+            .with_auth(Auth::open().with_tokens(TOKEN).unwrap())
+            .with_config(config),
+    );
+    (common::serve(state.clone()).await, state, guard)
+}
+
+/// GET with the test's token (reads need one when pushes do).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    common::get_with(addr, path, Some(TOKEN)).await
 }
 
 async fn auth_dedup_queries_and_errors(kind: Kind) {
     let (addr, state, _store) = start("api", kind).await;
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     let body = request(
         "agent-1",
         1,
@@ -162,13 +154,7 @@ async fn auth_dedup_queries_and_errors(kind: Kind) {
     );
     assert!(metrics.contains("pyrometer_collector_batches_duplicate_total 1"));
     assert!(metrics.contains("pyrometer_collector_batches_ingested_total 2"));
-    assert_eq!(
-        state
-            .metrics
-            .refused_invalid
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(state.metrics.pushes_refused.get("invalid"), 0);
 }
 
 fn json(body: &str) -> serde_json::Value {
@@ -187,7 +173,7 @@ fn row<'a>(d: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
 
 async fn diff_of_two_ranges_and_of_two_label_sets(kind: Kind) {
     let (addr, _state, _store) = start("diff", kind).await;
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     let (old, new) = (now - 600, now - 60);
     // slow: 50 % of the samples, then 66.7 % (z ~ 13); a kernel frame under it is charged
     // to it unless kernel=true.
@@ -339,7 +325,7 @@ async fn series_over_time_split_by_label(kind: Kind) {
     let (addr, _state, _store) = start("series", kind).await;
     // Two pushes from n1 a minute apart (two stacks in the first), one from n2 and one
     // from n3; all within the last five minutes, on 10 s bucket boundaries.
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     let t0 = now - now.rem_euclid(60) - 240;
     let pushes = [
         (
@@ -439,7 +425,7 @@ async fn series_over_time_split_by_label(kind: Kind) {
 /// `format=flame`: interned names and `[value, process, frames...]` rows, as the UI reads them.
 async fn flame_format_for_the_web_ui(kind: Kind) {
     let (addr, _state, _store) = start("flame", kind).await;
-    let now = pyrometer_collector::server::now_s();
+    let now = pyrometer_collector::api::now_s();
     for (agent, node, p) in [
         (
             "a1",
@@ -482,12 +468,8 @@ async fn flame_format_for_the_web_ui(kind: Kind) {
 
 async fn malformed_pushes_are_refused_and_the_collector_keeps_serving(kind: Kind) {
     let (addr, _state, _store) = start("malformed", kind).await;
-    let valid = request(
-        "a",
-        1,
-        "n1",
-        profile("app", &["main", "work"], 5, 1_700_000_000),
-    );
+    let now = pyrometer_collector::api::now_s();
+    let valid = request("a", 1, "n1", profile("app", &["main", "work"], 5, now));
     let mut cases: Vec<Bytes> = (0..valid.len())
         .step_by(3)
         .map(|n| valid.slice(..n))
@@ -503,30 +485,32 @@ async fn malformed_pushes_are_refused_and_the_collector_keeps_serving(kind: Kind
     for body in cases {
         if let Ok(r) = push(addr, Some(TOKEN), body.clone()).await {
             // Some truncations are still valid messages (e.g. without a profile they are not).
-            assert!(
-                ingest::decode(&body, &Limits::default(), 0).is_ok(),
-                "{r:?}"
-            );
+            let limits = Limits::default();
+            let ctx = ingest::Context::new(&limits, now);
+            assert!(ingest::decode(&body, &ctx).is_ok(), "{r:?}");
         }
     }
     assert!(!push(addr, Some(TOKEN), valid).await.unwrap().duplicate);
     assert_eq!(get(addr, "/metrics").await.0, 200);
 }
 
+/// The clock of the decoding tests below: the pushes' time.
+const NOW: i64 = 1_700_000_000;
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-        let _ = ingest::decode(&bytes, &Limits::default(), 0);
+        let _ = ingest::decode(&bytes, &ingest::Context::new(&Limits::default(), NOW));
     }
 
     #[test]
     fn mutated_requests_never_panic(pos in 0usize..200, byte in any::<u8>(), cut in 0usize..200) {
-        let mut body = request("a", 1, "n", profile("app", &["main", "f", "g"], 3, 5)).to_vec();
+        let mut body = request("a", 1, "n", profile("app", &["main", "f", "g"], 3, NOW)).to_vec();
         let pos = pos % body.len();
         body[pos] = byte;
         body.truncate(cut.max(1).min(body.len()));
-        let _ = ingest::decode(&body, &Limits::default(), 0);
+        let _ = ingest::decode(&body, &ingest::Context::new(&Limits::default(), NOW));
     }
 }

@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::clickhouse_server::{self, ClickHouse};
 use common::{Kind, clickhouse_store, get, profile, push, request, test_store, wait_until};
+use pyrometer_collector::api::{AppState, now_s};
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location};
-use pyrometer_collector::ingest::Limits;
-use pyrometer_collector::metrics::Metrics;
-use pyrometer_collector::server::{AppState, now_s, router};
+use pyrometer_collector::ingest::{Context, Limits};
 use pyrometer_collector::store::{Batch, LabelSet, Row, Selection, Store, StoreError};
 
 fn scratch(name: &str) -> std::path::PathBuf {
@@ -22,18 +21,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 }
 
 async fn collector(store: Arc<dyn Store>) -> SocketAddr {
-    let state = Arc::new(AppState {
-        store,
-        token: None,
-        limits: Limits::default(),
-        max_message_bytes: 1 << 20,
-        metrics: Metrics::default(),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(state);
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
+    common::serve(Arc::new(AppState::new(store))).await
 }
 
 async fn open(server: &ClickHouse) -> Arc<dyn Store> {
@@ -274,7 +262,9 @@ fn schema_versions_credentials_and_retention() {
     let old = now - 3 * day;
     for (seq, t) in [(1, old), (2, now)] {
         let bytes = request("a", seq, "n", profile("app", &["main"], 4, t));
-        let batch = pyrometer_collector::ingest::decode(&bytes, &Limits::default(), now).unwrap();
+        let batch =
+            pyrometer_collector::ingest::decode(&bytes, &Context::new(&Limits::default(), now))
+                .unwrap();
         store.ingest(&batch).unwrap();
     }
     let total = |from: i64| everything(&store, from, now + 1);
@@ -335,8 +325,21 @@ fn everything(store: &dyn Store, from_s: i64, to_s: i64) -> i64 {
 }
 
 fn pushed(store: &dyn Store, agent: &str, seq: u64, node: &str, time_s: i64) -> bool {
-    let bytes = request(agent, seq, node, profile("app", &["main"], 4, time_s));
-    let batch = pyrometer_collector::ingest::decode(&bytes, &Limits::default(), time_s).unwrap();
+    pushed_stack(store, agent, seq, node, time_s, &["main"])
+}
+
+fn pushed_stack(
+    store: &dyn Store,
+    agent: &str,
+    seq: u64,
+    node: &str,
+    time_s: i64,
+    stack: &[&str],
+) -> bool {
+    let bytes = request(agent, seq, node, profile("app", stack, 4, time_s));
+    let batch =
+        pyrometer_collector::ingest::decode(&bytes, &Context::new(&Limits::default(), time_s))
+            .unwrap();
     !store.ingest(&batch).unwrap().duplicate
 }
 
@@ -354,8 +357,9 @@ fn mutations_done(server: &ClickHouse, db: &str) {
     }
 }
 
-/// A store of schema version 1 (rows sorted by time first, in `samples`; label sets
-/// without a write time) opens as version 2: its rows stay readable beside new ones in
+/// A store of schema version 1 (rows sorted by time first, in `samples`; label sets and
+/// stacks without a write time) opens as the current version: its rows stay readable beside
+/// new ones in
 /// `samples_v2`, a replay of an old batch is still recognized, and retention drops days of
 /// both tables.
 #[test]
@@ -376,6 +380,7 @@ fn a_version_1_store_is_upgraded_in_place() {
         "DROP TABLE up.all_samples",
         "DROP TABLE up.samples_v2",
         "ALTER TABLE up.labelsets DROP COLUMN at",
+        "ALTER TABLE up.stacks DROP COLUMN at",
         "DROP TABLE up.schema_version",
         "CREATE TABLE up.schema_version (version UInt32, applied_at DateTime DEFAULT now())
          ENGINE = ReplacingMergeTree() ORDER BY version",
@@ -388,13 +393,13 @@ fn a_version_1_store_is_upgraded_in_place() {
         server
             .sql("SELECT max(version) FROM up.schema_version")
             .trim(),
-        "2"
+        pyrometer_collector::clickhouse::schema::VERSION.to_string()
     );
     assert_eq!(
         server
-            .sql("SELECT count() FROM system.columns WHERE database = 'up' AND table = 'labelsets' AND name = 'at'")
+            .sql("SELECT count() FROM system.columns WHERE database = 'up' AND table IN ('labelsets', 'stacks') AND name = 'at'")
             .trim(),
-        "1"
+        "2"
     );
     assert_eq!(everything(&store, old - day, now + 1), 8);
     assert!(
@@ -417,9 +422,9 @@ fn a_version_1_store_is_upgraded_in_place() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Retention removes the label sets no sample row uses any more (once they are older than
-/// the grace a collector's cache relies on), keeps those still used, and a label set seen
-/// again after its removal is written again and read back.
+/// Retention removes the label sets and stacks no sample row uses any more (once they are
+/// older than the grace a collector's cache relies on), keeps those still used, and a label
+/// set seen again after its removal is written again and read back.
 #[test]
 fn retention_removes_label_sets_no_sample_uses() {
     let dir = scratch("labelsets");
@@ -427,8 +432,30 @@ fn retention_removes_label_sets_no_sample_uses() {
     let now = now_s();
     let day = 86_400;
     let store = clickhouse_store(&server, "ls");
-    assert!(pushed(&store, "a", 1, "gone-node", now - 3 * day));
-    assert!(pushed(&store, "a", 2, "kept-node", now));
+    assert!(pushed_stack(
+        &store,
+        "a",
+        1,
+        "gone-node",
+        now - 3 * day,
+        &["main", "gone"]
+    ));
+    assert!(pushed_stack(
+        &store,
+        "a",
+        2,
+        "kept-node",
+        now,
+        &["main", "kept"]
+    ));
+    let stacks = |frame: &str| {
+        server
+            .sql(&format!(
+                "SELECT count() FROM ls.stacks WHERE has(frames, '{frame}')"
+            ))
+            .trim()
+            .to_string()
+    };
     let count = |node: &str| {
         server
             .sql(&format!(
@@ -441,19 +468,25 @@ fn retention_removes_label_sets_no_sample_uses() {
     store.expire(now - day).unwrap();
     mutations_done(&server, "ls");
     assert_eq!(count("gone-node"), "1");
+    assert_eq!(stacks("gone"), "1");
     // As if written long ago.
     server.sql("ALTER TABLE ls.labelsets UPDATE at = toDateTime(1000) WHERE 1");
+    server.sql("ALTER TABLE ls.stacks UPDATE at = toDateTime(1000) WHERE 1");
     mutations_done(&server, "ls");
     store.expire(now - day).unwrap();
     mutations_done(&server, "ls");
     assert_eq!(count("gone-node"), "0");
     assert_eq!(count("kept-node"), "1");
+    assert_eq!(stacks("gone"), "0");
+    assert_eq!(stacks("kept"), "1");
     assert_eq!(everything(&store, now - 4 * day, now + 1), 4);
     // Another collector (its cache empty) meets the label set again.
     let other = clickhouse_store(&server, "ls");
     assert!(pushed(&other, "b", 1, "gone-node", now));
     assert_eq!(count("gone-node"), "1");
-    let values = store.label_values("node", now - 60, now + 1).unwrap();
+    let values = store
+        .label_values("node", now - 60, now + 1, &|_| true)
+        .unwrap();
     assert_eq!(values, ["gone-node", "kept-node"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -470,11 +503,12 @@ fn batch(agent: &str, sequence: u64, time_s: i64, rows: &[(&str, i64)]) -> Batch
             .enumerate()
             .map(|(i, &(node, value))| Row {
                 labels: Arc::new(LabelSet::from([("node".to_string(), node.to_string())])),
-                stack: Arc::new(vec!["main".to_string(), format!("f{i}")]),
+                stack: Arc::new(vec!["main".into(), format!("f{i}").into()]),
                 sample_type: 0,
                 value,
             })
             .collect(),
+        max_label_sets: None,
     }
 }
 
@@ -569,11 +603,12 @@ fn labelled(
                     [("node", node), ("comm", comm), ("thread", thread)]
                         .map(|(k, v)| (k.to_string(), v.to_string())),
                 )),
-                stack: Arc::new(vec!["main".to_string(), format!("f{stack}")]),
+                stack: Arc::new(vec!["main".into(), format!("f{stack}").into()]),
                 sample_type: 0,
                 value,
             })
             .collect(),
+        max_label_sets: None,
     }
 }
 
@@ -696,4 +731,37 @@ fn merged_selections_match_the_full_selection_on_both_stores() {
                 .is_empty()
         );
     }
+}
+
+/// The store over HTTPS (`clickhouses://`): checked against the CA given, it stores and reads;
+/// against the system's roots, which do not hold the test's CA, it does not open.
+#[test]
+fn the_store_speaks_https_checked_against_its_ca() {
+    let dir = scratch("https");
+    let server = ClickHouse::start_https(&dir);
+    let port = server.https_port.unwrap();
+    let url = format!("clickhouses://127.0.0.1:{port}/secure");
+    let credentials = || {
+        Some((
+            clickhouse_server::USER.to_string(),
+            clickhouse_server::PASSWORD.to_string(),
+        ))
+    };
+    let mut location = Location::parse(&url).unwrap();
+    assert!(location.tls);
+    let refused = match ClickHouseStore::open(&location, credentials(), Duration::from_secs(10)) {
+        Ok(_) => panic!("opened over HTTPS although the system's roots do not hold the test CA"),
+        Err(e) => e.to_string(),
+    };
+    // A machine without system roots refuses before connecting, and says what to give.
+    assert!(
+        refused.contains("certificate") || refused.contains("--store-ca"),
+        "{refused}"
+    );
+    location.ca = Some(server.ca());
+    let store = ClickHouseStore::open(&location, credentials(), Duration::from_secs(10)).unwrap();
+    let now = now_s();
+    assert!(pushed(&store, "a", 1, "tls-node", now));
+    assert_eq!(everything(&store, now - 60, now + 1), 4);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -94,9 +94,24 @@ impl Collector {
         );
     }
 
+    /// The read token of the collector's token file (its first token), if it has one.
+    pub fn token(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.token_file.as_ref()?).ok()?;
+        let line = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'))?;
+        line.split_whitespace().next().map(String::from)
+    }
+
+    /// GET (with the collector's token, when it has a token file).
+    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        http_get_with(self.addr, path, self.token().as_deref())
+    }
+
     /// GET that must succeed with 200.
     pub fn get(&self, path: &str) -> String {
-        match http_get(self.addr, path) {
+        match self.http_get(path) {
             Some((200, body)) => body,
             other => panic!("GET {path}: {other:?}"),
         }
@@ -142,7 +157,7 @@ impl Collector {
     /// while the store has none (404).
     pub fn totals_by(&self, label: &str) -> std::collections::BTreeMap<String, i64> {
         let path = format!("/api/v1/profile?by={label}&from=now-1h&type=samples");
-        match http_get(self.addr, &path) {
+        match self.http_get(&path) {
             Some((404, _)) => return Default::default(),
             Some((200, _)) => {}
             other => panic!("GET {path}: {other:?}"),
@@ -171,11 +186,17 @@ impl Drop for Collector {
 
 /// Plain HTTP/1.1 GET: `(status, body)`, or None when nothing answers.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    http_get_with(addr, path, None)
+}
+
+/// [`http_get`] with a bearer token.
+pub fn http_get_with(addr: SocketAddr, path: &str, token: Option<&str>) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: t\r\n{auth}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut raw = Vec::new();

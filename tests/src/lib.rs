@@ -2,6 +2,8 @@
 //! privilege probe that records why a test is skipped, and readers for what `record` writes.
 
 pub mod alloc;
+#[path = "../../collector/tests/common/certs.rs"]
+pub mod certs;
 #[path = "../../collector/tests/common/clickhouse_server.rs"]
 pub mod clickhouse_server;
 pub mod cluster;

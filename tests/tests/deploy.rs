@@ -169,15 +169,26 @@ fn kubernetes_manifests_give_the_agent_what_it_needs() {
         toml.contains("pyrometer-collector.pyrometer.svc:4040"),
         "the agents push to the collector's Service"
     );
+    assert!(
+        toml.contains("collector = \"https://") && toml.contains("ca = "),
+        "the agents push over TLS, checking the collector with the CA: {toml}"
+    );
 
     let sts = find("StatefulSet");
     let pod = check_pod(&sts, "StatefulSet");
     let collector = &pod["containers"][0];
+    let collector_args = str_list(&collector["args"]);
     assert_known_flags(
-        &str_list(&collector["args"]),
+        &collector_args,
         &help_options(&collector_bin, &[]),
         "collector args",
     );
+    for needed in ["--tls-cert", "--tls-key", "--token-file"] {
+        assert!(
+            collector_args.iter().any(|a| a.starts_with(needed)),
+            "the collector serves its Service with {needed}: {collector_args:?}"
+        );
+    }
     let svc = find("Service");
     assert_eq!(
         svc["spec"]["selector"],
@@ -192,6 +203,38 @@ fn kubernetes_manifests_give_the_agent_what_it_needs() {
             .any(|p| p["name"] == target),
         "the Service's targetPort {target} names a container port"
     );
+}
+
+/// The example systemd units start the binaries with options they have, and the collector's
+/// serves beyond loopback only with TLS and tokens, with room for every agent's connection.
+#[test]
+fn systemd_units_use_real_options_and_tls() {
+    let pyrometer = pyrometer_bin();
+    let collector_bin = pyrometer.with_file_name("pyrometer-collector");
+    let unit = |name: &str| std::fs::read_to_string(root().join("deploy").join(name)).unwrap();
+    let exec = |text: &str| -> Vec<String> {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("an ExecStart line");
+        line.split_whitespace().skip(1).map(String::from).collect()
+    };
+    let collector = unit("pyrometer-collector.service");
+    let args = exec(&collector);
+    assert_known_flags(&args, &help_options(&collector_bin, &[]), "collector unit");
+    for needed in ["--tls-cert", "--tls-key", "--token-file"] {
+        assert!(args.iter().any(|a| a == needed), "{needed}: {args:?}");
+    }
+    assert!(collector.contains("LimitNOFILE="), "{collector}");
+    let agent = unit("pyrometer-agent.service");
+    let args = exec(&agent);
+    assert_eq!(args[0], "agent");
+    assert_known_flags(
+        &args[1..],
+        &help_options(&pyrometer, &["agent"]),
+        "agent unit",
+    );
+    assert!(agent.contains("collector = \"https://"), "{agent}");
 }
 
 /// A dockerd of this test's own (socket, state and data under its scratch directory, no

@@ -2,11 +2,35 @@
 //! inserts, RowBinary rows) and read the whole answer. Blocking because the store trait is
 //! called from blocking threads; std sockets because the interface needs nothing more than
 //! keep-alive, Content-Length requests and chunked responses, and every timeout stays ours.
+//! Over HTTPS (`clickhouses://`) the socket is wrapped in rustls, checked against a CA file
+//! or the system's roots.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::{ClientConfig, ClientConnection, StreamOwned};
+
+/// A connection to ClickHouse: plain TCP or TLS over it.
+trait Transport: Read + Write + Send {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Transport for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Transport for StreamOwned<ClientConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref()
+    }
+}
+
+type Conn = BufReader<Box<dyn Transport>>;
 
 /// Why a request got no answer, or an error answer.
 #[derive(Debug, thiserror::Error)]
@@ -48,13 +72,15 @@ impl HttpError {
 
 pub struct Client {
     host: String,
+    /// The server's name for TLS, and the configuration; `None` in plain text.
+    tls: Option<(ServerName<'static>, Arc<ClientConfig>)>,
     addr: SocketAddr,
     /// `Basic …` header value, or none for the passwordless `default` user.
     auth: Option<String>,
     timeout: Duration,
     max_answer: usize,
     /// Idle keep-alive connections.
-    idle: Mutex<Vec<BufReader<TcpStream>>>,
+    idle: Mutex<Vec<Conn>>,
 }
 
 /// Idle connections kept; more concurrent requests open (and then close) their own.
@@ -67,6 +93,7 @@ impl Client {
         auth: Option<(String, String)>,
         timeout: Duration,
         max_answer: usize,
+        tls: Option<Arc<ClientConfig>>,
     ) -> Result<Self, HttpError> {
         let unavailable = |reason: String| HttpError::Unavailable {
             addr: format!("{host}:{port}"),
@@ -83,8 +110,17 @@ impl Client {
                 base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
             format!("Basic {token}")
         });
+        let tls = match tls {
+            Some(config) => {
+                let name = ServerName::try_from(host.to_string())
+                    .map_err(|e| unavailable(format!("not a TLS server name: {e}")))?;
+                Some((name, config))
+            }
+            None => None,
+        };
         Ok(Self {
             host: format!("{host}:{port}"),
+            tls,
             addr,
             auth,
             timeout,
@@ -103,6 +139,16 @@ impl Client {
     /// POSTs `body` to `/?params` and returns the answer's body. `params` are already
     /// URL-encoded `name=value` pairs (settings, and the query when the body holds data).
     pub fn post(&self, params: &[(&str, &str)], body: &[u8]) -> Result<Vec<u8>, HttpError> {
+        self.post_within(params, body, self.timeout)
+    }
+
+    /// [`Client::post`] waiting at most `timeout` for the answer.
+    pub fn post_within(
+        &self,
+        params: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, HttpError> {
         let mut target = String::from("/?");
         for (i, (k, v)) in params.iter().enumerate() {
             if i > 0 {
@@ -131,6 +177,7 @@ impl Client {
         // (A repeated insert is harmless: readers count each batch's rows once.)
         let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         if let Some(mut conn) = pooled {
+            let _ = conn.get_ref().tcp().set_read_timeout(Some(timeout));
             match self.exchange(&mut conn, head.as_bytes(), body) {
                 Ok((answer, reusable)) => {
                     self.release(conn, reusable);
@@ -144,11 +191,19 @@ impl Client {
             TcpStream::connect_timeout(&self.addr, self.timeout.min(Duration::from_secs(3)))
                 .map_err(|e| self.unavailable(e))?;
         stream
-            .set_read_timeout(Some(self.timeout))
+            .set_read_timeout(Some(timeout))
             .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
             .and_then(|()| stream.set_nodelay(true))
             .map_err(|e| self.unavailable(e))?;
-        let mut conn = BufReader::with_capacity(1 << 16, stream);
+        let transport: Box<dyn Transport> = match &self.tls {
+            None => Box::new(stream),
+            Some((name, config)) => {
+                let tls = ClientConnection::new(config.clone(), name.clone())
+                    .map_err(|e| self.unavailable(format!("TLS: {e}")))?;
+                Box::new(StreamOwned::new(tls, stream))
+            }
+        };
+        let mut conn: Conn = BufReader::with_capacity(1 << 16, transport);
         match self.exchange(&mut conn, head.as_bytes(), body) {
             Ok((answer, reusable)) => {
                 self.release(conn, reusable);
@@ -158,7 +213,7 @@ impl Client {
         }
     }
 
-    fn release(&self, conn: BufReader<TcpStream>, reusable: bool) {
+    fn release(&self, conn: Conn, reusable: bool) {
         if reusable {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
             if idle.len() < MAX_IDLE {
@@ -171,7 +226,7 @@ impl Client {
     /// server's answer (its body, or its exception), with whether the connection can be kept.
     fn exchange(
         &self,
-        conn: &mut BufReader<TcpStream>,
+        conn: &mut Conn,
         head: &[u8],
         body: &[u8],
     ) -> Result<(Result<Vec<u8>, HttpError>, bool), Exchange> {
@@ -195,9 +250,7 @@ impl Client {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(Exchange::Failed(
-                    self.unavailable(format!("no answer within {:?}", self.timeout)),
-                ));
+                return Err(Exchange::Failed(self.unavailable("no answer in time")));
             }
             Err(e) => return Err(before(e)),
         }

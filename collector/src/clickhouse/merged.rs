@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::rowbinary::Reader;
 use super::{ClickHouseStore, Selected, list};
-use crate::store::{LabelSet, Selection, Stacked, StoreError, project};
+use crate::store::{LabelSet, Selection, Stacked, StoreError, add, project};
 
 /// The groups of a selection: each kept label set and the label set id that stands for it.
 #[derive(Default)]
@@ -106,7 +106,7 @@ impl ClickHouseStore {
         let mut sums: HashMap<(u32, u64), i64> = HashMap::with_capacity(rows.len());
         for (id, stack, value) in rows {
             if let Some(&g) = groups.by_id.get(&id) {
-                *sums.entry((g, stack)).or_default() += value;
+                add(sums.entry((g, stack)).or_default(), value);
             }
         }
         // Sorted by label set, then stack id, so answers are deterministic.

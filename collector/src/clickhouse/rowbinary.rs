@@ -31,10 +31,10 @@ impl Writer {
         self.0.extend_from_slice(s.as_bytes());
     }
 
-    pub fn strs(&mut self, v: &[String]) {
+    pub fn strs<S: AsRef<str>>(&mut self, v: &[S]) {
         self.len(v.len());
         for s in v {
-            self.str(s);
+            self.str(s.as_ref());
         }
     }
 }

@@ -21,7 +21,7 @@
 use super::http::{Client, HttpError};
 
 /// The version this collector writes and reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The table sample rows are written to.
 pub const SAMPLES: &str = "samples_v2";
@@ -103,6 +103,18 @@ const MIGRATIONS: &[(u32, &[Step])] = &[
             // written before this column existed read as written now: never removed early.
             Step::AddColumn {
                 table: "labelsets",
+                column: "at",
+                definition: "DateTime DEFAULT now()",
+            },
+        ],
+    ),
+    (
+        3,
+        &[
+            // When a stack was written, so retention removes stacks no sample row uses, as it
+            // does label sets (see `expire`).
+            Step::AddColumn {
+                table: "stacks",
                 column: "at",
                 definition: "DateTime DEFAULT now()",
             },

@@ -7,18 +7,22 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rusqlite::params;
-
+use super::read::each_chunk;
 use super::{SqliteStore, chunk};
-use crate::store::{LabelSet, Selection, Stacked, StoreError, project};
+use crate::store::{LabelSet, Selection, Stacked, StoreError, add, project};
 
 /// Group tables up to this many entries are summed densely (an array indexed by group and
 /// stack id) rather than through a hash map: 16 MiB of sums at most.
 const DENSE_ENTRIES: usize = 1 << 21;
 
-/// Sums per (group, stack), dense when small enough.
+/// Sums per (group, stack), dense when small enough. Stacks stored since the query began
+/// (beyond the dense table) are summed apart.
 enum Sums {
-    Dense { stacks: usize, sums: Vec<i64> },
+    Dense {
+        stacks: usize,
+        sums: Vec<i64>,
+        later: chunk::IdMap<(u32, i64), i64>,
+    },
     Sparse(chunk::IdMap<(u32, i64), i64>),
 }
 
@@ -29,38 +33,52 @@ impl Sums {
             Some(n) if n <= DENSE_ENTRIES => Sums::Dense {
                 stacks,
                 sums: vec![0; n],
+                later: chunk::IdMap::default(),
             },
             _ => Sums::Sparse(chunk::IdMap::default()),
         }
     }
 
-    /// Adds `value`; `false` when the stack id is beyond every stored stack.
     #[inline]
-    fn add(&mut self, group: u32, stack: i64, value: i64) -> bool {
+    fn add(&mut self, group: u32, stack: i64, value: i64) {
         match self {
-            Sums::Dense { stacks, sums } => match usize::try_from(stack) {
-                Ok(s) if s < *stacks => {
-                    sums[group as usize * *stacks + s] += value;
-                    true
-                }
-                _ => false,
+            Sums::Dense {
+                stacks,
+                sums,
+                later,
+            } => match usize::try_from(stack) {
+                Ok(s) if s < *stacks => add(&mut sums[group as usize * *stacks + s], value),
+                _ => add(later.entry((group, stack)).or_default(), value),
             },
-            Sums::Sparse(map) => {
-                *map.entry((group, stack)).or_default() += value;
-                true
-            }
+            Sums::Sparse(map) => add(map.entry((group, stack)).or_default(), value),
         }
     }
 
     /// `(group, stack, sum)` of the non-zero sums, by group then stack.
     fn into_sorted(self) -> Vec<(u32, i64, i64)> {
         match self {
-            Sums::Dense { stacks, sums } => sums
-                .into_iter()
-                .enumerate()
-                .filter(|&(_, v)| v != 0)
-                .map(|(i, v)| ((i / stacks) as u32, (i % stacks) as i64, v))
-                .collect(),
+            Sums::Dense {
+                stacks,
+                sums,
+                later,
+            } => {
+                let mut out: Vec<(u32, i64, i64)> = sums
+                    .into_iter()
+                    .enumerate()
+                    .filter(|&(_, v)| v != 0)
+                    .map(|(i, v)| ((i / stacks) as u32, (i % stacks) as i64, v))
+                    .collect();
+                if !later.is_empty() {
+                    out.extend(
+                        later
+                            .into_iter()
+                            .filter(|&(_, v)| v != 0)
+                            .map(|((g, s), v)| (g, s, v)),
+                    );
+                    out.sort_unstable();
+                }
+                out
+            }
             Sums::Sparse(map) => {
                 let mut out: Vec<(u32, i64, i64)> = map
                     .into_iter()
@@ -80,35 +98,32 @@ impl SqliteStore {
         selection: &Selection<'_>,
         keep: &[&str],
     ) -> Result<Vec<Stacked>, StoreError> {
-        let inner = self.lock();
-        let cache = &inner.cache;
-        let Some((ty, wanted)) = cache.selected(selection) else {
-            return Ok(Vec::new());
+        let (ty, groups, group_of, max_stack) = {
+            let cache = self.cache();
+            let Some((ty, wanted, _)) = cache.selected(selection) else {
+                return Ok(Vec::new());
+            };
+            // Groups numbered in the order of their label sets, so answers are deterministic.
+            let mut by_labels: BTreeMap<LabelSet, Vec<i64>> = BTreeMap::new();
+            for &id in &wanted {
+                if let Some(labels) = cache.labelset_by_id.get(&id) {
+                    by_labels.entry(project(labels, keep)).or_default().push(id);
+                }
+            }
+            let max_labelset = wanted.iter().copied().max().unwrap_or(0);
+            let mut group_of = vec![u32::MAX; usize::try_from(max_labelset).unwrap_or(0) + 1];
+            let mut groups: Vec<Arc<LabelSet>> = Vec::with_capacity(by_labels.len());
+            for (labels, ids) in by_labels {
+                for id in ids {
+                    group_of[id as usize] = groups.len() as u32;
+                }
+                groups.push(Arc::new(labels));
+            }
+            (ty, groups, group_of, cache.max_stack_id)
         };
-        // Groups numbered in the order of their label sets, so answers are deterministic.
-        let mut by_labels: BTreeMap<LabelSet, Vec<i64>> = BTreeMap::new();
-        for &id in &wanted {
-            if let Some(labels) = cache.labelset_by_id.get(&id) {
-                by_labels.entry(project(labels, keep)).or_default().push(id);
-            }
-        }
-        let max_labelset = wanted.iter().copied().max().unwrap_or(0);
-        let mut group_of = vec![u32::MAX; usize::try_from(max_labelset).unwrap_or(0) + 1];
-        let mut groups: Vec<Arc<LabelSet>> = Vec::with_capacity(by_labels.len());
-        for (labels, ids) in by_labels {
-            for id in ids {
-                group_of[id as usize] = groups.len() as u32;
-            }
-            groups.push(Arc::new(labels));
-        }
-        let max_stack = cache.stack_by_id.keys().copied().max().unwrap_or(0);
         let mut sums = Sums::new(groups.len(), max_stack);
-        let mut stmt = inner.conn.prepare_cached(
-            "SELECT data FROM chunks WHERE type = ?1 AND bucket >= ?2 AND bucket < ?3",
-        )?;
-        let mut rows = stmt.query(params![ty, selection.from_s, selection.to_s])?;
-        while let Some(r) = rows.next()? {
-            let data = r.get_ref(0)?.as_blob()?;
+        let conn = self.reader()?;
+        each_chunk(&conn, ty, selection.from_s, selection.to_s, |_, data| {
             chunk::each_group(data, |labelset, entries| {
                 let group = usize::try_from(labelset)
                     .ok()
@@ -118,30 +133,21 @@ impl SqliteStore {
                 if group == u32::MAX {
                     return Ok(());
                 }
-                let mut known = true;
-                chunk::each_entry(entries, |stack, value| {
-                    known &= sums.add(group, stack, value);
-                })?;
-                if known {
-                    Ok(())
-                } else {
-                    Err(chunk::Corrupt("a chunk names an unknown stack"))
-                }
-            })?;
-        }
-        sums.into_sorted()
+                chunk::each_entry(entries, |stack, value| sums.add(group, stack, value))
+            })
+        })?;
+        let sums = sums.into_sorted();
+        let stacks = self.stacks(&conn, sums.iter().map(|s| s.1))?;
+        // A stack gone since the chunks were read was removed by retention with them.
+        Ok(sums
             .into_iter()
-            .map(|(group, stack, value)| {
-                let frames =
-                    cache.stack_by_id.get(&stack).cloned().ok_or_else(|| {
-                        StoreError::Corrupt(format!("a chunk names stack {stack}"))
-                    })?;
-                Ok(Stacked {
+            .filter_map(|(group, stack, value)| {
+                Some(Stacked {
                     labels: groups[group as usize].clone(),
-                    stack: frames,
+                    stack: stacks.get(&stack)?.clone(),
                     value,
                 })
             })
-            .collect()
+            .collect())
     }
 }

@@ -1,8 +1,10 @@
 //! The SQLite store's own tests: replays, the first layout's conversion, the time series,
 //! compaction and expiry.
 
+use std::sync::Arc;
+
 use super::*;
-use crate::store::Row;
+use crate::store::{Row, TENANT_LABEL, with_deadline};
 
 fn batch(agent: &str, seq: u64, time_s: i64, node: &str, stack: &[&str], v: i64) -> Batch {
     let labels: LabelSet = [("node".to_string(), node.to_string())].into();
@@ -13,10 +15,16 @@ fn batch(agent: &str, seq: u64, time_s: i64, node: &str, stack: &[&str], v: i64)
         sample_types: vec![("samples".into(), "count".into())],
         rows: vec![Row {
             labels: Arc::new(labels),
-            stack: Arc::new(stack.iter().map(|s| s.to_string()).collect()),
+            stack: Arc::new(
+                stack
+                    .iter()
+                    .map(|&s| crate::store::Frame::from(s))
+                    .collect(),
+            ),
             sample_type: 0,
             value: v,
         }],
+        max_label_sets: None,
     }
 }
 
@@ -57,7 +65,10 @@ fn replay_counts_once_and_survives_reopen() {
     assert!(store.ingest(&b).unwrap().duplicate);
     assert_eq!(total(&store, 0, 2000), 12);
     assert!(store.has_batch("a", 2).unwrap());
-    assert_eq!(store.label_values("node", 0, 2000).unwrap(), vec!["n1"]);
+    assert_eq!(
+        store.label_values("node", 0, 2000, &|_| true).unwrap(),
+        vec!["n1"]
+    );
     // The time range selects buckets: 1000 and 1003 share the bucket starting at 1000.
     assert_eq!(total(&store, 1010, 2000), 0);
 }
@@ -179,4 +190,155 @@ fn compaction_keeps_totals_and_expiry_removes() {
     assert_eq!(total(&store, 3000, 3001), 30);
     store.expire(3300).unwrap();
     assert_eq!(total(&store, 0, 10_000), 30);
+}
+
+fn tenant_batch(seq: u64, time_s: i64, tenant: &str, pid: u64, stack: &[&str]) -> Batch {
+    let mut b = batch("t", seq, time_s, "n1", stack, 1);
+    let mut labels = (*b.rows[0].labels).clone();
+    labels.insert("pid".into(), pid.to_string());
+    if !tenant.is_empty() {
+        labels.insert(TENANT_LABEL.into(), tenant.into());
+    }
+    b.rows[0].labels = Arc::new(labels);
+    b
+}
+
+/// New label sets beyond the tenant's limit are refused (counted), known ones still stored,
+/// other tenants unaffected; the count survives a restart.
+#[test]
+fn label_sets_are_limited_per_tenant() {
+    let dir = tmp("cardinality");
+    let store = SqliteStore::open(&dir).unwrap();
+    let limited = |b: Batch| Batch {
+        max_label_sets: Some(3),
+        ..b
+    };
+    for pid in 0..5 {
+        let r = store
+            .ingest(&limited(tenant_batch(pid, 1000, "ci", pid, &["main"])))
+            .unwrap();
+        assert_eq!(
+            (r.rows, r.rows_refused),
+            if pid < 3 { (1, 0) } else { (0, 1) }
+        );
+    }
+    let known = store
+        .ingest(&limited(tenant_batch(10, 1000, "ci", 1, &["main"])))
+        .unwrap();
+    assert_eq!(known.rows_refused, 0);
+    assert_eq!(
+        store
+            .ingest(&limited(tenant_batch(11, 1000, "", 9, &["main"])))
+            .unwrap()
+            .rows_refused,
+        0
+    );
+    drop(store);
+    let store = SqliteStore::open(&dir).unwrap();
+    let r = store
+        .ingest(&limited(tenant_batch(12, 1000, "ci", 7, &["main"])))
+        .unwrap();
+    assert_eq!(r.rows_refused, 1);
+}
+
+/// Expiry removes the label sets, stacks and names only expired samples used, keeps the
+/// rest, and a store reopened reads no stack until a query needs it.
+#[test]
+fn expiry_prunes_what_no_sample_uses() {
+    let dir = tmp("prune");
+    let store = SqliteStore::open(&dir).unwrap();
+    store
+        .ingest(&tenant_batch(1, 1000, "", 1, &["main", "old_only"]))
+        .unwrap();
+    store
+        .ingest(&tenant_batch(2, 5000, "", 2, &["main", "kept"]))
+        .unwrap();
+    assert_eq!(store.interned().unwrap(), (2, 2, 3));
+    store.expire(2000).unwrap();
+    assert_eq!(store.interned().unwrap(), (1, 1, 2));
+    assert_eq!(total(&store, 0, 10_000), 1);
+    drop(store);
+    let store = SqliteStore::open(&dir).unwrap();
+    assert!(
+        store.cache().stack_by_id.is_empty(),
+        "no stack read at start"
+    );
+    let all = |_: &LabelSet| true;
+    let got = store
+        .select(&Selection {
+            from_s: 0,
+            to_s: 10_000,
+            sample_type: "samples",
+            labels: &all,
+        })
+        .unwrap();
+    let frames: Vec<&str> = got[0].stack.iter().map(|f| &**f).collect();
+    assert_eq!(frames, ["main", "kept"]);
+    store
+        .ingest(&tenant_batch(3, 6000, "", 3, &["main", "late"]))
+        .unwrap();
+    store.expire(5500).unwrap();
+    assert_eq!(store.interned().unwrap(), (1, 1, 2));
+    assert_eq!(total(&store, 0, 10_000), 1);
+    // A label set a push used while retention looked is kept, though the snapshot found
+    // it unused.
+    let id: i64 = store
+        .writer()
+        .query_row("SELECT id FROM labelsets", [], |r| r.get(0))
+        .unwrap();
+    *store.touched.lock().unwrap() = Some(retention::Touched::default());
+    store.touch([id].into_iter(), [].into_iter(), Vec::new());
+    assert_eq!(
+        store
+            .delete_slice("labelsets", &[id], |t| &t.labelsets)
+            .unwrap(),
+        0
+    );
+    *store.touched.lock().unwrap() = None;
+    assert_eq!(total(&store, 0, 10_000), 1);
+}
+
+/// A query past its deadline stops with `Timeout`; a push meanwhile does not wait for it.
+#[test]
+fn queries_stop_at_their_deadline_and_never_block_pushes() {
+    let store = Arc::new(SqliteStore::open(&tmp("deadline")).unwrap());
+    for i in 0..200 {
+        store
+            .ingest(&tenant_batch(
+                i,
+                1000 + i as i64 * 10,
+                "",
+                i,
+                &["main", "work"],
+            ))
+            .unwrap();
+    }
+    let all = |_: &LabelSet| true;
+    let sel = Selection {
+        from_s: 0,
+        to_s: 100_000,
+        sample_type: "samples",
+        labels: &all,
+    };
+    let past = std::time::Instant::now() - std::time::Duration::from_secs(1);
+    assert!(matches!(
+        with_deadline(past, || store.select(&sel)),
+        Err(StoreError::Timeout)
+    ));
+    assert!(matches!(
+        with_deadline(past, || store.series(&sel, 10)),
+        Err(StoreError::Timeout)
+    ));
+    // A reader inside a long read transaction: the writer still commits.
+    let reader = store.reader().unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    reader
+        .query_row("SELECT count(*) FROM chunks", [], |_| Ok(()))
+        .unwrap();
+    let started = std::time::Instant::now();
+    store
+        .ingest(&tenant_batch(999, 9000, "", 1, &["main"]))
+        .unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    reader.execute_batch("COMMIT").unwrap();
 }

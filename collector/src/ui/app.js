@@ -22,11 +22,74 @@ let chart = null;
 let loadSeq = 0;
 let compareSeq = 0;
 
+// --- reading with a token ---------------------------------------------------------------------
+// A collector with a token file answers 401 until a read token comes with each request: the
+// page asks for it once and keeps it for this tab only (sessionStorage), never in the URL.
+
+const TOKEN_KEY = "pyrometer-token";
+let signingIn = null; // the pending sign-in, shared by the requests that wait for it
+
+function authHeaders() {
+  const t = sessionStorage.getItem(TOKEN_KEY);
+  return t ? { Authorization: "Bearer " + t } : {};
+}
+
+// Shows the sign-in form and resolves once a token is entered.
+function signIn(message) {
+  if (signingIn) return signingIn;
+  signingIn = new Promise((resolve) => {
+    $("signin-error").textContent = message || "";
+    $("signin").hidden = false;
+    $("token").value = "";
+    $("token").focus();
+    $("signin").onsubmit = (e) => {
+      e.preventDefault();
+      const t = $("token").value.trim();
+      if (!t) return;
+      sessionStorage.setItem(TOKEN_KEY, t);
+      $("signin").hidden = true;
+      signingIn = null;
+      resolve();
+    };
+  });
+  return signingIn;
+}
+
+// fetch with the tab's token, asking for one (again) on 401.
+async function authorized(url) {
+  for (;;) {
+    const r = await fetch(url, { headers: authHeaders() });
+    if (r.status !== 401) return r;
+    const had = sessionStorage.getItem(TOKEN_KEY);
+    sessionStorage.removeItem(TOKEN_KEY);
+    await signIn(had ? "That token was not accepted." : "");
+  }
+}
+
 async function json(url) {
-  const r = await fetch(url);
+  const r = await authorized(url);
   const body = await r.json();
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;
+}
+
+// A download link whose request carries the token: fetched, then saved from a blob.
+function download(link, name) {
+  link.onclick = async (e) => {
+    e.preventDefault();
+    try {
+      const r = await authorized(link.href);
+      if (!r.ok) throw new Error((await r.json()).error || r.statusText);
+      const url = URL.createObjectURL(await r.blob());
+      const a = document.createElement("a");
+      a.href = url;
+      a.download = name;
+      a.click();
+      setTimeout(() => URL.revokeObjectURL(url), 10000);
+    } catch (err) {
+      $("error").textContent = err.message;
+    }
+  };
 }
 
 // --- URL state -----------------------------------------------------------------------------
@@ -507,6 +570,8 @@ function wire() {
     };
   }
   $("vs-earlier").onclick = compareWithEarlier;
+  download($("dl-pprof"), "profile.pb.gz");
+  download($("dl-folded"), "profile.folded");
   $("cmp-run").onclick = compare;
   for (const [, id] of COMPARE_FIELDS)
     $(id).addEventListener("keydown", (e) => { if (e.key === "Enter") compare(); });

@@ -225,6 +225,12 @@ impl Chromium {
         }
     }
 
+    /// Types `text` into the focused element, as a keyboard would insert it.
+    #[allow(dead_code)]
+    pub fn type_text(&mut self, text: &str) {
+        self.call("Input.insertText", json!({ "text": text }), true);
+    }
+
     /// The value of a JavaScript expression in the page (promises awaited).
     pub fn eval(&mut self, expression: &str) -> Value {
         let r = self.call(

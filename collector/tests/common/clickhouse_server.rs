@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::certs;
+
 pub const SERVER: &str = "/usr/sbin/clickhouse-server";
 pub const USER: &str = "pyrometer";
 pub const PASSWORD: &str = "ch-test-password";
@@ -19,22 +21,60 @@ pub struct ClickHouse {
     child: Option<Child>,
     dir: PathBuf,
     pub port: u16,
+    /// The HTTPS port, when started with [`ClickHouse::start_https`].
+    pub https_port: Option<u16>,
 }
 
 impl ClickHouse {
     /// Starts a server in `dir` (emptied first). Panics with what to install when Debian's
     /// clickhouse-server is missing: `cargo xtask deps` installs it.
     pub fn start(dir: &Path) -> ClickHouse {
+        Self::start_with(dir, false)
+    }
+
+    /// [`ClickHouse::start`] also serving HTTPS, with a certificate for 127.0.0.1 signed by a
+    /// CA made for the test (its PEM: [`ClickHouse::ca`]).
+    pub fn start_https(dir: &Path) -> ClickHouse {
+        Self::start_with(dir, true)
+    }
+
+    /// The CA that signed the HTTPS certificate.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn start_with(dir: &Path, https: bool) -> ClickHouse {
         assert!(
             Path::new(SERVER).exists(),
             "{SERVER} is missing: install Debian's clickhouse-server (cargo xtask deps does)"
         );
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir.join("data")).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
+        let free = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .unwrap()
+                .port()
+        };
+        let port = free();
+        let https_port = https.then(free);
+        let tls = match https_port {
+            Some(p) => {
+                certs::ca(dir, "ca");
+                certs::sign(dir, "server", "localhost", "ca", certs::SERVER);
+                format!(
+                    "<https_port>{p}</https_port>
+    <openSSL><server>
+        <certificateFile>{d}/server.pem</certificateFile>
+        <privateKeyFile>{d}/server.key</privateKeyFile>
+        <verificationMode>none</verificationMode>
+        <loadDefaultCAFile>false</loadDefaultCAFile>
+    </server></openSSL>",
+                    d = dir.display()
+                )
+            }
+            None => String::new(),
+        };
         std::fs::write(
             dir.join("config.xml"),
             format!(
@@ -42,6 +82,7 @@ impl ClickHouse {
 <yandex>
     <logger><level>warning</level><log>{d}/server.log</log><errorlog>{d}/error.log</errorlog></logger>
     <http_port>{port}</http_port>
+    {tls}
     <listen_host>127.0.0.1</listen_host>
     <path>{d}/data/</path>
     <tmp_path>{d}/tmp/</tmp_path>
@@ -82,6 +123,7 @@ impl ClickHouse {
             child: None,
             dir: dir.to_path_buf(),
             port,
+            https_port,
         };
         ch.resume();
         ch

@@ -3,6 +3,24 @@
 // Each test binary compiles this module and uses only part of it.
 #![allow(dead_code)]
 
+/// Runs the async test body `$f(kind)` once per store, each as its own test (`$f::sqlite`,
+/// `$f::clickhouse`). Test binaries that run on one store only leave it unused.
+#[allow(unused_macros)]
+macro_rules! for_each_store {
+    ($f:ident) => {
+        mod $f {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$f(super::Kind::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn clickhouse() {
+                super::$f(super::Kind::ClickHouse).await
+            }
+        }
+    };
+}
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 
@@ -145,14 +163,55 @@ pub async fn push(
     Ok(PushReply::decode(reply.into_inner()).expect("reply decodes"))
 }
 
+/// One unary gRPC call of `path` with a raw body: the raw reply.
+pub async fn call(
+    addr: SocketAddr,
+    token: Option<&str>,
+    path: &'static str,
+    body: Vec<u8>,
+) -> Result<Bytes, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(64 << 20);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut req = tonic::Request::new(Bytes::from(body));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let path = http::uri::PathAndQuery::from_static(path);
+    Ok(grpc.unary(req, path, RawCodec).await?.into_inner())
+}
+
+pub fn now_s() -> i64 {
+    pyrometer_collector::api::now_s()
+}
+
+#[path = "hostile.rs"]
+pub mod hostile;
+
+#[path = "binary.rs"]
+pub mod binary;
+
 /// A plain HTTP/1.1 GET: status and body.
 pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    get_with(addr, path, None).await
+}
+
+/// A plain HTTP/1.1 GET with a bearer token: status and body.
+pub async fn get_with(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
     let path = path.to_string();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
         )
         .unwrap();
         let mut raw = Vec::new();
@@ -174,7 +233,8 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     .unwrap()
 }
 
-fn dechunk(mut body: &str) -> String {
+/// The body of a chunked HTTP/1.1 answer, its chunks joined.
+pub fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
         let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
@@ -198,6 +258,26 @@ pub fn enc(s: &str) -> String {
         })
         .collect()
 }
+
+/// Serves `state` on a random loopback port as the collector binary does; the address.
+pub async fn serve(state: std::sync::Arc<pyrometer_collector::api::AppState>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = pyrometer_collector::api::router(state.clone());
+    let metrics = state.metrics.clone();
+    tokio::spawn(pyrometer_collector::serve::serve(
+        listener,
+        app,
+        None,
+        pyrometer_collector::serve::Options::default(),
+        metrics,
+        std::future::pending(),
+    ));
+    addr
+}
+
+#[path = "certs.rs"]
+pub mod certs;
 
 #[path = "clickhouse_server.rs"]
 pub mod clickhouse_server;

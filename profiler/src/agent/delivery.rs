@@ -1,6 +1,7 @@
 //! Delivery: each interval's profile is written to the spool, and a pusher thread sends
 //! spooled batches to the collector oldest first, deleting each only once it is acknowledged.
-//! The OTLP export, best effort, gets the same profile.
+//! The OTLP export, best effort, gets the same profile. The clients of both are made here,
+//! where credentials that would cross the network in plain text are refused.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -10,11 +11,12 @@ use std::time::{Duration, Instant, SystemTime};
 use prost::Message;
 use pyrometer_proto::ingest::PushRequest;
 
-use super::Log;
-use super::export::Exporter;
+use super::export::{self, Exporter};
 use super::metrics::AgentMetrics;
-use super::push::PushClient;
+use super::push::{self, PushClient};
 use super::spool::Spool;
+use super::{AgentConfig, Log};
+use crate::command::CommandError;
 use crate::model::{Labels, Profile};
 
 /// What the sampling loop and the pusher thread share.
@@ -215,4 +217,44 @@ fn failed(shared: &Shared, msg: String, last_error: &mut String, backoff: Durati
         .wake
         .wait_timeout_while(spool, backoff, |_| !shared.stop.load(Relaxed))
         .expect("not poisoned");
+}
+
+/// The collector's push client and the OTLP endpoint's, checked before anything starts: a
+/// token or a client certificate that would cross the network in plain text is refused here.
+pub(super) fn clients(
+    cfg: &AgentConfig,
+) -> Result<(Option<PushClient>, Option<PushClient>), CommandError> {
+    let client = cfg
+        .collector
+        .as_deref()
+        .map(|url| {
+            push::check_transport(
+                url,
+                cfg.token.is_some(),
+                cfg.client_identity.is_some(),
+                cfg.insecure,
+            )?;
+            PushClient::with_identity(
+                url,
+                cfg.token.as_deref(),
+                cfg.ca.as_deref(),
+                cfg.client_identity
+                    .as_ref()
+                    .map(|(cert, key)| (cert.as_path(), key.as_path())),
+                Duration::from_secs(5),
+            )
+        })
+        .transpose()
+        .map_err(|e| CommandError::Input(e.to_string()))?;
+    let otlp_client = match &cfg.otlp_endpoint {
+        Some(url) => {
+            let ca = cfg.ca.as_deref().filter(|_| url.starts_with("https://"));
+            Some(
+                Exporter::client(url, ca)
+                    .map_err(|e| CommandError::Input(export::endpoint_error(e)))?,
+            )
+        }
+        None => None,
+    };
+    Ok((client, otlp_client))
 }

@@ -30,7 +30,6 @@ use crate::os::signals;
 use delivery::Shared;
 use export::Exporter;
 use node::Node;
-use push::PushClient;
 use spool::Spool;
 
 /// Where the agent's messages go, one line each, without a prefix (the caller adds its own).
@@ -62,6 +61,11 @@ pub struct AgentConfig {
     pub token: Option<String>,
     /// The CA that signed an https:// collector's (or endpoint's) certificate.
     pub ca: Option<PathBuf>,
+    /// The PEM client certificate and key presented to an https:// collector that
+    /// authenticates agents by certificate.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// Send the token over plain http:// to a collector on another host.
+    pub insecure: bool,
     /// Serve `/metrics` here.
     pub metrics_listen: Option<SocketAddr>,
     /// Walk user stacks with DWARF tables (else frame pointers only).
@@ -161,7 +165,7 @@ pub fn run(mut cfg: AgentConfig, log: Log) -> Result<AgentSummary, CommandError>
     // its high-water mark: an always-on agent would keep its worst minute's memory for good.
     // SAFETY: mallopt only tunes the allocator; no other thread runs yet.
     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
-    let (client, otlp_client) = clients(&cfg)?;
+    let (client, otlp_client) = delivery::clients(&cfg)?;
     let spool = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes, &cfg.node)
         .map_err(|e| CommandError::Input(e.to_string()))?;
     if let Some((uid, gid)) = cfg.run_as {
@@ -247,34 +251,6 @@ pub fn run(mut cfg: AgentConfig, log: Log) -> Result<AgentSummary, CommandError>
         otlp_failed: otlp.map(|c| c.failed.load(Relaxed)),
         otlp_dropped: otlp.map(|c| c.dropped.load(Relaxed)),
     })
-}
-
-/// The collector's push client and the OTLP endpoint's, checked before anything starts.
-fn clients(cfg: &AgentConfig) -> Result<(Option<PushClient>, Option<PushClient>), CommandError> {
-    let client = cfg
-        .collector
-        .as_deref()
-        .map(|url| {
-            PushClient::new(
-                url,
-                cfg.token.as_deref(),
-                cfg.ca.as_deref(),
-                Duration::from_secs(5),
-            )
-        })
-        .transpose()
-        .map_err(|e| CommandError::Input(e.to_string()))?;
-    let otlp_client = match &cfg.otlp_endpoint {
-        Some(url) => {
-            let ca = cfg.ca.as_deref().filter(|_| url.starts_with("https://"));
-            Some(
-                Exporter::client(url, ca)
-                    .map_err(|e| CommandError::Input(export::endpoint_error(e)))?,
-            )
-        }
-        None => None,
-    };
-    Ok((client, otlp_client))
 }
 
 /// Gives the spool to the user the agent becomes, so that it can go on writing there: the

@@ -16,6 +16,9 @@ pub enum PushError {
     Url { url: String, reason: String },
     #[error("{0}")]
     Tls(String),
+    /// The credentials would cross the network in plain text.
+    #[error("{0}")]
+    Plaintext(String),
     #[error("collector unreachable: {0}")]
     Unreachable(String),
     /// The collector answered with an error status.
@@ -57,6 +60,18 @@ impl PushClient {
         ca: Option<&std::path::Path>,
         timeout: Duration,
     ) -> Result<Self, PushError> {
+        Self::with_identity(url, token, ca, None, timeout)
+    }
+
+    /// [`PushClient::new`] presenting the PEM client certificate and key of `identity` to an
+    /// `https://` collector that authenticates agents by certificate.
+    pub fn with_identity(
+        url: &str,
+        token: Option<&str>,
+        ca: Option<&std::path::Path>,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+        timeout: Duration,
+    ) -> Result<Self, PushError> {
         let bad = |reason: String| PushError::Url {
             url: url.to_string(),
             reason,
@@ -94,6 +109,20 @@ impl PushClient {
                 }
                 None => tls.with_native_roots(),
             };
+            if let Some((cert, key)) = identity {
+                let read = |p: &std::path::Path| {
+                    std::fs::read(p).map_err(|e| {
+                        PushError::Tls(format!(
+                            "cannot read the client certificate file {}: {e}",
+                            p.display()
+                        ))
+                    })
+                };
+                tls = tls.identity(tonic::transport::Identity::from_pem(
+                    read(cert)?,
+                    read(key)?,
+                ));
+            }
             endpoint = endpoint.tls_config(tls).map_err(|e| {
                 PushError::Tls(format!("TLS set-up for {url}: {}", error_chain(&e)))
             })?;
@@ -189,6 +218,45 @@ impl PushClient {
     }
 }
 
+/// Whether `url` names a collector on this host (loopback), where plain text stays local.
+fn loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Refuses to send a token in plain text beyond this host unless `insecure` (anyone on the
+/// way could read it and push or read as its owner), and a client certificate over plain
+/// text at all (it would not be presented).
+pub fn check_transport(
+    url: &str,
+    token: bool,
+    identity: bool,
+    insecure: bool,
+) -> Result<(), PushError> {
+    let plain = url.starts_with("http://");
+    if plain && identity {
+        return Err(PushError::Plaintext(format!(
+            "--client-cert is for an https:// collector, and {url} is not"
+        )));
+    }
+    if plain && token && !insecure && !loopback(url) {
+        return Err(PushError::Plaintext(format!(
+            "the collector {url} is plain http: the token would cross the network readable \
+             by anyone on the way; use https:// (with --ca FILE for a private CA), or give \
+             --insecure to send it anyway"
+        )));
+    }
+    Ok(())
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -202,4 +270,53 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A token goes over plain http only to this host, or when told `insecure`; a client
+    /// certificate only over https.
+    #[test]
+    fn tokens_travel_encrypted_unless_told_otherwise() {
+        let err = check_transport("http://collector:4040", true, false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("https://") && err.contains("--insecure"),
+            "{err}"
+        );
+        for (url, insecure) in [
+            ("https://collector:4040", false),
+            ("http://collector:4040", true),
+            ("http://127.0.0.1:4040", false),
+            ("http://127.9.9.9:4040/", false),
+            ("http://[::1]:4040", false),
+            ("http://localhost:4040/", false),
+            ("http://localhost", false),
+        ] {
+            assert!(
+                check_transport(url, true, false, insecure).is_ok(),
+                "{url} insecure={insecure}"
+            );
+        }
+        for url in [
+            "http://localhost.evil.example:4040",
+            "http://10.0.0.1:4040",
+            "http://[::2]:4040",
+            "http://127.0.0.1.nip.io:4040",
+        ] {
+            assert!(check_transport(url, true, false, false).is_err(), "{url}");
+        }
+        assert!(
+            check_transport("http://collector:4040", false, false, false).is_ok(),
+            "no token, nothing to read"
+        );
+        let err = check_transport("http://127.0.0.1:4040", false, true, true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("https://"), "{err}");
+        assert!(check_transport("https://c:4040", true, true, false).is_ok());
+    }
 }

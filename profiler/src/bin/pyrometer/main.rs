@@ -40,11 +40,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Sample processes (or the whole node) and write a flame graph, folded stacks or pprof.
-    Record(record::RecordArgs),
+    Record(Box<record::RecordArgs>),
     /// Convert a pprof or folded profile into another format, or print its top functions.
     Report(report::ReportArgs),
     /// Run as the node daemon: sample continuously and push profiles to a collector.
-    Agent(agent::AgentArgs),
+    Agent(Box<agent::AgentArgs>),
     /// Compare two profiles: which functions grew or shrank; exit 1 on a regression.
     Diff(diff::DiffArgs),
     /// Poll the GPUs through NVML (no BPF, no root): print a summary, write a CSV series.
@@ -91,9 +91,9 @@ pub fn exit_error(code: u8, message: impl Into<String>) -> anyhow::Error {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Record(args) => record::run(args),
+        Command::Record(args) => record::run(*args),
         Command::Report(args) => report::run(args),
-        Command::Agent(args) => agent::run(args),
+        Command::Agent(args) => agent::run(*args),
         Command::Diff(args) => diff::run(args),
         Command::Gpu(args) => gpu::run(args),
         Command::Dump(args) => dump::run(args),

@@ -52,6 +52,17 @@ pub struct AgentArgs {
     /// system's roots).
     #[arg(long, value_name = "FILE")]
     pub(super) ca: Option<PathBuf>,
+    /// PEM client certificate to present to an https:// collector that authenticates agents
+    /// by certificate (its --client-ca); needs --client-key.
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    pub(super) client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    pub(super) client_key: Option<PathBuf>,
+    /// Send the token to a collector over plain http:// on another host, where anyone on
+    /// the way can read it (by default refused: use https://).
+    #[arg(long)]
+    pub(super) insecure: bool,
     /// Serve the agent's own Prometheus /metrics on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     pub(super) metrics_listen: Option<SocketAddr>,
@@ -138,6 +149,9 @@ struct FileConfig {
     spool_max_mb: Option<u64>,
     token_file: Option<PathBuf>,
     ca: Option<PathBuf>,
+    client_cert: Option<PathBuf>,
+    client_key: Option<PathBuf>,
+    insecure: Option<bool>,
     metrics_listen: Option<SocketAddr>,
     run_as: Option<String>,
     seccomp: Option<String>,
@@ -205,18 +219,11 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
     if !(1..=10_000).contains(&frequency) {
         return Err(input("frequency must be between 1 and 10000 Hz"));
     }
-    let token = match args.token_file.clone().or(file.token_file) {
-        Some(path) => {
-            let t = std::fs::read_to_string(&path).map_err(|e| {
-                input(format!(
-                    "cannot read the token file {}: {e}",
-                    path.display()
-                ))
-            })?;
-            Some(t.trim().to_string()).filter(|t| !t.is_empty())
-        }
-        None => None,
-    };
+    let token = read_token(args.token_file.clone().or(file.token_file))?;
+    let client_identity = client_identity(
+        args.client_cert.clone().or(file.client_cert),
+        args.client_key.clone().or(file.client_key),
+    )?;
     let node = match args.node_name.clone().or(file.node_name) {
         Some(n) if !n.is_empty() => n,
         _ => hostname(),
@@ -285,6 +292,8 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         spool_max_bytes: args.spool_max_mb.or(file.spool_max_mb).unwrap_or(256) << 20,
         token,
         ca: args.ca.clone().or(file.ca),
+        client_identity,
+        insecure: args.insecure || file.insecure == Some(true),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
         exclude_cgroup: exclude_cgroup(args.exclude_cgroup.clone().or(file.exclude_cgroup))?,
         seccomp: seccomp(args.seccomp.clone().or(file.seccomp))?,
@@ -358,6 +367,32 @@ fn parse_run_as(s: Option<&str>) -> Result<Option<(u32, u32)>, String> {
     }
 }
 
+/// The token, read from its file.
+fn read_token(token_file: Option<PathBuf>) -> anyhow::Result<Option<String>> {
+    let Some(path) = token_file else {
+        return Ok(None);
+    };
+    let t = std::fs::read_to_string(&path).map_err(|e| {
+        input(format!(
+            "cannot read the token file {}: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(Some(t.trim().to_string()).filter(|t| !t.is_empty()))
+}
+
+/// The client certificate and its key, which go together.
+fn client_identity(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some((cert, key))),
+        (None, None) => Ok(None),
+        _ => Err(input("--client-cert and --client-key go together")),
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -386,6 +421,31 @@ mod tests {
         let mut argv = vec!["agent", "--config", path.to_str().unwrap()];
         argv.extend_from_slice(flags);
         resolve(&Cli::parse_from(argv).agent)
+    }
+
+    /// A client certificate comes with its key, from the flags or the file; `insecure` too.
+    #[test]
+    fn client_certificates_and_insecure_from_file_and_flags() {
+        let c = resolve_with(
+            "client-cert = \"a.pem\"\nclient-key = \"a.key\"\ninsecure = true",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.client_identity, Some(("a.pem".into(), "a.key".into())));
+        assert!(c.insecure);
+        let c = resolve_with(
+            "client-cert = \"a.pem\"\nclient-key = \"a.key\"",
+            &["--client-cert", "b.pem", "--client-key", "b.key"],
+        )
+        .unwrap();
+        assert_eq!(
+            c.client_identity,
+            Some(("b.pem".into(), "b.key".into())),
+            "flags win"
+        );
+        assert!(!c.insecure, "off by default");
+        let err = resolve_with("client-cert = \"a.pem\"", &[]).err().unwrap();
+        assert!(err.to_string().contains("--client-key"), "{err}");
     }
 
     #[test]

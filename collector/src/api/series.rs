@@ -16,9 +16,12 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use crate::api::access::{Reader, off_runtime, run_query, store_error};
+use crate::api::error::ApiError;
+use crate::api::params::{RangeParams, label_list, sample_type};
+use crate::api::state::AppState;
 use crate::query::Selector;
-use crate::server::{ApiError, AppState, RangeParams, sample_type};
-use crate::store::{BUCKET_SECONDS, LabelSet, Point, Selection};
+use crate::store::{BUCKET_SECONDS, LabelSet, Point, Selection, add};
 
 /// Steps a chart gets when the request names none: about one per 3 px of a wide chart.
 const DEFAULT_POINTS: i64 = 300;
@@ -85,11 +88,12 @@ fn limit_of(asked: Option<&str>) -> Result<usize, ApiError> {
 
 pub async fn series(
     State(state): State<Arc<AppState>>,
+    reader: Reader,
     query: Result<Query<SeriesParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let result = match query {
-        Ok(Query(p)) => series_inner(&state, p).await,
+        Ok(Query(p)) => series_inner(&state, &reader, p).await,
         Err(e) => Err(ApiError::bad_request(e.body_text())),
     };
     state
@@ -98,26 +102,24 @@ pub async fn series(
     result
 }
 
-async fn series_inner(state: &Arc<AppState>, p: SeriesParams) -> Result<Response, ApiError> {
+async fn series_inner(
+    state: &Arc<AppState>,
+    reader: &Reader,
+    p: SeriesParams,
+) -> Result<Response, ApiError> {
     let selector =
         Selector::parse(p.query.as_deref().unwrap_or("")).map_err(ApiError::bad_request)?;
     let (from_s, to_s) = p.range.range()?;
     let step = step_of(p.step.as_deref(), from_s, to_s)?;
     let limit = limit_of(p.limit.as_deref())?;
-    let by: Vec<String> =
-        p.by.as_deref()
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
+    let by = label_list(p.by.as_deref());
     let wanted = p.sample_type.unwrap_or_else(|| "samples".into());
-    let store = state.store.clone();
-    let (ty, points) = tokio::task::spawn_blocking(move || {
-        let types = store.sample_types().map_err(ApiError::internal)?;
+    let (tenant, st) = (reader.0.clone(), state.clone());
+    let (ty, points) = run_query(state, reader, move |store| {
+        let types = store.sample_types().map_err(|e| store_error(&st, e))?;
         let ty = sample_type(&types, &wanted)?.clone();
-        let matcher = |l: &LabelSet| selector.matches(l);
+        let own = Reader(tenant);
+        let matcher = |l: &LabelSet| own.owns(l) && selector.matches(l);
         let points = store
             .series(
                 &Selection {
@@ -128,30 +130,46 @@ async fn series_inner(state: &Arc<AppState>, p: SeriesParams) -> Result<Response
                 },
                 step,
             )
-            .map_err(ApiError::internal)?;
+            .map_err(|e| store_error(&st, e))?;
         Ok::<_, ApiError>((ty, points))
     })
-    .await
-    .map_err(ApiError::internal)??;
+    .await?;
 
+    off_runtime(move || answer(&ty, from_s, to_s, step, limit, &by, &points)).await
+}
+
+/// The series of `points` on the grid of `[from_s, to_s)` in `step`s, the `limit` largest
+/// kept and the rest summed, as JSON.
+fn answer(
+    ty: &(String, String),
+    from_s: i64,
+    to_s: i64,
+    step: i64,
+    limit: usize,
+    by: &[String],
+    points: &[Point],
+) -> Response {
     let grid = Grid::new(from_s, to_s, step);
-    let groups = group(&points, &by, &grid);
-    let total: i64 = groups.iter().map(|g| g.total).sum();
+    let groups = group(points, by, &grid);
+    let total = groups.iter().fold(0i64, |t, g| t.saturating_add(g.total));
     let (kept, rest) = keep_largest(groups, limit);
     let mut series: Vec<serde_json::Value> = kept
         .into_iter()
-        .map(|g| serde_json::json!({ "labels": g.labels, "total": g.total, "values": g.values }))
+        .map(|g| {
+            let values = g.dense(grid.len);
+            serde_json::json!({ "labels": g.labels, "total": g.total, "values": values })
+        })
         .collect();
     if let Some(other) = rest {
         series.push(serde_json::json!({
-            "labels": {}, "other": true, "total": other.total, "values": other.values
+            "labels": {}, "other": true, "total": other.total, "values": other.dense(grid.len)
         }));
     }
     let body = serde_json::json!({
         "type": ty.0, "unit": ty.1, "from": from_s, "to": to_s - 1, "step": step, "by": by,
         "total": total, "timestamps": grid.timestamps(), "series": series,
     });
-    Ok(axum::Json(body).into_response())
+    axum::Json(body).into_response()
 }
 
 /// The steps of `[from_s, to_s)`: starts at multiples of `step`, the first one holding `from_s`.
@@ -180,10 +198,23 @@ impl Grid {
     }
 }
 
+/// One series while it is summed: its values by step, only where it has some, so memory
+/// follows the points the store returned, never groups × steps.
 struct Group {
     labels: BTreeMap<String, String>,
     total: i64,
-    values: Vec<i64>,
+    values: Vec<(usize, i64)>,
+}
+
+impl Group {
+    /// The values on the grid: 0 where nothing was sampled.
+    fn dense(&self, len: usize) -> Vec<i64> {
+        let mut out = vec![0; len];
+        for &(i, v) in &self.values {
+            add(&mut out[i], v);
+        }
+        out
+    }
 }
 
 /// One series per distinct value of the `by` labels (a missing label groups as ""), sorted
@@ -205,10 +236,10 @@ fn group(points: &[Point], by: &[String], grid: &Grid) -> Vec<Group> {
                 .map(|(b, v)| (b.clone(), v.to_string()))
                 .collect(),
             total: 0,
-            values: vec![0; grid.len],
+            values: Vec::new(),
         });
-        g.values[i] += p.value;
-        g.total += p.value;
+        g.values.push((i, p.value));
+        add(&mut g.total, p.value);
     }
     let mut out: Vec<Group> = groups.into_values().collect();
     out.sort_by(|a, b| a.labels.cmp(&b.labels));
@@ -227,21 +258,18 @@ fn keep_largest(mut groups: Vec<Group>, limit: usize) -> (Vec<Group>, Option<Gro
     for &i in &order[..limit] {
         keep[i] = true;
     }
-    let len = groups[0].values.len();
     let mut other = Group {
         labels: BTreeMap::new(),
         total: 0,
-        values: vec![0; len],
+        values: Vec::new(),
     };
     let mut kept = Vec::with_capacity(limit);
     for (g, keep) in groups.drain(..).zip(keep) {
         if keep {
             kept.push(g);
         } else {
-            other.total += g.total;
-            for (o, v) in other.values.iter_mut().zip(&g.values) {
-                *o += v;
-            }
+            add(&mut other.total, g.total);
+            other.values.extend(g.values);
         }
     }
     (kept, Some(other))
@@ -286,18 +314,25 @@ mod tests {
             point("n3", 140, 99),
         ];
         let groups = group(&points, &["node".to_string()], &grid);
-        let values: Vec<&[i64]> = groups.iter().map(|g| g.values.as_slice()).collect();
+        let values: Vec<Vec<i64>> = groups.iter().map(|g| g.dense(grid.len)).collect();
         assert_eq!(
             values,
-            [&[1, 0, 2, 0, 0][..], &[0, 0, 10, 0, 0], &[0, 0, 0, 0, 4]]
+            [
+                vec![1, 0, 2, 0, 0],
+                vec![0, 0, 10, 0, 0],
+                vec![0, 0, 0, 0, 4]
+            ]
         );
         let (kept, other) = keep_largest(groups, 2);
         let names: Vec<&str> = kept.iter().map(|g| g.labels["node"].as_str()).collect();
         assert_eq!(names, ["n2", "n3"]);
         let other = other.unwrap();
-        assert_eq!((other.total, other.values), (3, vec![1, 0, 2, 0, 0]));
+        assert_eq!(
+            (other.total, other.dense(grid.len)),
+            (3, vec![1, 0, 2, 0, 0])
+        );
         let all = group(&points, &[], &grid);
         assert_eq!(all.len(), 1);
-        assert_eq!(all[0].values, [1, 0, 12, 0, 4]);
+        assert_eq!(all[0].dense(grid.len), [1, 0, 12, 0, 4]);
     }
 }

@@ -14,10 +14,13 @@ use axum::response::{IntoResponse, Response};
 use pyrometer_diff::{Aggregate, DiffOptions};
 use serde::Deserialize;
 
+use crate::api::access::{Reader, off_runtime, run_query};
+use crate::api::error::ApiError;
+use crate::api::params::RangeParams;
+use crate::api::state::AppState;
 use crate::query::Selector;
 use crate::render;
-use crate::server::{ApiError, AppState, RangeParams};
-use crate::store::{LabelSet, Selection, Stacked};
+use crate::store::{Frame, LabelSet, Selection, Stacked, Store};
 
 /// How folded output and the ingest path mark kernel frames.
 const KERNEL_SUFFIX: &str = "_[k]";
@@ -134,11 +137,12 @@ fn options(p: &DiffParams) -> Result<(DiffOptions, Option<f64>), ApiError> {
 
 pub async fn diff(
     State(state): State<Arc<AppState>>,
+    reader: Reader,
     query: Result<Query<DiffParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let result = match query {
-        Ok(Query(p)) => diff_inner(&state, p).await,
+        Ok(Query(p)) => diff_inner(&state, &reader, p).await,
         // e.g. a parameter given twice.
         Err(e) => Err(ApiError::bad_request(e.body_text())),
     };
@@ -148,7 +152,11 @@ pub async fn diff(
     result
 }
 
-async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, ApiError> {
+async fn diff_inner(
+    state: &Arc<AppState>,
+    reader: &Reader,
+    p: DiffParams,
+) -> Result<Response, ApiError> {
     let base = Side::resolve(
         "base",
         p.base_query.as_ref(),
@@ -171,23 +179,39 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
     let wanted = p.sample_type.clone().unwrap_or_else(|| "samples".into());
 
     let st = state.clone();
-    let (ty, base, new, sides) = tokio::task::spawn_blocking(move || {
-        let store = &st.store;
+    let tenant = reader.0.clone();
+    let (ty, base, new, sides) = run_query(state, reader, move |store| {
         let types = store
             .sample_types()
             .map_err(|e| ApiError::store(&st.metrics, e))?;
-        let ty = crate::server::sample_type(&types, &wanted)?.clone();
+        let ty = crate::api::params::sample_type(&types, &wanted)?.clone();
         // The z-test counts samples; a type that is not itself a count (cpu time) takes its
         // counts from `samples` of the same stacks, as `pyrometer diff` does with a profile's
         // count type.
         let counts_from_samples =
             ty.1 != "count" && types.iter().any(|(n, u)| n == "samples" && u == "count");
-        let selected = [&base, &new].map(|side| select(&st, side, &ty.0, counts_from_samples));
+        let own = Reader(tenant);
+        let selected = [&base, &new].map(|side| {
+            let matcher = |l: &LabelSet| own.owns(l) && side.selector.matches(l);
+            select(&st, store, &matcher, side, &ty.0, counts_from_samples)
+        });
         let [b, n] = selected;
         Ok((ty, b?, n?, (base, new)))
     })
-    .await
-    .map_err(ApiError::internal)??;
+    .await?;
+    off_runtime(move || answer(&ty, base, new, sides, &format, options, fail_above)).await?
+}
+
+/// The comparison of the two sides' stacks in `format`.
+fn answer(
+    ty: &(String, String),
+    base: Selected,
+    new: Selected,
+    sides: (Side, Side),
+    format: &str,
+    options: DiffOptions,
+    fail_above: Option<f64>,
+) -> Result<Response, ApiError> {
     let (base_side, new_side) = sides;
     for (side, sel) in [(&base_side, &base), (&new_side, &new)] {
         if sel.stacks.iter().all(|s| s.value <= 0) {
@@ -248,8 +272,8 @@ async fn diff_inner(state: &Arc<AppState>, p: DiffParams) -> Result<Response, Ap
         }
     }
     let mut body = d.to_json(fail_above);
-    body["type"] = ty.0.into();
-    body["unit"] = ty.1.into();
+    body["type"] = ty.0.clone().into();
+    body["unit"] = ty.1.clone().into();
     for (key, side) in [("base", &base_side), ("new", &new_side)] {
         if let (Some(obj), serde_json::Value::Object(sel)) =
             (body[key].as_object_mut(), side.describe())
@@ -298,26 +322,26 @@ fn utc(secs: i64) -> String {
 
 fn select(
     state: &AppState,
+    store: &dyn Store,
+    matcher: &(dyn Fn(&LabelSet) -> bool + Sync),
     side: &Side,
     sample_type: &str,
     counts_from_samples: bool,
 ) -> Result<Selected, ApiError> {
-    let matcher = |l: &LabelSet| side.selector.matches(l);
     let of_type = |sample_type: &str| {
-        state
-            .store
+        store
             .select(&Selection {
                 from_s: side.from_s,
                 to_s: side.to_s,
                 sample_type,
-                labels: &matcher,
+                labels: matcher,
             })
             .map_err(|e| ApiError::store(&state.metrics, e))
     };
     let stacks = of_type(sample_type)?;
     let samples = if counts_from_samples {
         let counts = of_type("samples")?;
-        let by_key: HashMap<(&LabelSet, &Vec<String>), i64> = counts
+        let by_key: HashMap<(&LabelSet, &Vec<Frame>), i64> = counts
             .iter()
             .map(|c| ((c.labels.as_ref(), c.stack.as_ref()), c.value))
             .collect();
@@ -347,7 +371,7 @@ fn aggregate(sel: &Selected, kernel: bool) -> Aggregate {
             s.stack
                 .iter()
                 .rev()
-                .map(|f| (f.as_str(), f.ends_with(KERNEL_SUFFIX))),
+                .map(|f| (&**f, f.ends_with(KERNEL_SUFFIX))),
         );
         out.add(&frames, s.value, n);
     }

@@ -7,7 +7,7 @@ use axum::extract::Path;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::server::ApiError;
+use crate::api::error::ApiError;
 
 /// How far back a trace link looks.
 const LOOKBACK: &str = "now-7d";
