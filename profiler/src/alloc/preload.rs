@@ -6,14 +6,13 @@
 //! process: its functions run only in processes that load it and only for sampled
 //! allocations, so nobody else pays for it.
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use object::Object;
 
 use super::embedded::{self, EmbeddedError};
-use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, ALLOC_PRELOAD_MOVE, Uprobes};
+use crate::bpf::{ALLOC_PRELOAD, ALLOC_PRELOAD_FREE, ALLOC_PRELOAD_MOVE, ProbedCopies, Uprobes};
 use crate::os::procs::{BinaryKey, MappingKind, Process};
 
 /// The library's file name.
@@ -207,7 +206,7 @@ fn mean_in_environ(env: &[u8]) -> Option<u64> {
 /// The probes on each copy of the library attached so far.
 #[derive(Default)]
 pub struct PreloadProbes {
-    attached: HashSet<BinaryKey>,
+    copies: ProbedCopies,
 }
 
 impl PreloadProbes {
@@ -219,20 +218,7 @@ impl PreloadProbes {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        if self.attached.contains(&key) {
-            return Ok(());
-        }
-        let offsets = probe_offsets(path)?;
-        probes
-            .attach_uprobe(ALLOC_PRELOAD, path, offsets.sampled)
-            .and_then(|()| probes.attach_uprobe(ALLOC_PRELOAD_FREE, path, offsets.free))
-            .and_then(|()| match offsets.moved {
-                Some(at) => probes.attach_uprobe(ALLOC_PRELOAD_MOVE, path, at),
-                None => Ok(()),
-            })
-            .map_err(|e| e.to_string())?;
-        self.attached.insert(key);
-        Ok(())
+        self.copies.attach(key, path, probes, attach_probes)
     }
 
     /// Attaches to the library file at `path` (a command about to start with it).
@@ -241,14 +227,26 @@ impl PreloadProbes {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        let key = BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        self.attach(key, path, probes)
+        self.copies.attach_file(path, probes, attach_probes)
     }
 
     /// Copies of the library probed.
     pub fn len(&self) -> usize {
-        self.attached.len()
+        self.copies.len()
     }
+}
+
+/// The sampled-allocation, free and (where the library has it) move probes on one copy.
+fn attach_probes(path: &Path, probes: &mut (dyn Uprobes + '_)) -> Result<(), String> {
+    let offsets = probe_offsets(path)?;
+    probes
+        .attach_uprobe(ALLOC_PRELOAD, path, offsets.sampled)
+        .and_then(|()| probes.attach_uprobe(ALLOC_PRELOAD_FREE, path, offsets.free))
+        .and_then(|()| match offsets.moved {
+            Some(at) => probes.attach_uprobe(ALLOC_PRELOAD_MOVE, path, at),
+            None => Ok(()),
+        })
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ pub mod verifier;
 pub use config::*;
 pub use counters::{AllocCounters, Counters, ProgramStats, PythonCounters, UnwindCounters};
 pub use load::{Feature, Refusal};
-pub use uprobes::Uprobes;
+pub use uprobes::{ProbedCopies, Uprobes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {

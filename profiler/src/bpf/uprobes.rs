@@ -1,6 +1,7 @@
 //! Attaching uprobe programs: for every process (the GIL probes on an interpreter binary, the
 //! preloaded sampler library's probes) or for one process (allocator probes).
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use aya::Ebpf;
@@ -8,6 +9,7 @@ use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 
 use super::{BpfError, Sampler, error_chain};
+use crate::os::procs::BinaryKey;
 
 /// Something that attaches uprobe programs (the sampler; tests use a recorder).
 pub trait Uprobes {
@@ -24,6 +26,49 @@ pub trait Uprobes {
     ) -> Result<(), BpfError>;
     /// Detaches the probes attached for `pid` (it exited).
     fn detach_process_probes(&mut self, pid: u32);
+}
+
+/// The copies of one library whose probes are on (known by the file's identity, whatever
+/// path reached it), so a copy is probed once however many processes map or ask for it. A
+/// copy whose probes failed is tried again when next asked for.
+#[derive(Default)]
+pub struct ProbedCopies {
+    attached: HashSet<BinaryKey>,
+}
+
+impl ProbedCopies {
+    /// Runs `attach` on the copy at `path` (identified by `key`) unless its probes are on
+    /// already.
+    pub fn attach<'p>(
+        &mut self,
+        key: BinaryKey,
+        path: &Path,
+        probes: &mut (dyn Uprobes + 'p),
+        attach: impl FnOnce(&Path, &mut (dyn Uprobes + 'p)) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if self.attached.contains(&key) {
+            return Ok(());
+        }
+        attach(path, probes)?;
+        self.attached.insert(key);
+        Ok(())
+    }
+
+    /// [`ProbedCopies::attach`] for the library file at `path`, before any process maps it.
+    pub fn attach_file<'p>(
+        &mut self,
+        path: &Path,
+        probes: &mut (dyn Uprobes + 'p),
+        attach: impl FnOnce(&Path, &mut (dyn Uprobes + 'p)) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let key = BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.attach(key, path, probes, attach)
+    }
+
+    /// Copies probed.
+    pub fn len(&self) -> usize {
+        self.attached.len()
+    }
 }
 
 /// A loaded uprobe program of the object.

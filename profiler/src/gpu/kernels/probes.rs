@@ -3,11 +3,10 @@
 //! have it mapped, and the two probes on each copy of it (`gpu_launch`, `gpu_channel` in `ebpf/src/bpf/gpu.h`), attached
 //! once per copy for every process: its functions run only in processes that load it.
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::bpf::{GPU_CHANNEL, GPU_LAUNCH, Uprobes};
+use crate::bpf::{GPU_CHANNEL, GPU_LAUNCH, ProbedCopies, Uprobes};
 use crate::os::procs::{BinaryKey, Process};
 
 pub use crate::capture::gpu::LIBRARY;
@@ -99,7 +98,7 @@ pub fn mapped_library(process: &Process) -> Option<(BinaryKey, PathBuf)> {
 /// The probes on each copy of the library attached so far.
 #[derive(Default)]
 pub struct GpuProbes {
-    attached: HashSet<BinaryKey>,
+    copies: ProbedCopies,
 }
 
 impl GpuProbes {
@@ -111,16 +110,7 @@ impl GpuProbes {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        if self.attached.contains(&key) {
-            return Ok(());
-        }
-        let offsets = probe_offsets(path)?;
-        probes
-            .attach_uprobe(GPU_LAUNCH, path, offsets.launch)
-            .and_then(|()| probes.attach_uprobe(GPU_CHANNEL, path, offsets.channel))
-            .map_err(|e| e.to_string())?;
-        self.attached.insert(key);
-        Ok(())
+        self.copies.attach(key, path, probes, attach_probes)
     }
 
     /// Attaches to the library file at `path` before any process maps it (a command about to
@@ -131,8 +121,7 @@ impl GpuProbes {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        let key = BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        self.attach(key, path, probes)
+        self.copies.attach_file(path, probes, attach_probes)
     }
 
     /// Attaches to the copy `process` maps, if it maps one.
@@ -144,6 +133,15 @@ impl GpuProbes {
         let (key, path) = mapped_library(process)?;
         Some(self.attach(key, &path, probes))
     }
+}
+
+/// The launch and channel probes on one copy.
+fn attach_probes(path: &Path, probes: &mut (dyn Uprobes + '_)) -> Result<(), String> {
+    let offsets = probe_offsets(path)?;
+    probes
+        .attach_uprobe(GPU_LAUNCH, path, offsets.launch)
+        .and_then(|()| probes.attach_uprobe(GPU_CHANNEL, path, offsets.channel))
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
