@@ -141,7 +141,8 @@ fn measure(pyrometer: &Path, dir: &Path, case: &Case) -> Result<(f64, f64, f64)>
 }
 
 /// BPF time per sample at 16, 64 and ~90 native frames (DWARF), with frame pointers, and
-/// for ~30-frame Python stacks with the Python walk's share; medians of three runs. With
+/// for ~30-frame Python stacks with the Python walk's share; medians of three runs
+/// (BENCH_PAIRS others: five for a before/after). With
 /// `BENCH_BASELINE=PATH` (another build's `pyrometer`, e.g. one built from `main`), every
 /// run is made with both binaries, alternating which goes first, and both columns printed:
 /// on a shared machine only figures taken side by side compare.
@@ -229,17 +230,24 @@ pub fn bench(root: &Path, pyrometer: &Path, dir: &Path) -> Result<()> {
     } else {
         println!("  (no {}: the Python lines are left out)", python.display());
     }
+    let rounds: usize = std::env::var("BENCH_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let mut bins = vec![pyrometer.to_path_buf()];
     bins.extend(baseline.clone());
     println!();
-    println!("BPF time per sample (self-timed in the sampler, 499 Hz, 2 s runs, median of 3)");
+    println!(
+        "BPF time per sample (self-timed in the sampler, 499 Hz, 2 s runs, median of {rounds})"
+    );
     if baseline.is_some() {
         println!("  {:<52} {:>10} {:>10}", "", "this build", "baseline");
     }
     for case in &cases {
         // Per binary: ns a sample, ns a Python walk, Python frames a sample.
         let mut runs: Vec<[Vec<f64>; 3]> = bins.iter().map(|_| Default::default()).collect();
-        for round in 0..3 {
+        for round in 0..rounds {
             let mut order: Vec<usize> = (0..bins.len()).collect();
             if round % 2 == 1 {
                 order.reverse();

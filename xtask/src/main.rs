@@ -294,6 +294,7 @@ fn test(extra: &[String]) -> Result<()> {
     let root = workspace_root();
     let ci = skip_ledger::ci();
     let mut steps = setup::Steps::new(ci);
+    setup::warn_if_short_of_disk(&root);
     steps.must("apt (build, tests)", setup::all_packages)?;
     steps.must("nextest (installed?)", setup::nextest)?;
     steps.must("npm", npm_deps)?;
