@@ -15,6 +15,16 @@ use crate::os::procs::BinaryKey;
 pub trait Uprobes {
     /// Attaches `program` at file offset `offset` of the binary at `path`, for every process.
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError>;
+    /// [`Uprobes::attach_uprobe`] with an attach cookie and, for a USDT probe, the file
+    /// offset of its semaphore (which the kernel raises while the probe is attached).
+    fn attach_uprobe_with(
+        &mut self,
+        program: &str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        semaphore: Option<u64>,
+    ) -> Result<(), BpfError>;
     /// Attaches `program` at `offset` of `path` for process `pid` only, with `cookie`.
     fn attach_process_probe(
         &mut self,
@@ -97,6 +107,28 @@ impl Uprobes for Sampler {
             })
     }
 
+    fn attach_uprobe_with(
+        &mut self,
+        program: &str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        semaphore: Option<u64>,
+    ) -> Result<(), BpfError> {
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: Some(cookie),
+            ref_ctr_offset: semaphore,
+        };
+        uprobe(&mut self.ebpf, program)?
+            .attach(point, path, UProbeScope::AllProcesses)
+            .map(|_| ())
+            .map_err(|e| BpfError::Attach {
+                what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
+                reason: error_chain(&e),
+            })
+    }
+
     fn attach_process_probe(
         &mut self,
         program: &'static str,
@@ -114,6 +146,7 @@ impl Uprobes for Sampler {
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
             cookie: Some(cookie),
+            ref_ctr_offset: None,
         };
         let link = uprobe(&mut self.ebpf, program)?
             .attach(point, path, scope)

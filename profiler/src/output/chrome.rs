@@ -23,7 +23,7 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
-use crate::capture::{CounterTrack, GpuSpan, OffCpuInterval, Timeline};
+use crate::capture::{CounterTrack, GpuSpan, IntervalKind, OffCpuInterval, Timeline};
 use crate::model::{LabelValue, Profile};
 use crate::output::OutputError;
 use crate::output::folded::frame_name;
@@ -380,10 +380,10 @@ fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin
         .iter()
         .find(|f| !f.ends_with("_[k]"))
         .unwrap_or(&chain[0]);
-    let (cat, what, key) = if e.gil {
-        ("gil_wait", "GIL wait", "waited_ns")
-    } else {
-        ("off_cpu", "off-CPU", "blocked_ns")
+    let (cat, what, key) = match e.kind {
+        IntervalKind::GilWait => ("gil_wait", "GIL wait", "waited_ns"),
+        IntervalKind::Gc => ("gc", "GC", "paused_ns"),
+        IntervalKind::OffCpu => ("off_cpu", "off-CPU", "blocked_ns"),
     };
     json!({
         "ph": "X",
@@ -514,13 +514,13 @@ mod tests {
             timestamp_ns: t.origin_ns + 10 * MS,
             duration_ns: 100 * MS,
             sample: 1,
-            gil: false,
+            kind: IntervalKind::OffCpu,
         });
         t.off_cpu.push(OffCpuInterval {
             timestamp_ns: t.origin_ns + 200 * MS,
             duration_ns: 5 * MS,
             sample: 1,
-            gil: true,
+            kind: IntervalKind::GilWait,
         });
         let doc = to_chrome_trace(&p, &t).unwrap();
         let blocked: Vec<_> = slices(&doc, 11)

@@ -22,6 +22,7 @@ use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
 use super::debug_offsets::{self, Described};
+use super::gc::GcProbes;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{ABSENT, PyOffsets};
@@ -178,6 +179,52 @@ struct GilTarget {
     seen_in_root: String,
 }
 
+impl GilTarget {
+    /// A binary no process maps yet.
+    fn of_file(path: &Path) -> Result<Self, String> {
+        Ok(Self {
+            key: BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?,
+            path: path.to_path_buf(),
+            dir: path.parent().map(Path::to_path_buf),
+            seen: path.to_string_lossy().into_owned(),
+            build_id: crate::os::procs::read_build_id(path),
+            root_debug_dirs: Vec::new(),
+            seen_in_root: path.to_string_lossy().into_owned(),
+        })
+    }
+
+    /// Its separate debug file: in the process's own root first, then in `debug_dirs`.
+    fn debug_file(&self, debug_dirs: &[PathBuf]) -> Option<PathBuf> {
+        let mut dirs = self.root_debug_dirs.clone();
+        dirs.extend_from_slice(debug_dirs);
+        crate::symbolize::separate_debug_file(
+            &self.path,
+            self.dir.as_deref(),
+            &self.seen_in_root,
+            self.build_id.as_deref(),
+            &dirs,
+        )
+    }
+}
+
+/// The interpreter binary `process` maps, to probe.
+fn interpreter_target(process: &Process, rt: &PythonRuntime) -> Option<GilTarget> {
+    let binary = process
+        .mappings()
+        .iter()
+        .find(|m| m.path == rt.path)
+        .and_then(|m| m.binary().cloned())?;
+    Some(GilTarget {
+        key: binary.key().clone(),
+        path: binary.path().to_path_buf(),
+        dir: binary.dir().map(Path::to_path_buf),
+        seen: rt.path.clone(),
+        build_id: binary.build_id().map(str::to_string),
+        root_debug_dirs: binary.debug_dirs(&[]),
+        seen_in_root: binary.seen_path(&rt.path).to_string(),
+    })
+}
+
 /// `--gil`: the probe sites of each interpreter binary, and which are attached.
 struct GilProbes {
     debug_dirs: Vec<PathBuf>,
@@ -188,6 +235,8 @@ struct GilProbes {
 pub struct PyTracker {
     map: Option<BpfHashMap<MapData, u32, PyProcess>>,
     gil: Option<GilProbes>,
+    /// `--gc`: the garbage-collector probes.
+    gc: Option<GcProbes>,
     /// Registered processes whose GIL cannot be probed, and why.
     gil_unavailable: HashMap<u32, String>,
     /// With the GIL view on: free-threaded processes seen (they have no GIL), with their
@@ -211,6 +260,7 @@ impl PyTracker {
         Self {
             map,
             gil: None,
+            gc: None,
             gil_unavailable: HashMap::new(),
             free_threaded: Default::default(),
             gil_binaries: Vec::new(),
@@ -231,6 +281,17 @@ impl PyTracker {
             sites: HashMap::new(),
             attached: HashSet::new(),
         });
+    }
+
+    /// Probes the garbage collector of every Python process registered from now on
+    /// (`record --gc`); debug files are looked for in `debug_dirs`.
+    pub fn enable_gc(&mut self, debug_dirs: Vec<PathBuf>) {
+        self.gc = Some(GcProbes::new(debug_dirs));
+    }
+
+    /// With `--gc`: the probes, the binaries probed and the processes that could not be.
+    pub fn gc_probes(&self) -> Option<&GcProbes> {
+        self.gc.as_ref()
     }
 
     /// Reads the interpreter a command about to start will run (see `BinaryCache::prewarm`).
@@ -259,22 +320,8 @@ impl PyTracker {
             return;
         }
         let pid = process.pid;
-        let Some(binary) = process
-            .mappings()
-            .iter()
-            .find(|m| m.path == rt.path)
-            .and_then(|m| m.binary().cloned())
-        else {
+        let Some(target) = interpreter_target(process, rt) else {
             return;
-        };
-        let target = GilTarget {
-            key: binary.key().clone(),
-            path: binary.path().to_path_buf(),
-            dir: binary.dir().map(Path::to_path_buf),
-            seen: rt.path.clone(),
-            build_id: binary.build_id().map(str::to_string),
-            root_debug_dirs: binary.debug_dirs(&[]),
-            seen_in_root: binary.seen_path(&rt.path).to_string(),
         };
         match self.attach_gil_binary(&target, probes) {
             Ok(()) => {
@@ -297,16 +344,54 @@ impl PyTracker {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        let target = GilTarget {
-            key: BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?,
-            path: path.to_path_buf(),
-            dir: path.parent().map(Path::to_path_buf),
-            seen: path.to_string_lossy().into_owned(),
-            build_id: crate::os::procs::read_build_id(path),
-            root_debug_dirs: Vec::new(),
-            seen_in_root: path.to_string_lossy().into_owned(),
-        };
+        let target = GilTarget::of_file(path)?;
         self.attach_gil_binary(&target, probes)
+    }
+
+    /// Attaches the garbage-collector probes to the interpreter binary of `process` (once per
+    /// binary).
+    fn attach_gc(&mut self, process: &Process, rt: &PythonRuntime, probes: &mut (dyn Uprobes + '_)) {
+        let Some(gc) = self.gc.as_mut() else {
+            return;
+        };
+        let Some(target) = interpreter_target(process, rt) else {
+            return;
+        };
+        let pid = process.pid;
+        match gc.attach(
+            &target.key,
+            &target.path,
+            &target.seen,
+            |dirs| target.debug_file(dirs),
+            probes,
+        ) {
+            Ok(()) => {
+                gc.unavailable.remove(&pid);
+            }
+            Err(reason) => {
+                self.notices.push(format!(
+                    "pid {pid} ({}): GC pauses unavailable: {reason}; everything else is recorded",
+                    process.comm
+                ));
+                gc.unavailable.insert(pid, reason);
+            }
+        }
+    }
+
+    /// Attaches the garbage-collector probes to an interpreter binary no process maps yet
+    /// (the command `record` is about to start).
+    pub fn prepare_gc(&mut self, path: &Path, probes: &mut (dyn Uprobes + '_)) -> Result<(), String> {
+        let Some(gc) = self.gc.as_mut() else {
+            return Ok(());
+        };
+        let target = GilTarget::of_file(path)?;
+        gc.attach(
+            &target.key,
+            &target.path,
+            &target.seen,
+            |dirs| target.debug_file(dirs),
+            probes,
+        )
     }
 
     fn attach_gil_binary(
@@ -324,15 +409,7 @@ impl PyTracker {
             .sites
             .entry(target.key.clone())
             .or_insert_with(|| {
-                let mut dirs = target.root_debug_dirs.clone();
-                dirs.extend_from_slice(&gil.debug_dirs);
-                let debug = crate::symbolize::separate_debug_file(
-                    &target.path,
-                    target.dir.as_deref(),
-                    &target.seen_in_root,
-                    target.build_id.as_deref(),
-                    &dirs,
-                );
+                let debug = target.debug_file(&gil.debug_dirs);
                 gil::find_sites(&target.path, &target.seen, debug.as_deref())
                     .map_err(|e| e.to_string())
             })
@@ -441,6 +518,7 @@ impl PyTracker {
             }
         } else if let Some(probes) = probes {
             self.attach_gil(process, &runtime, probes);
+            self.attach_gc(process, &runtime, probes);
         }
         self.procs.insert(
             pid,
