@@ -113,7 +113,9 @@ mod tests {
         let line = |s: &str| o.lines().any(|l| l == s);
         let l = "pid=\"7\",comm=\"py\\\"x\"";
         assert!(
-            line(&format!("pyrometer_agent_gc_pause_seconds_bucket{{{l},le=\"0.0001\"}} 1")),
+            line(&format!(
+                "pyrometer_agent_gc_pause_seconds_bucket{{{l},le=\"0.0001\"}} 1"
+            )),
             "{o}"
         );
         assert!(line(&format!(
@@ -125,7 +127,9 @@ mod tests {
         assert!(line(&format!(
             "pyrometer_agent_gc_pause_seconds_bucket{{{l},le=\"+Inf\"}} 4"
         )));
-        assert!(line(&format!("pyrometer_agent_gc_pause_seconds_count{{{l}}} 4")));
+        assert!(line(&format!(
+            "pyrometer_agent_gc_pause_seconds_count{{{l}}} 4"
+        )));
         assert!(line(&format!(
             "pyrometer_agent_gc_pause_seconds_sum{{{l}}} 2.08305"
         )));

@@ -51,6 +51,8 @@ struct SampleInfo {
     tid: i64,
     /// Function names, leaf first, interned so equal chains compare as one id.
     chain: usize,
+    /// A garbage collection's generation (its `gc_generation` label).
+    gc_generation: Option<String>,
 }
 
 /// A run of consecutive samples with one call chain.
@@ -111,6 +113,7 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
                 pid,
                 tid,
                 chain: id,
+                gc_generation: s.labels.get("gc_generation").map(ToString::to_string),
             }
         })
         .collect();
@@ -385,6 +388,10 @@ fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin
         IntervalKind::Gc => ("gc", "GC", "paused_ns"),
         IntervalKind::OffCpu => ("off_cpu", "off-CPU", "blocked_ns"),
     };
+    let mut args = json!({ "stack": chain, key: e.duration_ns });
+    if let Some(g) = &info.gc_generation {
+        args["generation"] = json!(g);
+    }
     json!({
         "ph": "X",
         "cat": cat,
@@ -393,7 +400,7 @@ fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin
         "tid": info.tid,
         "ts": micros(e.timestamp_ns.saturating_sub(origin)),
         "dur": micros(e.duration_ns),
-        "args": { "stack": chain, key: e.duration_ns },
+        "args": args,
     })
 }
 

@@ -199,9 +199,16 @@ pub enum Generation {
     Unknown,
     Const(i32),
     /// A pt_regs register (`GC_REG_*`), its low `size` bytes.
-    Register { reg: u32, size: u32 },
+    Register {
+        reg: u32,
+        size: u32,
+    },
     /// `size` bytes at register + displacement.
-    Memory { reg: u32, disp: i32, size: u32 },
+    Memory {
+        reg: u32,
+        disp: i32,
+        size: u32,
+    },
 }
 
 impl Generation {
@@ -291,7 +298,8 @@ fn stapsdt_notes(data: &[u8]) -> Vec<StapNote<'_>> {
     let align = |n: usize| n.div_ceil(4) * 4;
     let mut out = Vec::new();
     let mut at = 0;
-    while let (Some(namesz), Some(descsz), Some(kind)) = (u32_at(at), u32_at(at + 4), u32_at(at + 8))
+    while let (Some(namesz), Some(descsz), Some(kind)) =
+        (u32_at(at), u32_at(at + 4), u32_at(at + 8))
     {
         let name_at = at + 12;
         let desc_at = name_at + align(namesz);
@@ -327,12 +335,13 @@ pub fn usdt_argument(arg: &str) -> Generation {
         None => (8, arg),
     };
     if let Some(value) = operand.strip_prefix('$') {
-        return value
-            .parse()
-            .map_or(Generation::Unknown, Generation::Const);
+        return value.parse().map_or(Generation::Unknown, Generation::Const);
     }
     if let Some(reg) = operand.strip_prefix('%') {
-        return register(reg).map_or(Generation::Unknown, |reg| Generation::Register { reg, size });
+        return register(reg).map_or(Generation::Unknown, |reg| Generation::Register {
+            reg,
+            size,
+        });
     }
     if let Some((disp, rest)) = operand.split_once('(')
         && let Some(reg) = rest.strip_suffix(')').and_then(|r| r.strip_prefix('%'))
@@ -502,8 +511,9 @@ fn at_entry(
         let mut ops = expr.operations(unit.encoding());
         match (ops.next(), ops.next()) {
             (Ok(Some(gimli::Operation::Register { register })), Ok(None)) => {
-                dwarf_register(u32::from(register.0))
-                    .map_or(Generation::Unknown, |reg| Generation::Register { reg, size: 4 })
+                dwarf_register(u32::from(register.0)).map_or(Generation::Unknown, |reg| {
+                    Generation::Register { reg, size: 4 }
+                })
             }
             _ => Generation::Unknown,
         }

@@ -350,7 +350,12 @@ impl PyTracker {
 
     /// Attaches the garbage-collector probes to the interpreter binary of `process` (once per
     /// binary).
-    fn attach_gc(&mut self, process: &Process, rt: &PythonRuntime, probes: &mut (dyn Uprobes + '_)) {
+    fn attach_gc(
+        &mut self,
+        process: &Process,
+        rt: &PythonRuntime,
+        probes: &mut (dyn Uprobes + '_),
+    ) {
         let Some(gc) = self.gc.as_mut() else {
             return;
         };
@@ -380,7 +385,11 @@ impl PyTracker {
 
     /// Attaches the garbage-collector probes to an interpreter binary no process maps yet
     /// (the command `record` is about to start).
-    pub fn prepare_gc(&mut self, path: &Path, probes: &mut (dyn Uprobes + '_)) -> Result<(), String> {
+    pub fn prepare_gc(
+        &mut self,
+        path: &Path,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<(), String> {
         let Some(gc) = self.gc.as_mut() else {
             return Ok(());
         };
