@@ -18,6 +18,9 @@ pub const MAX_PROCESSES: usize = 1024;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Histogram {
     pub comm: String,
+    /// The process was gone at the last check: its series goes at the next one, so a
+    /// process that collected just before it exited is still scraped once.
+    pub gone: bool,
     /// Pauses at or under each bound of [`BUCKETS`] (not cumulative).
     pub buckets: [u64; BUCKETS.len()],
     pub count: u64,
@@ -30,6 +33,8 @@ pub struct GcPauses {
     pub by_pid: BTreeMap<u32, Histogram>,
     /// Pauses of processes past [`MAX_PROCESSES`].
     pub dropped: u64,
+    /// Interpreter binaries whose collections are probed.
+    pub probed_binaries: u64,
 }
 
 impl GcPauses {
@@ -53,14 +58,26 @@ impl GcPauses {
         }
     }
 
-    /// Forgets the processes that exited (their series end with them).
+    /// Forgets the processes found gone at the previous call (their series end with them)
+    /// and marks those gone now.
     pub fn forget_exited(&mut self, proc_root: &Path) {
-        self.by_pid
-            .retain(|pid, _| proc_root.join(pid.to_string()).exists());
+        self.by_pid.retain(|pid, h| {
+            let gone = !proc_root.join(pid.to_string()).exists();
+            let keep = !(gone && h.gone);
+            h.gone = gone;
+            keep
+        });
     }
 
     /// The Prometheus text of every histogram.
     pub fn render(&self, o: &mut String) {
+        let _ = write!(
+            o,
+            "# HELP pyrometer_agent_gc_probed_binaries Python interpreter binaries whose garbage collections are probed (agent --gc).\n\
+             # TYPE pyrometer_agent_gc_probed_binaries gauge\n\
+             pyrometer_agent_gc_probed_binaries {}\n",
+            self.probed_binaries
+        );
         if self.by_pid.is_empty() && self.dropped == 0 {
             return;
         }
@@ -144,5 +161,19 @@ mod tests {
         assert_eq!((g.by_pid.len(), g.dropped), (MAX_PROCESSES, 3));
         g.add(0, "p", &[1]);
         assert_eq!(g.by_pid[&0].count, 2, "a known process still counts");
+    }
+
+    #[test]
+    fn an_exited_process_is_kept_for_one_more_check() {
+        let dir = std::env::temp_dir().join(format!("gc-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        let mut g = GcPauses::default();
+        g.add(1, "a", &[1]);
+        g.add(2, "b", &[1]);
+        g.forget_exited(&dir);
+        assert_eq!(g.by_pid.len(), 2, "pid 2 was seen gone once");
+        g.forget_exited(&dir);
+        assert_eq!(g.by_pid.keys().copied().collect::<Vec<_>>(), [1]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -405,8 +405,14 @@ impl Node {
                     .unwrap_or_default();
                 gc.add(pid, &comm, &pauses);
             }
-            // A process's series ends with it.
+            // A process's series ends a push after it.
             gc.forget_exited(Path::new("/proc"));
+            gc.probed_binaries = self
+                .profiler
+                .tables
+                .python
+                .gc_probes()
+                .map_or(0, |p| p.binaries.len() as u64);
         }
         let allocations = taken
             .alloc
