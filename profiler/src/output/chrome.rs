@@ -546,6 +546,34 @@ mod tests {
     }
 
     #[test]
+    fn gc_pauses_are_slices_with_their_generation() {
+        let (mut p, mut t) = fixture();
+        let collect = p.intern_frame(Frame::named("full_collections", FrameKind::Python));
+        let stack = p.intern_stack(vec![collect]);
+        let labels = Labels::new()
+            .with("pid", LabelValue::Num(10))
+            .with("tid", LabelValue::Num(11))
+            .with("gc_generation", LabelValue::Num(2));
+        let values = vec![0; p.sample_types.len()];
+        let sample = p.add(stack, labels, &values) as u32;
+        t.off_cpu.push(OffCpuInterval {
+            timestamp_ns: t.origin_ns + 300 * MS,
+            duration_ns: 40 * MS,
+            sample,
+            kind: IntervalKind::Gc,
+        });
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        let events = doc["traceEvents"].as_array().unwrap();
+        let gc: Vec<&Value> = events.iter().filter(|e| e["cat"] == "gc").collect();
+        assert_eq!(gc.len(), 1, "{gc:?}");
+        assert_eq!(gc[0]["name"], "GC: full_collections");
+        assert_eq!(gc[0]["args"]["generation"], "2");
+        assert_eq!(gc[0]["args"]["paused_ns"], 40 * MS);
+        assert_eq!(gc[0]["dur"], 40_000.0);
+        assert_eq!(gc[0]["tid"], 11);
+    }
+
+    #[test]
     fn gpu_work_gets_a_track_per_stream_linked_to_its_launch() {
         let (mut p, mut t) = fixture();
         let kernel = p.intern_frame(Frame::named("gemm", FrameKind::Gpu));
