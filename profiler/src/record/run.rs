@@ -376,8 +376,8 @@ fn default_alloc_type(profile: &Profile, leaks: bool) -> usize {
         .unwrap_or_else(|_| profile.single_type_default())
 }
 
-/// The GIL table and what goes with it.
-#[allow(clippy::too_many_arguments)]
+/// The garbage collector's part of the report: collections, pauses by generation, and the
+/// processes that could not be probed.
 fn gc_report(capture: &Capture, python: &crate::python::tracker::PyTracker) -> GcReport {
     let mut by_generation = std::collections::BTreeMap::new();
     for (raw, count) in &capture.stacks {
@@ -399,6 +399,8 @@ fn gc_report(capture: &Capture, python: &crate::python::tracker::PyTracker) -> G
     }
 }
 
+/// The GIL table and what goes with it.
+#[allow(clippy::too_many_arguments)]
 fn gil_report(
     capture: &Capture,
     gil_threads: &[(u32, pyrometer_ebpf::GilThread)],
