@@ -335,7 +335,7 @@ mod tests {
             _: &str,
             _: &Path,
             _: u64,
-            _: u64,
+            _: Option<u64>,
             _: Option<u64>,
         ) -> Result<(), crate::bpf::BpfError> {
             Ok(())

@@ -15,14 +15,14 @@ use crate::os::procs::BinaryKey;
 pub trait Uprobes {
     /// Attaches `program` at file offset `offset` of the binary at `path`, for every process.
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError>;
-    /// [`Uprobes::attach_uprobe`] with an attach cookie and, for a USDT probe, the file
-    /// offset of its semaphore (which the kernel raises while the probe is attached).
+    /// [`Uprobes::attach_uprobe`] with an attach cookie (Linux 5.15+) and, for a USDT probe,
+    /// the file offset of its semaphore (which the kernel raises while the probe is attached).
     fn attach_uprobe_with(
         &mut self,
         program: &str,
         path: &Path,
         offset: u64,
-        cookie: u64,
+        cookie: Option<u64>,
         semaphore: Option<u64>,
     ) -> Result<(), BpfError>;
     /// Attaches `program` at `offset` of `path` for process `pid` only, with `cookie`.
@@ -94,17 +94,7 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, BpfError
 /// process calls, are attached per process.
 impl Uprobes for Sampler {
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
-        uprobe(&mut self.ebpf, program)?
-            .attach(
-                UProbeAttachLocation::AbsoluteOffset(offset),
-                path,
-                UProbeScope::AllProcesses,
-            )
-            .map(|_| ())
-            .map_err(|e| BpfError::Attach {
-                what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
-                reason: error_chain(&e),
-            })
+        self.attach_uprobe_with(program, path, offset, None, None)
     }
 
     fn attach_uprobe_with(
@@ -112,12 +102,12 @@ impl Uprobes for Sampler {
         program: &str,
         path: &Path,
         offset: u64,
-        cookie: u64,
+        cookie: Option<u64>,
         semaphore: Option<u64>,
     ) -> Result<(), BpfError> {
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
-            cookie: Some(cookie),
+            cookie,
             ref_ctr_offset: semaphore,
         };
         uprobe(&mut self.ebpf, program)?

@@ -9,17 +9,16 @@
 //! (two GCC copies, one with the generation a constant 2) and 3.9, `gc_collect_main` from
 //! 3.10 (the wrappers that run `gc.callbacks` around it are inlined into their callers).
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection};
 use pyrometer_ebpf as shared;
 
+use super::probe_target::ProbeTarget;
 use crate::bpf::Uprobes;
-use crate::os::elfsyms::{file_offset, loads};
+use crate::os::elfsyms::{copy_with_debug, dwarf_sections, file_offset, loads};
 use crate::os::procs::BinaryKey;
-use crate::os::untrusted::{Kind, UntrustedFile};
 
 /// One probe site: a file offset of the binary, the cookie gc_start reads the generation
 /// with, and the file offset of the USDT semaphore that guards it.
@@ -76,51 +75,42 @@ impl GcProbes {
         }
     }
 
-    /// Attaches the probes to the binary at `path` (identified by `key`, `shown` as the
-    /// process maps it) unless they are on already; `debug_file` finds its separate debug
-    /// file, asked for only when the binary has no USDT probes of its own.
-    pub fn attach(
+    /// Attaches the probes to `target` unless they are on already; its separate debug file is
+    /// looked for only when the binary has no USDT probes of its own.
+    pub(super) fn attach(
         &mut self,
-        key: &BinaryKey,
-        path: &Path,
-        shown: &str,
-        debug_file: impl FnOnce(&[PathBuf]) -> Option<PathBuf>,
+        target: &ProbeTarget,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        if self.attached.contains(key) {
+        if self.attached.contains(&target.key) {
             return Ok(());
         }
-        let dirs = &self.debug_dirs;
+        let (path, shown, dirs) = (&target.path, &target.seen, &self.debug_dirs);
         let sites = self
             .sites
-            .entry(key.clone())
+            .entry(target.key.clone())
             .or_insert_with(|| {
                 find_sites(path, shown, None)
-                    .or_else(|_| find_sites(path, shown, debug_file(dirs).as_deref()))
+                    .or_else(|_| find_sites(path, shown, target.debug_file(dirs).as_deref()))
                     .map_err(|e| e.to_string())
             })
             .clone()?;
         let [start, done, ret] = crate::bpf::GC_PROGRAMS;
-        let mut attach = |program: &str, p: &GcProbe| {
+        let mut attach = |program: &str, offset: u64, cookie: Option<u64>, semaphore| {
             probes
-                .attach_uprobe_with(program, path, p.offset, p.cookie, p.semaphore)
+                .attach_uprobe_with(program, path, offset, cookie, semaphore)
                 .map_err(|e| e.to_string())
         };
         for p in &sites.start {
-            attach(start, p)?;
+            attach(start, p.offset, Some(p.cookie), p.semaphore)?;
         }
         for p in &sites.done {
-            attach(done, p)?;
+            attach(done, p.offset, None, p.semaphore)?;
         }
         for &offset in &sites.returns {
-            let p = GcProbe {
-                offset,
-                cookie: 0,
-                semaphore: None,
-            };
-            attach(ret, &p)?;
+            attach(ret, offset, None, None)?;
         }
-        self.attached.insert(key.clone());
+        self.attached.insert(target.key.clone());
         self.binaries.push(sites);
         Ok(())
     }
@@ -133,12 +123,8 @@ pub fn find_sites(
     shown: &str,
     debug_file: Option<&Path>,
 ) -> Result<GcSites, GcError> {
-    let read = |p: &Path| {
-        UntrustedFile::open_resolved(p, Kind::ElfWhole)
-            .and_then(|f| f.copy())
-            .map_err(|e| GcError::Read(p.display().to_string(), e.to_string()))
-    };
-    let data = read(binary)?;
+    let (data, debug_data) =
+        copy_with_debug(binary, debug_file).map_err(|(f, e)| GcError::Read(f, e))?;
     let obj =
         object::File::parse(&*data).map_err(|e| GcError::Read(shown.into(), e.to_string()))?;
     let loads = loads(&obj);
@@ -146,10 +132,6 @@ pub fn find_sites(
     if !usdt.start.is_empty() && !usdt.done.is_empty() {
         return Ok(usdt);
     }
-    let debug_data = match debug_file {
-        Some(p) => Some(read(p)?),
-        None => None,
-    };
     let debug_obj = match &debug_data {
         Some(d) => Some(
             object::File::parse(&**d).map_err(|e| GcError::Read(shown.into(), e.to_string()))?,
@@ -417,13 +399,7 @@ type Reader<'a> = gimli::EndianSlice<'a, gimli::RunTimeEndian>;
 fn collector_entries(
     obj: &object::File<'_>,
 ) -> Result<Vec<(String, u64, Generation)>, gimli::Error> {
-    let load = |id: gimli::SectionId| -> Result<Cow<'_, [u8]>, gimli::Error> {
-        Ok(obj
-            .section_by_name(id.name())
-            .and_then(|s| s.uncompressed_data().ok())
-            .unwrap_or(Cow::Borrowed(&[])))
-    };
-    let sections = gimli::DwarfSections::load(load)?;
+    let sections = dwarf_sections(obj)?;
     let dwarf = sections.borrow(|s| gimli::EndianSlice::new(s, gimli::RunTimeEndian::Little));
     let mut out = Vec::new();
     let mut units = dwarf.units();

@@ -12,6 +12,7 @@ pub mod merge;
 pub mod names;
 pub mod native;
 pub mod offsets;
+mod probe_target;
 pub mod run_delay;
 pub mod spans;
 pub mod threads;

@@ -26,6 +26,7 @@ use super::gc::GcProbes;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{ABSENT, PyOffsets};
+use super::probe_target::{ProbeTarget, interpreter_target};
 use super::spans::{self, SpanTable};
 use super::version::{self, BinaryCache, PythonRuntime};
 use super::walk::{CodeObject, Walker};
@@ -164,67 +165,6 @@ pub struct TrackerStats {
     pub span_tables: u64,
 }
 
-/// An interpreter binary to probe.
-struct GilTarget {
-    key: BinaryKey,
-    /// Openable from here.
-    path: PathBuf,
-    dir: Option<PathBuf>,
-    /// As the process maps it (for messages and debuglink paths).
-    seen: String,
-    build_id: Option<String>,
-    /// Debug dirs of the process's own root (a container's or chroot's), searched first, and
-    /// the path as seen inside that root (for debuglink paths).
-    root_debug_dirs: Vec<PathBuf>,
-    seen_in_root: String,
-}
-
-impl GilTarget {
-    /// A binary no process maps yet.
-    fn of_file(path: &Path) -> Result<Self, String> {
-        Ok(Self {
-            key: BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?,
-            path: path.to_path_buf(),
-            dir: path.parent().map(Path::to_path_buf),
-            seen: path.to_string_lossy().into_owned(),
-            build_id: crate::os::procs::read_build_id(path),
-            root_debug_dirs: Vec::new(),
-            seen_in_root: path.to_string_lossy().into_owned(),
-        })
-    }
-
-    /// Its separate debug file: in the process's own root first, then in `debug_dirs`.
-    fn debug_file(&self, debug_dirs: &[PathBuf]) -> Option<PathBuf> {
-        let mut dirs = self.root_debug_dirs.clone();
-        dirs.extend_from_slice(debug_dirs);
-        crate::symbolize::separate_debug_file(
-            &self.path,
-            self.dir.as_deref(),
-            &self.seen_in_root,
-            self.build_id.as_deref(),
-            &dirs,
-        )
-    }
-}
-
-/// The interpreter binary `process` maps, to probe.
-fn interpreter_target(process: &Process, rt: &PythonRuntime) -> Option<GilTarget> {
-    let binary = process
-        .mappings()
-        .iter()
-        .find(|m| m.path == rt.path)
-        .and_then(|m| m.binary().cloned())?;
-    Some(GilTarget {
-        key: binary.key().clone(),
-        path: binary.path().to_path_buf(),
-        dir: binary.dir().map(Path::to_path_buf),
-        seen: rt.path.clone(),
-        build_id: binary.build_id().map(str::to_string),
-        root_debug_dirs: binary.debug_dirs(&[]),
-        seen_in_root: binary.seen_path(&rt.path).to_string(),
-    })
-}
-
 /// `--gil`: the probe sites of each interpreter binary, and which are attached.
 struct GilProbes {
     debug_dirs: Vec<PathBuf>,
@@ -344,7 +284,7 @@ impl PyTracker {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        let target = GilTarget::of_file(path)?;
+        let target = ProbeTarget::of_file(path)?;
         self.attach_gil_binary(&target, probes)
     }
 
@@ -363,13 +303,7 @@ impl PyTracker {
             return;
         };
         let pid = process.pid;
-        match gc.attach(
-            &target.key,
-            &target.path,
-            &target.seen,
-            |dirs| target.debug_file(dirs),
-            probes,
-        ) {
+        match gc.attach(&target, probes) {
             Ok(()) => {
                 gc.unavailable.remove(&pid);
             }
@@ -393,19 +327,12 @@ impl PyTracker {
         let Some(gc) = self.gc.as_mut() else {
             return Ok(());
         };
-        let target = GilTarget::of_file(path)?;
-        gc.attach(
-            &target.key,
-            &target.path,
-            &target.seen,
-            |dirs| target.debug_file(dirs),
-            probes,
-        )
+        gc.attach(&ProbeTarget::of_file(path)?, probes)
     }
 
     fn attach_gil_binary(
         &mut self,
-        target: &GilTarget,
+        target: &ProbeTarget,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
         let Some(gil) = self.gil.as_mut() else {
