@@ -239,6 +239,8 @@ pub struct Sources {
     pub alloc: bool,
     /// GPU kernels by launching stack (`--gpu-kernels`).
     pub gpu_kernels: bool,
+    /// CPython's garbage-collector pauses (`gc/nanoseconds`).
+    pub gc: bool,
 }
 
 /// The GPU kernel types: device time by launching stack (estimated from sampled launches,
@@ -334,6 +336,9 @@ impl Profile {
             for (name, unit) in GPU_TYPES {
                 p.sample_types.push(SampleType::new(name, unit));
             }
+        }
+        if sources.gc {
+            p.sample_types.push(SampleType::new("gc", "nanoseconds"));
         }
         p
     }

@@ -60,6 +60,7 @@ impl Top {
             off_cpu_min_ns: None,
             gpu_kernels: None,
             gil: false,
+            gc: false,
             alloc: None,
             dwarf: config.dwarf,
             debug_reject: 0,

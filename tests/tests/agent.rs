@@ -4,7 +4,9 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pyrometer_e2e::cluster::{Agent, Collector, Held, enc, free_port, http_get, workload_of};
+use pyrometer_e2e::cluster::{
+    Agent, Collector, Held, enc, free_port, http_get, metric, workload_of,
+};
 use pyrometer_e2e::{folded_counts, privileged, pyrometer, pyrometer_bin, scratch, stderr};
 
 /// CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE (19), CAP_PERFMON (38), CAP_BPF (39).
@@ -433,4 +435,108 @@ fn short_python_threads_keep_their_names() {
         );
     }
     println!("{named} of {all} samples in burn() carry their thread's name");
+}
+
+/// `agent --gc`: per process, a histogram of CPython's garbage-collection pauses on
+/// `/metrics`, whose count and sum match what the process measured with `gc.callbacks`, and
+/// the `gc` type pushed by the stack that set each collection off.
+#[test]
+fn gc_pauses_on_metrics_and_pushed() {
+    if !privileged() {
+        return;
+    }
+    let python = pyrometer_e2e::python::pyenv("3.11.7");
+    if !python.exists() {
+        pyrometer_e2e::skip("python:3.11", format!("{} is missing", python.display()));
+        return;
+    }
+    let dir = scratch("agent-gc");
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let script = pyrometer_e2e::python::source("gc_pauses.py");
+    let signals = dir.join("signals");
+    std::fs::create_dir_all(&signals).unwrap();
+    // Running (its interpreter mapped) before the agent starts: the agent probes the
+    // interpreters of the processes it targets at start, while it is still privileged.
+    // A failed check lets the fixture go rather than wait for ever.
+    struct Stop(std::path::PathBuf);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "");
+        }
+    }
+    let _stop = Stop(signals.join("stop"));
+    let load = Command::new(&python)
+        .arg(&script)
+        .args(["100000", "5"])
+        .arg(&signals)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    pyrometer_e2e::wait::wait_for(Duration::from_secs(60), "the fixture to run", || {
+        if signals.join("ready").exists() {
+            Ok(())
+        } else {
+            Err(())
+        }
+    });
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let pid = load.id().to_string();
+    let listen = metrics.to_string();
+    let args = ["--gc", "--pid", &pid, "--metrics-listen", &listen];
+    let mut agent = Agent::start(&dir, "gc-node", &collector.url(), &args);
+    agent.wait_for_metrics(metrics);
+    agent.wait_for_metric(metrics, "pyrometer_agent_gc_probed_binaries", 1.0);
+    std::fs::write(signals.join("start"), "").unwrap();
+    // The fixture prints its measures, then waits for `stop` while the agent pushes them.
+    let labels = format!("pid=\"{pid}\",comm=\"python3.11\"");
+    let count = format!("pyrometer_agent_gc_pause_seconds_count{{{labels}}}");
+    agent.wait_for_metric(metrics, &count, 5.0);
+    std::fs::write(signals.join("stop"), "").unwrap();
+    let out = load.wait_with_output().unwrap();
+    assert!(out.status.success(), "the fixture failed: {}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let doc: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("fixture printed no pauses: {stdout}"));
+    let pauses = doc["pauses"].as_array().unwrap();
+    let measured_ns: u64 = pauses.iter().map(|p| p["ns"].as_u64().unwrap()).sum();
+    // The metrics as they stand once the fixture's collections are all pushed: its pauses
+    // and the few of its start-up (before its callback was installed).
+    let page = agent.wait_for_metric(metrics, &count, pauses.len() as f64);
+    pyrometer_e2e::cluster::promtool_check("agent /metrics", &page);
+    let n = metric(&page, &count).unwrap();
+    let sum = metric(
+        &page,
+        &format!("pyrometer_agent_gc_pause_seconds_sum{{{labels}}}"),
+    )
+    .unwrap();
+    let measured = measured_ns as f64 / 1e9;
+    assert!(
+        (sum - measured).abs() <= 0.1 * measured,
+        "{n} pauses, {sum:.4}s on /metrics; gc.callbacks measured {} pauses, {measured:.4}s\n{page}",
+        pauses.len()
+    );
+    let full = format!("pyrometer_agent_gc_pause_seconds_bucket{{{labels},le=\"+Inf\"}}");
+    assert_eq!(metric(&page, &full), Some(n), "{page}");
+    let stats = agent.stop();
+    assert_eq!(stats["spool_samples"], 0, "batches left unsent: {stats}");
+    let q = enc("{node=\"gc-node\"}");
+    let folded = collector.get(&format!(
+        "/api/v1/profile?format=folded&type=gc&query={q}&from=now-10m"
+    ));
+    let total: f64 = folded
+        .lines()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let under: f64 = folded
+        .lines()
+        .filter(|l| l.contains("full_collections"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        total > 0.0 && under >= 0.9 * total,
+        "{under} of {total} ns of gc under full_collections:\n{folded}"
+    );
 }

@@ -70,6 +70,7 @@ fn each_refused_optional_stage_is_switched_off_and_cpu_samples_go_on() {
             "on_sched_switch",
         ),
         ("--gil", "gil", "GIL view off", "gil_take_enter"),
+        ("--gc", "gc", "GC pauses off", "gc_start"),
         (
             "--alloc",
             "alloc",

@@ -20,6 +20,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "stacks.h"
 
 #include "gil.h"
+#include "gc.h"
 #include "alloc.h"
 #include "gpu.h"
 

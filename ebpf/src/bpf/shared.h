@@ -31,6 +31,7 @@
 #define REJECT_ALLOC 8
 #define REJECT_SAMPLER 16 // the CPU sampler itself, frame pointers too
 #define REJECT_GPU 32
+#define REJECT_GC 64
 
 #define TARGET_SELECTED 1
 #define TARGET_FOLLOW_CHILDREN 2
@@ -85,6 +86,10 @@
 // Not a sample: a chunk of libpyrometer_cupti.so's channel follows the header (value bytes of
 // the GPU_CHUNK_MAX the record has room for).
 #define SAMPLE_GPU_CHANNEL 262144
+// A garbage collection of CPython (record --gc, gc.h): the stack is the one at the
+// collection's start, timestamp_ns is when it started, value its length in ns and aux the
+// generation collected (GC_GENERATION_UNKNOWN where the probe site could not say).
+#define SAMPLE_GC 524288
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -123,7 +128,9 @@
 #define COUNTER_GPU_LAUNCHES 32        // sampled GPU launches' stacks sent
 #define COUNTER_GPU_CHUNKS 33          // channel chunks of the GPU library sent
 #define COUNTER_GPU_CHUNKS_REFUSED 34 // ... refused: a length past GPU_CHUNK_MAX, unreadable memory
-#define COUNTER_COUNT 35
+#define COUNTER_GC_EVENTS 35        // garbage collections sent
+#define COUNTER_GC_PENDING_FULL 36  // a collection not tracked: gc_pending was full
+#define COUNTER_COUNT 37
 
 // The largest chunk of the GPU library's channel (PYRO_GPU_CHUNK_MAX in gpu-inject/c/).
 #define GPU_CHUNK_MAX 4096
@@ -343,6 +350,37 @@ struct gil_thread {
 	__u64 first_ns;  // the thread's first take_gil
 	__u64 last_ns;   // its latest take_gil/drop_gil event
 };
+
+// Where gc_start finds the generation being collected, in its attach cookie: the kind in
+// bits 0-7, a pt_regs register (GC_REG_*) in bits 8-15, the value's size in bytes in bits
+// 16-23, and a constant or a signed displacement in bits 32-63. A USDT probe's argument is
+// a register, a memory operand (register + displacement) or a constant; a function entry's
+// is a register or, in a copy the compiler specialised, a constant.
+#define GC_ARG_NONE 0  // not known: aux is GC_GENERATION_UNKNOWN
+#define GC_ARG_CONST 1 // the constant
+#define GC_ARG_REG 2   // the register's low bytes
+#define GC_ARG_MEM 3   // the bytes at register + displacement, in user memory
+#define GC_GENERATION_UNKNOWN 0xffffffffULL
+// x86-64 `struct pt_regs` registers, numbered by their slot.
+#define GC_REG_R15 0
+#define GC_REG_R14 1
+#define GC_REG_R13 2
+#define GC_REG_R12 3
+#define GC_REG_RBP 4
+#define GC_REG_RBX 5
+#define GC_REG_R11 6
+#define GC_REG_R10 7
+#define GC_REG_R9 8
+#define GC_REG_R8 9
+#define GC_REG_RAX 10
+#define GC_REG_RCX 11
+#define GC_REG_RDX 12
+#define GC_REG_RSI 13
+#define GC_REG_RDI 14
+#define GC_REG_RIP 16
+#define GC_REG_RSP 19
+// Collections in progress tracked at once (gc_pending): one per thread collecting.
+#define GC_PENDING_ENTRIES 4096
 
 // Allocator entry points (alloc.h): the probe cookie the kernel side dispatches on.
 #define ALLOC_MALLOC 1         // (size)

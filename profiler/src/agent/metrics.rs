@@ -55,6 +55,8 @@ pub struct AgentMetrics {
     /// Features the kernel refused at start: (feature, BPF program), each rendered as
     /// `pyrometer_agent_feature_refused{feature,program} 1`.
     pub refused: OnceLock<Vec<(&'static str, String)>>,
+    /// CPython garbage-collector pauses per process (`--gc`).
+    pub gc: Mutex<super::gc_metrics::GcPauses>,
 }
 
 /// `frame_pointers`: walks that left the tables for frame pointers and ended on a zero
@@ -132,6 +134,7 @@ impl AgentMetrics {
             crate::gpu::metrics::render(&gpu.lock().expect("not poisoned"), &mut o);
         }
         render_gpu_kernels(&self.gpu_kernels.lock().expect("not poisoned"), &mut o);
+        self.gc.lock().expect("not poisoned").render(&mut o);
         let devices = self.gpu_device_ns.lock().expect("not poisoned");
         if !devices.is_empty() {
             let _ = write!(

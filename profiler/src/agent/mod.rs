@@ -6,6 +6,7 @@
 
 mod delivery;
 mod export;
+mod gc_metrics;
 mod gpu;
 mod metrics;
 mod metrics_server;
@@ -76,6 +77,8 @@ pub struct AgentConfig {
     pub dwarf_budget_bytes: u64,
     /// The shortest blocked interval counted, when off-CPU time is measured.
     pub off_cpu_min_ns: Option<u64>,
+    /// CPython's garbage-collector pauses (`--gc`): the `gc` type and `/metrics` histograms.
+    pub gc: bool,
     /// GPU polling: the interval and the NVML library, or None when off.
     pub gpu: Option<(Duration, OsString)>,
     /// Allocation sampling, when some process is chosen for it.

@@ -104,6 +104,9 @@ impl Node {
         if profiler.refused(Feature::OffCpu) {
             cfg.off_cpu_min_ns = None;
         }
+        if profiler.refused(Feature::Gc) {
+            cfg.gc = false;
+        }
         for &pid in &cfg.pids {
             profiler
                 .add_target(pid, true)
@@ -391,11 +394,36 @@ impl Node {
             .poller
             .as_ref()
             .map(|p| p.state().lock().expect("not poisoned").take_process_usage());
+        {
+            let mut gc = self.metrics.gc.lock().expect("not poisoned");
+            for (pid, pauses) in std::mem::take(&mut taken.gc_pauses) {
+                let comm = self
+                    .profiler
+                    .registry
+                    .get(pid)
+                    .map(|p| p.comm.clone())
+                    .unwrap_or_default();
+                gc.add(pid, &comm, &pauses);
+            }
+            // A process's series ends a push after it.
+            gc.forget_exited(Path::new("/proc"));
+            gc.probed_binaries = self
+                .profiler
+                .tables
+                .python
+                .gc_probes()
+                .map_or(0, |p| p.binaries.len() as u64);
+        }
         let allocations = taken
             .alloc
             .as_ref()
             .is_some_and(|a| !a.live.is_empty() || a.samples > 0);
-        if taken.samples > 0 || taken.off_cpu_events > 0 || allocations || gpu_records > 0 {
+        if taken.samples > 0
+            || taken.off_cpu_events > 0
+            || taken.gc_events > 0
+            || allocations
+            || gpu_records > 0
+        {
             let period_ns = self.profiler.period_ns();
             let mut profile =
                 taken.into_profile(&mut self.profiler.registry, &mut self.symbolizer, period_ns);
@@ -442,6 +470,7 @@ fn sampler_config(cfg: &AgentConfig, selective: bool) -> SamplerConfig {
         btf_path: crate::bpf::btf_path_or_default(cfg.btf_path.as_deref()),
         off_cpu_min_ns: cfg.off_cpu_min_ns,
         gil: false,
+        gc: cfg.gc,
         // Always: processes that preload the sampler library are sampled without flags
         // (their probes fire only when they sample); --alloc-pid/--alloc-comm add uprobes.
         alloc: Some(AllocConfig {
@@ -480,6 +509,7 @@ fn new_capture(
     // Node-wide, most processes are never sampled; chosen ones are read at once.
     c.exec_lazily = !selective;
     c.off_cpu = cfg.off_cpu_min_ns.is_some();
+    c.gc = cfg.gc;
     c.off_cpu_reported = reported;
     c.alloc_on_preload = profiler.tables.alloc.is_some().then_some(mean);
     if cfg.alloc.is_some() || live.is_some() {

@@ -330,6 +330,16 @@ mod tests {
         fn attach_uprobe(&mut self, _: &str, _: &Path, _: u64) -> Result<(), crate::bpf::BpfError> {
             Ok(())
         }
+        fn attach_uprobe_with(
+            &mut self,
+            _: &str,
+            _: &Path,
+            _: u64,
+            _: Option<u64>,
+            _: Option<u64>,
+        ) -> Result<(), crate::bpf::BpfError> {
+            Ok(())
+        }
         fn attach_process_probe(
             &mut self,
             _: &'static str,

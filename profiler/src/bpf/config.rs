@@ -14,6 +14,10 @@ pub const DEFAULT_OFF_CPU_MIN: std::time::Duration = std::time::Duration::from_m
 /// The GIL probe programs: take_gil's entry and return, drop_gil's entry.
 pub const GIL_PROGRAMS: [&str; 3] = ["gil_take_enter", "gil_take_return", "gil_drop"];
 
+/// The garbage-collector probe programs: a collection's start (USDT `gc__start` or the
+/// collector function's entry), its end at USDT `gc__done`, and its end at the function's return.
+pub const GC_PROGRAMS: [&str; 3] = ["gc_start", "gc_done", "gc_return"];
+
 /// Which processes the kernel side samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filter {
@@ -37,6 +41,9 @@ pub struct SamplerConfig {
     /// GIL wait and hold time: loads the take_gil/drop_gil probe programs, attached per
     /// interpreter binary with [`Sampler::attach_uprobe`].
     pub gil: bool,
+    /// CPython's garbage-collector pauses: loads the gc probe programs, attached per
+    /// interpreter binary.
+    pub gc: bool,
     /// Allocation sampling: loads the allocator probe programs, attached per process.
     pub alloc: Option<AllocConfig>,
     /// GPU kernels by launching stack: loads the probes of libpyrometer_cupti.so, attached per
@@ -98,6 +105,7 @@ impl Default for SamplerConfig {
             unwind_rows: 1 << 20,
             off_cpu_min_ns: None,
             gil: false,
+            gc: false,
             alloc: None,
             gpu_kernels: None,
             dwarf: true,

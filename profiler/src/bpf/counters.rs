@@ -55,6 +55,10 @@ pub struct PythonCounters {
     pub gil_pending_full: u64,
     /// Threads whose GIL time was not tracked (`gil_threads` full).
     pub gil_threads_full: u64,
+    /// Garbage collections sent (`--gc`).
+    pub gc_events: u64,
+    /// Collections not tracked (`gc_pending` full).
+    pub gc_pending_full: u64,
 }
 
 /// The allocation probes (`--alloc`).
@@ -158,6 +162,8 @@ impl Sampler {
                 gil_wait_events: sum(shared::COUNTER_GIL_WAIT_EVENTS),
                 gil_pending_full: sum(shared::COUNTER_GIL_PENDING_FULL),
                 gil_threads_full: sum(shared::COUNTER_GIL_THREADS_FULL),
+                gc_events: sum(shared::COUNTER_GC_EVENTS),
+                gc_pending_full: sum(shared::COUNTER_GC_PENDING_FULL),
             },
             alloc: AllocCounters {
                 samples: sum(shared::COUNTER_ALLOC_SAMPLES),

@@ -32,15 +32,18 @@ pub enum Feature {
     Alloc,
     /// GPU kernels by launching stack: the probes on libpyrometer_cupti.so.
     GpuKernels,
+    /// CPython's garbage-collector pauses.
+    Gc,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 5] = [
+    pub const ALL: [Feature; 6] = [
         Feature::DwarfUnwinding,
         Feature::OffCpu,
         Feature::Gil,
         Feature::Alloc,
         Feature::GpuKernels,
+        Feature::Gc,
     ];
 
     /// The label value on `/metrics` and in `--stats`.
@@ -51,6 +54,7 @@ impl Feature {
             Feature::Gil => "gil",
             Feature::Alloc => "alloc",
             Feature::GpuKernels => "gpu_kernels",
+            Feature::Gc => "gc",
         }
     }
 
@@ -62,6 +66,7 @@ impl Feature {
             Feature::Gil => "GIL view off",
             Feature::Alloc => "allocation profiling off",
             Feature::GpuKernels => "GPU kernels by stack off",
+            Feature::Gc => "GC pauses off",
         }
     }
 
@@ -73,6 +78,7 @@ impl Feature {
             Feature::Gil => shared::REJECT_GIL,
             Feature::Alloc => shared::REJECT_ALLOC,
             Feature::GpuKernels => shared::REJECT_GPU,
+            Feature::Gc => shared::REJECT_GC,
         }
     }
 
@@ -84,6 +90,7 @@ impl Feature {
             "gil" => Some(Feature::Gil),
             "alloc" => Some(Feature::Alloc),
             "gpu" | "gpu_kernels" | "gpu-kernels" => Some(Feature::GpuKernels),
+            "gc" => Some(Feature::Gc),
             _ => None,
         }
     }
@@ -259,6 +266,7 @@ pub fn requested(config: &SamplerConfig) -> Vec<Feature> {
         (Feature::Gil, config.gil),
         (Feature::Alloc, config.alloc.is_some()),
         (Feature::GpuKernels, config.gpu_kernels.is_some()),
+        (Feature::Gc, config.gc),
     ]
     .into_iter()
     .filter_map(|(feature, on)| on.then_some(feature))
@@ -285,6 +293,10 @@ pub fn feature_programs(feature: Feature) -> Vec<(&'static str, Kind)> {
             (super::GPU_LAUNCH, Kind::Uprobe),
             (super::GPU_CHANNEL, Kind::Uprobe),
         ],
+        Feature::Gc => super::GC_PROGRAMS
+            .iter()
+            .map(|&p| (p, Kind::Uprobe))
+            .collect(),
     }
 }
 
@@ -303,7 +315,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
     } else {
         1
     };
-    let uretprobes_used = u32::from(config.gil || config.alloc.is_some());
+    let uretprobes_used = u32::from(config.gil || config.gc || config.alloc.is_some());
     let gil_view = u32::from(config.gil);
     let alloc = config.alloc.unwrap_or(super::AllocConfig {
         sample_bytes: super::DEFAULT_ALLOC_SAMPLE_BYTES,
@@ -336,6 +348,15 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         .map_max_entries("gil_threads", gil_entries(16384))
         .map_max_entries("gil_pending", gil_entries(4096))
         .map_max_entries("gil_holders", gil_entries(4096))
+        // Without --gc its map stays in the object with one entry.
+        .map_max_entries(
+            "gc_pending",
+            if config.gc {
+                shared::GC_PENDING_ENTRIES
+            } else {
+                1
+            },
+        )
         .override_global("alloc_sample_bytes", &alloc.sample_bytes, true)
         .override_global("alloc_filter", &alloc_filter, true)
         // The agent records every process that loads the preloaded sampler library.

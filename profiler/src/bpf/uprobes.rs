@@ -15,6 +15,16 @@ use crate::os::procs::BinaryKey;
 pub trait Uprobes {
     /// Attaches `program` at file offset `offset` of the binary at `path`, for every process.
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError>;
+    /// [`Uprobes::attach_uprobe`] with an attach cookie (Linux 5.15+) and, for a USDT probe,
+    /// the file offset of its semaphore (which the kernel raises while the probe is attached).
+    fn attach_uprobe_with(
+        &mut self,
+        program: &str,
+        path: &Path,
+        offset: u64,
+        cookie: Option<u64>,
+        semaphore: Option<u64>,
+    ) -> Result<(), BpfError>;
     /// Attaches `program` at `offset` of `path` for process `pid` only, with `cookie`.
     fn attach_process_probe(
         &mut self,
@@ -84,12 +94,24 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, BpfError
 /// process calls, are attached per process.
 impl Uprobes for Sampler {
     fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
+        self.attach_uprobe_with(program, path, offset, None, None)
+    }
+
+    fn attach_uprobe_with(
+        &mut self,
+        program: &str,
+        path: &Path,
+        offset: u64,
+        cookie: Option<u64>,
+        semaphore: Option<u64>,
+    ) -> Result<(), BpfError> {
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie,
+            ref_ctr_offset: semaphore,
+        };
         uprobe(&mut self.ebpf, program)?
-            .attach(
-                UProbeAttachLocation::AbsoluteOffset(offset),
-                path,
-                UProbeScope::AllProcesses,
-            )
+            .attach(point, path, UProbeScope::AllProcesses)
             .map(|_| ())
             .map_err(|e| BpfError::Attach {
                 what: format!("uprobe {program} at {}+{offset:#x}", path.display()),
@@ -114,6 +136,7 @@ impl Uprobes for Sampler {
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
             cookie: Some(cookie),
+            ref_ctr_offset: None,
         };
         let link = uprobe(&mut self.ebpf, program)?
             .attach(point, path, scope)

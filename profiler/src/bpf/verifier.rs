@@ -67,6 +67,13 @@ pub fn configurations(btf_path: &Path) -> Vec<Configuration> {
             },
         },
         Configuration {
+            name: "--pid --gc",
+            config: SamplerConfig {
+                gc: true,
+                ..base.clone()
+            },
+        },
+        Configuration {
             name: "--pid --alloc",
             config: SamplerConfig {
                 alloc: Some(alloc(false)),

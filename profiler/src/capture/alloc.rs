@@ -229,6 +229,7 @@ mod tests {
             span: None,
             python: Vec::new(),
             complete: false,
+            gc_generation: None,
         }
     }
 

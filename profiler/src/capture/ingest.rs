@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use pyrometer_ebpf::RawSample;
 
-use super::{AllocState, Capture, PY_ENTRY, RawStack};
+use super::{AllocState, Capture, GC_GENERATION_UNKNOWN, PY_ENTRY, RawStack};
 use crate::bpf::Sampler;
 use crate::os::procs::ProcessRegistry;
 use crate::python::tracker::PyTracker;
@@ -205,6 +205,7 @@ impl Capture {
             span,
             python: py,
             complete: h.flags & pyrometer_ebpf::SAMPLE_COMPLETE != 0,
+            gc_generation: None,
         }
     }
 
@@ -234,6 +235,16 @@ impl Capture {
             }
             let tracked = h.flags & pyrometer_ebpf::SAMPLE_ALLOC_UNTRACKED == 0;
             self.count_sampled(key, h.value, tracked.then_some(h.aux), h.timestamp_ns);
+        } else if h.flags & pyrometer_ebpf::SAMPLE_GC != 0 {
+            let generation = u8::try_from(h.aux).ok();
+            self.count_gc(
+                RawStack {
+                    gc_generation: Some(generation.unwrap_or(GC_GENERATION_UNKNOWN)),
+                    ..key
+                },
+                h.timestamp_ns,
+                h.value,
+            );
         } else if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
             self.count_gil_wait(key, h.timestamp_ns, h.value);
         } else if h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0 {

@@ -28,7 +28,7 @@ mod timeline;
 pub use alloc::{AllocState, LiveBlock};
 pub use timeline::{
     Activity, CounterPoint, CounterTrack, DEFAULT_ACTIVITY_BUCKET_NS, DEFAULT_ACTIVITY_BUCKETS,
-    DEFAULT_TIMELINE_EVENTS, GpuSpan, OffCpuInterval, Timeline, TimelineEvent,
+    DEFAULT_TIMELINE_EVENTS, GpuSpan, IntervalKind, OffCpuInterval, Timeline, TimelineEvent,
 };
 
 /// One distinct stack of one thread, as the kernel reported it.
@@ -55,7 +55,17 @@ pub struct RawStack {
     pub python: Vec<u32>,
     /// The native walk reached the outermost frame (the DWARF unwinder said so).
     pub complete: bool,
+    /// A garbage collection's stack: the generation it collected
+    /// ([`GC_GENERATION_UNKNOWN`] where the probe could not read it).
+    pub gc_generation: Option<u8>,
 }
+
+/// [`RawStack::gc_generation`] of a collection whose generation is not known.
+pub const GC_GENERATION_UNKNOWN: u8 = u8::MAX;
+
+/// Processes whose pauses one capture keeps for the agent's metrics, and pauses per process.
+const MAX_GC_PROCESSES: usize = 4096;
+const MAX_GC_PAUSES: usize = 65_536;
 
 /// Marks the outermost Python frame of one `_PyEval_EvalFrameDefault` call in
 /// [`RawStack::python`].
@@ -72,6 +82,8 @@ pub struct StackCount {
     pub gil_wait_ns: u64,
     /// On-CPU samples taken while the thread held the GIL.
     pub gil_held: u64,
+    /// Garbage-collection pauses (ns) that began in this stack.
+    pub gc_ns: u64,
 }
 
 /// What the capture loop accumulates.
@@ -91,6 +103,13 @@ pub struct Capture {
     /// Contended GIL waits read, and their total.
     pub gil_wait_events: u64,
     pub gil_wait_ns: u64,
+    /// The profile gets the `gc` type (`record --gc`).
+    pub gc: bool,
+    /// Garbage collections read, and their total pause.
+    pub gc_events: u64,
+    pub gc_ns: u64,
+    /// Pauses per process, for the agent's metrics.
+    pub gc_pauses: HashMap<u32, Vec<u64>>,
     /// On-CPU samples per thread: (pid, thread label, samples), for the GIL table.
     pub thread_samples: HashMap<u32, (u32, String, u64)>,
     /// Allocation sampling (`--alloc`): the profile gets the allocation types.
@@ -177,7 +196,34 @@ impl Capture {
             off_cpu_ns: 0,
             gil_wait_ns: 0,
             gil_held: 0,
+            gc_ns: 0,
         })
+    }
+
+    /// Adds one garbage collection of `key` that began at `timestamp_ns` and paused its
+    /// thread for `pause_ns`.
+    pub fn count_gc(&mut self, key: RawStack, timestamp_ns: u64, pause_ns: u64) {
+        let pid = key.pid;
+        let entry = self.entry(key);
+        entry.gc_ns = entry.gc_ns.saturating_add(pause_ns);
+        let sample = entry.id;
+        if let Some(t) = self.timeline.as_mut() {
+            t.push_off_cpu(OffCpuInterval {
+                timestamp_ns,
+                duration_ns: pause_ns,
+                sample,
+                kind: IntervalKind::Gc,
+            });
+        }
+        self.gc_events += 1;
+        self.gc_ns = self.gc_ns.saturating_add(pause_ns);
+        // Bounded: the agent takes them at every push; a process keeps its latest pauses.
+        if self.gc_pauses.len() < MAX_GC_PROCESSES || self.gc_pauses.contains_key(&pid) {
+            let pauses = self.gc_pauses.entry(pid).or_default();
+            if pauses.len() < MAX_GC_PAUSES {
+                pauses.push(pause_ns);
+            }
+        }
     }
 
     /// Adds one contended GIL wait of `key` that began at `timestamp_ns` and lasted
@@ -191,7 +237,7 @@ impl Capture {
                 timestamp_ns,
                 duration_ns: waited_ns,
                 sample,
-                gil: true,
+                kind: IntervalKind::GilWait,
             });
         }
         self.gil_wait_events += 1;
@@ -209,7 +255,7 @@ impl Capture {
                 timestamp_ns,
                 duration_ns: blocked_ns,
                 sample,
-                gil: false,
+                kind: IntervalKind::OffCpu,
             });
         }
         self.off_cpu_events += 1;
@@ -335,6 +381,7 @@ mod tests {
             span: None,
             python: Vec::new(),
             complete: false,
+            gc_generation: None,
         }
     }
 

@@ -42,6 +42,7 @@ impl Capture {
                 gil: self.gil,
                 alloc: self.alloc.is_some(),
                 gpu_kernels: self.gpu.is_some(),
+                gc: self.gc,
             },
         );
         // Raw stack id -> the profile stack and labels its GPU work goes under.
@@ -63,6 +64,7 @@ impl Capture {
                 off_cpu_ns,
                 gil_wait_ns,
                 gil_held,
+                gc_ns,
             },
         ) in stacks
         {
@@ -132,6 +134,9 @@ impl Capture {
             if self.gpu.is_some() {
                 values.extend([0, 0]);
             }
+            if self.gc {
+                values.push(ns(gc_ns));
+            }
             if launching.contains(&id) {
                 launch_stacks.insert(
                     id,
@@ -181,6 +186,7 @@ fn sort_stacks(stacks: &mut [(RawStack, StackCount)], spans: &Interner<RawSpan>)
             a.0.span.map(|id| spans.get(id)),
             &a.0.python,
             a.0.complete,
+            a.0.gc_generation,
         )
             .cmp(&(
                 b.0.pid,
@@ -191,6 +197,7 @@ fn sort_stacks(stacks: &mut [(RawStack, StackCount)], spans: &Interner<RawSpan>)
                 b.0.span.map(|id| spans.get(id)),
                 &b.0.python,
                 b.0.complete,
+                b.0.gc_generation,
             ))
     });
 }
@@ -213,6 +220,14 @@ fn stack_labels(raw: &RawStack, process: String, thread: String, span: Option<&R
             }
             l
         }
+        None => labels,
+    };
+    // A collection's generation; "unknown" where its probe site could not say.
+    let labels = match raw.gc_generation {
+        Some(super::GC_GENERATION_UNKNOWN) => {
+            labels.with("gc_generation", LabelValue::Str("unknown".into()))
+        }
+        Some(g) => labels.with("gc_generation", LabelValue::Num(i64::from(g))),
         None => labels,
     };
     match span {

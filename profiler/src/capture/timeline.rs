@@ -23,8 +23,18 @@ pub struct OffCpuInterval {
     pub timestamp_ns: u64,
     pub duration_ns: u64,
     pub sample: u32,
-    /// A wait for the GIL (`--gil`) rather than a blocked interval.
-    pub gil: bool,
+    pub kind: IntervalKind,
+}
+
+/// What an interval of [`Timeline::off_cpu`] was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntervalKind {
+    /// The thread blocked (`--off-cpu`).
+    OffCpu,
+    /// A contended wait for the GIL (`--gil`).
+    GilWait,
+    /// A garbage collection of CPython (`--gc`).
+    Gc,
 }
 
 /// Per-sample times, bounded: once `capacity` events are held, later samples are counted in

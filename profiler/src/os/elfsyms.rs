@@ -1,9 +1,41 @@
 //! Finding functions to probe in ELF files: symbols (with the copies compilers make of
 //! static functions) turned into the file offsets uprobes take.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSegment};
+use object::{Object, ObjectSection, ObjectSegment};
+
+use super::untrusted::{Copy, Kind, UntrustedFile};
+
+/// A binary and, when it has one, its separate debug file, copied whole into the profiler's
+/// own memory (probe sites are found in their code), so a file truncated meanwhile is a parse
+/// error, not a SIGBUS. Errors are (the file, why).
+pub fn copy_with_debug(
+    binary: &Path,
+    debug_file: Option<&Path>,
+) -> Result<(Copy, Option<Copy>), (String, String)> {
+    let read = |p: &Path| {
+        UntrustedFile::open_resolved(p, Kind::ElfWhole)
+            .and_then(|f| f.copy())
+            .map_err(|e| (p.display().to_string(), e.to_string()))
+    };
+    Ok((read(binary)?, debug_file.map(read).transpose()?))
+}
+
+/// The DWARF sections of `obj`, decompressed; a missing one is empty.
+pub fn dwarf_sections<'a>(
+    obj: &'a object::File<'_>,
+) -> Result<gimli::DwarfSections<Cow<'a, [u8]>>, gimli::Error> {
+    gimli::DwarfSections::load(
+        |id: gimli::SectionId| -> Result<Cow<'a, [u8]>, gimli::Error> {
+            Ok(obj
+                .section_by_name(id.name())
+                .and_then(|s| s.uncompressed_data().ok())
+                .unwrap_or(Cow::Borrowed(&[])))
+        },
+    )
+}
 
 /// Is `name` a copy of `function` to probe: `take_gil`, `take_gil.constprop.0`,
 /// `take_gil.lto_priv.0`, but not `take_gil.cold` (a cold half is jumped into, not called).

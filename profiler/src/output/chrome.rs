@@ -23,7 +23,7 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
-use crate::capture::{CounterTrack, GpuSpan, OffCpuInterval, Timeline};
+use crate::capture::{CounterTrack, GpuSpan, IntervalKind, OffCpuInterval, Timeline};
 use crate::model::{LabelValue, Profile};
 use crate::output::OutputError;
 use crate::output::folded::frame_name;
@@ -51,6 +51,8 @@ struct SampleInfo {
     tid: i64,
     /// Function names, leaf first, interned so equal chains compare as one id.
     chain: usize,
+    /// A garbage collection's generation (its `gc_generation` label).
+    gc_generation: Option<String>,
 }
 
 /// A run of consecutive samples with one call chain.
@@ -111,6 +113,7 @@ pub fn to_chrome_trace(profile: &Profile, timeline: &Timeline) -> Result<Value, 
                 pid,
                 tid,
                 chain: id,
+                gc_generation: s.labels.get("gc_generation").map(ToString::to_string),
             }
         })
         .collect();
@@ -380,11 +383,15 @@ fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin
         .iter()
         .find(|f| !f.ends_with("_[k]"))
         .unwrap_or(&chain[0]);
-    let (cat, what, key) = if e.gil {
-        ("gil_wait", "GIL wait", "waited_ns")
-    } else {
-        ("off_cpu", "off-CPU", "blocked_ns")
+    let (cat, what, key) = match e.kind {
+        IntervalKind::GilWait => ("gil_wait", "GIL wait", "waited_ns"),
+        IntervalKind::Gc => ("gc", "GC", "paused_ns"),
+        IntervalKind::OffCpu => ("off_cpu", "off-CPU", "blocked_ns"),
     };
+    let mut args = json!({ "stack": chain, key: e.duration_ns });
+    if let Some(g) = &info.gc_generation {
+        args["generation"] = json!(g);
+    }
     json!({
         "ph": "X",
         "cat": cat,
@@ -393,7 +400,7 @@ fn off_cpu_event(e: &OffCpuInterval, chain: &[String], info: &SampleInfo, origin
         "tid": info.tid,
         "ts": micros(e.timestamp_ns.saturating_sub(origin)),
         "dur": micros(e.duration_ns),
-        "args": { "stack": chain, key: e.duration_ns },
+        "args": args,
     })
 }
 
@@ -514,13 +521,13 @@ mod tests {
             timestamp_ns: t.origin_ns + 10 * MS,
             duration_ns: 100 * MS,
             sample: 1,
-            gil: false,
+            kind: IntervalKind::OffCpu,
         });
         t.off_cpu.push(OffCpuInterval {
             timestamp_ns: t.origin_ns + 200 * MS,
             duration_ns: 5 * MS,
             sample: 1,
-            gil: true,
+            kind: IntervalKind::GilWait,
         });
         let doc = to_chrome_trace(&p, &t).unwrap();
         let blocked: Vec<_> = slices(&doc, 11)
@@ -536,6 +543,34 @@ mod tests {
             .filter(|s| s.0.starts_with("GIL wait"))
             .collect();
         assert_eq!(gil, [("GIL wait: main".to_string(), 200_000.0, 5_000.0)]);
+    }
+
+    #[test]
+    fn gc_pauses_are_slices_with_their_generation() {
+        let (mut p, mut t) = fixture();
+        let collect = p.intern_frame(Frame::named("full_collections", FrameKind::Python));
+        let stack = p.intern_stack(vec![collect]);
+        let labels = Labels::new()
+            .with("pid", LabelValue::Num(10))
+            .with("tid", LabelValue::Num(11))
+            .with("gc_generation", LabelValue::Num(2));
+        let values = vec![0; p.sample_types.len()];
+        let sample = p.add(stack, labels, &values) as u32;
+        t.off_cpu.push(OffCpuInterval {
+            timestamp_ns: t.origin_ns + 300 * MS,
+            duration_ns: 40 * MS,
+            sample,
+            kind: IntervalKind::Gc,
+        });
+        let doc = to_chrome_trace(&p, &t).unwrap();
+        let events = doc["traceEvents"].as_array().unwrap();
+        let gc: Vec<&Value> = events.iter().filter(|e| e["cat"] == "gc").collect();
+        assert_eq!(gc.len(), 1, "{gc:?}");
+        assert_eq!(gc[0]["name"], "GC: full_collections");
+        assert_eq!(gc[0]["args"]["generation"], "2");
+        assert_eq!(gc[0]["args"]["paused_ns"], 40 * MS);
+        assert_eq!(gc[0]["dur"], 40_000.0);
+        assert_eq!(gc[0]["tid"], 11);
     }
 
     #[test]

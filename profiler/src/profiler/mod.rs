@@ -54,6 +54,9 @@ impl Profiler {
         if config.gil && !sampler.refused(Feature::Gil) {
             python.enable_gil(debug_dirs.to_vec());
         }
+        if config.gc && !sampler.refused(Feature::Gc) {
+            python.enable_gc(debug_dirs.to_vec());
+        }
         let alloc_probes = match config.alloc {
             Some(alloc) if !sampler.refused(Feature::Alloc) => {
                 let probes = AllocProbes::new(debug_dirs.to_vec());

@@ -9,14 +9,12 @@
 //! An inlined `take_gil` could not get a return probe; none of the builds here has one, and one
 //! found is counted so the summary can say so.
 
-use crate::os::untrusted::{Kind, UntrustedFile};
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSymbol};
 
-use crate::os::elfsyms::{file_offset, is_copy_of, loads};
+use crate::os::elfsyms::{copy_with_debug, dwarf_sections, file_offset, is_copy_of, loads};
 
 /// Probe sites of one interpreter binary, as file offsets of the binary (what uprobes take).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -49,21 +47,11 @@ pub fn find_sites(
     shown: &str,
     debug_file: Option<&Path>,
 ) -> Result<GilSites, GilError> {
-    // Copied whole (the probe sites are found in the code): into the profiler's own memory,
-    // so a file truncated meanwhile is a parse error, not a SIGBUS.
-    let read = |p: &Path| {
-        UntrustedFile::open_resolved(p, Kind::ElfWhole)
-            .and_then(|f| f.copy())
-            .map_err(|e| GilError::Read(p.display().to_string(), e.to_string()))
-    };
-    let data = read(binary)?;
+    let (data, debug_data) =
+        copy_with_debug(binary, debug_file).map_err(|(f, e)| GilError::Read(f, e))?;
     let obj = object::File::parse(&*data)
         .map_err(|e| GilError::Read(shown.to_string(), e.to_string()))?;
     let loads = loads(&obj);
-    let debug_data = match debug_file {
-        Some(p) => Some(read(p)?),
-        None => None,
-    };
     let debug_obj = match &debug_data {
         Some(d) => Some(
             object::File::parse(&**d)
@@ -134,13 +122,7 @@ pub fn find_sites(
 
 /// (function, entry address) of every inlined copy of take_gil or drop_gil DWARF records.
 fn inlined_copies(obj: &object::File<'_>) -> Result<Vec<(&'static str, u64)>, gimli::Error> {
-    let load = |id: gimli::SectionId| -> Result<Cow<'_, [u8]>, gimli::Error> {
-        Ok(obj
-            .section_by_name(id.name())
-            .and_then(|s| s.uncompressed_data().ok())
-            .unwrap_or(Cow::Borrowed(&[])))
-    };
-    let sections = gimli::DwarfSections::load(load)?;
+    let sections = dwarf_sections(obj)?;
     let dwarf = sections.borrow(|s| gimli::EndianSlice::new(s, gimli::RunTimeEndian::Little));
     // Abstract instances (by .debug_info offset) named take_gil/drop_gil, and every inlined
     // copy's origin with its entry: matched after the walk, since LTO puts the abstract

@@ -3,6 +3,7 @@
 //! `pyrometer dump` is built on [`dump`]; the BPF frame walker will reuse [`offsets`].
 
 pub mod debug_offsets;
+pub mod gc;
 pub mod gil;
 pub mod gil_report;
 pub mod linetable;
@@ -11,6 +12,7 @@ pub mod merge;
 pub mod names;
 pub mod native;
 pub mod offsets;
+mod probe_target;
 pub mod run_delay;
 pub mod spans;
 pub mod threads;

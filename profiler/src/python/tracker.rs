@@ -22,9 +22,11 @@ use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
 use super::debug_offsets::{self, Described};
+use super::gc::GcProbes;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{ABSENT, PyOffsets};
+use super::probe_target::{ProbeTarget, interpreter_target};
 use super::spans::{self, SpanTable};
 use super::version::{self, BinaryCache, PythonRuntime};
 use super::walk::{CodeObject, Walker};
@@ -163,21 +165,6 @@ pub struct TrackerStats {
     pub span_tables: u64,
 }
 
-/// An interpreter binary to probe.
-struct GilTarget {
-    key: BinaryKey,
-    /// Openable from here.
-    path: PathBuf,
-    dir: Option<PathBuf>,
-    /// As the process maps it (for messages and debuglink paths).
-    seen: String,
-    build_id: Option<String>,
-    /// Debug dirs of the process's own root (a container's or chroot's), searched first, and
-    /// the path as seen inside that root (for debuglink paths).
-    root_debug_dirs: Vec<PathBuf>,
-    seen_in_root: String,
-}
-
 /// `--gil`: the probe sites of each interpreter binary, and which are attached.
 struct GilProbes {
     debug_dirs: Vec<PathBuf>,
@@ -188,6 +175,8 @@ struct GilProbes {
 pub struct PyTracker {
     map: Option<BpfHashMap<MapData, u32, PyProcess>>,
     gil: Option<GilProbes>,
+    /// `--gc`: the garbage-collector probes.
+    gc: Option<GcProbes>,
     /// Registered processes whose GIL cannot be probed, and why.
     gil_unavailable: HashMap<u32, String>,
     /// With the GIL view on: free-threaded processes seen (they have no GIL), with their
@@ -211,6 +200,7 @@ impl PyTracker {
         Self {
             map,
             gil: None,
+            gc: None,
             gil_unavailable: HashMap::new(),
             free_threaded: Default::default(),
             gil_binaries: Vec::new(),
@@ -231,6 +221,17 @@ impl PyTracker {
             sites: HashMap::new(),
             attached: HashSet::new(),
         });
+    }
+
+    /// Probes the garbage collector of every Python process registered from now on
+    /// (`record --gc`); debug files are looked for in `debug_dirs`.
+    pub fn enable_gc(&mut self, debug_dirs: Vec<PathBuf>) {
+        self.gc = Some(GcProbes::new(debug_dirs));
+    }
+
+    /// With `--gc`: the probes, the binaries probed and the processes that could not be.
+    pub fn gc_probes(&self) -> Option<&GcProbes> {
+        self.gc.as_ref()
     }
 
     /// Reads the interpreter a command about to start will run (see `BinaryCache::prewarm`).
@@ -259,22 +260,8 @@ impl PyTracker {
             return;
         }
         let pid = process.pid;
-        let Some(binary) = process
-            .mappings()
-            .iter()
-            .find(|m| m.path == rt.path)
-            .and_then(|m| m.binary().cloned())
-        else {
+        let Some(target) = interpreter_target(process, rt) else {
             return;
-        };
-        let target = GilTarget {
-            key: binary.key().clone(),
-            path: binary.path().to_path_buf(),
-            dir: binary.dir().map(Path::to_path_buf),
-            seen: rt.path.clone(),
-            build_id: binary.build_id().map(str::to_string),
-            root_debug_dirs: binary.debug_dirs(&[]),
-            seen_in_root: binary.seen_path(&rt.path).to_string(),
         };
         match self.attach_gil_binary(&target, probes) {
             Ok(()) => {
@@ -297,21 +284,55 @@ impl PyTracker {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        let target = GilTarget {
-            key: BinaryKey::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?,
-            path: path.to_path_buf(),
-            dir: path.parent().map(Path::to_path_buf),
-            seen: path.to_string_lossy().into_owned(),
-            build_id: crate::os::procs::read_build_id(path),
-            root_debug_dirs: Vec::new(),
-            seen_in_root: path.to_string_lossy().into_owned(),
-        };
+        let target = ProbeTarget::of_file(path)?;
         self.attach_gil_binary(&target, probes)
+    }
+
+    /// Attaches the garbage-collector probes to the interpreter binary of `process` (once per
+    /// binary).
+    fn attach_gc(
+        &mut self,
+        process: &Process,
+        rt: &PythonRuntime,
+        probes: &mut (dyn Uprobes + '_),
+    ) {
+        let Some(gc) = self.gc.as_mut() else {
+            return;
+        };
+        let Some(target) = interpreter_target(process, rt) else {
+            return;
+        };
+        let pid = process.pid;
+        match gc.attach(&target, probes) {
+            Ok(()) => {
+                gc.unavailable.remove(&pid);
+            }
+            Err(reason) => {
+                self.notices.push(format!(
+                    "pid {pid} ({}): GC pauses unavailable: {reason}; everything else is recorded",
+                    process.comm
+                ));
+                gc.unavailable.insert(pid, reason);
+            }
+        }
+    }
+
+    /// Attaches the garbage-collector probes to an interpreter binary no process maps yet
+    /// (the command `record` is about to start).
+    pub fn prepare_gc(
+        &mut self,
+        path: &Path,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<(), String> {
+        let Some(gc) = self.gc.as_mut() else {
+            return Ok(());
+        };
+        gc.attach(&ProbeTarget::of_file(path)?, probes)
     }
 
     fn attach_gil_binary(
         &mut self,
-        target: &GilTarget,
+        target: &ProbeTarget,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
         let Some(gil) = self.gil.as_mut() else {
@@ -324,15 +345,7 @@ impl PyTracker {
             .sites
             .entry(target.key.clone())
             .or_insert_with(|| {
-                let mut dirs = target.root_debug_dirs.clone();
-                dirs.extend_from_slice(&gil.debug_dirs);
-                let debug = crate::symbolize::separate_debug_file(
-                    &target.path,
-                    target.dir.as_deref(),
-                    &target.seen_in_root,
-                    target.build_id.as_deref(),
-                    &dirs,
-                );
+                let debug = target.debug_file(&gil.debug_dirs);
                 gil::find_sites(&target.path, &target.seen, debug.as_deref())
                     .map_err(|e| e.to_string())
             })
@@ -441,6 +454,7 @@ impl PyTracker {
             }
         } else if let Some(probes) = probes {
             self.attach_gil(process, &runtime, probes);
+            self.attach_gc(process, &runtime, probes);
         }
         self.procs.insert(
             pid,

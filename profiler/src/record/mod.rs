@@ -56,6 +56,8 @@ pub struct RecordConfig {
     pub off_cpu: Option<Duration>,
     /// Measure the GIL of Python processes.
     pub gil: bool,
+    /// Measure the garbage-collector pauses of Python processes.
+    pub gc: bool,
     /// Sample allocations.
     pub alloc: Option<RecordAlloc>,
     /// GPU kernels by launching stack (`--gpu-kernels`).
@@ -173,6 +175,7 @@ impl Recording {
                 .off_cpu
                 .map(|min| u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)),
             gil: config.gil,
+            gc: config.gc,
             alloc: config.alloc.map(|a| AllocConfig {
                 sample_bytes: a.sample_bytes,
                 live_entries: a.live,
@@ -217,6 +220,7 @@ impl Recording {
             gil: config.gil && !profiler.refused(Feature::Gil),
             alloc: config.alloc.is_some() && !profiler.refused(Feature::Alloc),
             gpu_kernels: gpu_library.is_some(),
+            gc: config.gc && !profiler.refused(Feature::Gc),
         };
         Ok(Self {
             config,

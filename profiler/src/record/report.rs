@@ -34,6 +34,8 @@ pub struct RunReport {
     pub off_cpu: Option<(u64, u64, Duration)>,
     /// With --gil: the table, processes without the GIL view, contended waits and their ns.
     pub gil: Option<GilReport>,
+    /// With --gc: the collections seen.
+    pub gc: Option<GcReport>,
     /// With `--alloc`: what was sampled.
     pub alloc: Option<AllocReport>,
     /// Python frames read, and those whose process was gone by then.
@@ -72,6 +74,18 @@ pub struct GilReport {
     pub wait_events: u64,
     /// ... and their total, ns.
     pub wait_ns: u64,
+}
+
+/// The garbage collector's part of a report (`--gc`).
+pub struct GcReport {
+    /// Collections.
+    pub events: u64,
+    /// Their total pause, ns.
+    pub ns: u64,
+    /// Pause ns by generation (None: not known).
+    pub by_generation: std::collections::BTreeMap<Option<u8>, u64>,
+    /// Processes whose collections could not be probed, and why.
+    pub unavailable: Vec<(u32, String)>,
 }
 
 /// The allocations' part of a report (`--alloc`, `--leaks`).
@@ -203,6 +217,8 @@ impl RunReport {
             "alloc_threads_full": c.alloc.threads_full,
         });
         json["alloc_preload_frees"] = c.alloc.preload_frees.into();
+        json["gc_kernel_events"] = c.python.gc_events.into();
+        json["gc_pending_full"] = c.python.gc_pending_full.into();
         json["unwind_row_cache_hits"] = c.unwind.row_hits.into();
         json["unwind_row_searches"] = c.unwind.row_searches.into();
         json["bpf_python_ns"] = c.python_ns.into();

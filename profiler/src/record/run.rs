@@ -6,7 +6,8 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::report::{
-    AllocReport, GilReport, GpuKernelsReport, RunReport, leak_sites, self_cpu_ns, thread_comm,
+    AllocReport, GcReport, GilReport, GpuKernelsReport, RunReport, leak_sites, self_cpu_ns,
+    thread_comm,
 };
 use super::{Observer, Recorded, Recording};
 use crate::capture::gpu::samples::GpuCapture;
@@ -117,6 +118,7 @@ impl Recording {
         capture.maps_read_after_exec.extend(self.held_maps_read);
         capture.off_cpu = self.sources.off_cpu;
         capture.gil = self.sources.gil;
+        capture.gc = self.sources.gc;
         capture.frames = self.frames();
         if self.sources.alloc
             && let Some(alloc) = self.config.alloc
@@ -260,6 +262,7 @@ impl Recording {
         let capture = std::mem::take(&mut run.capture);
         let (samples, off_cpu_events, off_cpu_ns) =
             (capture.samples, capture.off_cpu_events, capture.off_cpu_ns);
+        let gc = self.sources.gc.then(|| gc_report(&capture, &tables.python));
         let processes = capture.pids.len();
         let py_frames = (capture.py_frames_seen, capture.py_unresolved);
         let bad = capture.bad_records;
@@ -316,6 +319,7 @@ impl Recording {
                 (off_cpu_events, off_cpu_ns, min)
             }),
             gil,
+            gc,
             alloc,
             py_frames,
             unwinder: tables
@@ -370,6 +374,29 @@ fn default_alloc_type(profile: &Profile, leaks: bool) -> usize {
     profile
         .type_index(wanted)
         .unwrap_or_else(|_| profile.single_type_default())
+}
+
+/// The garbage collector's part of the report: collections, pauses by generation, and the
+/// processes that could not be probed.
+fn gc_report(capture: &Capture, python: &crate::python::tracker::PyTracker) -> GcReport {
+    let mut by_generation = std::collections::BTreeMap::new();
+    for (raw, count) in &capture.stacks {
+        if let Some(g) = raw.gc_generation {
+            let g = (g != crate::capture::GC_GENERATION_UNKNOWN).then_some(g);
+            *by_generation.entry(g).or_insert(0) += count.gc_ns;
+        }
+    }
+    let mut unavailable: Vec<(u32, String)> = python
+        .gc_probes()
+        .map(|g| g.unavailable.iter().map(|(p, r)| (*p, r.clone())).collect())
+        .unwrap_or_default();
+    unavailable.sort();
+    GcReport {
+        events: capture.gc_events,
+        ns: capture.gc_ns,
+        by_generation,
+        unavailable,
+    }
 }
 
 /// The GIL table and what goes with it.

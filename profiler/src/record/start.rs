@@ -129,6 +129,11 @@ impl Recording {
         {
             let _ = tables.python.prepare_gil(interpreter, sampler);
         }
+        if self.sources.gc
+            && let Some(interpreter) = &interpreter
+        {
+            let _ = tables.python.prepare_gc(interpreter, sampler);
+        }
         let uprobes = self.config.alloc.is_some_and(|a| a.uprobes);
         let preload = match (tables.alloc.as_mut(), exe.as_deref()) {
             (Some(a), Some(exe)) => preload_library(a, exe, sampler, uprobes, observer)?,

@@ -89,6 +89,7 @@ impl KProbe {
             offset,
             None, // pid
             None, // cookie
+            None, // ref_ctr_offset (pyrometer's patch)
         )
     }
 

@@ -147,16 +147,18 @@ pub(crate) fn attach<P: Probe, T: Link + From<PerfLinkInner>>(
     offset: u64,
     pid: Option<u32>,
     cookie: Option<u64>,
+    // pyrometer's patch: a uprobe's semaphore (see `UProbeAttachPoint::ref_ctr_offset`).
+    ref_ctr_offset: Option<u64>,
 ) -> Result<T::Id, ProgramError> {
     // https://github.com/torvalds/linux/commit/e12f03d7031a977356e3d7b75a68c2185ff8d155
     // Use debugfs to create probe
     let prog_fd = program_data.fd()?;
     let prog_fd = prog_fd.as_fd();
     let link = if KernelVersion::at_least(4, 17, 0) {
-        let perf_fd = create_as_probe::<P>(kind, fn_name, offset, pid)?;
+        let perf_fd = create_as_probe::<P>(kind, fn_name, offset, pid, ref_ctr_offset)?;
         perf_attach(prog_fd, perf_fd, cookie)
     } else {
-        if cookie.is_some() {
+        if cookie.is_some() || ref_ctr_offset.is_some() {
             return Err(ProgramError::AttachCookieNotSupported);
         }
         let (perf_fd, event) = create_as_trace_point::<P>(kind, fn_name, offset, pid)?;
@@ -177,6 +179,7 @@ fn create_as_probe<P: Probe>(
     fn_name: &OsStr,
     offset: u64,
     pid: Option<u32>,
+    ref_ctr_offset: Option<u64>,
 ) -> Result<crate::MockableFd, ProgramError> {
     let perf_ty = read_sys_fs_perf_type(P::PMU)
         .map_err(|(filename, io_error)| P::file_error(filename, io_error).into())?;
@@ -189,7 +192,7 @@ fn create_as_probe<P: Probe>(
         ProbeKind::Entry => None,
     };
 
-    perf_event_open_probe(perf_ty, ret_bit, fn_name, offset, pid)
+    perf_event_open_probe(perf_ty, ret_bit, fn_name, offset, pid, ref_ctr_offset)
         .map_err(|io_error| SyscallError {
             call: "perf_event_open",
             io_error,

@@ -166,6 +166,10 @@ pub struct UProbeAttachPoint<'a> {
     pub location: UProbeAttachLocation<'a>,
     /// Optional cookie available via `bpf_get_attach_cookie()`.
     pub cookie: Option<u64>,
+    /// pyrometer's patch (third_party/README.md): the file offset of a USDT probe's semaphore,
+    /// which the kernel increments in every process mapping the file while the probe is
+    /// attached (Linux 4.20+), so code guarded by the semaphore runs and reaches the probe.
+    pub ref_ctr_offset: Option<u64>,
 }
 
 impl<'a, L: Into<UProbeAttachLocation<'a>>> From<L> for UProbeAttachPoint<'a> {
@@ -173,6 +177,7 @@ impl<'a, L: Into<UProbeAttachLocation<'a>>> From<L> for UProbeAttachPoint<'a> {
         Self {
             location: location.into(),
             cookie: None,
+            ref_ctr_offset: None,
         }
     }
 }
@@ -232,7 +237,11 @@ impl UProbe {
         target: T,
         scope: UProbeScope,
     ) -> Result<UProbeLinkId, ProgramError> {
-        let UProbeAttachPoint { location, cookie } = point.into();
+        let UProbeAttachPoint {
+            location,
+            cookie,
+            ref_ctr_offset,
+        } = point.into();
         let target = target.as_ref();
         let (proc_map_pid, perf_event_pid) = match scope {
             UProbeScope::AllProcesses => (None, None),
@@ -277,7 +286,15 @@ impl UProbe {
 
         let Self { data, kind } = self;
         let path = path.as_os_str();
-        attach::<Self, _>(data, *kind, path, offset, perf_event_pid, cookie)
+        attach::<Self, _>(
+            data,
+            *kind,
+            path,
+            offset,
+            perf_event_pid,
+            cookie,
+            ref_ctr_offset,
+        )
     }
 
     /// Creates a program from a pinned entry on a bpffs.

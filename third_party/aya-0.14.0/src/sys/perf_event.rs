@@ -138,6 +138,7 @@ pub(crate) fn perf_event_open_probe(
     name: &OsStr,
     offset: u64,
     pid: Option<u32>,
+    ref_ctr_offset: Option<u64>,
 ) -> io::Result<crate::MockableFd> {
     use std::os::unix::ffi::OsStrExt as _;
 
@@ -145,6 +146,11 @@ pub(crate) fn perf_event_open_probe(
 
     if let Some(ret_bit) = ret_bit {
         attr.config = 1 << ret_bit;
+    }
+    // pyrometer's patch: the uprobe PMU's `ref_ctr_offset` format is `config:32-63`
+    // (PERF_UPROBE_REF_CTR_OFFSET_SHIFT), since Linux 4.20.
+    if let Some(ref_ctr_offset) = ref_ctr_offset {
+        attr.config |= ref_ctr_offset << 32;
     }
 
     let c_name = CString::new(name.as_bytes()).unwrap();

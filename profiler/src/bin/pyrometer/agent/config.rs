@@ -93,6 +93,11 @@ pub struct AgentArgs {
     /// push it spans, counted once.
     #[arg(long)]
     pub(super) off_cpu: bool,
+    /// Also measure CPython's garbage-collector pauses (as `record --gc`): the `gc`
+    /// nanoseconds type by the stack that set the collection off, and per process a
+    /// histogram of pauses on /metrics.
+    #[arg(long)]
+    pub(super) gc: bool,
     /// Shortest blocked interval counted with --off-cpu (default 1ms).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(super) off_cpu_min: Option<Duration>,
@@ -161,6 +166,7 @@ struct FileConfig {
     dwarf_mb: Option<u64>,
     off_cpu: Option<bool>,
     off_cpu_min: Option<String>,
+    gc: Option<bool>,
     gpu: Option<bool>,
     gpu_interval: Option<String>,
     nvml_lib: Option<PathBuf>,
@@ -312,6 +318,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             .or(file.dwarf_mb)
             .unwrap_or(DEFAULT_DWARF_MB)
             .saturating_mul(1 << 20),
+        gc: args.gc || file.gc == Some(true),
         off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
             let min = match (args.off_cpu_min, file.off_cpu_min) {
                 (Some(d), _) => d,

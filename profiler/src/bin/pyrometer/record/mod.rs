@@ -51,7 +51,7 @@ pub struct RecordArgs {
     #[arg(short, long)]
     format: Option<String>,
     /// Sample type for single-type outputs (folded, svg, speedscope): samples (default), cpu,
-    /// off_cpu (with --off-cpu), gil_wait, gil_held (with --gil), alloc_space (the default
+    /// off_cpu (with --off-cpu), gil_wait, gil_held (with --gil), gc (with --gc), alloc_space (the default
     /// with --alloc), alloc_objects, inuse_space (the default with --leaks), inuse_objects.
     #[arg(short = 't', long = "type", value_name = "TYPE")]
     sample_type: Option<String>,
@@ -106,6 +106,13 @@ pub struct RecordArgs {
     /// `gil_held/nanoseconds` (on-CPU time holding the GIL).
     #[arg(long)]
     gil: bool,
+    /// Also measure CPython's garbage-collector pauses: each collection's length by the
+    /// Python stack that set it off (an allocation, or gc.collect()), as the `gc/nanoseconds`
+    /// type with a `gc_generation` label, and as `GC` slices in a Chrome trace. From the
+    /// interpreter's gc__start/gc__done USDT probes where it has them, else uprobes on its
+    /// collector function.
+    #[arg(long)]
+    gc: bool,
     /// Also sample allocations, a sample every --alloc-sample-bytes bytes on average, as the
     /// alloc_objects, alloc_space, inuse_objects and inuse_space types (estimates). A command
     /// started by record preloads libpyrometer_alloc.so (carried inside pyrometer), which
@@ -277,6 +284,7 @@ fn check_request(args: &RecordArgs, targets: &Targets) -> anyhow::Result<Output>
         gil: args.gil,
         alloc,
         gpu_kernels: args.gpu_kernels,
+        gc: args.gc,
     };
     if args.split_by.is_some() && format == OutputFormat::ChromeTrace {
         return Err(exit_error(
@@ -329,6 +337,7 @@ fn config(args: &RecordArgs, targets: Targets) -> anyhow::Result<RecordConfig> {
                 .unwrap_or(pyrometer::command::DEFAULT_OFF_CPU_MIN)
         }),
         gil: args.gil,
+        gc: args.gc,
         gpu_kernels: args.gpu_kernels.then(|| RecordGpuKernels {
             sample_every: args.gpu_sample_every,
             nvml_lib: args.nvml.library(),

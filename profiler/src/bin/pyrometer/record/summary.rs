@@ -55,6 +55,27 @@ impl Print for RunReport {
         if let Some(g) = &self.gil {
             self.print_gil(g);
         }
+        if let Some(g) = &self.gc {
+            let by_generation: Vec<String> = g
+                .by_generation
+                .iter()
+                .map(|(generation, ns)| match generation {
+                    Some(n) => format!("generation {n}: {:.3}s", *ns as f64 / 1e9),
+                    None => format!("generation unknown: {:.3}s", *ns as f64 / 1e9),
+                })
+                .collect();
+            eprintln!(
+                "pyrometer: GC: {} collections, {:.3}s paused in all{}; dropped: {} (tracking map full)",
+                g.events,
+                g.ns as f64 / 1e9,
+                if by_generation.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", by_generation.join(", "))
+                },
+                c.python.gc_pending_full,
+            );
+        }
         if let Some(a) = &self.alloc {
             self.print_alloc(a);
         }
