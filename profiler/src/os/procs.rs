@@ -141,6 +141,17 @@ impl Binary {
         self.dir.as_deref()
     }
 
+    /// The build-id when it has been read (`Some(None)`: the binary has none).
+    pub fn known_build_id(&self) -> Option<Option<&str>> {
+        self.build_id.get().map(Option::as_deref)
+    }
+
+    /// Records a build-id read elsewhere ([`read_build_id`] of [`path`](Self::path), on a
+    /// worker); the first one recorded stays.
+    pub fn set_build_id(&self, id: Option<String>) -> Option<&str> {
+        self.build_id.get_or_init(|| id).as_deref()
+    }
+
     /// GNU build-id, lowercase hex; read on first use.
     pub fn build_id(&self) -> Option<&str> {
         self.build_id
@@ -181,6 +192,9 @@ impl Mapping {
         self.binary.as_ref()
     }
 
+    /// The binary's build-id, read here if it was not yet (the symbolizer reads it on a
+    /// worker instead).
+    #[cfg(test)]
     pub fn build_id(&self) -> Option<&str> {
         self.binary.as_ref().and_then(|b| b.build_id())
     }

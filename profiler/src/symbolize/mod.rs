@@ -22,11 +22,12 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
-use crate::os::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
-use crate::os::untrusted::Root;
+use crate::os::procs::{Binary, BinaryKey, Mapping, MappingKind, ProcessRegistry};
+use crate::os::untrusted::{Kind, Root, UntrustedFile};
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
+use std::os::fd::AsRawFd;
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 pub const UNKNOWN: &str = "[unknown]";
@@ -104,6 +105,9 @@ pub const KEEP_OPEN_PERIODS: u64 = 30;
 /// One file's blazesym reader, and how it was used.
 struct OpenFile {
     blaze: blazesym::symbolize::Symbolizer,
+    /// The copy blazesym reads (a memory file of ours, as `/proc/self/fd/N`), never the
+    /// process's file itself: truncating that cannot fault a mapping of blazesym's.
+    copy: std::fs::File,
     /// The [`Symbolizer::release_files`] period it was last used in.
     used: u64,
     /// Lookups in that period.
@@ -114,12 +118,37 @@ struct OpenFile {
     dwarf: Option<u64>,
 }
 
-/// Threads reading perf maps; each read stuck past its deadline holds one until it returns.
-const PERF_MAP_WORKERS: usize = 2;
-/// How long a perf map read may take (16 MiB read and parsed on a busy machine).
-const PERF_MAP_DEADLINE: Duration = Duration::from_secs(2);
-/// How long a process whose perf map read overran is left alone.
-const PERF_MAP_BACKOFF: Duration = Duration::from_secs(60);
+/// Threads reading a process's files (perf maps, build-ids, ELF layouts, the copies blazesym
+/// reads); each read stuck past its deadline holds one until it returns.
+const READ_WORKERS: usize = 4;
+/// How long a read may take (a 16 MiB perf map read and parsed, a debug file's symbol
+/// tables and DWARF copied, on a busy machine).
+const READ_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a process whose read overran is left alone, at least: no read of its files is
+/// tried again before then, nor while the stuck one still holds its worker.
+const READ_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The sections blazesym reads from an ELF object: symbol tables and their names, and (when
+/// asked) DWARF. The copy handed to it holds these only; its code and data read as zeros.
+fn blaze_section(name: &[u8], dwarf: bool) -> bool {
+    const SYMBOLS: &[&[u8]] = &[
+        b".symtab",
+        b".strtab",
+        b".dynsym",
+        b".dynstr",
+        b".gnu_debuglink",
+        b".gnu.version",
+        b".gnu.version_d",
+        b".gnu.version_r",
+        b".note.gnu.build-id",
+    ];
+    SYMBOLS.contains(&name)
+        || (dwarf && (name.starts_with(b".debug_") || name.starts_with(b".zdebug_")))
+}
+
+/// A read of a process's files did not answer in time, or found no free worker: nothing is
+/// cached, it is tried again later.
+struct Deferred;
 
 /// Not `Send`: blazesym's resolvers use `Rc`. Create it on the thread that symbolizes.
 pub struct Symbolizer {
@@ -137,6 +166,9 @@ pub struct Symbolizer {
     perf_maps: HashMap<u32, PerfMap>,
     /// Where files a process controls are read, with deadlines.
     workers: crate::os::workers::Workers,
+    /// Processes whose read overran: left alone until the instant passes and the read that
+    /// holds a worker (its flag) has returned.
+    stalled: HashMap<u32, (Instant, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
@@ -174,7 +206,8 @@ impl Symbolizer {
             elves: Default::default(),
             results: Default::default(),
             perf_maps: HashMap::new(),
-            workers: crate::os::workers::Workers::new(PERF_MAP_WORKERS),
+            workers: crate::os::workers::Workers::new(READ_WORKERS),
+            stalled: HashMap::new(),
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
@@ -259,6 +292,9 @@ impl Symbolizer {
     /// Results stay (bounded by [`MAX_RESULTS`]); a binary met again is read again.
     pub fn forget_exited(&mut self, registry: &ProcessRegistry) {
         self.perf_maps.retain(|&pid, _| registry.get(pid).is_some());
+        self.stalled.retain(|&pid, (_, done)| {
+            registry.get(pid).is_some() || !done.load(std::sync::atomic::Ordering::Acquire)
+        });
         self.elves.retain(|key, _| registry.maps_binary(key));
     }
 
@@ -333,7 +369,7 @@ impl Symbolizer {
         match m.kind {
             MappingKind::File => {
                 let before = out.len();
-                if self.native(m, addr, lookup, out) {
+                if self.native(pid, m, addr, lookup, out) {
                     return true;
                 }
                 // Code in a file we cannot read as ELF (a memfd some JITs use) may be in
@@ -364,15 +400,24 @@ impl Symbolizer {
     }
 
     /// Pushes the frames for an address in a file mapping; false when it stayed unnamed (a
-    /// `name+0xOFFSET` frame was pushed then).
-    fn native(&mut self, m: &Mapping, addr: u64, lookup: u64, out: &mut Vec<Frame>) -> bool {
-        let build_id = m.build_id();
-        let resolved = m.binary().and_then(|b| {
+    /// `name+0xOFFSET` frame was pushed then). What is read of the binary is read on a
+    /// worker, with a deadline.
+    fn native(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+        addr: u64,
+        lookup: u64,
+        out: &mut Vec<Frame>,
+    ) -> bool {
+        let id = m.binary().and_then(|b| self.build_id(pid, b));
+        let build_id = id.as_ref().and_then(|id| id.as_deref());
+        let resolved = m.binary().filter(|_| id.is_some()).and_then(|b| {
             let mkey = mod_key(build_id, b.key());
-            self.cached(mkey, m.file_offset(lookup), |s| {
+            self.cached(pid, mkey, m.file_offset(lookup), |s| {
                 let dirs = b.debug_dirs(&s.debug_dirs);
                 let seen = b.seen_path(&m.path);
-                s.elf_info(b.key(), b.path(), b.dir(), seen, build_id, Some(&dirs))
+                s.elf_info(pid, b.key(), b.path(), b.dir(), seen, build_id, Some(&dirs))
             })
         });
         let off = m.file_offset(addr);
@@ -386,16 +431,67 @@ impl Symbolizer {
         )
     }
 
+    /// The binary's build-id, read on a worker the first time; None while it cannot be
+    /// read in time (the process is then left alone for a while).
+    fn build_id(&mut self, pid: u32, b: &std::sync::Arc<Binary>) -> Option<Option<String>> {
+        if let Some(id) = b.known_build_id() {
+            return Some(id.map(str::to_string));
+        }
+        let path = b.path().to_path_buf();
+        let id = self.off_loop(pid, move || crate::os::procs::read_build_id(&path))?;
+        Some(b.set_build_id(id).map(str::to_string))
+    }
+
+    fn is_stalled(&self, pid: u32) -> bool {
+        self.stalled.get(&pid).is_some_and(|(until, done)| {
+            Instant::now() < *until || !done.load(std::sync::atomic::Ordering::Acquire)
+        })
+    }
+
+    /// Runs a read of `pid`'s files on a worker, waiting up to [`READ_DEADLINE`]. None when
+    /// the process is being left alone, no worker is free, or the read overran (the process
+    /// is then left alone for [`READ_BACKOFF`], and as long as the read holds its worker).
+    fn off_loop<T: Send + 'static>(
+        &mut self,
+        pid: u32,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        if self.is_stalled(pid) {
+            return None;
+        }
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        let r = self.workers.run(READ_DEADLINE, move || {
+            let v = job();
+            flag.store(true, Ordering::Release);
+            v
+        });
+        match r {
+            Ok(v) => Some(v),
+            Err(crate::os::workers::Refused::Busy) => None,
+            Err(crate::os::workers::Refused::Overran) => {
+                self.stats.stalled_reads += 1;
+                self.stalled
+                    .insert(pid, (Instant::now() + READ_BACKOFF, done));
+                None
+            }
+        }
+    }
+
     /// Symbolizes one exact file offset of an ELF file on disk (no return-address
     /// adjustment): for offline symbolization by path. Frames innermost first.
     #[cfg(test)]
     pub fn symbolize_elf(&mut self, path: &Path, file_offset: u64) -> Vec<Frame> {
         let key = BinaryKey::Path(path.to_path_buf());
         let seen = path.to_string_lossy();
-        let info = self.elf_info(&key, path, path.parent(), &seen, None, None);
+        let info = self
+            .elf_info(0, &key, path, path.parent(), &seen, None, None)
+            .ok()
+            .flatten();
         let build_id = info.as_ref().and_then(|i| i.build_id.clone());
         let mkey = mod_key(build_id.as_deref(), &key);
-        let resolved = self.cached(mkey, file_offset, |_| info);
+        let resolved = self.cached(0, mkey, file_offset, |_| Ok(info));
         let basename = seen.rsplit('/').next().unwrap_or(&seen);
         let mut out = Vec::new();
         let named = push_native(
@@ -410,29 +506,43 @@ impl Symbolizer {
         out
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn elf_info(
         &mut self,
+        pid: u32,
         key: &BinaryKey,
         path: &Path,
         dir: Option<&Path>,
         seen: &str,
         build_id: Option<&str>,
         debug_dirs: Option<&[PathBuf]>,
-    ) -> Option<Rc<ElfInfo>> {
+    ) -> Result<Option<Rc<ElfInfo>>, Deferred> {
         if let Some(info) = self.elves.get(key) {
-            return info.clone();
+            return Ok(info.clone());
         }
-        let dirs = debug_dirs.unwrap_or(&self.debug_dirs);
-        let info = ElfInfo::load(path, dir, seen, build_id, dirs).map(Rc::new);
+        let dirs = debug_dirs.unwrap_or(&self.debug_dirs).to_vec();
+        let (path, dir, seen) = (
+            path.to_path_buf(),
+            dir.map(Path::to_path_buf),
+            seen.to_string(),
+        );
+        let build_id = build_id.map(str::to_string);
+        let info = self
+            .off_loop(pid, move || {
+                ElfInfo::load(&path, dir.as_deref(), &seen, build_id.as_deref(), &dirs)
+            })
+            .ok_or(Deferred)?
+            .map(Rc::new);
         self.elves.insert(key.clone(), info.clone());
-        info
+        Ok(info)
     }
 
     fn cached(
         &mut self,
+        pid: u32,
         mkey: ModKey,
         lookup_offset: u64,
-        info: impl FnOnce(&mut Self) -> Option<Rc<ElfInfo>>,
+        info: impl FnOnce(&mut Self) -> Result<Option<Rc<ElfInfo>>, Deferred>,
     ) -> Option<Rc<[Resolved]>> {
         let key = (mkey, lookup_offset);
         if let Some(r) = self.results.get(&key) {
@@ -440,16 +550,26 @@ impl Symbolizer {
             return r.clone();
         }
         self.stats.cache_misses += 1;
+        let r = match info(self).ok()? {
+            Some(i) => self.resolve(pid, &i, lookup_offset).ok()?,
+            None => None,
+        };
         if self.results.len() >= MAX_RESULTS {
             self.results.clear();
         }
-        let r = info(self).and_then(|i| self.resolve(&i, lookup_offset));
         self.results.insert(key, r.clone());
         r
     }
 
-    fn resolve(&mut self, info: &ElfInfo, file_offset: u64) -> Option<Rc<[Resolved]>> {
-        let vaddr = info.vaddr(file_offset)?;
+    fn resolve(
+        &mut self,
+        pid: u32,
+        info: &ElfInfo,
+        file_offset: u64,
+    ) -> Result<Option<Rc<[Resolved]>>, Deferred> {
+        let Some(vaddr) = info.vaddr(file_offset) else {
+            return Ok(None);
+        };
         let period = self.period;
         if !self.open.contains_key(&info.source) {
             let cost = info.cost;
@@ -461,10 +581,21 @@ impl Symbolizer {
                     self.stats.dwarf_skipped_files += 1;
                 }
             }
+            let source = info.source.clone();
+            let copy = self
+                .off_loop(pid, move || {
+                    UntrustedFile::open_resolved(&source, Kind::Elf)
+                        .and_then(|f| f.copy_elf_to_memfd(|name| blaze_section(name, dwarf)))
+                })
+                .ok_or(Deferred)?;
+            let Ok(copy) = copy else {
+                return Ok(None);
+            };
             self.open.insert(
                 info.source.clone(),
                 OpenFile {
                     blaze: Self::blaze(),
+                    copy,
                     used: period,
                     lookups: 0,
                     bytes: cost.open(dwarf),
@@ -472,8 +603,10 @@ impl Symbolizer {
                 },
             );
         }
-        let file = self.open.get_mut(&info.source)?;
-        let mut elf = Elf::new(&info.source);
+        let Some(file) = self.open.get_mut(&info.source) else {
+            return Ok(None);
+        };
+        let mut elf = Elf::new(format!("/proc/self/fd/{}", file.copy.as_raw_fd()));
         elf.debug_syms = file.dwarf.is_some();
         let src = Source::from(elf);
         if file.used != period {
@@ -481,11 +614,12 @@ impl Symbolizer {
             file.lookups = 0;
         }
         file.lookups += 1;
-        let syms = file
-            .blaze
-            .symbolize(&src, Input::VirtOffset(&[vaddr]))
-            .ok()?;
-        let sym = syms.into_iter().next()?.into_sym()?;
+        let Ok(syms) = file.blaze.symbolize(&src, Input::VirtOffset(&[vaddr])) else {
+            return Ok(None);
+        };
+        let Some(sym) = syms.into_iter().next().and_then(|s| s.into_sym()) else {
+            return Ok(None);
+        };
         let mut v = Vec::with_capacity(sym.inlined.len() + 1);
         // blazesym lists inlined callees outermost first; frames go innermost first.
         for f in sym.inlined.iter().rev() {
@@ -504,7 +638,7 @@ impl Symbolizer {
             line,
             inlined: false,
         });
-        Some(v.into())
+        Ok(Some(v.into()))
     }
 
     /// A frame from the process's perf map, re-reading the map on a miss (rate-limited).
@@ -517,8 +651,7 @@ impl Symbolizer {
     ) -> Option<Frame> {
         let interval = self.perf_map_interval;
         let pm = self.perf_maps.entry(pid).or_default();
-        let due = pm.last_read.is_none_or(|t| t.elapsed() >= interval)
-            && pm.backoff_until.is_none_or(|t| Instant::now() >= t);
+        let due = pm.last_read.is_none_or(|t| t.elapsed() >= interval);
         if due && (pm.last_read.is_none() || pm.lookup(lookup).is_none()) {
             // Inside a container the JIT names the file by its namespace pid.
             let ns_pid = registry.get(pid).map_or(pid, |p| p.ns_pid);
@@ -537,22 +670,19 @@ impl Symbolizer {
             }
             pm.last_read = Some(Instant::now());
             // On a worker: a file on a mount that never answers holds the worker, not this.
-            match self
-                .workers
-                .run(PERF_MAP_DEADLINE, move || perfmap::read(&candidates))
-            {
-                Ok(perfmap::Read::Entries(e)) => pm.entries = e,
-                Ok(perfmap::Read::Absent) => pm.entries.clear(),
-                Ok(perfmap::Read::Refused) => {
+            let read = self.off_loop(pid, move || perfmap::read(&candidates));
+            let pm = self.perf_maps.entry(pid).or_default();
+            match read {
+                Some(perfmap::Read::Entries(e)) => pm.entries = e,
+                Some(perfmap::Read::Absent) => pm.entries.clear(),
+                Some(perfmap::Read::Refused) => {
                     pm.entries.clear();
                     self.stats.refused_files += 1;
                 }
-                Err(_) => {
-                    pm.backoff_until = Some(Instant::now() + PERF_MAP_BACKOFF);
-                    self.stats.stalled_reads += 1;
-                }
+                None => {}
             }
         }
+        let pm = self.perf_maps.get(&pid)?;
         let e = pm.lookup(lookup)?;
         Some(Frame {
             function: e.name.clone(),

@@ -78,8 +78,6 @@ pub(crate) fn read(candidates: &[(Root, PathBuf)]) -> Read {
 pub(crate) struct PerfMap {
     pub entries: Vec<PerfMapEntry>,
     pub last_read: Option<Instant>,
-    /// A read did not finish in time: no other is tried before then.
-    pub backoff_until: Option<Instant>,
 }
 
 impl PerfMap {

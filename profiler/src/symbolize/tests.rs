@@ -618,3 +618,29 @@ fn hostile_perf_maps_are_refused_without_hanging() {
     );
     assert_eq!(s.stats().refused_files, 2);
 }
+
+/// blazesym reads the profiler's copy of a binary, never a mapping of the file: a binary
+/// truncated after it was opened still has its functions named from the copy, one truncated
+/// before it is opened costs its names, and neither raises SIGBUS in the profiler.
+#[test]
+fn a_binary_truncated_under_the_symbolizer_is_no_sigbus() {
+    let tmp = TempDir::new("sym-truncate");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g"]);
+    let (known, _) = symbol(&prog, "known_function", false);
+    let (hidden, _) = symbol(&prog, "hidden_static", false);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    assert_eq!(s.symbolize_elf(&prog, known)[0].function, "known_function");
+    fs::File::options()
+        .write(true)
+        .open(&prog)
+        .unwrap()
+        .set_len(200)
+        .unwrap();
+    // A mapping of the file would fault on any page past the first now.
+    let f = &s.symbolize_elf(&prog, hidden)[0];
+    assert_eq!(f.function, "hidden_static");
+    assert_eq!(f.line, Some(2), "{f:?}");
+    let mut fresh = Symbolizer::new().with_debug_dirs(vec![]);
+    let f = &fresh.symbolize_elf(&prog, known)[0];
+    assert_eq!(f.kind, FrameKind::Unknown, "{f:?}");
+}
