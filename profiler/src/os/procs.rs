@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::os::mounts::Mounts;
+use crate::os::proctext;
 use crate::os::untrusted::{Kind, Root, UntrustedFile};
 
 /// Default minimum time between two re-reads of one process's maps.
@@ -318,11 +320,11 @@ impl ProcessRegistry {
             }
             let dir = self.proc_root.join(pid.to_string());
             let mappings = self.read_mappings(pid)?;
-            let comm = fs::read_to_string(dir.join("comm"))
+            let comm = proctext::read(&dir.join("comm"), proctext::TEXT_CAP)
                 .map(|s| s.trim_end_matches('\n').to_string())
                 .unwrap_or_default();
             let exe = fs::read_link(dir.join("exe")).ok();
-            let ns_pid = fs::read_to_string(dir.join("status"))
+            let ns_pid = proctext::read(&dir.join("status"), proctext::TEXT_CAP)
                 .ok()
                 .and_then(|s| parse_ns_pid(&s))
                 .unwrap_or(pid);
@@ -430,7 +432,20 @@ impl ProcessRegistry {
 
     fn read_mappings(&mut self, pid: u32) -> Result<Vec<Mapping>, ProcError> {
         let path = self.proc_root.join(pid.to_string()).join("maps");
-        let text = fs::read_to_string(&path).map_err(|source| match source.kind() {
+        // Streamed, executable lines kept: a process decides how many mappings it has.
+        let mut raws = Vec::new();
+        let mut malformed = None;
+        let read = proctext::for_each_line(&path, proctext::MAPS_LINES, |line| {
+            if line.is_empty() || malformed.is_some() {
+                return;
+            }
+            match parse_maps_line(line) {
+                Some(raw) if raw.executable => raws.push(raw.mapping),
+                Some(_) => {}
+                None => malformed = Some(line.to_string()),
+            }
+        });
+        read.map_err(|source| match source.kind() {
             io::ErrorKind::NotFound => ProcError::NoSuchProcess(pid),
             // ESRCH: the process exited between open and read.
             _ if source.raw_os_error() == Some(libc::ESRCH) => ProcError::NoSuchProcess(pid),
@@ -439,18 +454,17 @@ impl ProcessRegistry {
                 source,
             },
         })?;
-        let mut mappings = Vec::new();
-        for line in text.lines().filter(|l| !l.is_empty()) {
-            let raw = parse_maps_line(line).ok_or_else(|| ProcError::Malformed {
-                path: path.clone(),
-                line: line.to_string(),
-            })?;
-            if !raw.executable {
-                continue;
-            }
-            let mut m = raw.mapping;
+        if let Some(line) = malformed {
+            return Err(ProcError::Malformed { path, line });
+        }
+        // Read once per reading of the maps, and only when a file is mapped.
+        let mut mounts = None;
+        let mut mappings = Vec::with_capacity(raws.len());
+        for mut m in raws {
             if m.kind == MappingKind::File {
-                m.binary = Some(self.binary_for(pid, &m));
+                let mounts = mounts
+                    .get_or_insert_with(|| Mounts::of_process(&self.proc_root, &pid.to_string()));
+                m.binary = Some(self.binary_for(pid, &m, mounts));
             }
             mappings.push(m);
         }
@@ -458,7 +472,7 @@ impl ProcessRegistry {
         Ok(mappings)
     }
 
-    fn binary_for(&mut self, pid: u32, m: &Mapping) -> Arc<Binary> {
+    fn binary_for(&mut self, pid: u32, m: &Mapping, mounts: &Mounts) -> Arc<Binary> {
         let plain = Path::new(m.path.strip_suffix(" (deleted)").unwrap_or(&m.path));
         let key = if m.inode != 0 {
             BinaryKey::Inode {
@@ -474,7 +488,13 @@ impl ProcessRegistry {
         }
         let pid_dir = self.proc_root.join(pid.to_string());
         let own_root = own_root(&pid_dir.join("root"));
-        let binary = match open_mapped(&pid_dir, m, plain, own_root.as_ref()) {
+        // A FUSE file is answered by a process, which may never answer: not opened at all.
+        let opened = if mounts.is_fuse_device(m.major, m.minor) {
+            None
+        } else {
+            open_mapped(&pid_dir, m, plain, own_root.as_ref())
+        };
+        let binary = match opened {
             // A process sharing the profiler's root names the file by the path the profiler
             // would open; the path stays the name, as the plain path always did.
             Some(Opened::Host(_)) if own_root.is_none() => plain_binary(plain),

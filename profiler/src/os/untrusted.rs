@@ -158,10 +158,17 @@ impl UntrustedFile {
         } else {
             inner
         };
+        // A perf map has one place, `/tmp`: no link on the way to it is followed, so none
+        // leads the reader onto a mount that was not checked (os::mounts).
+        let links = if kind == Kind::PerfMap {
+            libc::RESOLVE_NO_SYMLINKS
+        } else {
+            0
+        };
         let fd = openat2(
             root.dir.as_raw_fd(),
             inner,
-            libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+            libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | links,
         )
         .map_err(|e| open_error(path, e))?;
         Self::checked(fd, path.to_path_buf(), kind)

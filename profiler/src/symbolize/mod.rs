@@ -22,8 +22,10 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
+use crate::os::mounts::Mounts;
 use crate::os::procs::{Binary, BinaryKey, Mapping, MappingKind, ProcessRegistry};
 use crate::os::untrusted::{Kind, Root, UntrustedFile};
+use crate::os::workers::ProcessReads;
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
@@ -165,10 +167,7 @@ pub struct Symbolizer {
     results: crate::FastMap<(ModKey, u64), Option<Rc<[Resolved]>>>,
     perf_maps: HashMap<u32, PerfMap>,
     /// Where files a process controls are read, with deadlines.
-    workers: crate::os::workers::Workers,
-    /// Processes whose read overran: left alone until the instant passes and the read that
-    /// holds a worker (its flag) has returned.
-    stalled: HashMap<u32, (Instant, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
+    reads: ProcessReads,
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
@@ -206,8 +205,7 @@ impl Symbolizer {
             elves: Default::default(),
             results: Default::default(),
             perf_maps: HashMap::new(),
-            workers: crate::os::workers::Workers::new(READ_WORKERS),
-            stalled: HashMap::new(),
+            reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
@@ -292,9 +290,7 @@ impl Symbolizer {
     /// Results stay (bounded by [`MAX_RESULTS`]); a binary met again is read again.
     pub fn forget_exited(&mut self, registry: &ProcessRegistry) {
         self.perf_maps.retain(|&pid, _| registry.get(pid).is_some());
-        self.stalled.retain(|&pid, (_, done)| {
-            registry.get(pid).is_some() || !done.load(std::sync::atomic::Ordering::Acquire)
-        });
+        self.reads.retain(|pid| registry.get(pid).is_some());
         self.elves.retain(|key, _| registry.maps_binary(key));
     }
 
@@ -442,41 +438,14 @@ impl Symbolizer {
         Some(b.set_build_id(id).map(str::to_string))
     }
 
-    fn is_stalled(&self, pid: u32) -> bool {
-        self.stalled.get(&pid).is_some_and(|(until, done)| {
-            Instant::now() < *until || !done.load(std::sync::atomic::Ordering::Acquire)
-        })
-    }
-
-    /// Runs a read of `pid`'s files on a worker, waiting up to [`READ_DEADLINE`]. None when
-    /// the process is being left alone, no worker is free, or the read overran (the process
-    /// is then left alone for [`READ_BACKOFF`], and as long as the read holds its worker).
     fn off_loop<T: Send + 'static>(
         &mut self,
         pid: u32,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        if self.is_stalled(pid) {
-            return None;
-        }
-        let done = std::sync::Arc::new(AtomicBool::new(false));
-        let flag = done.clone();
-        let r = self.workers.run(READ_DEADLINE, move || {
-            let v = job();
-            flag.store(true, Ordering::Release);
-            v
-        });
-        match r {
-            Ok(v) => Some(v),
-            Err(crate::os::workers::Refused::Busy) => None,
-            Err(crate::os::workers::Refused::Overran) => {
-                self.stats.stalled_reads += 1;
-                self.stalled
-                    .insert(pid, (Instant::now() + READ_BACKOFF, done));
-                None
-            }
-        }
+        let r = self.reads.run(pid, job);
+        self.stats.stalled_reads = self.reads.overran();
+        r
     }
 
     /// Symbolizes one exact file offset of an ELF file on disk (no return-address
@@ -656,18 +625,24 @@ impl Symbolizer {
             // Inside a container the JIT names the file by its namespace pid.
             let ns_pid = registry.get(pid).map_or(pid, |p| p.ns_pid);
             let own = || Root::of_process(registry.proc_root(), pid).ok();
+            // A perf map on FUSE is not opened: its reader could wait for good (os::mounts).
+            let theirs = Mounts::of_process(registry.proc_root(), &pid.to_string());
+            let ours = Mounts::of_process(Path::new("/proc"), "self");
             let mut candidates = Vec::new();
-            if let Some(root) = own() {
-                candidates.push((root, PathBuf::from(format!("/tmp/perf-{ns_pid}.map"))));
+            let mut add = |root: Option<Root>, mounts: &Mounts, path: PathBuf| {
+                if let Some(root) = root.filter(|_| !mounts.may_block(&path)) {
+                    candidates.push((root, path));
+                }
+            };
+            add(own(), &theirs, format!("/tmp/perf-{ns_pid}.map").into());
+            if ns_pid != pid {
+                add(own(), &theirs, format!("/tmp/perf-{pid}.map").into());
             }
-            if ns_pid != pid
-                && let Some(root) = own()
-            {
-                candidates.push((root, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
-            }
-            if let Ok(host) = Root::open(Path::new("/")) {
-                candidates.push((host, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
-            }
+            add(
+                Root::open(Path::new("/")).ok(),
+                &ours,
+                format!("/tmp/perf-{pid}.map").into(),
+            );
             pm.last_read = Some(Instant::now());
             // On a worker: a file on a mount that never answers holds the worker, not this.
             let read = self.off_loop(pid, move || perfmap::read(&candidates));

@@ -83,6 +83,9 @@ fn absolute_and_dotdot_links_do_not_leave_the_root() {
     std::fs::remove_file(tmp.path().join("root/tmp")).unwrap();
     symlink("../../../../../../../../host", tmp.path().join("root/tmp")).unwrap();
     let r = open_map(&root);
+    // A perf map is reached through no link at all.
+    assert!(matches!(r, Err(UntrustedError::Link { .. })), "{r:?}");
+    let r = UntrustedFile::open_in_root(&root, Path::new("/tmp/perf-1.map"), Kind::ProcText);
     assert!(r.as_ref().is_err_and(|e| e.is_not_found()), "{r:?}");
     // `..` in the path asked for is clamped at the root too.
     let dotdot = UntrustedFile::open_in_root(&root, Path::new("../host/perf-1.map"), Kind::PerfMap);
