@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload};
+use pyrometer_e2e::fuse::StuckFs;
 use pyrometer_e2e::wait::{cpu_time, cpu_used};
 use pyrometer_e2e::*;
 
@@ -46,9 +47,12 @@ enum Plant {
     /// A library replaced, once mapped, by another with a canary function at the same offset
     /// (renamed over it, and a copy named as the maps show a deleted file).
     ReplacedLibrary,
+    /// `/tmp` a FUSE file system that never answers a read: the process maps a library from
+    /// it, and its perf map is there.
+    StuckFuse,
 }
 
-const PLANTS: [Plant; 7] = [
+const PLANTS: [Plant; 8] = [
     Plant::Fifo,
     Plant::DevZero,
     Plant::CanaryAbsolute,
@@ -56,6 +60,7 @@ const PLANTS: [Plant; 7] = [
     Plant::SparseLibpython,
     Plant::HugeMap,
     Plant::ReplacedLibrary,
+    Plant::StuckFuse,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +114,8 @@ struct Hostile {
     child: Child,
     plant: Plant,
     root: PathBuf,
+    /// Unmounted once the child is gone (fields drop after `drop`).
+    _fuse: Option<StuckFs>,
 }
 
 impl Drop for Hostile {
@@ -151,6 +158,9 @@ fn start(dir: &Path, host: &Host, plant: Plant, how: Confinement) -> Hostile {
                 .unwrap();
             args.extend(["MAP".into(), "/usr/lib/libpython3.12.so.1.0".into()]);
         }
+        Plant::StuckFuse => {
+            args.extend(["MAP".into(), "/tmp/libstuck.so".into()]);
+        }
         Plant::ReplacedLibrary => {
             std::fs::copy(fixture("libvictim.so"), root.join("lib/libvictim.so")).unwrap();
             args.extend([
@@ -161,6 +171,7 @@ fn start(dir: &Path, host: &Host, plant: Plant, how: Confinement) -> Hostile {
         }
         _ => {}
     }
+    let fuse = (plant == Plant::StuckFuse).then(|| StuckFs::mount(&root.join("tmp")));
     let mut cmd = match how {
         Confinement::Chroot => Command::new("nice"),
         Confinement::Namespaces => {
@@ -225,9 +236,14 @@ fn start(dir: &Path, host: &Host, plant: Plant, how: Confinement) -> Hostile {
             )
             .unwrap();
         }
-        Plant::SparseLibpython => {}
+        Plant::SparseLibpython | Plant::StuckFuse => {}
     }
-    Hostile { child, plant, root }
+    Hostile {
+        child,
+        plant,
+        root,
+        _fuse: fuse,
+    }
 }
 
 /// Runs `record --all` beside `hostiles` and a normal CPU burner; checks it ends on time,
@@ -273,8 +289,9 @@ fn record_beside(dir: &Path, hostiles: &[Hostile], tag: &str, baseline: Duration
     burner.kill().ok();
     burner.wait().ok();
     let Some(status) = status else {
+        // Not waited for: a thread of it caught in a read of the stuck file system would
+        // hold that wait until the file system goes, which the panic brings about.
         rec.kill().ok();
-        rec.wait().ok();
         panic!("{tag}: record --all still running after {took:?}");
     };
     let mut err = String::new();
@@ -318,6 +335,38 @@ fn record_beside(dir: &Path, hostiles: &[Hostile], tag: &str, baseline: Duration
 /// [`record_beside`]'s own limit, from the duration alone).
 fn baseline(dir: &Path) -> Duration {
     record_beside(dir, &[], "baseline", Duration::from_secs(60))
+}
+
+/// The stuck file system the tests plant does what they rely on: it is mounted, its files
+/// open and show their size, and a read of one never ends (until it is unmounted).
+#[test]
+fn a_stuck_fuse_file_opens_and_never_answers_a_read() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("hostile-fuse");
+    std::fs::create_dir_all(dir.join("mnt")).unwrap();
+    let fs = StuckFs::mount(&dir.join("mnt"));
+    let file = dir.join("mnt/anything.so");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        pyrometer_e2e::fuse::FILE_SIZE
+    );
+    let f = std::fs::File::open(&file).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 16];
+        let _ = tx.send(std::os::unix::fs::FileExt::read_at(&f, &mut b, 0).is_ok());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(2)).is_err(),
+        "read answered"
+    );
+    assert!(fs.reads() >= 1);
+    // Unmounting ends the connection: the read fails rather than hanging on.
+    drop(fs);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(false));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
