@@ -29,6 +29,13 @@ pub struct AgentMetrics {
     pub process_event_overflows: AtomicU64,
     /// Times the symbolizer opened a file too large for its DWARF (symbol table only).
     pub dwarf_skipped_files: AtomicU64,
+    /// Processes found over their budget (--process-budget-mb): user stacks of one
+    /// `[budget]` frame.
+    pub processes_over_budget: AtomicU64,
+    /// Files of profiled processes refused (a FIFO, a link, a device, over the cap).
+    pub refused_files: AtomicU64,
+    /// Reads of profiled processes' files that overran their deadline.
+    pub stalled_reads: AtomicU64,
     /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
@@ -180,6 +187,24 @@ impl AgentMetrics {
             "counter",
             "Times a binary was opened for its symbol table only, its DWARF not fitting in --dwarf-mb (frames without lines or inlined functions).",
             self.dwarf_skipped_files.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_processes_over_budget_total",
+            "counter",
+            "Processes found over --process-budget-mb: each of their user stacks is one [budget] frame from then on.",
+            self.processes_over_budget.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_refused_files_total",
+            "counter",
+            "Files of profiled processes refused: a FIFO, a link, a device, or over the size cap.",
+            self.refused_files.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_stalled_reads_total",
+            "counter",
+            "Reads of profiled processes' files that did not finish by their deadline (the process is left alone for a while).",
+            self.stalled_reads.load(Relaxed),
         );
         one(
             "pyrometer_agent_batches_spooled_total",

@@ -217,6 +217,8 @@ pub struct Process {
     /// The pid inside the process's own pid namespace (it names its `/tmp/perf-PID.map`).
     pub ns_pid: u32,
     mappings: Vec<Mapping>,
+    /// What `mappings` holds in memory.
+    held: u64,
     exited: bool,
     last_read: Instant,
     /// When this image was first read (observe or exec).
@@ -227,6 +229,12 @@ impl Process {
     /// Executable mappings sorted by start address.
     pub fn mappings(&self) -> &[Mapping] {
         &self.mappings
+    }
+
+    /// What the registry holds for it in memory: its mappings and their paths (a process
+    /// decides how many it has, and unloaded ones are kept).
+    pub fn held_bytes(&self) -> u64 {
+        self.held
     }
 
     /// The file named `basename` the process maps, if any (the path as this process reaches
@@ -333,6 +341,7 @@ impl ProcessRegistry {
                 comm,
                 exe,
                 ns_pid,
+                held: held_bytes(&mappings),
                 mappings,
                 exited: false,
                 last_read: Instant::now(),
@@ -379,6 +388,7 @@ impl ProcessRegistry {
             .collect();
         fresh.extend(kept);
         fresh.sort_by_key(|m| m.start);
+        process.held = held_bytes(&fresh);
         process.mappings = fresh;
         Ok(true)
     }
@@ -638,6 +648,11 @@ fn unreadable_binary(path: &Path) -> Binary {
         build_id: OnceLock::new(),
         own_root: None,
     }
+}
+
+fn held_bytes(mappings: &[Mapping]) -> u64 {
+    let paths: usize = mappings.iter().map(|m| m.path.capacity()).sum();
+    (mappings.len() * std::mem::size_of::<Mapping>() + paths) as u64
 }
 
 struct RawMapping {

@@ -13,6 +13,21 @@ use std::time::{Duration, Instant};
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// While set, pools start no thread and run their jobs on the caller's.
+static HELD: AtomicBool = AtomicBool::new(false);
+
+/// Makes every pool run its jobs on the caller's thread, without a deadline, until
+/// [`release_threads`]: for a process that must have no other thread for a while (the agent,
+/// until it has become its unprivileged user: capabilities and credentials are per thread).
+pub fn hold_threads() {
+    HELD.store(true, Ordering::Release);
+}
+
+/// Lets pools start their threads again.
+pub fn release_threads() {
+    HELD.store(false, Ordering::Release);
+}
+
 /// Why a job gave no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
@@ -50,6 +65,9 @@ impl Workers {
         deadline: Duration,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Refused> {
+        if HELD.load(Ordering::Acquire) {
+            return Ok(job());
+        }
         if self.busy.load(Ordering::Acquire) >= self.count {
             return Err(Refused::Busy);
         }

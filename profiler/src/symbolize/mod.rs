@@ -33,6 +33,12 @@ use std::os::fd::AsRawFd;
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 pub const UNKNOWN: &str = "[unknown]";
+/// The one frame standing for the user stack of a process over its budget.
+pub const OVER_BUDGET: &str = "[budget]";
+
+/// What the symbolizer may keep for one process unless configured otherwise
+/// ([`Symbolizer::with_process_budget`]): 24 MiB.
+pub const DEFAULT_PROCESS_BUDGET: u64 = 24 << 20;
 
 /// Results kept at most (bounded memory); past it the cache starts over.
 pub const MAX_RESULTS: usize = 1 << 18;
@@ -75,6 +81,9 @@ pub struct SymbolizerStats {
     /// Reads that did not finish by their deadline (a file on a mount that does not answer):
     /// the process is left alone for a while, the read keeps one worker.
     pub stalled_reads: u64,
+    /// Processes found over their budget ([`Symbolizer::with_process_budget`]): their user
+    /// stacks are one `[budget]` frame from then on.
+    pub processes_over_budget: u64,
 }
 
 /// One function at an address, before it is dressed up as a [`Frame`] for a given mapping.
@@ -168,6 +177,9 @@ pub struct Symbolizer {
     perf_maps: HashMap<u32, PerfMap>,
     /// Where files a process controls are read, with deadlines.
     reads: ProcessReads,
+    /// What may be kept for one process, and the processes found over it.
+    process_budget: u64,
+    over_budget: std::collections::HashSet<u32>,
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
@@ -206,6 +218,8 @@ impl Symbolizer {
             results: Default::default(),
             perf_maps: HashMap::new(),
             reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
+            process_budget: DEFAULT_PROCESS_BUDGET,
+            over_budget: Default::default(),
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
@@ -222,6 +236,17 @@ impl Symbolizer {
     /// of MB. Which files get their DWARF depends on the order they are first met in.
     pub fn with_dwarf_budget(mut self, bytes: u64) -> Self {
         self.dwarf_budget = Some(bytes);
+        self
+    }
+
+    /// What the symbolizer and the registry may keep for one process: its perf map as parsed
+    /// and its mappings as held. A process found over it (after a read of its perf map or
+    /// its maps) is degraded: what was kept for it is let go, and each of its user stacks is
+    /// one `[budget]` frame ([`FrameKind::Budget`]); its samples, kernel frames and labels
+    /// stay. The caches shared by every process (results, open files, ELF layouts) have
+    /// bounds of their own.
+    pub fn with_process_budget(mut self, bytes: u64) -> Self {
+        self.process_budget = bytes;
         self
     }
 
@@ -290,6 +315,7 @@ impl Symbolizer {
     /// Results stay (bounded by [`MAX_RESULTS`]); a binary met again is read again.
     pub fn forget_exited(&mut self, registry: &ProcessRegistry) {
         self.perf_maps.retain(|&pid, _| registry.get(pid).is_some());
+        self.over_budget.retain(|&pid| registry.get(pid).is_some());
         self.reads.retain(|pid| registry.get(pid).is_some());
         self.elves.retain(|key, _| registry.maps_binary(key));
     }
@@ -319,6 +345,10 @@ impl Symbolizer {
             // An unknown pid just yields `[unknown]` frames.
             let _ = registry.observe(pid);
         }
+        if self.over(registry, pid) {
+            self.stats.unsymbolized += addrs.len() as u64;
+            return vec![Frame::named(OVER_BUDGET, FrameKind::Budget)];
+        }
         let mut out = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
             // A return address points after the call, possibly into the next function or
@@ -328,6 +358,23 @@ impl Symbolizer {
             self.count(named);
         }
         out
+    }
+
+    /// Whether `pid` is over its budget: what is kept for it, its perf map as parsed and its
+    /// mappings, costs more than the budget. Found so once, it stays so until it is gone.
+    fn over(&mut self, registry: &ProcessRegistry, pid: u32) -> bool {
+        if self.over_budget.contains(&pid) {
+            return true;
+        }
+        let maps = registry.get(pid).map_or(0, |p| p.held_bytes());
+        let perf_map = self.perf_maps.get(&pid).map_or(0, PerfMap::held_bytes);
+        if maps.saturating_add(perf_map) <= self.process_budget {
+            return false;
+        }
+        self.over_budget.insert(pid);
+        self.perf_maps.remove(&pid);
+        self.stats.processes_over_budget += 1;
+        true
     }
 
     fn count(&mut self, named: bool) {

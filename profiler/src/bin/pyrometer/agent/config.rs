@@ -107,6 +107,11 @@ pub struct AgentArgs {
     /// ~20 MB and ~25 ms of CPU when it is first read.
     #[arg(long, value_name = "MIB")]
     pub(super) dwarf_mb: Option<u64>,
+    /// What the agent may keep for one process (its perf map as parsed, its mappings), in
+    /// MiB; a process over it is degraded: each of its user stacks is one `[budget]` frame
+    /// (default 24).
+    #[arg(long, value_name = "MIB")]
+    pub(super) process_budget_mb: Option<u64>,
     /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
     /// "GPU source off" once when it does not): gauges on /metrics, and `gpu` and
     /// `gpu_memory` labels on the samples of processes that use a GPU.
@@ -159,6 +164,7 @@ struct FileConfig {
     unwind: Option<String>,
     unwind_rows: Option<u32>,
     dwarf_mb: Option<u64>,
+    process_budget_mb: Option<u64>,
     off_cpu: Option<bool>,
     off_cpu_min: Option<String>,
     gpu: Option<bool>,
@@ -312,6 +318,12 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             .or(file.dwarf_mb)
             .unwrap_or(DEFAULT_DWARF_MB)
             .saturating_mul(1 << 20),
+        process_budget_bytes: args
+            .process_budget_mb
+            .or(file.process_budget_mb)
+            .map_or(pyrometer::agent::DEFAULT_PROCESS_BUDGET, |mb| {
+                mb.saturating_mul(1 << 20)
+            }),
         off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
             let min = match (args.off_cpu_min, file.off_cpu_min) {
                 (Some(d), _) => d,
