@@ -512,3 +512,72 @@ fn the_agent_beside_hostile_roots_serves_the_normal_process_alike() {
         assert!(!everything.contains(name), "{name} reached the collector");
     }
 }
+
+/// A Python 3.13 process whose description of itself (`_Py_DebugOffsets`, at the start of
+/// `_PyRuntime`, which an out-of-process reader believes) it has overwritten, as a crafted or
+/// corrupted interpreter would: `record` walks it for native frames only, says why in one
+/// line and counts it once; its samples stay.
+#[test]
+fn a_python_process_with_a_crafted_description_is_degraded_and_counted() {
+    if !privileged() {
+        return;
+    }
+    let py = pyrometer_e2e::python::Interpreter::pyenv(13);
+    if !py.present() {
+        return;
+    }
+    let dir = scratch("hostile-pyoffsets");
+    let script = "import ctypes\n\
+        rt = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, '_PyRuntime'))\n\
+        ctypes.memmove(rt, b'crafted!', 8)\n\
+        print('ready', flush=True)\n\
+        def crafted_spin():\n    while True:\n        pass\n\
+        crafted_spin()\n";
+    let mut child = Command::new(&py.path)
+        .args(["-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = dir.join("crafted.folded");
+    let stats = dir.join("stats.json");
+    let rec = pyrometer(&[
+        "record",
+        "--pid",
+        &child.id().to_string(),
+        "--duration",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+    ]);
+    child.kill().ok();
+    child.wait().ok();
+    assert_ok(&rec);
+    let err = stderr(&rec);
+    assert!(err.contains("_Py_DebugOffsets cookie"), "{err}");
+    assert_eq!(err.matches("native frames only").count(), 1, "{err}");
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(stats["python_processes_invalid"], 1, "{stats}");
+    assert_eq!(stats["python_processes_unsupported"], 0, "{stats}");
+    let stacks = read_folded(&out);
+    assert!(
+        stacks.iter().map(|s| s.count).sum::<u64>() > 0,
+        "its samples are kept"
+    );
+    assert!(
+        !stacks
+            .iter()
+            .any(|s| s.frames.iter().any(|f| f.contains("crafted_spin"))),
+        "no Python frame was read through the crafted description"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

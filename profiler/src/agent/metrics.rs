@@ -36,6 +36,10 @@ pub struct AgentMetrics {
     pub refused_files: AtomicU64,
     /// Reads of profiled processes' files that overran their deadline.
     pub stalled_reads: AtomicU64,
+    /// Python processes walked for native frames only: an interpreter without a known
+    /// layout, and one whose description of itself did not validate.
+    pub python_refused_unsupported: AtomicU64,
+    pub python_refused_invalid: AtomicU64,
     /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
@@ -103,6 +107,10 @@ impl AgentMetrics {
              # TYPE pyrometer_agent_unwind_errors_total counter\n\
              pyrometer_agent_unwind_errors_total{{stack=\"user\"}} {}\n\
              pyrometer_agent_unwind_errors_total{{stack=\"kernel\"}} {}\n\
+             # HELP pyrometer_agent_python_processes_refused_total Python processes walked for native frames only, by reason: a version without a known layout, or a description of itself (_Py_DebugOffsets) that did not validate.\n\
+             # TYPE pyrometer_agent_python_processes_refused_total counter\n\
+             pyrometer_agent_python_processes_refused_total{{reason=\"unsupported\"}} {}\n\
+             pyrometer_agent_python_processes_refused_total{{reason=\"invalid\"}} {}\n\
              # HELP pyrometer_agent_push_duration_seconds Time of acknowledged pushes.\n\
              # TYPE pyrometer_agent_push_duration_seconds summary\n\
              pyrometer_agent_push_duration_seconds_sum {}\n\
@@ -111,6 +119,8 @@ impl AgentMetrics {
             self.lost_bad_record.load(Relaxed),
             self.user_stack_errors.load(Relaxed),
             self.kernel_stack_errors.load(Relaxed),
+            self.python_refused_unsupported.load(Relaxed),
+            self.python_refused_invalid.load(Relaxed),
             self.push_ns.load(Relaxed) as f64 / 1e9,
             self.batches_pushed.load(Relaxed),
         );

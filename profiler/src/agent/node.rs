@@ -317,6 +317,13 @@ impl Node {
         for notice in self.profiler.tables.python.take_notices() {
             (self.log)(&notice);
         }
+        let py = self.profiler.tables.python.stats();
+        self.metrics
+            .python_refused_unsupported
+            .store(py.refused_unsupported, Relaxed);
+        self.metrics
+            .python_refused_invalid
+            .store(py.refused_invalid, Relaxed);
         if self.by_name {
             self.exited.clear();
             let due = self.discovery.due(&mut self.exited);

@@ -161,6 +161,12 @@ pub struct TrackerStats {
     pub map_full: u64,
     /// Span tables (pyrometer-otel) found, at registration or later.
     pub span_tables: u64,
+    /// Python processes walked for native frames only, once each: their interpreter is a
+    /// version without a known layout.
+    pub refused_unsupported: u64,
+    /// The same, their interpreter's description of itself (`_Py_DebugOffsets`) read from
+    /// their memory did not validate (a torn or crafted one).
+    pub refused_invalid: u64,
 }
 
 /// An interpreter binary to probe.
@@ -355,6 +361,10 @@ impl PyTracker {
         Ok(())
     }
 
+    pub fn stats(&self) -> TrackerStats {
+        self.stats
+    }
+
     /// Messages gathered since the last call (one line each).
     pub fn take_notices(&mut self) -> Vec<String> {
         std::mem::take(&mut self.notices)
@@ -374,6 +384,7 @@ impl PyTracker {
             Err(e) => {
                 self.remove(pid);
                 if self.noticed.insert(pid) {
+                    self.stats.refused_unsupported += 1;
                     self.notices.push(format!(
                         "pid {pid} ({}): {}: native frames only",
                         process.comm,
@@ -401,6 +412,7 @@ impl PyTracker {
             Err(e) => {
                 self.remove(pid);
                 if self.noticed.insert(pid) {
+                    self.stats.refused_invalid += 1;
                     self.notices.push(format!(
                         "pid {pid} ({}): {}: native frames only",
                         process.comm,

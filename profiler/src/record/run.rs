@@ -318,6 +318,10 @@ impl Recording {
             gil,
             alloc,
             py_frames,
+            python_refused: {
+                let py = tables.python.stats();
+                (py.refused_unsupported, py.refused_invalid)
+            },
             unwinder: tables
                 .unwinder
                 .as_ref()
