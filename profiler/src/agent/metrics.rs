@@ -80,6 +80,28 @@ pub const UNWIND_STOP_REASONS: [&str; 6] = [
 ];
 
 impl AgentMetrics {
+    /// Takes the counters of the readers of profiled processes: the symbolizer's, the
+    /// unwinder's and the Python tracker's (once per push).
+    pub(super) fn read_readers(
+        &self,
+        symbols: &crate::symbolize::SymbolizerStats,
+        unwinder: Option<crate::unwinder::UnwinderStats>,
+        python: &crate::python::tracker::TrackerStats,
+    ) {
+        self.dwarf_skipped_files
+            .store(symbols.dwarf_skipped_files, Relaxed);
+        self.processes_over_budget
+            .store(symbols.processes_over_budget, Relaxed);
+        self.refused_files.store(symbols.refused_files, Relaxed);
+        let unwinder_stalled = unwinder.map_or(0, |u| u.stalled_reads);
+        self.stalled_reads
+            .store(symbols.stalled_reads + unwinder_stalled, Relaxed);
+        self.python_refused_unsupported
+            .store(python.refused_unsupported, Relaxed);
+        self.python_refused_invalid
+            .store(python.refused_invalid, Relaxed);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut o = String::new();

@@ -317,13 +317,6 @@ impl Node {
         for notice in self.profiler.tables.python.take_notices() {
             (self.log)(&notice);
         }
-        let py = self.profiler.tables.python.stats();
-        self.metrics
-            .python_refused_unsupported
-            .store(py.refused_unsupported, Relaxed);
-        self.metrics
-            .python_refused_invalid
-            .store(py.refused_invalid, Relaxed);
         if self.by_name {
             self.exited.clear();
             let due = self.discovery.due(&mut self.exited);
@@ -426,25 +419,10 @@ impl Node {
             }
         }
         self.symbolizer.release_files();
-        let stats = self.symbolizer.stats();
-        self.metrics
-            .dwarf_skipped_files
-            .store(stats.dwarf_skipped_files, Relaxed);
-        self.metrics
-            .processes_over_budget
-            .store(stats.processes_over_budget, Relaxed);
-        self.metrics
-            .refused_files
-            .store(stats.refused_files, Relaxed);
-        self.metrics.stalled_reads.store(
-            stats.stalled_reads
-                + self
-                    .profiler
-                    .tables
-                    .unwinder
-                    .as_ref()
-                    .map_or(0, |u| u.stats().stalled_reads),
-            Relaxed,
+        self.metrics.read_readers(
+            &self.symbolizer.stats(),
+            self.profiler.tables.unwinder.as_ref().map(|u| u.stats()),
+            &self.profiler.tables.python.stats(),
         );
         // The interval's samples are symbolized: processes gone since are not needed.
         self.profiler.registry.forget_exited();

@@ -652,7 +652,7 @@ fn unreadable_binary(path: &Path) -> Binary {
 
 fn held_bytes(mappings: &[Mapping]) -> u64 {
     let paths: usize = mappings.iter().map(|m| m.path.capacity()).sum();
-    (mappings.len() * std::mem::size_of::<Mapping>() + paths) as u64
+    (std::mem::size_of_val(mappings) + paths) as u64
 }
 
 struct RawMapping {

@@ -169,6 +169,13 @@ pub struct TrackerStats {
     pub refused_invalid: u64,
 }
 
+impl TrackerStats {
+    /// Python processes walked for native frames only: (unsupported, invalid).
+    pub fn refused(&self) -> (u64, u64) {
+        (self.refused_unsupported, self.refused_invalid)
+    }
+}
+
 /// An interpreter binary to probe.
 struct GilTarget {
     key: BinaryKey,

@@ -318,15 +318,8 @@ impl Recording {
             gil,
             alloc,
             py_frames,
-            python_refused: {
-                let py = tables.python.stats();
-                (py.refused_unsupported, py.refused_invalid)
-            },
-            unwinder: tables
-                .unwinder
-                .as_ref()
-                .map(|u| u.stats())
-                .unwrap_or_default(),
+            python_refused: tables.python.stats().refused(),
+            unwinder: tables.unwinder_stats(),
             bpf,
             capture_cpu_ns,
             gpus,

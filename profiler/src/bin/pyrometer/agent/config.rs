@@ -183,6 +183,13 @@ struct FileConfig {
 /// from the symbol tables; Python frames have their lines from the interpreter either way.
 pub(super) const DEFAULT_DWARF_MB: u64 = 0;
 
+/// `--process-budget-mb` in bytes; its default when not given.
+fn budget_bytes(mib: Option<u64>) -> u64 {
+    mib.map_or(pyrometer::agent::DEFAULT_PROCESS_BUDGET, |mb| {
+        mb.saturating_mul(1 << 20)
+    })
+}
+
 pub(super) fn input(msg: impl Into<String>) -> anyhow::Error {
     exit_error(EXIT_INPUT, msg)
 }
@@ -318,12 +325,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             .or(file.dwarf_mb)
             .unwrap_or(DEFAULT_DWARF_MB)
             .saturating_mul(1 << 20),
-        process_budget_bytes: args
-            .process_budget_mb
-            .or(file.process_budget_mb)
-            .map_or(pyrometer::agent::DEFAULT_PROCESS_BUDGET, |mb| {
-                mb.saturating_mul(1 << 20)
-            }),
+        process_budget_bytes: budget_bytes(args.process_budget_mb.or(file.process_budget_mb)),
         off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
             let min = match (args.off_cpu_min, file.off_cpu_min) {
                 (Some(d), _) => d,
