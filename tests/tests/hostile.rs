@@ -581,3 +581,84 @@ fn a_python_process_with_a_crafted_description_is_degraded_and_counted() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGTERM ends `record --all` beside every hostile root promptly, with what it has: a
+/// profile naming the normal process's functions, written within [`GRACE`] of the signal plus
+/// what ending takes with no hostile process beside it (symbolizing every process of a shared
+/// machine takes seconds by itself).
+#[test]
+fn record_all_beside_hostile_roots_ends_on_sigterm_with_what_it_has() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("hostile-sigterm");
+    let host = Host::new(&dir);
+    let ending = baseline(&dir).saturating_sub(Duration::from_secs(DURATION_S));
+    let limit = ending + GRACE;
+    let hostiles: Vec<Hostile> = [Confinement::Chroot, Confinement::Namespaces]
+        .into_iter()
+        .flat_map(|how| PLANTS.map(|plant| (plant, how)))
+        .map(|(plant, how)| start(&dir, &host, plant, how))
+        .collect();
+    let mut burner = Command::new(fixture("cpu631"))
+        .arg("60")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = dir.join("sigterm.folded");
+    // Ahead of the spinning hostile processes for the CPU, as in `record_beside` (`nice`
+    // execs it: the pid signalled is the recorder's).
+    let mut rec = Command::new("nice")
+        .args(["-n", "-10"])
+        .arg(pyrometer_bin())
+        .args(["record", "--all", "-F", "99", "--duration", "120", "-o"])
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until it samples: its first line after start-up says so.
+    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+    assert!(line.contains("sampling"), "{line}");
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(s) = rec.try_wait().unwrap() {
+            break Some(s);
+        }
+        if signalled.elapsed() > limit + Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = signalled.elapsed();
+    burner.kill().ok();
+    burner.wait().ok();
+    let Some(status) = status else {
+        rec.kill().ok();
+        panic!("record --all still running {took:?} after SIGTERM");
+    };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(
+        status.success(),
+        "record failed after SIGTERM: {line}{rest}"
+    );
+    assert!(
+        took <= limit,
+        "record --all took {took:?} to end after SIGTERM (at most {limit:?}: {ending:?} \
+         without a hostile process, and {GRACE:?})"
+    );
+    let stacks = read_folded(&out);
+    assert!(
+        stacks
+            .iter()
+            .any(|s| s.frames[0] == "cpu631" && s.frames.iter().any(|f| f == "leaf_a")),
+        "the normal process's functions are missing"
+    );
+    eprintln!("record --all ended {took:?} after SIGTERM ({ending:?} without hostile processes)");
+    drop(hostiles);
+}
