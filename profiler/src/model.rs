@@ -21,6 +21,9 @@ pub enum FrameKind {
     /// Work a GPU ran (a kernel, a copy): the leaf of a `gpu_time` sample, on the stack that
     /// launched it; a name, no module or address.
     Gpu,
+    /// Stands for the user stack of a process over its budget (the memory the profiler may
+    /// spend on one process's symbols and maps): `[budget]`, no module or address.
+    Budget,
 }
 
 /// One function-level frame. An address that inlining expanded into several functions yields

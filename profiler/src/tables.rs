@@ -24,6 +24,14 @@ pub struct Tables {
 }
 
 impl Tables {
+    /// The unwinder's figures (all zero without one: `--unwind fp`).
+    pub fn unwinder_stats(&self) -> crate::unwinder::UnwinderStats {
+        self.unwinder
+            .as_ref()
+            .map(|u| u.stats())
+            .unwrap_or_default()
+    }
+
     pub fn new(unwinder: Option<Unwinder>, python: PyTracker, alloc: Option<AllocProbes>) -> Self {
         Self {
             unwinder,

@@ -13,12 +13,15 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, bucket_index};
 
 use crate::os::elfsyms::load_bias;
-use crate::os::procs::{BinaryKey, MappingKind, Process};
+use crate::os::procs::{Binary, BinaryKey, MappingKind, Process};
+use crate::os::workers::ProcessReads;
 
 /// Bytes per element of a BPF array: the kernel rounds each value up to 8 bytes, so a
 /// 12-byte row occupies 16 (1 Mi rows = 16 MiB of kernel memory).
@@ -83,6 +86,9 @@ pub struct UnwinderStats {
     pub mappings_dropped: u64,
     /// Nanoseconds spent building tables.
     pub build_ns: u64,
+    /// Reads of a binary (its build-id, its CFI) that did not finish by their deadline: the
+    /// process is left alone for a while and unwinds by frame pointer meanwhile.
+    pub stalled_reads: u64,
 }
 
 /// A BPF_F_MMAPABLE array, mapped only while something is written into it: a mapping kept
@@ -229,7 +235,18 @@ pub struct Unwinder {
     process_tables: HashMap<u32, Vec<TableKey>>,
     clock: u64,
     stats: UnwinderStats,
+    /// Where binaries are read and their tables built: a file that never answers (FUSE)
+    /// holds a worker, not the sampling loop.
+    reads: ProcessReads,
 }
+
+/// Threads reading binaries and building tables; each read stuck past its deadline holds one.
+const READ_WORKERS: usize = 2;
+/// How long reading a binary's CFI and building its table may take (a large library's
+/// `.eh_frame` on a busy machine).
+const READ_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a process whose read overran is left alone, at least.
+const READ_BACKOFF: Duration = Duration::from_secs(60);
 
 /// What building a table came to.
 enum Built {
@@ -238,6 +255,8 @@ enum Built {
     TooBig(u32),
     /// The file could not be read or has no usable unwind information.
     Failed,
+    /// The read did not finish in time or found no free worker: tried again later.
+    Deferred,
 }
 
 impl Unwinder {
@@ -262,6 +281,7 @@ impl Unwinder {
             index_free: Ranges(vec![(0, index_capacity)]),
             process_tables: HashMap::new(),
             clock: 0,
+            reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
             stats: UnwinderStats {
                 rows_capacity: u64::from(capacity),
                 ..UnwinderStats::default()
@@ -294,13 +314,19 @@ impl Unwinder {
                 self.stats.mappings_dropped += 1;
                 continue;
             }
-            let key = match binary.build_id() {
-                Some(id) => TableKey::BuildId(id.to_string()),
-                None => TableKey::File(binary.key().clone()),
+            let Some(key) = self.table_key(process.pid, binary) else {
+                // Its build-id could not be read in time: frame pointers for now.
+                entry.maps[n] = ExecMapping {
+                    start: m.start,
+                    end: m.end,
+                    ..ExecMapping::default()
+                };
+                n += 1;
+                continue;
             };
             let path = binary.path().to_path_buf();
             let clock = self.clock;
-            let (first, count, index, bias) = match self.table_for(&key, &path) {
+            let (first, count, index, bias) = match self.table_for(process.pid, &key, &path) {
                 Some(t) => {
                     t.last_used = clock;
                     let bias = load_bias(&t.loads, m.start, m.offset);
@@ -366,7 +392,27 @@ impl Unwinder {
         };
         let key = TableKey::BuildId(id);
         self.clock += 1;
-        let _ = self.table_for(&key, path);
+        let _ = self.table_for(0, &key, path);
+    }
+
+    /// The key of a binary's table: its build-id, read on a worker the first time (None
+    /// while that read cannot be done in time), or its file's identity.
+    fn table_key(&mut self, pid: u32, binary: &Arc<Binary>) -> Option<TableKey> {
+        let id = match binary.known_build_id() {
+            Some(id) => id,
+            None => {
+                let path = binary.path().to_path_buf();
+                let id = self
+                    .reads
+                    .run(pid, move || crate::os::procs::read_build_id(&path));
+                self.stats.stalled_reads = self.reads.overran();
+                binary.set_build_id(id?)
+            }
+        };
+        Some(match id {
+            Some(id) => TableKey::BuildId(id.to_string()),
+            None => TableKey::File(binary.key().clone()),
+        })
     }
 
     /// Forgets a process that exited; its tables become evictable when nobody else maps them.
@@ -391,6 +437,7 @@ impl Unwinder {
                 self.remove_process(pid);
             }
         }
+        self.reads.retain(crate::os::pids::exists);
     }
 
     fn release(&mut self, keys: &[TableKey]) {
@@ -437,13 +484,13 @@ impl Unwinder {
         free.saturating_add(evictable)
     }
 
-    fn table_for(&mut self, key: &TableKey, path: &Path) -> Option<&mut LoadedTable> {
+    fn table_for(&mut self, pid: u32, key: &TableKey, path: &Path) -> Option<&mut LoadedTable> {
         if !self.tables.contains_key(key) {
             let available = self.available_rows();
             if !self.worth_retrying(key, available) {
                 return None;
             }
-            match self.build(path) {
+            match self.build(pid, path) {
                 Built::Loaded(t) => {
                     self.too_big.remove(key);
                     self.tables.insert(key.clone(), Some(t));
@@ -459,30 +506,40 @@ impl Unwinder {
                 Built::Failed => {
                     self.tables.insert(key.clone(), None);
                 }
+                Built::Deferred => return None,
             }
         }
         self.tables.get_mut(key).and_then(Option::as_mut)
     }
 
-    fn build(&mut self, path: &Path) -> Built {
+    fn build(&mut self, pid: u32, path: &Path) -> Built {
         let started = std::time::Instant::now();
-        // A sparse copy in an anonymous mapping, not the heap (a copy of a large binary there
-        // would keep the allocator's high-water mark long after the table is built) and not a
-        // mapping of the file (which a process truncating it would turn into a SIGBUS here):
-        // only the headers and the CFI are read.
-        let bytes = crate::os::untrusted::UntrustedFile::open_resolved(
-            path,
-            crate::os::untrusted::Kind::Elf,
-        )
-        .and_then(|f| f.copy_elf_sections(&[".eh_frame", ".debug_frame"]));
-        let Ok(bytes) = bytes else {
+        let path = path.to_path_buf();
+        // On a worker: a binary on a mount that never answers holds it, not the caller.
+        let read = self.reads.run(pid, move || {
+            // A sparse copy in an anonymous mapping, not the heap (a copy of a large binary
+            // there would keep the allocator's high-water mark long after the table is built)
+            // and not a mapping of the file (which a process truncating it would turn into a
+            // SIGBUS here): only the headers and the CFI are read.
+            let bytes = crate::os::untrusted::UntrustedFile::open_resolved(
+                &path,
+                crate::os::untrusted::Kind::Elf,
+            )
+            .and_then(|f| f.copy_elf_sections(&[".eh_frame", ".debug_frame"]))
+            .ok()?;
+            let loads = load_segments(&bytes);
+            Some((loads, pyrometer_unwind::build_table(&bytes).ok()))
+        });
+        self.stats.stalled_reads = self.reads.overran();
+        let Some(read) = read else {
+            return Built::Deferred;
+        };
+        let Some((loads, table)) = read else {
             return Built::Failed;
         };
-        let loads = load_segments(&bytes);
-        let table = pyrometer_unwind::build_table(&bytes);
         self.stats.build_ns += started.elapsed().as_nanos() as u64;
         let table = match table {
-            Ok(t) if !t.rows.is_empty() && !loads.is_empty() => t,
+            Some(t) if !t.rows.is_empty() && !loads.is_empty() => t,
             _ => {
                 self.stats.tables_failed += 1;
                 return Built::Failed;

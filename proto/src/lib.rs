@@ -195,7 +195,9 @@ pub enum FrameKind {
     AsyncioTask = 7,
     /// Marks a stack cut short: the frames beyond it were not kept.
     Truncated = 8,
-    /// Marks a walk that ran out of its budget (instructions, reads) in the kernel.
+    /// Marks a walk that ran out of its budget (instructions, reads) in the kernel, or stands
+    /// for the user stack of a process over the budget the profiler spends on one process
+    /// (`[budget]`).
     Budget = 9,
 }
 

@@ -7,6 +7,7 @@ pub mod certs;
 #[path = "../../collector/tests/common/clickhouse_server.rs"]
 pub mod clickhouse_server;
 pub mod cluster;
+pub mod fuse;
 pub mod gpu_kernels;
 pub mod kernels;
 pub mod otel;

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pyrometer_e2e::cluster::{Agent, Collector, enc, free_port, http_get, workload};
+use pyrometer_e2e::fuse::StuckFs;
 use pyrometer_e2e::wait::{cpu_time, cpu_used};
 use pyrometer_e2e::*;
 
@@ -46,9 +47,12 @@ enum Plant {
     /// A library replaced, once mapped, by another with a canary function at the same offset
     /// (renamed over it, and a copy named as the maps show a deleted file).
     ReplacedLibrary,
+    /// `/tmp` a FUSE file system that never answers a read: the process maps a library from
+    /// it, and its perf map is there.
+    StuckFuse,
 }
 
-const PLANTS: [Plant; 7] = [
+const PLANTS: [Plant; 8] = [
     Plant::Fifo,
     Plant::DevZero,
     Plant::CanaryAbsolute,
@@ -56,6 +60,7 @@ const PLANTS: [Plant; 7] = [
     Plant::SparseLibpython,
     Plant::HugeMap,
     Plant::ReplacedLibrary,
+    Plant::StuckFuse,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +114,8 @@ struct Hostile {
     child: Child,
     plant: Plant,
     root: PathBuf,
+    /// Unmounted once the child is gone (fields drop after `drop`).
+    _fuse: Option<StuckFs>,
 }
 
 impl Drop for Hostile {
@@ -151,6 +158,9 @@ fn start(dir: &Path, host: &Host, plant: Plant, how: Confinement) -> Hostile {
                 .unwrap();
             args.extend(["MAP".into(), "/usr/lib/libpython3.12.so.1.0".into()]);
         }
+        Plant::StuckFuse => {
+            args.extend(["MAP".into(), "/tmp/libstuck.so".into()]);
+        }
         Plant::ReplacedLibrary => {
             std::fs::copy(fixture("libvictim.so"), root.join("lib/libvictim.so")).unwrap();
             args.extend([
@@ -161,6 +171,7 @@ fn start(dir: &Path, host: &Host, plant: Plant, how: Confinement) -> Hostile {
         }
         _ => {}
     }
+    let fuse = (plant == Plant::StuckFuse).then(|| StuckFs::mount(&root.join("tmp")));
     let mut cmd = match how {
         Confinement::Chroot => Command::new("nice"),
         Confinement::Namespaces => {
@@ -225,9 +236,14 @@ fn start(dir: &Path, host: &Host, plant: Plant, how: Confinement) -> Hostile {
             )
             .unwrap();
         }
-        Plant::SparseLibpython => {}
+        Plant::SparseLibpython | Plant::StuckFuse => {}
     }
-    Hostile { child, plant, root }
+    Hostile {
+        child,
+        plant,
+        root,
+        _fuse: fuse,
+    }
 }
 
 /// Runs `record --all` beside `hostiles` and a normal CPU burner; checks it ends on time,
@@ -273,8 +289,9 @@ fn record_beside(dir: &Path, hostiles: &[Hostile], tag: &str, baseline: Duration
     burner.kill().ok();
     burner.wait().ok();
     let Some(status) = status else {
+        // Not waited for: a thread of it caught in a read of the stuck file system would
+        // hold that wait until the file system goes, which the panic brings about.
         rec.kill().ok();
-        rec.wait().ok();
         panic!("{tag}: record --all still running after {took:?}");
     };
     let mut err = String::new();
@@ -318,6 +335,38 @@ fn record_beside(dir: &Path, hostiles: &[Hostile], tag: &str, baseline: Duration
 /// [`record_beside`]'s own limit, from the duration alone).
 fn baseline(dir: &Path) -> Duration {
     record_beside(dir, &[], "baseline", Duration::from_secs(60))
+}
+
+/// The stuck file system the tests plant does what they rely on: it is mounted, its files
+/// open and show their size, and a read of one never ends (until it is unmounted).
+#[test]
+fn a_stuck_fuse_file_opens_and_never_answers_a_read() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("hostile-fuse");
+    std::fs::create_dir_all(dir.join("mnt")).unwrap();
+    let fs = StuckFs::mount(&dir.join("mnt"));
+    let file = dir.join("mnt/anything.so");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        pyrometer_e2e::fuse::FILE_SIZE
+    );
+    let f = std::fs::File::open(&file).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 16];
+        let _ = tx.send(std::os::unix::fs::FileExt::read_at(&f, &mut b, 0).is_ok());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(2)).is_err(),
+        "read answered"
+    );
+    assert!(fs.reads() >= 1);
+    // Unmounting ends the connection: the read fails rather than hanging on.
+    drop(fs);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(false));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -462,4 +511,154 @@ fn the_agent_beside_hostile_roots_serves_the_normal_process_alike() {
     for name in FORBIDDEN {
         assert!(!everything.contains(name), "{name} reached the collector");
     }
+}
+
+/// A Python 3.13 process whose description of itself (`_Py_DebugOffsets`, at the start of
+/// `_PyRuntime`, which an out-of-process reader believes) it has overwritten, as a crafted or
+/// corrupted interpreter would: `record` walks it for native frames only, says why in one
+/// line and counts it once; its samples stay.
+#[test]
+fn a_python_process_with_a_crafted_description_is_degraded_and_counted() {
+    if !privileged() {
+        return;
+    }
+    let py = pyrometer_e2e::python::Interpreter::pyenv(13);
+    if !py.present() {
+        return;
+    }
+    let dir = scratch("hostile-pyoffsets");
+    let script = "import ctypes\n\
+        rt = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, '_PyRuntime'))\n\
+        ctypes.memmove(rt, b'crafted!', 8)\n\
+        print('ready', flush=True)\n\
+        def crafted_spin():\n    while True:\n        pass\n\
+        crafted_spin()\n";
+    let mut child = Command::new(&py.path)
+        .args(["-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = dir.join("crafted.folded");
+    let stats = dir.join("stats.json");
+    let rec = pyrometer(&[
+        "record",
+        "--pid",
+        &child.id().to_string(),
+        "--duration",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+    ]);
+    child.kill().ok();
+    child.wait().ok();
+    assert_ok(&rec);
+    let err = stderr(&rec);
+    assert!(err.contains("_Py_DebugOffsets cookie"), "{err}");
+    assert_eq!(err.matches("native frames only").count(), 1, "{err}");
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(stats["python_processes_invalid"], 1, "{stats}");
+    assert_eq!(stats["python_processes_unsupported"], 0, "{stats}");
+    let stacks = read_folded(&out);
+    assert!(
+        stacks.iter().map(|s| s.count).sum::<u64>() > 0,
+        "its samples are kept"
+    );
+    assert!(
+        !stacks
+            .iter()
+            .any(|s| s.frames.iter().any(|f| f.contains("crafted_spin"))),
+        "no Python frame was read through the crafted description"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGTERM ends `record --all` beside every hostile root promptly, with what it has: a
+/// profile naming the normal process's functions, written within [`GRACE`] of the signal plus
+/// what ending takes with no hostile process beside it (symbolizing every process of a shared
+/// machine takes seconds by itself).
+#[test]
+fn record_all_beside_hostile_roots_ends_on_sigterm_with_what_it_has() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("hostile-sigterm");
+    let host = Host::new(&dir);
+    let ending = baseline(&dir).saturating_sub(Duration::from_secs(DURATION_S));
+    let limit = ending + GRACE;
+    let hostiles: Vec<Hostile> = [Confinement::Chroot, Confinement::Namespaces]
+        .into_iter()
+        .flat_map(|how| PLANTS.map(|plant| (plant, how)))
+        .map(|(plant, how)| start(&dir, &host, plant, how))
+        .collect();
+    let mut burner = Command::new(fixture("cpu631"))
+        .arg("60")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = dir.join("sigterm.folded");
+    // Ahead of the spinning hostile processes for the CPU, as in `record_beside` (`nice`
+    // execs it: the pid signalled is the recorder's).
+    let mut rec = Command::new("nice")
+        .args(["-n", "-10"])
+        .arg(pyrometer_bin())
+        .args(["record", "--all", "-F", "99", "--duration", "120", "-o"])
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until it samples: its first line after start-up says so.
+    let mut err = std::io::BufReader::new(rec.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+    assert!(line.contains("sampling"), "{line}");
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(s) = rec.try_wait().unwrap() {
+            break Some(s);
+        }
+        if signalled.elapsed() > limit + Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = signalled.elapsed();
+    burner.kill().ok();
+    burner.wait().ok();
+    let Some(status) = status else {
+        rec.kill().ok();
+        panic!("record --all still running {took:?} after SIGTERM");
+    };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(
+        status.success(),
+        "record failed after SIGTERM: {line}{rest}"
+    );
+    assert!(
+        took <= limit,
+        "record --all took {took:?} to end after SIGTERM (at most {limit:?}: {ending:?} \
+         without a hostile process, and {GRACE:?})"
+    );
+    let stacks = read_folded(&out);
+    assert!(
+        stacks
+            .iter()
+            .any(|s| s.frames[0] == "cpu631" && s.frames.iter().any(|f| f == "leaf_a")),
+        "the normal process's functions are missing"
+    );
+    eprintln!("record --all ended {took:?} after SIGTERM ({ending:?} without hostile processes)");
+    drop(hostiles);
 }

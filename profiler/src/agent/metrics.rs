@@ -29,6 +29,17 @@ pub struct AgentMetrics {
     pub process_event_overflows: AtomicU64,
     /// Times the symbolizer opened a file too large for its DWARF (symbol table only).
     pub dwarf_skipped_files: AtomicU64,
+    /// Processes found over their budget (--process-budget-mb): user stacks of one
+    /// `[budget]` frame.
+    pub processes_over_budget: AtomicU64,
+    /// Files of profiled processes refused (a FIFO, a link, a device, over the cap).
+    pub refused_files: AtomicU64,
+    /// Reads of profiled processes' files that overran their deadline.
+    pub stalled_reads: AtomicU64,
+    /// Python processes walked for native frames only: an interpreter without a known
+    /// layout, and one whose description of itself did not validate.
+    pub python_refused_unsupported: AtomicU64,
+    pub python_refused_invalid: AtomicU64,
     /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
@@ -71,6 +82,28 @@ pub const UNWIND_STOP_REASONS: [&str; 6] = [
 ];
 
 impl AgentMetrics {
+    /// Takes the counters of the readers of profiled processes: the symbolizer's, the
+    /// unwinder's and the Python tracker's (once per push).
+    pub(super) fn read_readers(
+        &self,
+        symbols: &crate::symbolize::SymbolizerStats,
+        unwinder: Option<crate::unwinder::UnwinderStats>,
+        python: &crate::python::tracker::TrackerStats,
+    ) {
+        self.dwarf_skipped_files
+            .store(symbols.dwarf_skipped_files, Relaxed);
+        self.processes_over_budget
+            .store(symbols.processes_over_budget, Relaxed);
+        self.refused_files.store(symbols.refused_files, Relaxed);
+        let unwinder_stalled = unwinder.map_or(0, |u| u.stalled_reads);
+        self.stalled_reads
+            .store(symbols.stalled_reads + unwinder_stalled, Relaxed);
+        self.python_refused_unsupported
+            .store(python.refused_unsupported, Relaxed);
+        self.python_refused_invalid
+            .store(python.refused_invalid, Relaxed);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut o = String::new();
@@ -98,6 +131,10 @@ impl AgentMetrics {
              # TYPE pyrometer_agent_unwind_errors_total counter\n\
              pyrometer_agent_unwind_errors_total{{stack=\"user\"}} {}\n\
              pyrometer_agent_unwind_errors_total{{stack=\"kernel\"}} {}\n\
+             # HELP pyrometer_agent_python_processes_refused_total Python processes walked for native frames only, by reason: a version without a known layout, or a description of itself (_Py_DebugOffsets) that did not validate.\n\
+             # TYPE pyrometer_agent_python_processes_refused_total counter\n\
+             pyrometer_agent_python_processes_refused_total{{reason=\"unsupported\"}} {}\n\
+             pyrometer_agent_python_processes_refused_total{{reason=\"invalid\"}} {}\n\
              # HELP pyrometer_agent_push_duration_seconds Time of acknowledged pushes.\n\
              # TYPE pyrometer_agent_push_duration_seconds summary\n\
              pyrometer_agent_push_duration_seconds_sum {}\n\
@@ -106,6 +143,8 @@ impl AgentMetrics {
             self.lost_bad_record.load(Relaxed),
             self.user_stack_errors.load(Relaxed),
             self.kernel_stack_errors.load(Relaxed),
+            self.python_refused_unsupported.load(Relaxed),
+            self.python_refused_invalid.load(Relaxed),
             self.push_ns.load(Relaxed) as f64 / 1e9,
             self.batches_pushed.load(Relaxed),
         );
@@ -183,6 +222,24 @@ impl AgentMetrics {
             "counter",
             "Times a binary was opened for its symbol table only, its DWARF not fitting in --dwarf-mb (frames without lines or inlined functions).",
             self.dwarf_skipped_files.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_processes_over_budget_total",
+            "counter",
+            "Processes found over --process-budget-mb: each of their user stacks is one [budget] frame from then on.",
+            self.processes_over_budget.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_refused_files_total",
+            "counter",
+            "Files of profiled processes refused: a FIFO, a link, a device, or over the size cap.",
+            self.refused_files.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_stalled_reads_total",
+            "counter",
+            "Reads of profiled processes' files that did not finish by their deadline (the process is left alone for a while).",
+            self.stalled_reads.load(Relaxed),
         );
         one(
             "pyrometer_agent_batches_spooled_total",

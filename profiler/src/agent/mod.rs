@@ -75,6 +75,10 @@ pub struct AgentConfig {
     pub unwind_rows: u32,
     /// Inflated DWARF the symbolizer may hold at once.
     pub dwarf_budget_bytes: u64,
+    /// What may be kept for one process (its perf map as parsed, its mappings; default
+    /// [`DEFAULT_PROCESS_BUDGET`]): a process over it has each of its user stacks named by
+    /// one `[budget]` frame.
+    pub process_budget_bytes: u64,
     /// The shortest blocked interval counted, when off-CPU time is measured.
     pub off_cpu_min_ns: Option<u64>,
     /// CPython's garbage-collector pauses (`--gc`): the `gc` type and `/metrics` histograms.
@@ -112,6 +116,9 @@ pub use crate::os::seccomp::Mode as SeccompMode;
 
 /// The user and group the agent becomes once attached unless told otherwise (nobody).
 pub const DEFAULT_RUN_AS: (u32, u32) = crate::os::privileges::UNPRIVILEGED;
+
+/// What the agent keeps for one process at most unless told otherwise: 24 MiB.
+pub const DEFAULT_PROCESS_BUDGET: u64 = crate::symbolize::DEFAULT_PROCESS_BUDGET;
 
 /// What the agent did, for its last line and `--stats`.
 #[derive(Debug, Serialize)]

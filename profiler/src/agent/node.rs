@@ -83,6 +83,9 @@ impl Node {
     /// starts the GPU poller, and drops every capability the loop does not need.
     pub(super) fn open(cfg: &mut AgentConfig, log: Log) -> Result<Self, CommandError> {
         let kernel = |e: &dyn std::fmt::Display| CommandError::Kernel(e.to_string());
+        // No thread before the privilege drop (they are per thread): reads of processes'
+        // files found at start-up run here until then (FUSE files are never opened).
+        crate::os::workers::hold_threads();
         let selective = !cfg.pids.is_empty() || cfg.comm.is_some();
         let debug_dirs: Vec<PathBuf> = crate::symbolize::DEFAULT_DEBUG_DIRS
             .iter()
@@ -182,7 +185,8 @@ impl Node {
         };
         let mut symbolizer = Symbolizer::new()
             .with_debug_dirs(debug_dirs)
-            .with_dwarf_budget(cfg.dwarf_budget_bytes);
+            .with_dwarf_budget(cfg.dwarf_budget_bytes)
+            .with_process_budget(cfg.process_budget_bytes);
         // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
         if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
             log("kernel symbols unreadable (/proc/kallsyms): kernel frames stay addresses");
@@ -239,6 +243,7 @@ impl Node {
                 }
             ));
         }
+        crate::os::workers::release_threads();
         Ok((metrics, symbolizer, poller))
     }
 
@@ -442,9 +447,11 @@ impl Node {
             }
         }
         self.symbolizer.release_files();
-        self.metrics
-            .dwarf_skipped_files
-            .store(self.symbolizer.stats().dwarf_skipped_files, Relaxed);
+        self.metrics.read_readers(
+            &self.symbolizer.stats(),
+            self.profiler.tables.unwinder.as_ref().map(|u| u.stats()),
+            &self.profiler.tables.python.stats(),
+        );
         // The interval's samples are symbolized: processes gone since are not needed.
         self.profiler.registry.forget_exited();
         self.symbolizer.forget_exited(&self.profiler.registry);

@@ -176,9 +176,12 @@ pub fn without_library(process: &Process) -> Option<&'static str> {
 /// The mean the library uses in process `pid`: its environment's, else the library's
 /// default; None when the environment cannot be read (the process is gone).
 pub fn mean_of(proc_root: &Path, pid: u32) -> Option<u64> {
-    std::fs::read(proc_root.join(pid.to_string()).join("environ"))
-        .ok()
-        .map(|env| mean_in_environ(&env).unwrap_or(DEFAULT_MEAN))
+    crate::os::proctext::read_bytes(
+        &proc_root.join(pid.to_string()).join("environ"),
+        crate::os::proctext::TEXT_CAP,
+    )
+    .ok()
+    .map(|env| mean_in_environ(&env).unwrap_or(DEFAULT_MEAN))
 }
 
 /// Whether `path` is an ELF executable without a program interpreter (statically linked):

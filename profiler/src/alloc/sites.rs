@@ -11,6 +11,7 @@ use object::{Object, ObjectSymbol, SymbolKind};
 use pyrometer_ebpf as shared;
 
 use crate::os::elfsyms::{file_offset, is_copy_of, loads};
+use crate::os::untrusted::{Copy as FileCopy, Kind, UntrustedError, UntrustedFile};
 
 /// The C allocator's public entry points.
 const LIBC: &[(&str, u32)] = &[
@@ -48,12 +49,13 @@ pub struct Sites {
 /// Finds the allocator sites of the binary at `path`; `debug_file` is its separate debug
 /// file (for pymalloc's static symbols in a stripped interpreter).
 pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
-    // Mapped, not read: a large library's debug file is hundreds of MB, of which the
-    // symbol tables are a small part, and only the pages touched become resident.
-    let data = map(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // A sparse copy of the symbol tables, not the whole file: a large library's debug file
+    // is hundreds of MB, of which the symbol tables are a small part. Not a mapping of the
+    // file either, which a process truncating it would turn into a SIGBUS here.
+    let data = symbol_tables(path).map_err(|e| e.to_string())?;
     let obj = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
     let loads = loads(&obj);
-    let debug_data = debug_file.and_then(|p| map(p).ok());
+    let debug_data = debug_file.and_then(|p| symbol_tables(p).ok());
     let debug_obj = debug_data
         .as_deref()
         .and_then(|d| object::File::parse(d).ok());
@@ -84,12 +86,9 @@ pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
     Ok(out)
 }
 
-fn map(path: &Path) -> std::io::Result<memmap2::Mmap> {
-    let file = std::fs::File::open(path)?;
-    // SAFETY: the mapping is only read; a binary rewritten in place while it is parsed
-    // (never done to a binary in use, which would crash its processes) at worst yields
-    // wrong symbols, and `object` bounds-checks every read.
-    unsafe { memmap2::Mmap::map(&file) }
+fn symbol_tables(path: &Path) -> Result<FileCopy, UntrustedError> {
+    UntrustedFile::open_resolved(path, Kind::Elf)?
+        .copy_elf_sections(&[".symtab", ".strtab", ".dynsym", ".dynstr"])
 }
 
 #[cfg(test)]

@@ -7,11 +7,13 @@
 
 pub mod clock;
 pub mod elfsyms;
+pub mod mounts;
 pub mod optout;
 pub mod pids;
 pub mod privileges;
 pub mod procevents;
 pub mod procs;
+pub mod proctext;
 pub mod seccomp;
 pub mod signals;
 pub mod spawn;

@@ -4,6 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use crate::os::proctext;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     #[error("no such process: {0}")]
@@ -33,7 +35,7 @@ pub fn new_comm_matches(re: &regex::Regex, known: &mut HashSet<u32>) -> Vec<u32>
         if pid == me || known.contains(&pid) {
             continue;
         }
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+        let Ok(comm) = proctext::read(&dir.join("comm"), proctext::TEXT_CAP) else {
             continue;
         };
         if re.is_match(comm.trim_end_matches('\n')) {
@@ -100,7 +102,10 @@ pub fn exists(pid: u32) -> bool {
 
 /// True while `/proc/PID` exists and the process is not a zombie.
 pub fn alive(proc_root: &Path, pid: u32) -> bool {
-    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
+    match proctext::read(
+        &proc_root.join(pid.to_string()).join("stat"),
+        proctext::TEXT_CAP,
+    ) {
         Ok(stat) => stat_state(&stat).is_some_and(|s| s != 'Z' && s != 'X'),
         Err(_) => false,
     }
@@ -131,7 +136,7 @@ pub fn check_pids(proc_root: &Path, pids: &[u32]) -> Result<(), TargetError> {
 pub fn descendants(proc_root: &Path, roots: &[u32]) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for (pid, dir) in processes(proc_root) {
-        if let Ok(stat) = std::fs::read_to_string(dir.join("stat"))
+        if let Ok(stat) = proctext::read(&dir.join("stat"), proctext::TEXT_CAP)
             && let Some(ppid) = stat_ppid(&stat)
         {
             children.entry(ppid).or_default().push(pid);

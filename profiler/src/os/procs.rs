@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::os::mounts::Mounts;
+use crate::os::proctext;
 use crate::os::untrusted::{Kind, Root, UntrustedFile};
 
 /// Default minimum time between two re-reads of one process's maps.
@@ -141,6 +143,17 @@ impl Binary {
         self.dir.as_deref()
     }
 
+    /// The build-id when it has been read (`Some(None)`: the binary has none).
+    pub fn known_build_id(&self) -> Option<Option<&str>> {
+        self.build_id.get().map(Option::as_deref)
+    }
+
+    /// Records a build-id read elsewhere ([`read_build_id`] of [`path`](Self::path), on a
+    /// worker); the first one recorded stays.
+    pub fn set_build_id(&self, id: Option<String>) -> Option<&str> {
+        self.build_id.get_or_init(|| id).as_deref()
+    }
+
     /// GNU build-id, lowercase hex; read on first use.
     pub fn build_id(&self) -> Option<&str> {
         self.build_id
@@ -181,6 +194,9 @@ impl Mapping {
         self.binary.as_ref()
     }
 
+    /// The binary's build-id, read here if it was not yet (the symbolizer reads it on a
+    /// worker instead).
+    #[cfg(test)]
     pub fn build_id(&self) -> Option<&str> {
         self.binary.as_ref().and_then(|b| b.build_id())
     }
@@ -201,6 +217,8 @@ pub struct Process {
     /// The pid inside the process's own pid namespace (it names its `/tmp/perf-PID.map`).
     pub ns_pid: u32,
     mappings: Vec<Mapping>,
+    /// What `mappings` holds in memory.
+    held: u64,
     exited: bool,
     last_read: Instant,
     /// When this image was first read (observe or exec).
@@ -211,6 +229,12 @@ impl Process {
     /// Executable mappings sorted by start address.
     pub fn mappings(&self) -> &[Mapping] {
         &self.mappings
+    }
+
+    /// What the registry holds for it in memory: its mappings and their paths (a process
+    /// decides how many it has, and unloaded ones are kept).
+    pub fn held_bytes(&self) -> u64 {
+        self.held
     }
 
     /// The file named `basename` the process maps, if any (the path as this process reaches
@@ -304,11 +328,11 @@ impl ProcessRegistry {
             }
             let dir = self.proc_root.join(pid.to_string());
             let mappings = self.read_mappings(pid)?;
-            let comm = fs::read_to_string(dir.join("comm"))
+            let comm = proctext::read(&dir.join("comm"), proctext::TEXT_CAP)
                 .map(|s| s.trim_end_matches('\n').to_string())
                 .unwrap_or_default();
             let exe = fs::read_link(dir.join("exe")).ok();
-            let ns_pid = fs::read_to_string(dir.join("status"))
+            let ns_pid = proctext::read(&dir.join("status"), proctext::TEXT_CAP)
                 .ok()
                 .and_then(|s| parse_ns_pid(&s))
                 .unwrap_or(pid);
@@ -317,6 +341,7 @@ impl ProcessRegistry {
                 comm,
                 exe,
                 ns_pid,
+                held: held_bytes(&mappings),
                 mappings,
                 exited: false,
                 last_read: Instant::now(),
@@ -363,6 +388,7 @@ impl ProcessRegistry {
             .collect();
         fresh.extend(kept);
         fresh.sort_by_key(|m| m.start);
+        process.held = held_bytes(&fresh);
         process.mappings = fresh;
         Ok(true)
     }
@@ -416,7 +442,20 @@ impl ProcessRegistry {
 
     fn read_mappings(&mut self, pid: u32) -> Result<Vec<Mapping>, ProcError> {
         let path = self.proc_root.join(pid.to_string()).join("maps");
-        let text = fs::read_to_string(&path).map_err(|source| match source.kind() {
+        // Streamed, executable lines kept: a process decides how many mappings it has.
+        let mut raws = Vec::new();
+        let mut malformed = None;
+        let read = proctext::for_each_line(&path, proctext::MAPS_LINES, |line| {
+            if line.is_empty() || malformed.is_some() {
+                return;
+            }
+            match parse_maps_line(line) {
+                Some(raw) if raw.executable => raws.push(raw.mapping),
+                Some(_) => {}
+                None => malformed = Some(line.to_string()),
+            }
+        });
+        read.map_err(|source| match source.kind() {
             io::ErrorKind::NotFound => ProcError::NoSuchProcess(pid),
             // ESRCH: the process exited between open and read.
             _ if source.raw_os_error() == Some(libc::ESRCH) => ProcError::NoSuchProcess(pid),
@@ -425,18 +464,17 @@ impl ProcessRegistry {
                 source,
             },
         })?;
-        let mut mappings = Vec::new();
-        for line in text.lines().filter(|l| !l.is_empty()) {
-            let raw = parse_maps_line(line).ok_or_else(|| ProcError::Malformed {
-                path: path.clone(),
-                line: line.to_string(),
-            })?;
-            if !raw.executable {
-                continue;
-            }
-            let mut m = raw.mapping;
+        if let Some(line) = malformed {
+            return Err(ProcError::Malformed { path, line });
+        }
+        // Read once per reading of the maps, and only when a file is mapped.
+        let mut mounts = None;
+        let mut mappings = Vec::with_capacity(raws.len());
+        for mut m in raws {
             if m.kind == MappingKind::File {
-                m.binary = Some(self.binary_for(pid, &m));
+                let mounts = mounts
+                    .get_or_insert_with(|| Mounts::of_process(&self.proc_root, &pid.to_string()));
+                m.binary = Some(self.binary_for(pid, &m, mounts));
             }
             mappings.push(m);
         }
@@ -444,7 +482,7 @@ impl ProcessRegistry {
         Ok(mappings)
     }
 
-    fn binary_for(&mut self, pid: u32, m: &Mapping) -> Arc<Binary> {
+    fn binary_for(&mut self, pid: u32, m: &Mapping, mounts: &Mounts) -> Arc<Binary> {
         let plain = Path::new(m.path.strip_suffix(" (deleted)").unwrap_or(&m.path));
         let key = if m.inode != 0 {
             BinaryKey::Inode {
@@ -460,7 +498,13 @@ impl ProcessRegistry {
         }
         let pid_dir = self.proc_root.join(pid.to_string());
         let own_root = own_root(&pid_dir.join("root"));
-        let binary = match open_mapped(&pid_dir, m, plain, own_root.as_ref()) {
+        // A FUSE file is answered by a process, which may never answer: not opened at all.
+        let opened = if mounts.is_fuse_device(m.major, m.minor) {
+            None
+        } else {
+            open_mapped(&pid_dir, m, plain, own_root.as_ref())
+        };
+        let binary = match opened {
             // A process sharing the profiler's root names the file by the path the profiler
             // would open; the path stays the name, as the plain path always did.
             Some(Opened::Host(_)) if own_root.is_none() => plain_binary(plain),
@@ -604,6 +648,11 @@ fn unreadable_binary(path: &Path) -> Binary {
         build_id: OnceLock::new(),
         own_root: None,
     }
+}
+
+fn held_bytes(mappings: &[Mapping]) -> u64 {
+    let paths: usize = mappings.iter().map(|m| m.path.capacity()).sum();
+    (std::mem::size_of_val(mappings) + paths) as u64
 }
 
 struct RawMapping {

@@ -158,10 +158,17 @@ impl UntrustedFile {
         } else {
             inner
         };
+        // A perf map has one place, `/tmp`: no link on the way to it is followed, so none
+        // leads the reader onto a mount that was not checked (os::mounts).
+        let links = if kind == Kind::PerfMap {
+            libc::RESOLVE_NO_SYMLINKS
+        } else {
+            0
+        };
         let fd = openat2(
             root.dir.as_raw_fd(),
             inner,
-            libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+            libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | links,
         )
         .map_err(|e| open_error(path, e))?;
         Self::checked(fd, path.to_path_buf(), kind)
@@ -177,9 +184,21 @@ impl UntrustedFile {
 
     /// Opens a path the profiler resolved itself (a binary's path: the `/proc/self/fd/N` of
     /// a descriptor it holds, or a host path checked when it was chosen), with the checks.
+    /// A path below such a descriptor (`/proc/self/fd/N/usr/lib/debug/…`, N a process's
+    /// root the profiler holds) is resolved inside that directory, as in
+    /// [`open_in_root`](Self::open_in_root).
     pub fn open_resolved(path: &Path, kind: Kind) -> Result<Self, UntrustedError> {
         if !path.starts_with("/proc/self/fd") {
             return Self::open(path, kind);
+        }
+        let mut parts = path.components();
+        let held: PathBuf = parts.by_ref().take(5).collect();
+        let rest = parts.as_path();
+        if !rest.as_os_str().is_empty() {
+            let root = Root::open(&held).map_err(|e| open_error(path, e))?;
+            let mut f = Self::open_in_root(&root, rest, kind)?;
+            f.path = path.to_path_buf();
+            return Ok(f);
         }
         let c = cstring(path).map_err(|e| open_error(path, e))?;
         // SAFETY: a NUL-terminated path; the descriptor is owned by `checked`. The magic link
@@ -293,9 +312,13 @@ impl UntrustedFile {
     }
 
     /// The size `fstat` gave at open.
-    #[cfg(test)]
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// The file's device and inode, as `fstat` gave them at open.
+    pub fn identity(&self) -> (u64, u64) {
+        (self.dev, self.ino)
     }
 
     /// The opened file, to keep (its `/proc/self/fd/N` opens the same file later).
@@ -360,16 +383,55 @@ impl UntrustedFile {
     /// section names, and the sections named in `sections` (`.eh_frame`, `.symtab`…); every
     /// other byte reads as zero and costs no memory. Parse the result as the file itself.
     pub fn copy_elf_sections(&self, sections: &[&str]) -> Result<Copy, UntrustedError> {
+        let mut map = self.anon()?;
+        self.fill_elf(&mut map, |name| {
+            sections.iter().any(|w| w.as_bytes() == name)
+        })?;
+        self.seal(map)
+    }
+
+    /// An ELF object copied sparsely, as [`copy_elf_sections`](Self::copy_elf_sections)
+    /// does, into a memory file of the profiler's (`memfd_create`) rather than an anonymous
+    /// mapping: for a reader that opens a path (blazesym, through `/proc/self/fd/N`). The
+    /// sections whose name `keep` accepts are read; nobody else holds the memory file, so
+    /// no one can truncate it under the reader.
+    pub fn copy_elf_to_memfd(&self, keep: impl Fn(&[u8]) -> bool) -> Result<File, UntrustedError> {
+        let read_err = |source| UntrustedError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        if self.size == 0 {
+            return Err(UntrustedError::Malformed {
+                path: self.path.clone(),
+                reason: "empty file".into(),
+            });
+        }
+        // SAFETY: a NUL-terminated name; the descriptor is owned by the File below.
+        let fd = unsafe { libc::memfd_create(c"pyrometer-elf".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(read_err(io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor nothing else owns.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        memfd.set_len(self.size).map_err(read_err)?;
+        // SAFETY: a memory file only this function has; the mapping ends with it.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&memfd) }.map_err(read_err)?;
+        self.fill_elf(&mut map, keep)?;
+        drop(map);
+        Ok(memfd)
+    }
+
+    /// Fills `map` (as long as the file) with the headers and the sections `keep` names.
+    fn fill_elf(&self, map: &mut [u8], keep: impl Fn(&[u8]) -> bool) -> Result<(), UntrustedError> {
         use object::elf::FileHeader64;
         use object::read::elf::{FileHeader, SectionHeader};
         let malformed = |reason: String| UntrustedError::Malformed {
             path: self.path.clone(),
             reason,
         };
-        let mut map = self.anon()?;
-        self.fill(&mut map, 0, 64.min(self.size))?;
+        self.fill(map, 0, 64.min(self.size))?;
         let (ph, sh) = {
-            let header = FileHeader64::<object::Endianness>::parse(&map[..])
+            let header = FileHeader64::<object::Endianness>::parse(&*map)
                 .map_err(|e| malformed(e.to_string()))?;
             let endian = header.endian().map_err(|e| malformed(e.to_string()))?;
             let ph = (
@@ -384,56 +446,52 @@ impl UntrustedFile {
             );
             (ph, sh)
         };
-        self.fill(&mut map, ph.0, ph.1)?;
-        self.fill(&mut map, sh.0, sh.1)?;
+        self.fill(map, ph.0, ph.1)?;
+        self.fill(map, sh.0, sh.1)?;
         // With the section headers in place, the full count (and the names' table) is known.
         let sh_all = {
-            let header = FileHeader64::<object::Endianness>::parse(&map[..])
+            let header = FileHeader64::<object::Endianness>::parse(&*map)
                 .map_err(|e| malformed(e.to_string()))?;
             let endian = header.endian().map_err(|e| malformed(e.to_string()))?;
             let n = header
-                .shnum(endian, &map[..])
+                .shnum(endian, &*map)
                 .map_err(|e| malformed(e.to_string()))?;
             n as u64 * u64::from(header.e_shentsize.get(endian))
         };
-        self.fill(&mut map, sh.0, sh_all)?;
+        self.fill(map, sh.0, sh_all)?;
         let names_range = {
-            let header = FileHeader64::<object::Endianness>::parse(&map[..])
+            let header = FileHeader64::<object::Endianness>::parse(&*map)
                 .map_err(|e| malformed(e.to_string()))?;
             let endian = header.endian().map_err(|e| malformed(e.to_string()))?;
             let headers = header
-                .section_headers(endian, &map[..])
+                .section_headers(endian, &*map)
                 .map_err(|e| malformed(e.to_string()))?;
             let index = header
-                .shstrndx(endian, &map[..])
+                .shstrndx(endian, &*map)
                 .map_err(|e| malformed(e.to_string()))?;
             headers
                 .get(index as usize)
                 .and_then(|s| s.file_range(endian))
                 .unwrap_or((0, 0))
         };
-        self.fill(&mut map, names_range.0, names_range.1)?;
+        self.fill(map, names_range.0, names_range.1)?;
         let wanted: Vec<(u64, u64)> = {
-            let header = FileHeader64::<object::Endianness>::parse(&map[..])
+            let header = FileHeader64::<object::Endianness>::parse(&*map)
                 .map_err(|e| malformed(e.to_string()))?;
             let endian = header.endian().map_err(|e| malformed(e.to_string()))?;
             let table = header
-                .sections(endian, &map[..])
+                .sections(endian, &*map)
                 .map_err(|e| malformed(e.to_string()))?;
             table
                 .iter()
-                .filter(|s| {
-                    table
-                        .section_name(endian, s)
-                        .is_ok_and(|n| sections.iter().any(|w| w.as_bytes() == n))
-                })
+                .filter(|s| table.section_name(endian, s).is_ok_and(&keep))
                 .filter_map(|s| s.file_range(endian))
                 .collect()
         };
         for (offset, len) in wanted {
-            self.fill(&mut map, offset, len)?;
+            self.fill(map, offset, len)?;
         }
-        self.seal(map)
+        Ok(())
     }
 
     fn anon(&self) -> Result<memmap2::MmapMut, UntrustedError> {

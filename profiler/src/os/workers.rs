@@ -5,12 +5,28 @@
 //! With every worker held by a stuck job, new jobs are refused at once: stuck reads cost at
 //! most [`Workers::new`]'s count of threads, never the caller.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// While set, pools start no thread and run their jobs on the caller's.
+static HELD: AtomicBool = AtomicBool::new(false);
+
+/// Makes every pool run its jobs on the caller's thread, without a deadline, until
+/// [`release_threads`]: for a process that must have no other thread for a while (the agent,
+/// until it has become its unprivileged user: capabilities and credentials are per thread).
+pub fn hold_threads() {
+    HELD.store(true, Ordering::Release);
+}
+
+/// Lets pools start their threads again.
+pub fn release_threads() {
+    HELD.store(false, Ordering::Release);
+}
 
 /// Why a job gave no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +65,9 @@ impl Workers {
         deadline: Duration,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Refused> {
+        if HELD.load(Ordering::Acquire) {
+            return Ok(job());
+        }
         if self.busy.load(Ordering::Acquire) >= self.count {
             return Err(Refused::Busy);
         }
@@ -119,6 +138,79 @@ impl Drop for Workers {
     }
 }
 
+/// Reads of profiled processes' files on a [`Workers`] pool, each process left alone for a
+/// while once one of its reads overran: no read of its files is tried again until the backoff
+/// has passed and the stuck read has returned, so one process holds at most one worker.
+pub struct ProcessReads {
+    workers: Workers,
+    deadline: Duration,
+    backoff: Duration,
+    /// Processes whose read overran: until when they are left alone, and whether the read
+    /// holding a worker has returned.
+    stalled: HashMap<u32, (Instant, Arc<AtomicBool>)>,
+    overran: u64,
+}
+
+impl ProcessReads {
+    pub fn new(count: usize, deadline: Duration, backoff: Duration) -> Self {
+        Self {
+            workers: Workers::new(count),
+            deadline,
+            backoff,
+            stalled: HashMap::new(),
+            overran: 0,
+        }
+    }
+
+    /// Whether `pid` is being left alone.
+    pub fn is_stalled(&self, pid: u32) -> bool {
+        self.stalled
+            .get(&pid)
+            .is_some_and(|(until, done)| Instant::now() < *until || !done.load(Ordering::Acquire))
+    }
+
+    /// Runs a read of `pid`'s files on a worker, waiting up to the deadline. None when the
+    /// process is being left alone, no worker is free, or the read overran (the process is
+    /// then left alone).
+    pub fn run<T: Send + 'static>(
+        &mut self,
+        pid: u32,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        if self.is_stalled(pid) {
+            return None;
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        let r = self.workers.run(self.deadline, move || {
+            let v = job();
+            flag.store(true, Ordering::Release);
+            v
+        });
+        match r {
+            Ok(v) => Some(v),
+            Err(Refused::Busy) => None,
+            Err(Refused::Overran) => {
+                self.overran += 1;
+                self.stalled
+                    .insert(pid, (Instant::now() + self.backoff, done));
+                None
+            }
+        }
+    }
+
+    /// Reads that overran their deadline so far.
+    pub fn overran(&self) -> u64 {
+        self.overran
+    }
+
+    /// Forgets the processes `alive` says are gone, unless their read still holds a worker.
+    pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
+        self.stalled
+            .retain(|&pid, (_, done)| alive(pid) || !done.load(Ordering::Acquire));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +247,34 @@ mod tests {
         drop(release2);
         wait_idle(&pool);
         assert_eq!(pool.run(Duration::from_secs(5), || 10), Ok(10));
+    }
+
+    #[test]
+    fn a_process_whose_read_overran_is_left_alone_and_holds_one_worker() {
+        let mut reads = ProcessReads::new(2, Duration::from_millis(100), Duration::ZERO);
+        let (release, stuck) = mpsc::channel::<()>();
+        assert_eq!(
+            reads.run(7, move || {
+                let _ = stuck.recv();
+            }),
+            None
+        );
+        assert_eq!(reads.overran(), 1);
+        // Backoff over, but the stuck read still holds its worker: not tried again.
+        assert!(reads.is_stalled(7));
+        assert_eq!(reads.run(7, || 1), None);
+        assert_eq!(reads.overran(), 1, "not started");
+        // Other processes go on.
+        assert_eq!(reads.run(8, || 2), Some(2));
+        reads.retain(|_| false);
+        assert!(reads.is_stalled(7), "kept while its read holds a worker");
+        drop(release);
+        let until = Instant::now() + Duration::from_secs(10);
+        while reads.is_stalled(7) {
+            assert!(Instant::now() < until, "the read never came back");
+            std::thread::yield_now();
+        }
+        assert_eq!(reads.run(7, || 3), Some(3));
     }
 
     fn wait_idle(pool: &Workers) {

@@ -6,7 +6,11 @@ use std::path::Path;
 
 /// The container id of `pid`, or None when it runs in none (or is gone).
 pub fn container_id(proc_root: &Path, pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
+    let text = crate::os::proctext::read(
+        &proc_root.join(pid.to_string()).join("cgroup"),
+        crate::os::proctext::TEXT_CAP,
+    )
+    .ok()?;
     from_cgroup(&text)
 }
 

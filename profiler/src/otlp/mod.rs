@@ -162,8 +162,8 @@ fn frame_type(kind: FrameKind) -> &'static str {
         FrameKind::Python => "cpython",
         FrameKind::Jit => "jit",
         FrameKind::Native | FrameKind::Unknown => "native",
-        // OpenTelemetry's frame types name no GPU kind.
-        FrameKind::Gpu => "native",
+        // OpenTelemetry's frame types name no GPU or budget kind.
+        FrameKind::Gpu | FrameKind::Budget => "native",
     }
 }
 

@@ -190,6 +190,7 @@ fn wire_kind(f: &Frame) -> pb::FrameKind {
         FrameKind::Python => pb::FrameKind::Python,
         FrameKind::Jit => pb::FrameKind::Jit,
         FrameKind::Gpu => pb::FrameKind::Gpu,
+        FrameKind::Budget => pb::FrameKind::Budget,
         FrameKind::Native if f.inlined => pb::FrameKind::Inlined,
         FrameKind::Native => pb::FrameKind::Native,
         FrameKind::Unknown => pb::FrameKind::Unspecified,
@@ -203,6 +204,7 @@ fn line_kind(kind: i32) -> Option<FrameKind> {
         pb::FrameKind::Python => Some(FrameKind::Python),
         pb::FrameKind::Jit => Some(FrameKind::Jit),
         pb::FrameKind::Gpu => Some(FrameKind::Gpu),
+        pb::FrameKind::Budget => Some(FrameKind::Budget),
         pb::FrameKind::Native | pb::FrameKind::Inlined => Some(FrameKind::Native),
         _ => None,
     }

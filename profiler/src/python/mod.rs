@@ -332,7 +332,9 @@ fn task_ids(proc_root: &Path, pid: u32) -> Vec<(u32, u32)> {
     // shows (the process's NSpid has one entry), every id is the same in both, and no
     // thread's status needs reading (one read per thread was a fifth of an agent's names
     // read).
-    let status = |dir: &Path| std::fs::read_to_string(dir.join("status")).ok();
+    let status = |dir: &Path| {
+        crate::os::proctext::read(&dir.join("status"), crate::os::proctext::TEXT_CAP).ok()
+    };
     let own_namespace = status(&proc_root.join(pid.to_string()))
         .is_some_and(|s| crate::os::procs::ns_pids(&s).is_some_and(|ids| ids.count() == 1));
     if own_namespace {

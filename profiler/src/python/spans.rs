@@ -37,8 +37,13 @@ pub struct SpanTable {
 
 /// The table mapped in `pid`, when there is one and its header checks out.
 pub fn find(proc_root: &Path, pid: u32, mem: &dyn Memory) -> Option<SpanTable> {
-    let maps = std::fs::read_to_string(proc_root.join(pid.to_string()).join("maps")).ok()?;
-    let start = mapping_start(&maps)?;
+    let maps = proc_root.join(pid.to_string()).join("maps");
+    let mut start = None;
+    crate::os::proctext::for_each_line(&maps, crate::os::proctext::MAPS_LINES, |line| {
+        start = start.or_else(|| mapping_start(line));
+    })
+    .ok()?;
+    let start = start?;
     let mut header = [0u8; 24];
     mem.read(start, &mut header).ok()?;
     parse_header(start, &header)

@@ -1,8 +1,9 @@
 //! What the kernel says about a thread: its name, scheduler state and, when it sleeps, the
 //! system call it sleeps in. Combined with the GIL state this gives `dump`'s thread states.
 
-use std::fs;
 use std::path::Path;
+
+use crate::os::proctext;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -74,10 +75,10 @@ pub fn os_thread(proc_root: &Path, pid: u32, tid: u32, gil: Option<(u64, u64)>) 
         .join(pid.to_string())
         .join("task")
         .join(tid.to_string());
-    let name = fs::read_to_string(dir.join("comm"))
+    let name = proctext::read(&dir.join("comm"), proctext::TEXT_CAP)
         .ok()
         .map(|s| s.trim_end_matches('\n').to_string());
-    let sched = fs::read_to_string(dir.join("stat"))
+    let sched = proctext::read(&dir.join("stat"), proctext::TEXT_CAP)
         .ok()
         .and_then(|s| parse_stat_state(&s));
     let (state, reason) = match sched {
@@ -85,7 +86,7 @@ pub fn os_thread(proc_root: &Path, pid: u32, tid: u32, gil: Option<(u64, u64)>) 
         Some('T' | 't') => (ThreadState::Stopped, None),
         Some('S' | 'D' | 'I') => {
             // Needs the same access as process_vm_readv; without it the sleep is unexplained.
-            let syscall = fs::read_to_string(dir.join("syscall")).ok();
+            let syscall = proctext::read(&dir.join("syscall"), proctext::TEXT_CAP).ok();
             classify_sleep(syscall.as_deref(), gil)
         }
         _ => (ThreadState::Unknown, None),

@@ -163,6 +163,19 @@ pub struct TrackerStats {
     pub map_full: u64,
     /// Span tables (pyrometer-otel) found, at registration or later.
     pub span_tables: u64,
+    /// Python processes walked for native frames only, once each: their interpreter is a
+    /// version without a known layout.
+    pub refused_unsupported: u64,
+    /// The same, their interpreter's description of itself (`_Py_DebugOffsets`) read from
+    /// their memory did not validate (a torn or crafted one).
+    pub refused_invalid: u64,
+}
+
+impl TrackerStats {
+    /// Python processes walked for native frames only: (unsupported, invalid).
+    pub fn refused(&self) -> (u64, u64) {
+        (self.refused_unsupported, self.refused_invalid)
+    }
 }
 
 /// `--gil`: the probe sites of each interpreter binary, and which are attached.
@@ -368,6 +381,10 @@ impl PyTracker {
         Ok(())
     }
 
+    pub fn stats(&self) -> TrackerStats {
+        self.stats
+    }
+
     /// Messages gathered since the last call (one line each).
     pub fn take_notices(&mut self) -> Vec<String> {
         std::mem::take(&mut self.notices)
@@ -387,6 +404,7 @@ impl PyTracker {
             Err(e) => {
                 self.remove(pid);
                 if self.noticed.insert(pid) {
+                    self.stats.refused_unsupported += 1;
                     self.notices.push(format!(
                         "pid {pid} ({}): {}: native frames only",
                         process.comm,
@@ -414,6 +432,7 @@ impl PyTracker {
             Err(e) => {
                 self.remove(pid);
                 if self.noticed.insert(pid) {
+                    self.stats.refused_invalid += 1;
                     self.notices.push(format!(
                         "pid {pid} ({}): {}: native frames only",
                         process.comm,

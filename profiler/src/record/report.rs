@@ -42,6 +42,9 @@ pub struct RunReport {
     pub py_frames: (u64, u64),
     /// The unwind tables' figures (all zero with `--unwind fp`).
     pub unwinder: UnwinderStats,
+    /// Python processes walked for native frames only: (unsupported version, a description
+    /// of itself that did not validate).
+    pub python_refused: (u64, u64),
     /// The sampler program's run time and count, when `kernel.bpf_stats_enabled` was on.
     pub bpf: Option<ProgramStats>,
     /// CPU time pyrometer spent while sampling.
@@ -224,6 +227,8 @@ impl RunReport {
         json["bpf_python_ns"] = c.python_ns.into();
         json["unwind_tables_too_big"] = unwinder.tables_too_big.into();
         json["unwind_mappings_dropped"] = unwinder.mappings_dropped.into();
+        json["python_processes_unsupported"] = self.python_refused.0.into();
+        json["python_processes_invalid"] = self.python_refused.1.into();
         if let Some(a) = &self.alloc {
             json["alloc_samples"] = a.samples.into();
             json["alloc_frees"] = a.frees.into();

@@ -322,11 +322,8 @@ impl Recording {
             gc,
             alloc,
             py_frames,
-            unwinder: tables
-                .unwinder
-                .as_ref()
-                .map(|u| u.stats())
-                .unwrap_or_default(),
+            python_refused: tables.python.stats().refused(),
+            unwinder: tables.unwinder_stats(),
             bpf,
             capture_cpu_ns,
             gpus,

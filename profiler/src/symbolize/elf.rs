@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::os::procs::read_build_id;
+use crate::os::untrusted::{Kind, UntrustedFile};
 
 /// A PT_LOAD segment: `filesz` bytes at file `offset` are mapped at `vaddr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +65,11 @@ impl ElfInfo {
         build_id: Option<&str>,
         debug_dirs: &[PathBuf],
     ) -> Option<ElfInfo> {
-        let file = File::open(path).ok()?;
-        let size = file.metadata().map_or(u64::MAX, |m| m.len());
-        let cache = object::read::ReadCache::new(file);
+        // Through the untrusted-file layer (inside the process's root, regular files only)
+        // and pread, not a mapping: a file truncated meanwhile costs an error, not a SIGBUS.
+        let file = UntrustedFile::open_resolved(path, Kind::Elf).ok()?;
+        let size = file.size();
+        let cache = object::read::ReadCache::new(file.reader());
         let obj = object::File::parse(&cache).ok()?;
         let loads = loads_of(&obj);
         let build_id = build_id
@@ -129,14 +132,14 @@ impl FileCost {
     /// Reads the section headers only (a few KB of a file of any size). A file that cannot
     /// be read as ELF costs its size and has no DWARF.
     pub fn of(path: &Path) -> FileCost {
-        let Ok(file) = File::open(path) else {
+        let Ok(file) = UntrustedFile::open_resolved(path, Kind::Elf) else {
             return FileCost {
                 size: u64::MAX,
                 ..FileCost::default()
             };
         };
-        let size = file.metadata().map_or(u64::MAX, |m| m.len());
-        let cache = object::read::ReadCache::new(file);
+        let size = file.size();
+        let cache = object::read::ReadCache::new(file.reader());
         match object::File::parse(&cache) {
             Ok(obj) => FileCost::of_object(&obj, size),
             Err(_) => FileCost {
@@ -179,7 +182,9 @@ impl FileCost {
 
 /// Finds a separate debug file: by build-id under each debug dir's `.build-id/`, then by
 /// debuglink next to the binary, in its `.debug/` subdir, and under each debug dir plus the
-/// binary's directory. Debuglink candidates must match the link's CRC32.
+/// binary's directory. Debuglink candidates must match the link's CRC32. Every candidate is
+/// opened through the untrusted-file layer: a directory of a process's root is resolved
+/// inside that root, and a link, a FIFO or a device planted there is refused.
 pub(crate) fn find_debug_file(
     binary: &Path,
     build_id: Option<&str>,
@@ -194,7 +199,7 @@ pub(crate) fn find_debug_file(
                 .join(".build-id")
                 .join(&id[..2])
                 .join(format!("{}.debug", &id[2..]));
-            if cand.is_file() && read_build_id(&cand).as_deref() == Some(id) {
+            if read_build_id(&cand).as_deref() == Some(id) {
                 return Some(cand);
             }
         }
@@ -211,15 +216,18 @@ pub(crate) fn find_debug_file(
     }
     let binary_id = same_file_id(binary);
     cands.into_iter().find(|c| {
-        c.is_file()
-            && (binary_id.is_none() || same_file_id(c) != binary_id)
-            && crc32_file(c).is_ok_and(|v| v == crc)
+        let Ok(f) = UntrustedFile::open_resolved(c, Kind::Elf) else {
+            return false;
+        };
+        (binary_id.is_none() || Some(f.identity()) != binary_id)
+            && crc32(&mut f.reader()).is_ok_and(|v| v == crc)
     })
 }
 
 fn same_file_id(p: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+    UntrustedFile::open_resolved(p, Kind::Elf)
+        .ok()
+        .map(|f| f.identity())
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -228,9 +236,14 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// CRC-32 (IEEE, reflected, as zlib and `.gnu_debuglink` use it), streamed so multi-GB debug
 /// files need no memory.
+#[cfg(test)]
 pub(crate) fn crc32_file(path: &Path) -> io::Result<u32> {
+    crc32(&mut File::open(path)?)
+}
+
+/// [`crc32_file`] of what `f` reads.
+fn crc32(f: &mut impl Read) -> io::Result<u32> {
     let table = crc_table();
-    let mut f = File::open(path)?;
     let mut buf = vec![0u8; 1 << 16];
     let mut crc = !0u32;
     loop {

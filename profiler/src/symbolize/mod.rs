@@ -6,6 +6,7 @@
 //! it has no build-id — so a libc address is symbolized once per run whichever process hit it.
 
 mod elf;
+mod jit;
 mod kallsyms;
 mod perfmap;
 #[cfg(test)]
@@ -16,20 +17,28 @@ pub(crate) mod testutil;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
-use crate::os::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
-use crate::os::untrusted::Root;
+use crate::os::procs::{Binary, BinaryKey, Mapping, MappingKind, ProcessRegistry};
+use crate::os::untrusted::{Kind, UntrustedFile};
+use crate::os::workers::ProcessReads;
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
+use std::os::fd::AsRawFd;
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 pub const UNKNOWN: &str = "[unknown]";
+/// The one frame standing for the user stack of a process over its budget.
+pub const OVER_BUDGET: &str = "[budget]";
+
+/// What the symbolizer may keep for one process unless configured otherwise
+/// ([`Symbolizer::with_process_budget`]): 24 MiB.
+pub const DEFAULT_PROCESS_BUDGET: u64 = 24 << 20;
 
 /// Results kept at most (bounded memory); past it the cache starts over.
 pub const MAX_RESULTS: usize = 1 << 18;
@@ -72,6 +81,9 @@ pub struct SymbolizerStats {
     /// Reads that did not finish by their deadline (a file on a mount that does not answer):
     /// the process is left alone for a while, the read keeps one worker.
     pub stalled_reads: u64,
+    /// Processes found over their budget ([`Symbolizer::with_process_budget`]): their user
+    /// stacks are one `[budget]` frame from then on.
+    pub processes_over_budget: u64,
 }
 
 /// One function at an address, before it is dressed up as a [`Frame`] for a given mapping.
@@ -104,6 +116,9 @@ pub const KEEP_OPEN_PERIODS: u64 = 30;
 /// One file's blazesym reader, and how it was used.
 struct OpenFile {
     blaze: blazesym::symbolize::Symbolizer,
+    /// The copy blazesym reads (a memory file of ours, as `/proc/self/fd/N`), never the
+    /// process's file itself: truncating that cannot fault a mapping of blazesym's.
+    copy: std::fs::File,
     /// The [`Symbolizer::release_files`] period it was last used in.
     used: u64,
     /// Lookups in that period.
@@ -114,12 +129,37 @@ struct OpenFile {
     dwarf: Option<u64>,
 }
 
-/// Threads reading perf maps; each read stuck past its deadline holds one until it returns.
-const PERF_MAP_WORKERS: usize = 2;
-/// How long a perf map read may take (16 MiB read and parsed on a busy machine).
-const PERF_MAP_DEADLINE: Duration = Duration::from_secs(2);
-/// How long a process whose perf map read overran is left alone.
-const PERF_MAP_BACKOFF: Duration = Duration::from_secs(60);
+/// Threads reading a process's files (perf maps, build-ids, ELF layouts, the copies blazesym
+/// reads); each read stuck past its deadline holds one until it returns.
+const READ_WORKERS: usize = 4;
+/// How long a read may take (a 16 MiB perf map read and parsed, a debug file's symbol
+/// tables and DWARF copied, on a busy machine).
+const READ_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a process whose read overran is left alone, at least: no read of its files is
+/// tried again before then, nor while the stuck one still holds its worker.
+const READ_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The sections blazesym reads from an ELF object: symbol tables and their names, and (when
+/// asked) DWARF. The copy handed to it holds these only; its code and data read as zeros.
+fn blaze_section(name: &[u8], dwarf: bool) -> bool {
+    const SYMBOLS: &[&[u8]] = &[
+        b".symtab",
+        b".strtab",
+        b".dynsym",
+        b".dynstr",
+        b".gnu_debuglink",
+        b".gnu.version",
+        b".gnu.version_d",
+        b".gnu.version_r",
+        b".note.gnu.build-id",
+    ];
+    SYMBOLS.contains(&name)
+        || (dwarf && (name.starts_with(b".debug_") || name.starts_with(b".zdebug_")))
+}
+
+/// A read of a process's files did not answer in time, or found no free worker: nothing is
+/// cached, it is tried again later.
+struct Deferred;
 
 /// Not `Send`: blazesym's resolvers use `Rc`. Create it on the thread that symbolizes.
 pub struct Symbolizer {
@@ -136,7 +176,10 @@ pub struct Symbolizer {
     results: crate::FastMap<(ModKey, u64), Option<Rc<[Resolved]>>>,
     perf_maps: HashMap<u32, PerfMap>,
     /// Where files a process controls are read, with deadlines.
-    workers: crate::os::workers::Workers,
+    reads: ProcessReads,
+    /// What may be kept for one process, and the processes found over it.
+    process_budget: u64,
+    over_budget: std::collections::HashSet<u32>,
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
@@ -174,7 +217,9 @@ impl Symbolizer {
             elves: Default::default(),
             results: Default::default(),
             perf_maps: HashMap::new(),
-            workers: crate::os::workers::Workers::new(PERF_MAP_WORKERS),
+            reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
+            process_budget: DEFAULT_PROCESS_BUDGET,
+            over_budget: Default::default(),
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
@@ -191,6 +236,17 @@ impl Symbolizer {
     /// of MB. Which files get their DWARF depends on the order they are first met in.
     pub fn with_dwarf_budget(mut self, bytes: u64) -> Self {
         self.dwarf_budget = Some(bytes);
+        self
+    }
+
+    /// What the symbolizer and the registry may keep for one process: its perf map as parsed
+    /// and its mappings as held. A process found over it (after a read of its perf map or
+    /// its maps) is degraded: what was kept for it is let go, and each of its user stacks is
+    /// one `[budget]` frame ([`FrameKind::Budget`]); its samples, kernel frames and labels
+    /// stay. The caches shared by every process (results, open files, ELF layouts) have
+    /// bounds of their own.
+    pub fn with_process_budget(mut self, bytes: u64) -> Self {
+        self.process_budget = bytes;
         self
     }
 
@@ -259,6 +315,8 @@ impl Symbolizer {
     /// Results stay (bounded by [`MAX_RESULTS`]); a binary met again is read again.
     pub fn forget_exited(&mut self, registry: &ProcessRegistry) {
         self.perf_maps.retain(|&pid, _| registry.get(pid).is_some());
+        self.over_budget.retain(|&pid| registry.get(pid).is_some());
+        self.reads.retain(|pid| registry.get(pid).is_some());
         self.elves.retain(|key, _| registry.maps_binary(key));
     }
 
@@ -286,6 +344,10 @@ impl Symbolizer {
         if registry.get(pid).is_none() {
             // An unknown pid just yields `[unknown]` frames.
             let _ = registry.observe(pid);
+        }
+        if self.over(registry, pid) {
+            self.stats.unsymbolized += addrs.len() as u64;
+            return vec![Frame::named(OVER_BUDGET, FrameKind::Budget)];
         }
         let mut out = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
@@ -333,7 +395,7 @@ impl Symbolizer {
         match m.kind {
             MappingKind::File => {
                 let before = out.len();
-                if self.native(m, addr, lookup, out) {
+                if self.native(pid, m, addr, lookup, out) {
                     return true;
                 }
                 // Code in a file we cannot read as ELF (a memfd some JITs use) may be in
@@ -364,15 +426,24 @@ impl Symbolizer {
     }
 
     /// Pushes the frames for an address in a file mapping; false when it stayed unnamed (a
-    /// `name+0xOFFSET` frame was pushed then).
-    fn native(&mut self, m: &Mapping, addr: u64, lookup: u64, out: &mut Vec<Frame>) -> bool {
-        let build_id = m.build_id();
-        let resolved = m.binary().and_then(|b| {
+    /// `name+0xOFFSET` frame was pushed then). What is read of the binary is read on a
+    /// worker, with a deadline.
+    fn native(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+        addr: u64,
+        lookup: u64,
+        out: &mut Vec<Frame>,
+    ) -> bool {
+        let id = m.binary().and_then(|b| self.build_id(pid, b));
+        let build_id = id.as_ref().and_then(|id| id.as_deref());
+        let resolved = m.binary().filter(|_| id.is_some()).and_then(|b| {
             let mkey = mod_key(build_id, b.key());
-            self.cached(mkey, m.file_offset(lookup), |s| {
+            self.cached(pid, mkey, m.file_offset(lookup), |s| {
                 let dirs = b.debug_dirs(&s.debug_dirs);
                 let seen = b.seen_path(&m.path);
-                s.elf_info(b.key(), b.path(), b.dir(), seen, build_id, Some(&dirs))
+                s.elf_info(pid, b.key(), b.path(), b.dir(), seen, build_id, Some(&dirs))
             })
         });
         let off = m.file_offset(addr);
@@ -386,16 +457,40 @@ impl Symbolizer {
         )
     }
 
+    /// The binary's build-id, read on a worker the first time; None while it cannot be
+    /// read in time (the process is then left alone for a while).
+    fn build_id(&mut self, pid: u32, b: &std::sync::Arc<Binary>) -> Option<Option<String>> {
+        if let Some(id) = b.known_build_id() {
+            return Some(id.map(str::to_string));
+        }
+        let path = b.path().to_path_buf();
+        let id = self.off_loop(pid, move || crate::os::procs::read_build_id(&path))?;
+        Some(b.set_build_id(id).map(str::to_string))
+    }
+
+    fn off_loop<T: Send + 'static>(
+        &mut self,
+        pid: u32,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let r = self.reads.run(pid, job);
+        self.stats.stalled_reads = self.reads.overran();
+        r
+    }
+
     /// Symbolizes one exact file offset of an ELF file on disk (no return-address
     /// adjustment): for offline symbolization by path. Frames innermost first.
     #[cfg(test)]
     pub fn symbolize_elf(&mut self, path: &Path, file_offset: u64) -> Vec<Frame> {
         let key = BinaryKey::Path(path.to_path_buf());
         let seen = path.to_string_lossy();
-        let info = self.elf_info(&key, path, path.parent(), &seen, None, None);
+        let info = self
+            .elf_info(0, &key, path, path.parent(), &seen, None, None)
+            .ok()
+            .flatten();
         let build_id = info.as_ref().and_then(|i| i.build_id.clone());
         let mkey = mod_key(build_id.as_deref(), &key);
-        let resolved = self.cached(mkey, file_offset, |_| info);
+        let resolved = self.cached(0, mkey, file_offset, |_| Ok(info));
         let basename = seen.rsplit('/').next().unwrap_or(&seen);
         let mut out = Vec::new();
         let named = push_native(
@@ -410,29 +505,43 @@ impl Symbolizer {
         out
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn elf_info(
         &mut self,
+        pid: u32,
         key: &BinaryKey,
         path: &Path,
         dir: Option<&Path>,
         seen: &str,
         build_id: Option<&str>,
         debug_dirs: Option<&[PathBuf]>,
-    ) -> Option<Rc<ElfInfo>> {
+    ) -> Result<Option<Rc<ElfInfo>>, Deferred> {
         if let Some(info) = self.elves.get(key) {
-            return info.clone();
+            return Ok(info.clone());
         }
-        let dirs = debug_dirs.unwrap_or(&self.debug_dirs);
-        let info = ElfInfo::load(path, dir, seen, build_id, dirs).map(Rc::new);
+        let dirs = debug_dirs.unwrap_or(&self.debug_dirs).to_vec();
+        let (path, dir, seen) = (
+            path.to_path_buf(),
+            dir.map(Path::to_path_buf),
+            seen.to_string(),
+        );
+        let build_id = build_id.map(str::to_string);
+        let info = self
+            .off_loop(pid, move || {
+                ElfInfo::load(&path, dir.as_deref(), &seen, build_id.as_deref(), &dirs)
+            })
+            .ok_or(Deferred)?
+            .map(Rc::new);
         self.elves.insert(key.clone(), info.clone());
-        info
+        Ok(info)
     }
 
     fn cached(
         &mut self,
+        pid: u32,
         mkey: ModKey,
         lookup_offset: u64,
-        info: impl FnOnce(&mut Self) -> Option<Rc<ElfInfo>>,
+        info: impl FnOnce(&mut Self) -> Result<Option<Rc<ElfInfo>>, Deferred>,
     ) -> Option<Rc<[Resolved]>> {
         let key = (mkey, lookup_offset);
         if let Some(r) = self.results.get(&key) {
@@ -440,16 +549,26 @@ impl Symbolizer {
             return r.clone();
         }
         self.stats.cache_misses += 1;
+        let r = match info(self).ok()? {
+            Some(i) => self.resolve(pid, &i, lookup_offset).ok()?,
+            None => None,
+        };
         if self.results.len() >= MAX_RESULTS {
             self.results.clear();
         }
-        let r = info(self).and_then(|i| self.resolve(&i, lookup_offset));
         self.results.insert(key, r.clone());
         r
     }
 
-    fn resolve(&mut self, info: &ElfInfo, file_offset: u64) -> Option<Rc<[Resolved]>> {
-        let vaddr = info.vaddr(file_offset)?;
+    fn resolve(
+        &mut self,
+        pid: u32,
+        info: &ElfInfo,
+        file_offset: u64,
+    ) -> Result<Option<Rc<[Resolved]>>, Deferred> {
+        let Some(vaddr) = info.vaddr(file_offset) else {
+            return Ok(None);
+        };
         let period = self.period;
         if !self.open.contains_key(&info.source) {
             let cost = info.cost;
@@ -461,10 +580,21 @@ impl Symbolizer {
                     self.stats.dwarf_skipped_files += 1;
                 }
             }
+            let source = info.source.clone();
+            let copy = self
+                .off_loop(pid, move || {
+                    UntrustedFile::open_resolved(&source, Kind::Elf)
+                        .and_then(|f| f.copy_elf_to_memfd(|name| blaze_section(name, dwarf)))
+                })
+                .ok_or(Deferred)?;
+            let Ok(copy) = copy else {
+                return Ok(None);
+            };
             self.open.insert(
                 info.source.clone(),
                 OpenFile {
                     blaze: Self::blaze(),
+                    copy,
                     used: period,
                     lookups: 0,
                     bytes: cost.open(dwarf),
@@ -472,8 +602,10 @@ impl Symbolizer {
                 },
             );
         }
-        let file = self.open.get_mut(&info.source)?;
-        let mut elf = Elf::new(&info.source);
+        let Some(file) = self.open.get_mut(&info.source) else {
+            return Ok(None);
+        };
+        let mut elf = Elf::new(format!("/proc/self/fd/{}", file.copy.as_raw_fd()));
         elf.debug_syms = file.dwarf.is_some();
         let src = Source::from(elf);
         if file.used != period {
@@ -481,11 +613,12 @@ impl Symbolizer {
             file.lookups = 0;
         }
         file.lookups += 1;
-        let syms = file
-            .blaze
-            .symbolize(&src, Input::VirtOffset(&[vaddr]))
-            .ok()?;
-        let sym = syms.into_iter().next()?.into_sym()?;
+        let Ok(syms) = file.blaze.symbolize(&src, Input::VirtOffset(&[vaddr])) else {
+            return Ok(None);
+        };
+        let Some(sym) = syms.into_iter().next().and_then(|s| s.into_sym()) else {
+            return Ok(None);
+        };
         let mut v = Vec::with_capacity(sym.inlined.len() + 1);
         // blazesym lists inlined callees outermost first; frames go innermost first.
         for f in sym.inlined.iter().rev() {
@@ -504,66 +637,7 @@ impl Symbolizer {
             line,
             inlined: false,
         });
-        Some(v.into())
-    }
-
-    /// A frame from the process's perf map, re-reading the map on a miss (rate-limited).
-    fn jit(
-        &mut self,
-        registry: &ProcessRegistry,
-        pid: u32,
-        addr: u64,
-        lookup: u64,
-    ) -> Option<Frame> {
-        let interval = self.perf_map_interval;
-        let pm = self.perf_maps.entry(pid).or_default();
-        let due = pm.last_read.is_none_or(|t| t.elapsed() >= interval)
-            && pm.backoff_until.is_none_or(|t| Instant::now() >= t);
-        if due && (pm.last_read.is_none() || pm.lookup(lookup).is_none()) {
-            // Inside a container the JIT names the file by its namespace pid.
-            let ns_pid = registry.get(pid).map_or(pid, |p| p.ns_pid);
-            let own = || Root::of_process(registry.proc_root(), pid).ok();
-            let mut candidates = Vec::new();
-            if let Some(root) = own() {
-                candidates.push((root, PathBuf::from(format!("/tmp/perf-{ns_pid}.map"))));
-            }
-            if ns_pid != pid
-                && let Some(root) = own()
-            {
-                candidates.push((root, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
-            }
-            if let Ok(host) = Root::open(Path::new("/")) {
-                candidates.push((host, PathBuf::from(format!("/tmp/perf-{pid}.map"))));
-            }
-            pm.last_read = Some(Instant::now());
-            // On a worker: a file on a mount that never answers holds the worker, not this.
-            match self
-                .workers
-                .run(PERF_MAP_DEADLINE, move || perfmap::read(&candidates))
-            {
-                Ok(perfmap::Read::Entries(e)) => pm.entries = e,
-                Ok(perfmap::Read::Absent) => pm.entries.clear(),
-                Ok(perfmap::Read::Refused) => {
-                    pm.entries.clear();
-                    self.stats.refused_files += 1;
-                }
-                Err(_) => {
-                    pm.backoff_until = Some(Instant::now() + PERF_MAP_BACKOFF);
-                    self.stats.stalled_reads += 1;
-                }
-            }
-        }
-        let e = pm.lookup(lookup)?;
-        Some(Frame {
-            function: e.name.clone(),
-            file: None,
-            line: None,
-            module: Some(format!("/tmp/perf-{pid}.map")),
-            build_id: None,
-            address: addr,
-            kind: FrameKind::Jit,
-            inlined: false,
-        })
+        Ok(Some(v.into()))
     }
 
     fn vdso(&mut self, m: &Mapping, addr: u64, lookup: u64, out: &mut Vec<Frame>) -> bool {

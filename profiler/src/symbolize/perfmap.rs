@@ -78,11 +78,15 @@ pub(crate) fn read(candidates: &[(Root, PathBuf)]) -> Read {
 pub(crate) struct PerfMap {
     pub entries: Vec<PerfMapEntry>,
     pub last_read: Option<Instant>,
-    /// A read did not finish in time: no other is tried before then.
-    pub backoff_until: Option<Instant>,
 }
 
 impl PerfMap {
+    /// What its entries hold in memory.
+    pub fn held_bytes(&self) -> u64 {
+        let names: usize = self.entries.iter().map(|e| e.name.capacity()).sum();
+        (self.entries.capacity() * std::mem::size_of::<PerfMapEntry>() + names) as u64
+    }
+
     pub fn lookup(&self, addr: u64) -> Option<&PerfMapEntry> {
         let i = self.entries.partition_point(|e| e.start <= addr);
         let e = self.entries.get(i.checked_sub(1)?)?;

@@ -618,3 +618,82 @@ fn hostile_perf_maps_are_refused_without_hanging() {
     );
     assert_eq!(s.stats().refused_files, 2);
 }
+
+/// blazesym reads the profiler's copy of a binary, never a mapping of the file: a binary
+/// truncated after it was opened still has its functions named from the copy, one truncated
+/// before it is opened costs its names, and neither raises SIGBUS in the profiler.
+#[test]
+fn a_binary_truncated_under_the_symbolizer_is_no_sigbus() {
+    let tmp = TempDir::new("sym-truncate");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g"]);
+    let (known, _) = symbol(&prog, "known_function", false);
+    let (hidden, _) = symbol(&prog, "hidden_static", false);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    assert_eq!(s.symbolize_elf(&prog, known)[0].function, "known_function");
+    fs::File::options()
+        .write(true)
+        .open(&prog)
+        .unwrap()
+        .set_len(200)
+        .unwrap();
+    // A mapping of the file would fault on any page past the first now.
+    let f = &s.symbolize_elf(&prog, hidden)[0];
+    assert_eq!(f.function, "hidden_static");
+    assert_eq!(f.line, Some(2), "{f:?}");
+    let mut fresh = Symbolizer::new().with_debug_dirs(vec![]);
+    let f = &fresh.symbolize_elf(&prog, known)[0];
+    assert_eq!(f.kind, FrameKind::Unknown, "{f:?}");
+}
+
+/// A process whose perf map costs more than its budget is degraded: once found over it, each
+/// of its user stacks is one `[budget]` frame, its perf map is let go, and it is counted once;
+/// a process within the budget beside it keeps its names.
+#[test]
+fn a_process_over_its_budget_has_budget_frames_and_is_counted() {
+    let tmp = TempDir::new("sym-budget");
+    let (big, small) = (4_000_321, 4_000_322);
+    let map = jit_process(&tmp, big);
+    let lines: String = (0..2000u64)
+        .map(|i| {
+            format!(
+                "{:x} 10 jitted_function_number_{i}\n",
+                0x7f00_0000_1000 + i * 16
+            )
+        })
+        .collect();
+    fs::write(&map, lines).unwrap();
+    let small_dir = tmp.path().join("proc").join(small.to_string());
+    fs::create_dir_all(&small_dir).unwrap();
+    fs::copy(
+        tmp.path().join("proc").join(big.to_string()).join("maps"),
+        small_dir.join("maps"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("rootfs"), small_dir.join("root")).unwrap();
+    fs::write(
+        tmp.path().join(format!("rootfs/tmp/perf-{small}.map")),
+        "7f0000001000 100 small_jitted\n",
+    )
+    .unwrap();
+
+    let mut reg = ProcessRegistry::with_proc_root(tmp.path().join("proc"));
+    let mut s = Symbolizer::new()
+        .with_perf_map_interval(Duration::from_secs(3600))
+        .with_process_budget(64 << 10);
+    // Read (and named) once; the read puts it over its budget.
+    let f = s.user(&mut reg, big, &[0x7f0000001004]);
+    assert_eq!(f[0].function, "jitted_function_number_0");
+    assert_eq!(s.stats().processes_over_budget, 0);
+    for _ in 0..3 {
+        let f = s.user(&mut reg, big, &[0x7f0000001004, 0x7f0000001014]);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].function, OVER_BUDGET);
+        assert_eq!(f[0].kind, FrameKind::Budget);
+    }
+    assert_eq!(s.stats().processes_over_budget, 1, "counted once");
+    assert_eq!(s.held().0, 0, "its perf map was let go");
+    let f = s.user(&mut reg, small, &[0x7f0000001004]);
+    assert_eq!(f[0].function, "small_jitted");
+    let f = s.user(&mut reg, small, &[0x7f0000001004]);
+    assert_eq!(f[0].kind, FrameKind::Jit, "within its budget");
+}

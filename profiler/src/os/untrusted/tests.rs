@@ -83,6 +83,9 @@ fn absolute_and_dotdot_links_do_not_leave_the_root() {
     std::fs::remove_file(tmp.path().join("root/tmp")).unwrap();
     symlink("../../../../../../../../host", tmp.path().join("root/tmp")).unwrap();
     let r = open_map(&root);
+    // A perf map is reached through no link at all.
+    assert!(matches!(r, Err(UntrustedError::Link { .. })), "{r:?}");
+    let r = UntrustedFile::open_in_root(&root, Path::new("/tmp/perf-1.map"), Kind::ProcText);
     assert!(r.as_ref().is_err_and(|e| e.is_not_found()), "{r:?}");
     // `..` in the path asked for is clamped at the root too.
     let dotdot = UntrustedFile::open_in_root(&root, Path::new("../host/perf-1.map"), Kind::PerfMap);
@@ -252,4 +255,33 @@ fn a_sparse_copy_reads_only_the_sections_asked_for() {
     let text = data(&sparse, ".text");
     assert!(text.iter().all(|&b| b == 0), ".text was not asked for");
     assert!(data(&full, ".text").iter().any(|&b| b != 0));
+}
+
+/// A path below a held root (`/proc/self/fd/N/…`, as debug directories inside a container
+/// are named) is resolved inside that root: an absolute link there does not reach the host.
+#[test]
+fn paths_below_a_held_root_stay_inside_it() {
+    let (tmp, _, _) = layout("held");
+    let root_dir = tmp.path().join("root");
+    std::fs::create_dir_all(root_dir.join("usr/lib/debug")).unwrap();
+    std::fs::create_dir_all(root_dir.join("sub")).unwrap();
+    std::fs::write(root_dir.join("sub/inside"), b"inside").unwrap();
+    std::fs::create_dir_all(tmp.path().join("hostdir")).unwrap();
+    std::fs::write(tmp.path().join("hostdir/secret"), b"host").unwrap();
+    symlink(
+        tmp.path().join("hostdir"),
+        root_dir.join("usr/lib/debug/abs"),
+    )
+    .unwrap();
+    symlink("/sub", root_dir.join("usr/lib/debug/rel")).unwrap();
+    let held = File::open(&root_dir).unwrap();
+    let base = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+    let read = |p: &str| {
+        UntrustedFile::open_resolved(&base.join(p), Kind::ProcText).and_then(|f| f.read_bytes())
+    };
+    assert_eq!(read("sub/inside").unwrap(), b"inside");
+    assert_eq!(read("usr/lib/debug/rel/inside").unwrap(), b"inside");
+    // The host directory's path, taken inside the root, is not there.
+    let r = read("usr/lib/debug/abs/secret");
+    assert!(r.as_ref().is_err_and(UntrustedError::is_not_found), "{r:?}");
 }

@@ -112,6 +112,11 @@ pub struct AgentArgs {
     /// ~20 MB and ~25 ms of CPU when it is first read.
     #[arg(long, value_name = "MIB")]
     pub(super) dwarf_mb: Option<u64>,
+    /// What the agent may keep for one process (its perf map as parsed, its mappings), in
+    /// MiB; a process over it is degraded: each of its user stacks is one `[budget]` frame
+    /// (default 24).
+    #[arg(long, value_name = "MIB")]
+    pub(super) process_budget_mb: Option<u64>,
     /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
     /// "GPU source off" once when it does not): gauges on /metrics, and `gpu` and
     /// `gpu_memory` labels on the samples of processes that use a GPU.
@@ -164,6 +169,7 @@ struct FileConfig {
     unwind: Option<String>,
     unwind_rows: Option<u32>,
     dwarf_mb: Option<u64>,
+    process_budget_mb: Option<u64>,
     off_cpu: Option<bool>,
     off_cpu_min: Option<String>,
     gc: Option<bool>,
@@ -182,6 +188,13 @@ struct FileConfig {
 /// Debian's python3.11 debug file). Function names, which is what a flame graph shows, come
 /// from the symbol tables; Python frames have their lines from the interpreter either way.
 pub(super) const DEFAULT_DWARF_MB: u64 = 0;
+
+/// `--process-budget-mb` in bytes; its default when not given.
+fn budget_bytes(mib: Option<u64>) -> u64 {
+    mib.map_or(pyrometer::agent::DEFAULT_PROCESS_BUDGET, |mb| {
+        mb.saturating_mul(1 << 20)
+    })
+}
 
 pub(super) fn input(msg: impl Into<String>) -> anyhow::Error {
     exit_error(EXIT_INPUT, msg)
@@ -319,6 +332,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             .unwrap_or(DEFAULT_DWARF_MB)
             .saturating_mul(1 << 20),
         gc: args.gc || file.gc == Some(true),
+        process_budget_bytes: budget_bytes(args.process_budget_mb.or(file.process_budget_mb)),
         off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
             let min = match (args.off_cpu_min, file.off_cpu_min) {
                 (Some(d), _) => d,
