@@ -342,3 +342,61 @@ fn queries_stop_at_their_deadline_and_never_block_pushes() {
     assert!(started.elapsed() < std::time::Duration::from_secs(2));
     reader.execute_batch("COMMIT").unwrap();
 }
+
+/// The log grows while a reader holds an old snapshot (no checkpoint can empty it then); once
+/// the reader is gone, the next pushes find it checkpointed and cut it back to its limit, so a
+/// burst of pushes does not leave the store's disk use at its high-water mark.
+#[test]
+fn write_ahead_log_is_cut_back_after_a_burst() {
+    let dir = tmp("wal");
+    let store = SqliteStore::open(&dir).unwrap();
+    let wal = dir.join("pyrometer.sqlite-wal");
+    let wal_len = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    store
+        .ingest(&batch("a", 0, 1000, "n", &["main"], 1))
+        .unwrap();
+    let reader = rusqlite::Connection::open(dir.join("pyrometer.sqlite")).unwrap();
+    reader
+        .execute_batch("BEGIN; SELECT count(*) FROM sqlite_master;")
+        .unwrap();
+    let frames: Vec<String> = (0..64).map(|i| format!("function_{i:04}")).collect();
+    let mut seq = 1;
+    while wal_len() <= 2 * JOURNAL_SIZE_LIMIT {
+        assert!(seq < 100_000, "the log never grew: {} bytes", wal_len());
+        let mut b = batch("a", seq, 1000 + seq as i64 * 10, "n", &["main"], 1);
+        let labels: LabelSet = [("node".to_string(), format!("node-{seq}"))].into();
+        let labels = Arc::new(labels);
+        b.rows = (0..64)
+            .map(|i| Row {
+                labels: labels.clone(),
+                stack: Arc::new(
+                    frames[i..]
+                        .iter()
+                        .map(|f| crate::store::Frame::from(format!("{f}_{seq}").as_str()))
+                        .collect(),
+                ),
+                sample_type: 0,
+                value: 1,
+            })
+            .collect();
+        store.ingest(&b).unwrap();
+        seq += 1;
+    }
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let grown = wal_len();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while wal_len() > JOURNAL_SIZE_LIMIT {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log stayed at {} bytes (grown to {grown}), limit {JOURNAL_SIZE_LIMIT}",
+            wal_len()
+        );
+        store
+            .ingest(&batch("a", seq, 1000, "n", &["main"], 1))
+            .unwrap();
+        seq += 1;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
