@@ -69,8 +69,10 @@ pub fn free_threaded(minor: u32) -> Interpreter {
         .filter_map(|l| l.split_once(' '))
         .find(|(v, _)| v.starts_with(&want))
         .unwrap_or_else(|| panic!("tests/free-threaded.txt lists no 3.{minor}"));
-    let cache = std::env::var_os("PYROMETER_CPYTHON_CACHE")
-        .map_or_else(|| PathBuf::from("/var/cache/pyrometer-cpython"), PathBuf::from);
+    let cache = std::env::var_os("PYROMETER_CPYTHON_CACHE").map_or_else(
+        || PathBuf::from("/var/cache/pyrometer-cpython"),
+        PathBuf::from,
+    );
     Interpreter {
         label: format!("3.{minor}t"),
         path: cache.join(sha.trim()).join(format!("bin/python3.{minor}t")),

@@ -44,6 +44,10 @@ pub const COOKIE: &[u8; 8] = b"xdebugpy";
 const ENTRY_FRAME_OWNER: u32 = 3;
 /// `sizeof(struct _gil_runtime_state)` (see the module docs).
 const GIL_STATE_SIZE: u32 = 208;
+/// The same on a free-threaded build, whose GIL state begins with `int enabled` (0 while the
+/// GIL is off; `PYTHON_GIL=1`, `-X gil=1` or an extension module that needs the GIL turn it
+/// on), padded to 8: 3.13.15t's and 3.14.7t's DWARF.
+const FREE_THREADED_GIL_STATE_SIZE: u32 = 216;
 /// `utf8_length` and `utf8` of `PyCompactUnicodeObject` after its `PyASCIIObject`.
 const COMPACT_UNICODE_EXTRA: u64 = 16;
 /// A structure larger than this is not believed: the description was torn or is not one.
@@ -321,7 +325,12 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
     };
     let mut c = Checker { word: &word };
     let sizes = Sizes::check(&mut c, l)?;
-    let offsets = described_offsets(&mut c, l, &sizes, version.minor)?;
+    let gil_size = if free_threaded {
+        FREE_THREADED_GIL_STATE_SIZE
+    } else {
+        GIL_STATE_SIZE
+    };
+    let offsets = described_offsets(&mut c, l, &sizes, version.minor, gil_size)?;
     let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
     let interp = sizes.interp;
     // The kernel walker reads one fixed-size window of each frame.
@@ -400,6 +409,7 @@ fn described_offsets(
     l: &Layout,
     sizes: &Sizes,
     minor: u32,
+    gil_size: u32,
 ) -> Result<PyOffsets, String> {
     let Sizes {
         runtime,
@@ -421,7 +431,7 @@ fn described_offsets(
         let abs = c.field(name, at, width, interp)?;
         let rel = abs
             .checked_sub(gil_state)
-            .filter(|&r| r + width <= u64::from(GIL_STATE_SIZE))
+            .filter(|&r| r + width <= u64::from(gil_size))
             .ok_or_else(|| format!("_Py_DebugOffsets.{name} ({abs}) is outside the GIL state"))?;
         Ok::<u32, String>(rel as u32)
     };
@@ -477,7 +487,7 @@ fn described_offsets(
         )?),
         gil_last_holder,
         gil_locked,
-        gil_size: GIL_STATE_SIZE,
+        gil_size,
         tstate_next: u32_of(c.field("thread_state.next", l.tstate_next, 8, tstate)?),
         tstate_interp: u32_of(c.field("thread_state.interp", l.tstate_interp, 8, tstate)?),
         tstate_frame: u32_of(c.field(
@@ -653,8 +663,8 @@ mod tests {
     }
 
     /// A free-threaded build says so, and its larger object header moves `ob_type`: the
-    /// walkers take it from the description, the name reader (which assumes the default
-    /// header) refuses it.
+    /// walkers and the name reader take it from the description, and the GIL state (which
+    /// begins with its `enabled` flag there) is 8 bytes larger.
     #[test]
     fn a_free_threaded_description_is_read_with_its_own_header() {
         let mut raw = sample_313();
@@ -676,8 +686,11 @@ mod tests {
             module_type: 6,
             type_type: 7,
         };
+        assert_eq!(d.offsets.gil_size, FREE_THREADED_GIL_STATE_SIZE);
+        // Names are read through the larger header: an empty image is a read error, not an
+        // unsupported build.
         let mem = super::super::tests::FakeMemory::default();
-        assert!(matches!(
+        assert!(!matches!(
             super::super::names::thread_names(&mem, &rt, &d),
             Err(PythonError::Unsupported { .. })
         ));

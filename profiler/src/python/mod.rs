@@ -3,6 +3,7 @@
 //! `pyrometer dump` is built on [`dump`]; the BPF frame walker will reuse [`offsets`].
 
 pub mod debug_offsets;
+pub mod free_threaded;
 pub mod gil;
 pub mod gil_report;
 pub mod linetable;

@@ -95,6 +95,32 @@ fn offsets_match_dwarf() {
         let checked = compare_with_dwarf(&format!("3.{minor}"), table, &text);
         println!("3.{minor}: {checked} offsets agree with {}", lib.display());
     }
+    for (label, prefix, minor) in free_threaded_builds() {
+        let lib = prefix.join(format!("lib/libpython3.{minor}t.so.1.0"));
+        if !lib.exists() {
+            skip_ledger::skip(
+                &python_capability(&label, minor),
+                format!(
+                    "{label}: {} is missing (cargo xtask free-threaded)",
+                    lib.display()
+                ),
+            );
+            continue;
+        }
+        let text = dwarf_offsets(&lib);
+        let bin = prefix.join(format!("bin/python3.{minor}t"));
+        let described = described_by_live_process(Command::new(&bin));
+        assert!(described.free_threaded, "{label} says it is free-threaded");
+        assert_eq!(
+            described.offsets.object_type, 24,
+            "{label}: ob_type after ob_tid & co"
+        );
+        let checked = compare_with_dwarf(&label, &described.offsets, &text);
+        println!(
+            "{label}: {checked} described offsets agree with {}",
+            lib.display()
+        );
+    }
 }
 
 /// gdb's DWARF reading (scripts/python_offsets.py) of `binary`.
@@ -113,7 +139,7 @@ fn dwarf_offsets(binary: &Path) -> String {
 }
 
 /// Starts `cmd` (a Python that sleeps) and reads its `_Py_DebugOffsets`.
-fn described_by_live_process(mut cmd: Command) -> super::debug_offsets::Described {
+pub(super) fn described_by_live_process(mut cmd: Command) -> super::debug_offsets::Described {
     let mut child = cmd
         .args(["-c", "import time; time.sleep(60)"])
         .spawn()
@@ -285,13 +311,41 @@ pub(super) fn interpreters() -> Vec<(String, PathBuf, u32)> {
         PathBuf::from("/usr/bin/python3.11"),
         11,
     ));
+    out.extend(
+        free_threaded_builds()
+            .into_iter()
+            .map(|(label, prefix, minor)| {
+                (label, prefix.join(format!("bin/python3.{minor}t")), minor)
+            }),
+    );
     out
+}
+
+/// The free-threaded builds the tests run (`3.13t`, `3.14t`): (label, installation prefix,
+/// minor), from tests/free-threaded.txt, installed by `cargo xtask free-threaded` under
+/// /var/cache/pyrometer-cpython/SHA256 (`PYROMETER_CPYTHON_CACHE` overrides the directory).
+pub(super) fn free_threaded_builds() -> Vec<(String, PathBuf, u32)> {
+    let cache = std::env::var_os("PYROMETER_CPYTHON_CACHE").map_or_else(
+        || PathBuf::from("/var/cache/pyrometer-cpython"),
+        PathBuf::from,
+    );
+    include_str!("../../../tests/free-threaded.txt")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(version, sha)| {
+            let minor = version.split('.').nth(1)?.parse().ok()?;
+            Some((format!("3.{minor}t"), cache.join(sha.trim()), minor))
+        })
+        .collect()
 }
 
 /// The skip ledger's name for an interpreter of [`interpreters`].
 pub(super) fn python_capability(label: &str, minor: u32) -> String {
     if label.starts_with("Debian") {
         format!("python:debian-3.{minor}")
+    } else if label.ends_with('t') {
+        format!("python:{label}")
     } else {
         format!("python:3.{minor}")
     }

@@ -22,6 +22,7 @@ use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
 use super::debug_offsets::{self, Described};
+use super::free_threaded::FreeThreadedGil;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{ABSENT, PyOffsets};
@@ -190,9 +191,9 @@ pub struct PyTracker {
     gil: Option<GilProbes>,
     /// Registered processes whose GIL cannot be probed, and why.
     gil_unavailable: HashMap<u32, String>,
-    /// With the GIL view on: free-threaded processes seen (they have no GIL), with their
-    /// names, kept after they exit for the report.
-    free_threaded: std::collections::BTreeMap<u32, String>,
+    /// With the GIL view on: free-threaded processes seen, with their names and whether their
+    /// GIL was on, kept after they exit for the report.
+    free_threaded: FreeThreadedGil,
     /// The sites of every binary probed, for the summary.
     gil_binaries: Vec<GilSites>,
     binaries: BinaryCache,
@@ -243,9 +244,15 @@ impl PyTracker {
         &self.gil_unavailable
     }
 
-    /// With the GIL view on: the free-threaded processes seen (pid, command name).
-    pub fn free_threaded(&self) -> &std::collections::BTreeMap<u32, String> {
+    /// With the GIL view on: the free-threaded processes seen.
+    pub fn free_threaded(&self) -> &FreeThreadedGil {
         &self.free_threaded
+    }
+
+    /// With the GIL view on: reads again whether a free-threaded process runs with its GIL
+    /// on (at most every 100 ms). Called as its samples arrive.
+    pub fn check_free_threaded_gil(&mut self, pid: u32) {
+        self.free_threaded.check(pid);
     }
 
     /// Attaches the GIL probes to the interpreter binary of `process` (once per binary).
@@ -436,8 +443,9 @@ impl PyTracker {
         self.stats.processes += 1;
         self.stats.span_tables += u64::from(span_table.is_some());
         if layout.free_threaded {
-            if self.gil.is_some() && self.free_threaded.len() < MAX_PROCESSES {
-                self.free_threaded.insert(pid, process.comm.clone());
+            if self.gil.is_some() {
+                self.free_threaded
+                    .add(pid, process.comm.clone(), runtime.runtime, *offsets);
             }
         } else if let Some(probes) = probes {
             self.attach_gil(process, &runtime, probes);

@@ -11,7 +11,8 @@ use super::super::debug_offsets::Described;
 use super::super::memory::ProcessMemory;
 use super::super::offsets::ABSENT;
 use super::super::tests::{
-    FakeMemory, PYENV, interpreters, libpython, pyenv_root, python_capability,
+    FakeMemory, PYENV, described_by_live_process, free_threaded_builds, interpreters, libpython,
+    pyenv_root, python_capability,
 };
 use super::super::version::{self, PythonRuntime};
 use super::super::walk::{MAX_STRING, Walker};
@@ -103,6 +104,118 @@ fn name_offsets_match_dwarf() {
             "3.{minor}: {} name offsets agree with {}",
             fields.len(),
             lib.display()
+        );
+    }
+    // The free-threaded builds: what the reader derives from each one's own description.
+    for (label, prefix, minor) in free_threaded_builds() {
+        let lib = prefix.join(format!("lib/libpython3.{minor}t.so.1.0"));
+        if !lib.exists() {
+            skip_ledger::skip(
+                &python_capability(&label, minor),
+                format!(
+                    "{label}: {} is missing (cargo xtask free-threaded)",
+                    lib.display()
+                ),
+            );
+            continue;
+        }
+        let described =
+            described_by_live_process(Command::new(prefix.join(format!("bin/python3.{minor}t"))));
+        let table = super::described_names(minor, &described);
+        let text = dwarf_names(&script, &lib);
+        let fields = dwarf_fields(&table);
+        compare(&label, &fields, &text);
+        println!(
+            "{label}: {} name offsets agree with {}",
+            fields.len(),
+            lib.display()
+        );
+    }
+}
+
+/// gdb's reading of `lib` through scripts/python_name_offsets.py.
+fn dwarf_names(script: &Path, lib: &Path) -> String {
+    let out = Command::new("gdb")
+        .args(["-batch", "-nx", "-ex"])
+        .arg(format!(
+            "python exec(open({:?}).read())",
+            script.display().to_string()
+        ))
+        .arg(lib)
+        .output()
+        .expect("gdb runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every field against gdb's `name=value` lines.
+fn compare(label: &str, fields: &[(&'static str, u32)], text: &str) {
+    for (name, value) in fields {
+        let dwarf = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{label}: gdb printed no {name}:\n{text}"));
+        let dwarf = if dwarf == "absent" {
+            ABSENT
+        } else {
+            dwarf.parse().expect("a number")
+        };
+        assert_eq!(
+            *value, dwarf,
+            "{label} {name}: table {value}, DWARF {dwarf}"
+        );
+    }
+}
+
+/// What a free-threaded build's headers say of the constants the reader uses: the managed
+/// dict pointer one word before the object (no GC links there), inline values right after the
+/// larger header, the same type flags.
+#[test]
+fn free_threaded_constants_match_headers() {
+    for (label, prefix, minor) in free_threaded_builds() {
+        let inc = prefix.join(format!("include/python3.{minor}t"));
+        if !inc.exists() {
+            skip_ledger::skip(
+                &python_capability(&label, minor),
+                format!(
+                    "{label}: {} is missing (cargo xtask free-threaded)",
+                    inc.display()
+                ),
+            );
+            continue;
+        }
+        let read = |rel: &str| {
+            std::fs::read_to_string(inc.join(rel)).unwrap_or_else(|e| panic!("{label}: {rel}: {e}"))
+        };
+        let object_h = read("internal/pycore_object.h");
+        assert!(
+            contains_code(
+                &object_h,
+                &format!(
+                    "#ifdef Py_GIL_DISABLED\n# define MANAGED_DICT_OFFSET (((Py_ssize_t)sizeof(PyObject *))*-{})",
+                    super::FREE_THREADED_MANAGED_DICT_BEFORE / 8
+                )
+            ),
+            "{label}: MANAGED_DICT_OFFSET"
+        );
+        assert!(
+            contains_code(
+                &object_h,
+                "return (PyDictValues *)((char *)obj + sizeof(PyObject));"
+            ),
+            "{label}: inline values after the header"
+        );
+        let public = read("object.h");
+        let o = for_version(3, 13).unwrap();
+        for (name, bit) in [
+            ("Py_TPFLAGS_HEAPTYPE", o.heaptype_bit),
+            ("Py_TPFLAGS_MANAGED_DICT", o.managed_dict_bit),
+            ("Py_TPFLAGS_INLINE_VALUES", o.inline_values_bit),
+        ] {
+            assert_eq!(flag_bit(&public, name), Some(bit), "{label}: {name}");
+        }
+        println!(
+            "{label}: the free-threaded constants agree with {}",
+            inc.display()
         );
     }
 }
