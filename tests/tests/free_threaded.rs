@@ -6,7 +6,9 @@
 //! and the fixture measures the cores its process used while all four ran. The frames
 //! themselves (6:3:1, native extensions), `dump` and `top` are checked with the other
 //! interpreters (pyframes, python, top). Needs root (BPF); a missing build is a skip in the
-//! ledger. Runs alone (.config/nextest.toml): the cores it measures are the machine's two.
+//! ledger. Runs alone (.config/nextest.toml): the cores it measures are the machine's two; when
+//! other processes took more than 0.2 of them during the run (a shared machine), the cores
+//! check is a skip with the figures (which CI does not allow), the split is still checked.
 
 use std::path::Path;
 
@@ -50,6 +52,29 @@ fn cores(label: &str, err: &str) -> f64 {
         .expect("a number")
 }
 
+/// CPU time the whole machine spent busy (`/proc/stat`), and that this test's finished
+/// children (`record` and the workload it ran) spent, in seconds.
+fn cpu_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .expect("a cpu line")
+        .split_whitespace()
+        .map(|v| v.parse().expect("a number"))
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+    let busy = ticks.iter().take(8).sum::<f64>() - ticks[3] - ticks[4];
+    // SAFETY: getrusage writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (busy / hz, secs(usage.ru_utime) + secs(usage.ru_stime))
+}
+
 fn check_four_threads(python: &Interpreter) {
     if !privileged() || !python.present() {
         return;
@@ -57,14 +82,33 @@ fn check_four_threads(python: &Interpreter) {
     let label = &python.label;
     let dir = scratch(&format!("free-threaded-{label}"));
     let out = dir.join("threads.pb.gz");
+    let (machine_before, ours_before) = cpu_seconds();
+    let started = std::time::Instant::now();
     let err = record_threads(python, &out, &[], "60");
+    let wall = started.elapsed().as_secs_f64();
+    let (machine_after, ours_after) = cpu_seconds();
+    // The cores other processes took meanwhile: the runner gives this test both of its cores
+    // (it runs alone), a machine shared with other work may not.
+    let others = ((machine_after - machine_before) - (ours_after - ours_before)) / wall;
 
     // No GIL: four runnable threads keep both of the machine's cores busy.
     let used = cores(label, &err);
-    assert!(
-        used >= 1.8,
-        "{label}: four threads used {used:.2} cores together (want ≥ 1.8 of 2)\n{err}"
-    );
+    if used < 1.8 && others > 0.2 {
+        skip(
+            &format!("idle-cores:{label}"),
+            format!(
+                "{label}: four threads used {used:.2} cores while other processes took \
+                 {others:.2} of the machine's: the parallelism check needs an idle 2-core \
+                 machine"
+            ),
+        );
+    } else {
+        assert!(
+            used >= 1.8,
+            "{label}: four threads used {used:.2} cores together (want ≥ 1.8 of 2; other \
+             processes took {others:.2})\n{err}"
+        );
+    }
     let pid_line = err
         .lines()
         .find(|l| l.starts_with("pyrometer: GIL: pid "))

@@ -270,6 +270,8 @@ struct py_walk {
 	__u32 code_adaptive;
 	__u32 code_firstlineno;
 	__u32 lasti_unit;
+	__u32 frame_tlbc_index; // PY_ABSENT but on 3.14+ free-threaded builds
+	__u32 code_tlbc;
 	__u32 reserved;
 	// The copy of the data-stack pages the walk is in (userwin.h): 3.11+ frames lie next to
 	// one another there, so one read serves the frames of a page.
@@ -329,6 +331,24 @@ static __always_inline __u8 *py_frame_bytes(struct user_win *win, struct user_wi
 	return bpf_probe_read_user(fb->bytes, n, (void *)frame) ? 0 : fb->bytes;
 }
 
+// Copies of a function's bytecode a free-threaded interpreter may hold (one per thread that
+// ran it, reused as threads end): a larger index is not followed.
+#define PY_TLBC_MAX 4096
+
+// Where the bytecode copy number `idx` (> 0) of the code object at `code` begins: the
+// `idx`-th entry of its co_tlbc array ({size, entries[]}), 0 when it cannot be read. Copy 0 is
+// co_code_adaptive, the one every GIL build runs. Two or three user reads, for frames of
+// threads other than the first to run the function only.
+static __always_inline __u64 py_tlbc_start(struct py_walk *w, __u64 code, __u32 idx)
+{
+	if (idx >= PY_TLBC_MAX)
+		return 0;
+	__u64 array = read_user_u64(code + w->code_tlbc);
+	if (!array || idx >= read_user_u64(array))
+		return 0;
+	return read_user_u64(array + 8 + (__u64)idx * 8);
+}
+
 // Frames per call of `py_frames`, for the same reason as UNWIND_BATCH (unwind.h): a frame
 // of a batch costs no call while its frame lies in the window.
 #define PY_BATCH 8
@@ -382,7 +402,14 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 		code &= PY_STACKREF_TAG_MASK;
 		__u64 instr = buf_u64(bytes, w->frame_instr);
 		__u64 start = code + w->code_adaptive;
-		if (instr >= start && instr - start < PY_ADDR_UNKNOWN)
+		if (w->frame_tlbc_index != PY_ABSENT) {
+			// 3.14+ free-threaded: the thread may run a copy of its own (0: unknown
+			// offset, as the test below then fails).
+			__s32 idx = (__s32)buf_u32(bytes, w->frame_tlbc_index);
+			if (idx > 0)
+				start = py_tlbc_start(w, code, idx);
+		}
+		if (start && instr >= start && instr - start < PY_ADDR_UNKNOWN)
 			addr = instr - start;
 		else if (instr + 2 == start)
 			// 3.11/3.12 push a frame with prev_instr one code unit before its first
@@ -489,6 +516,8 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.code_adaptive = p->off.code_adaptive,
 		.code_firstlineno = p->off.code_firstlineno,
 		.lasti_unit = p->off.lasti_unit,
+		.frame_tlbc_index = p->off.frame_tlbc_index,
+		.code_tlbc = p->off.code_tlbc,
 		.win = { .which = a->which },
 		.tgid = tgid,
 		.now = start,

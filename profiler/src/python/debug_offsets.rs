@@ -42,6 +42,9 @@ pub const COOKIE: &[u8; 8] = b"xdebugpy";
 
 /// `owner` of the frame pushed by a C call into the eval loop (see the module docs).
 const ENTRY_FRAME_OWNER: u32 = 3;
+/// `PyASCIIObject.state.kind`'s first bit (see [`Described::unicode_kind_shift`]).
+pub const DEFAULT_UNICODE_KIND_SHIFT: u32 = 2;
+pub const FREE_THREADED_UNICODE_KIND_SHIFT: u32 = 8;
 /// `sizeof(struct _gil_runtime_state)` (see the module docs).
 const GIL_STATE_SIZE: u32 = 208;
 /// The same on a free-threaded build, whose GIL state begins with `int enabled` (0 while the
@@ -102,6 +105,9 @@ struct Layout {
     interp_imports_modules: usize,
     /// 3.15+: `heap_type_object.size` and `.ht_cached_keys`.
     heaptype: Option<(usize, usize)>,
+    /// `interpreter_frame.tlbc_index` and `code_object.co_tlbc` (3.14+; meaningful on a
+    /// free-threaded build only, 0 on others).
+    tlbc: Option<(usize, usize)>,
 }
 
 /// 3.13 (`Include/internal/pycore_runtime.h` of 3.13.0).
@@ -148,6 +154,7 @@ const V313: Layout = Layout {
     unicode_compact_size: None,
     interp_imports_modules: 88,
     heaptype: None,
+    tlbc: None,
 };
 
 /// 3.14 (`Include/internal/pycore_debug_offsets.h` of Debian's 3.14.8): `threads_main`, code
@@ -195,6 +202,7 @@ const V314: Layout = Layout {
     unicode_compact_size: None,
     interp_imports_modules: 96,
     heaptype: None,
+    tlbc: Some((304, 392)),
 };
 
 /// 3.15 (Debian's 3.15.0): thread-state profiling and exception entries, a heap-type section
@@ -242,6 +250,7 @@ const V315: Layout = Layout {
     unicode_compact_size: Some(744),
     interp_imports_modules: 96,
     heaptype: Some((528, 536)),
+    tlbc: Some((368, 456)),
 };
 
 const LAYOUTS: &[Layout] = &[V313, V314, V315];
@@ -256,6 +265,10 @@ pub struct Described {
     /// `PyHeapTypeObject.ht_cached_keys`; 0 / `None` for the tabled versions.
     pub interp_modules: u32,
     pub heaptype_cached_keys: Option<u32>,
+    /// Where `PyASCIIObject.state`'s `kind` begins (`compact` and `ascii` follow it): bit 2,
+    /// after a 2-bit `interned`, except on 3.14+ free-threaded builds, whose `interned` is a
+    /// byte of its own (it is accessed atomically), which puts `kind` at bit 8.
+    pub unicode_kind_shift: u32,
 }
 
 impl Described {
@@ -266,6 +279,7 @@ impl Described {
             free_threaded: false,
             interp_modules: 0,
             heaptype_cached_keys: None,
+            unicode_kind_shift: DEFAULT_UNICODE_KIND_SHIFT,
         }
     }
 }
@@ -330,7 +344,12 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
     } else {
         GIL_STATE_SIZE
     };
-    let offsets = described_offsets(&mut c, l, &sizes, version.minor, gil_size)?;
+    let mut offsets = described_offsets(&mut c, l, &sizes, version.minor, gil_size)?;
+    if let (true, Some((frame_at, code_at))) = (free_threaded, l.tlbc) {
+        offsets.frame_tlbc_index =
+            c.field("interpreter_frame.tlbc_index", frame_at, 4, sizes.frame)? as u32;
+        offsets.code_tlbc = c.field("code_object.co_tlbc", code_at, 8, sizes.code)? as u32;
+    }
     let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
     let interp = sizes.interp;
     // The kernel walker reads one fixed-size window of each frame.
@@ -339,8 +358,11 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         offsets.frame_previous + 8,
         offsets.frame_instr + 8,
         offsets.frame_owner + 1,
+        // ABSENT saturates, and is left out.
+        offsets.frame_tlbc_index.saturating_add(4),
     ]
     .into_iter()
+    .filter(|&end| end != u32::MAX)
     .max()
     .unwrap_or(0);
     if frame_end > pyrometer_ebpf::PY_FRAME_READ_MAX {
@@ -368,11 +390,19 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         }
         None => None,
     };
+    // 3.13t keeps the bit field; 3.14t's headers (cpython/unicodeobject.h) make `interned`
+    // an `unsigned char` under Py_GIL_DISABLED.
+    let unicode_kind_shift = if free_threaded && version.minor >= 14 {
+        FREE_THREADED_UNICODE_KIND_SHIFT
+    } else {
+        DEFAULT_UNICODE_KIND_SHIFT
+    };
     Ok(Described {
         offsets,
         free_threaded,
         interp_modules,
         heaptype_cached_keys,
+        unicode_kind_shift,
     })
 }
 
@@ -544,6 +574,8 @@ fn described_offsets(
         unicode_state: u32_of(c.field("unicode_object.state", l.unicode_state, 4, unicode)?),
         unicode_ascii_data: u32_of(unicode_ascii_data),
         unicode_compact_data: u32_of(unicode_compact_data),
+        frame_tlbc_index: super::offsets::ABSENT,
+        code_tlbc: super::offsets::ABSENT,
     })
 }
 

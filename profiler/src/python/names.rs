@@ -366,7 +366,8 @@ pub fn thread_names_at<M: Memory>(
         o,
         base,
         rt,
-        walker: Walker::new(mem, base, rt),
+        walker: Walker::new(mem, layout, rt),
+        kind_shift: layout.unicode_kind_shift,
         work: Cell::new(0),
     }
     .names(active)
@@ -388,6 +389,8 @@ struct Reader<'a, M: Memory> {
     base: &'a PyOffsets,
     rt: &'a PythonRuntime,
     walker: Walker<'a, M>,
+    /// [`Described::unicode_kind_shift`].
+    kind_shift: u32,
     /// Spent of `MAX_WORK`.
     work: Cell<usize>,
 }
@@ -631,8 +634,8 @@ impl<M: Memory> Reader<'_, M> {
         let state = buf
             .get(b.unicode_state as usize..b.unicode_state as usize + 4)
             .map_or(0, |s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-        // PyASCIIObject.state: kind in bits 2–4, compact bit 5, ascii bit 6.
-        let compact_ascii = (state >> 5) & 3 == 3 && (state >> 2) & 7 == 1;
+        let (kind, compact, ascii) = super::walk::string_state(state, self.kind_shift);
+        let compact_ascii = compact && ascii && kind == 1;
         word(&buf, b.object_type as usize) == Some(self.rt.unicode_type)
             && word(&buf, b.unicode_length as usize) == Some(name.len() as u64)
             && compact_ascii

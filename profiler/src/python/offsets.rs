@@ -64,6 +64,8 @@ const BASE: PyOffsets = PyOffsets {
     unicode_state: 32,
     unicode_ascii_data: 48,
     unicode_compact_data: 72,
+    frame_tlbc_index: ABSENT,
+    code_tlbc: ABSENT,
 };
 
 /// 3.8.18 DWARF. `_PyRuntime.ceval.gil` at 1152 (3.8 still has the pending-calls arrays there).
@@ -177,6 +179,7 @@ pub fn frame_read_len(o: &PyOffsets) -> u32 {
         o.frame_instr + instr_len,
         o.frame_is_entry.saturating_add(1),
         o.frame_owner.saturating_add(1),
+        o.frame_tlbc_index.saturating_add(4),
     ]
     .into_iter()
     .filter(|&end| end != 0 && end <= pyrometer_ebpf::PY_FRAME_READ_MAX)

@@ -58,6 +58,8 @@ fn named_fields(o: &PyOffsets) -> Vec<(&'static str, u32)> {
         ("unicode_state", o.unicode_state),
         ("unicode_ascii_data", o.unicode_ascii_data),
         ("unicode_compact_data", o.unicode_compact_data),
+        ("frame_tlbc_index", o.frame_tlbc_index),
+        ("code_tlbc", o.code_tlbc),
     ]
 }
 
@@ -504,7 +506,10 @@ fn walker_marks_bad_frames_and_stops_on_cycles() {
     m.put_u64(at(0x9000, o.frame_code), 0x7000);
     m.put_u64(at(0x9000, o.frame_previous), 0x4000);
 
-    let snap = super::walk::Walker::new(&m, o, &rt).snapshot().unwrap();
+    let layout = debug_offsets::Described::tabled(*o);
+    let snap = super::walk::Walker::new(&m, &layout, &rt)
+        .snapshot()
+        .unwrap();
     assert_eq!(snap.threads.len(), 1);
     let t = &snap.threads[0];
     assert_eq!(t.tid, Some(77));

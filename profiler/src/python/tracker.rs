@@ -541,7 +541,7 @@ impl PyTracker {
             // same address `<frozen site>`. Their filename reference is checked on each use.
             Some(Code::Read(e)) if e.function.starts_with('<') => {
                 let mem = ProcessMemory::new(pid);
-                Walker::new(&mem, &t.layout.offsets, &t.runtime)
+                Walker::new(&mem, &t.layout, &t.runtime)
                     .filename_ref(frame.code)
                     .map_or(true, |r| r != e.code.filename_ref)
             }
@@ -554,7 +554,7 @@ impl PyTracker {
                 t.codes.clear();
             }
             let mem = ProcessMemory::new(pid);
-            let read = Walker::new(&mem, &t.layout.offsets, &t.runtime).code(frame.code);
+            let read = Walker::new(&mem, &t.layout, &t.runtime).code(frame.code);
             self.stats.code_reads += 1;
             match read {
                 Ok(code) => {

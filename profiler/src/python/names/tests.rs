@@ -204,6 +204,22 @@ fn free_threaded_constants_match_headers() {
             ),
             "{label}: inline values after the header"
         );
+        // `PyASCIIObject.state`: 3.14t makes `interned` a byte of its own, moving `kind` to
+        // bit 8; 3.13t keeps the 2-bit field.
+        let unicode_h = read("cpython/unicodeobject.h");
+        let byte_interned = contains_code(
+            &unicode_h,
+            "#ifdef Py_GIL_DISABLED\n// Needs to be accessed atomically, so can't be a bit field.\nunsigned char interned;",
+        );
+        let want = if minor >= 14 {
+            super::super::debug_offsets::FREE_THREADED_UNICODE_KIND_SHIFT
+        } else {
+            super::super::debug_offsets::DEFAULT_UNICODE_KIND_SHIFT
+        };
+        let described =
+            described_by_live_process(Command::new(prefix.join(format!("bin/python3.{minor}t"))));
+        assert_eq!(described.unicode_kind_shift, want, "{label}");
+        assert_eq!(byte_interned, minor >= 14, "{label}: interned's width");
         let public = read("object.h");
         let o = for_version(3, 13).unwrap();
         for (name, bit) in [
@@ -488,7 +504,7 @@ fn thread_names_match_threading() {
 
         // The idents are the walker's thread ids; the _thread-started thread is walked but
         // has no name.
-        let snapshot = Walker::new(&mem, &layout.offsets, &rt).snapshot().unwrap();
+        let snapshot = Walker::new(&mem, &layout, &rt).snapshot().unwrap();
         let ids: Vec<u64> = snapshot.threads.iter().map(|t| t.thread_id).collect();
         for ident in names.keys() {
             assert!(ids.contains(ident), "{label}: {ident:#x} not in {ids:x?}");
