@@ -197,10 +197,14 @@ fn free_threaded_constants_match_headers() {
             ),
             "{label}: MANAGED_DICT_OFFSET"
         );
+        // 3.14 puts them after tp_basicsize, which the reader requires to be the header's size.
         assert!(
             contains_code(
                 &object_h,
                 "return (PyDictValues *)((char *)obj + sizeof(PyObject));"
+            ) || contains_code(
+                &object_h,
+                "return (PyDictValues *)((char *)obj + tp->tp_basicsize);"
             ),
             "{label}: inline values after the header"
         );
