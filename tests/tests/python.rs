@@ -85,7 +85,8 @@ fn thread_named(dump: &Value, pred: impl Fn(&Value) -> bool) -> Option<&Value> {
 }
 
 /// Dumps until both threads show their steady states (the spinner briefly gives up the GIL
-/// around its tick's write), at most a few times; returns the text and the JSON dump.
+/// around its tick's write, the blocker says it is ready just before it blocks), at most a
+/// few times; returns the text and the JSON dump.
 /// A free-threaded build has no GIL: its spinner runs without holding one.
 fn dump_until_settled(pid: u32, free_threaded: bool) -> (String, Value) {
     let running = if free_threaded {
@@ -106,8 +107,11 @@ fn dump_until_settled(pid: u32, free_threaded: bool) -> (String, Value) {
                 && t["holds_gil"] == !free_threaded
                 && t["frames"][0]["function"] == "spin"
         });
-        let text_ok = text.contains(running);
-        if main_ok && text_ok {
+        // The blocker reports "ready" just before it blocks on its lock.
+        let blocker_ok = thread_named(&value, |t| t["name"] == "blocker")
+            .is_some_and(|t| t["state"] == "blocked");
+        let text_ok = text.contains(running) && text.contains("(blocked: futex wait");
+        if main_ok && blocker_ok && text_ok {
             return (text, value);
         }
         last = Some((text, value));
