@@ -68,8 +68,9 @@ fn cpu_seconds() -> (f64, f64) {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
     let busy = ticks.iter().take(8).sum::<f64>() - ticks[3] - ticks[4];
-    // SAFETY: getrusage writes the struct it is given.
+    // SAFETY: rusage is plain integers, for which all zeroes is a value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes the struct it is given and nothing else.
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     (busy / hz, secs(usage.ru_utime) + secs(usage.ru_stime))

@@ -264,6 +264,34 @@ pub fn all_packages() -> Result<()> {
     apt::install(&all)
 }
 
+/// What a whole `cargo xtask test` from a clean clone leaves under target/ (the debug build
+/// and its test binaries, the forky root, kernel images, venvs): about 14 GB measured.
+const TEST_DISK_BYTES: u64 = 16 << 30;
+
+/// Says up front when the file system of `dir` has less free space than a whole run needs, so
+/// a build that would stop on "No space left on device" halfway is explained before it starts.
+pub fn warn_if_short_of_disk(dir: &std::path::Path) {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: statvfs is plain data, for which all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid C string and `st` a struct statvfs the call fills in.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return;
+    }
+    let free = st.f_bavail as u64 * st.f_frsize as u64;
+    if free < TEST_DISK_BYTES {
+        eprintln!(
+            "warning: {:.1} GB free under {}; a whole test run needs about {} GB (free some \
+             space, or the build may stop with \"No space left on device\")",
+            free as f64 / 1e9,
+            dir.display(),
+            TEST_DISK_BYTES >> 30
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,33 +329,5 @@ mod tests {
         let mut steps = Steps::new(false);
         let err = steps.must("apt", || -> Result<()> { bail!("no apt") });
         assert!(format!("{:#}", err.unwrap_err()).contains("'apt' failed: no apt"));
-    }
-}
-
-/// What a whole `cargo xtask test` from a clean clone leaves under target/ (the debug build
-/// and its test binaries, the forky root, kernel images, venvs): about 14 GB measured.
-const TEST_DISK_BYTES: u64 = 16 << 30;
-
-/// Says up front when the file system of `dir` has less free space than a whole run needs, so
-/// a build that would stop on "No space left on device" halfway is explained before it starts.
-pub fn warn_if_short_of_disk(dir: &std::path::Path) {
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return;
-    };
-    // SAFETY: statvfs is plain data, for which all zeroes is a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `path` is a valid C string and `st` a struct statvfs the call fills in.
-    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-        return;
-    }
-    let free = st.f_bavail as u64 * st.f_frsize as u64;
-    if free < TEST_DISK_BYTES {
-        eprintln!(
-            "warning: {:.1} GB free under {}; a whole test run needs about {} GB (free some \
-             space, or the build may stop with \"No space left on device\")",
-            free as f64 / 1e9,
-            dir.display(),
-            TEST_DISK_BYTES >> 30
-        );
     }
 }
