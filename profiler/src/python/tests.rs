@@ -98,17 +98,9 @@ fn offsets_match_dwarf() {
         println!("3.{minor}: {checked} offsets agree with {}", lib.display());
     }
     for (label, prefix, minor) in free_threaded_builds() {
-        let lib = prefix.join(format!("lib/libpython3.{minor}t.so.1.0"));
-        if !lib.exists() {
-            skip_ledger::skip(
-                &python_capability(&label, minor),
-                format!(
-                    "{label}: {} is missing (cargo xtask free-threaded)",
-                    lib.display()
-                ),
-            );
+        let Some(lib) = free_threaded_lib(&label, &prefix, minor) else {
             continue;
-        }
+        };
         let text = dwarf_offsets(&lib);
         let bin = prefix.join(format!("bin/python3.{minor}t"));
         let described = described_by_live_process(Command::new(&bin));
@@ -340,6 +332,23 @@ pub(super) fn free_threaded_builds() -> Vec<(String, PathBuf, u32)> {
             Some((format!("3.{minor}t"), cache.join(sha.trim()), minor))
         })
         .collect()
+}
+
+/// The libpython of a free-threaded build, or `None` after a skip in the ledger when it was not
+/// built.
+pub(super) fn free_threaded_lib(label: &str, prefix: &Path, minor: u32) -> Option<PathBuf> {
+    let lib = prefix.join(format!("lib/libpython3.{minor}t.so.1.0"));
+    if lib.exists() {
+        return Some(lib);
+    }
+    skip_ledger::skip(
+        &python_capability(label, minor),
+        format!(
+            "{label}: {} is missing (cargo xtask free-threaded)",
+            lib.display()
+        ),
+    );
+    None
 }
 
 /// The skip ledger's name for an interpreter of [`interpreters`].

@@ -11,8 +11,8 @@ use super::super::debug_offsets::Described;
 use super::super::memory::ProcessMemory;
 use super::super::offsets::ABSENT;
 use super::super::tests::{
-    FakeMemory, PYENV, described_by_live_process, free_threaded_builds, interpreters, libpython,
-    pyenv_root, python_capability,
+    FakeMemory, PYENV, described_by_live_process, free_threaded_builds, free_threaded_lib,
+    interpreters, libpython, pyenv_root, python_capability,
 };
 use super::super::version::{self, PythonRuntime};
 use super::super::walk::{MAX_STRING, Walker};
@@ -73,33 +73,10 @@ fn name_offsets_match_dwarf() {
             );
             continue;
         }
-        let out = Command::new("gdb")
-            .args(["-batch", "-nx", "-ex"])
-            .arg(format!(
-                "python exec(open({:?}).read())",
-                script.display().to_string()
-            ))
-            .arg(&lib)
-            .output()
-            .expect("gdb runs");
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = dwarf_names(&script, &lib);
         let table = for_version(3, minor).expect("supported");
         let fields = dwarf_fields(table);
-        for (name, value) in &fields {
-            let dwarf = text
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-                .unwrap_or_else(|| panic!("3.{minor}: gdb printed no {name}:\n{text}"));
-            let dwarf = if dwarf == "absent" {
-                ABSENT
-            } else {
-                dwarf.parse().expect("a number")
-            };
-            assert_eq!(
-                *value, dwarf,
-                "3.{minor} {name}: table {value}, DWARF {dwarf}"
-            );
-        }
+        compare(&format!("3.{minor}"), &fields, &text);
         println!(
             "3.{minor}: {} name offsets agree with {}",
             fields.len(),
@@ -108,17 +85,9 @@ fn name_offsets_match_dwarf() {
     }
     // The free-threaded builds: what the reader derives from each one's own description.
     for (label, prefix, minor) in free_threaded_builds() {
-        let lib = prefix.join(format!("lib/libpython3.{minor}t.so.1.0"));
-        if !lib.exists() {
-            skip_ledger::skip(
-                &python_capability(&label, minor),
-                format!(
-                    "{label}: {} is missing (cargo xtask free-threaded)",
-                    lib.display()
-                ),
-            );
+        let Some(lib) = free_threaded_lib(&label, &prefix, minor) else {
             continue;
-        }
+        };
         let described =
             described_by_live_process(Command::new(prefix.join(format!("bin/python3.{minor}t"))));
         let table = super::described_names(minor, &described);
