@@ -119,7 +119,14 @@ fn offsets_match_dwarf() {
 
 /// gdb's DWARF reading (scripts/python_offsets.py) of `binary`.
 fn dwarf_offsets(binary: &Path) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_offsets.py");
+    gdb_script("python_offsets.py", binary)
+}
+
+/// What scripts/`script` prints run under gdb on `binary`.
+pub(super) fn gdb_script(script: &str, binary: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(script);
     let out = Command::new("gdb")
         .args(["-batch", "-nx", "-ex"])
         .arg(format!(
@@ -162,25 +169,29 @@ pub(super) fn described_by_live_process(mut cmd: Command) -> super::debug_offset
 
 /// Compares every field of `table` with gdb's output; the number compared.
 fn compare_with_dwarf(label: &str, table: &PyOffsets, text: &str) -> usize {
-    let mut checked = 0;
-    {
-        for (name, value) in named_fields(table) {
-            let dwarf = text
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-                .unwrap_or_else(|| panic!("{label}: gdb printed no {name}:\n{text}"));
-            let dwarf = if dwarf == "absent" {
-                ABSENT
-            } else {
-                dwarf.parse().expect("a number")
-            };
-            // The 3.11 PyFrameObject still has f_back etc.; the table uses the interpreter
-            // frame, which the script prefers, so every field must agree.
-            assert_eq!(value, dwarf, "{label} {name}: table {value}, DWARF {dwarf}");
-            checked += 1;
-        }
+    // The 3.11 PyFrameObject still has f_back etc.; the table uses the interpreter frame,
+    // which the script prefers, so every field must agree.
+    compare_fields(label, &named_fields(table), text)
+}
+
+/// Every `(name, value)` against gdb's `name=value` lines (`absent`: ABSENT); how many.
+pub(super) fn compare_fields(label: &str, fields: &[(&'static str, u32)], text: &str) -> usize {
+    for (name, value) in fields {
+        let dwarf = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{label}: gdb printed no {name}:\n{text}"));
+        let dwarf = if dwarf == "absent" {
+            ABSENT
+        } else {
+            dwarf.parse().expect("a number")
+        };
+        assert_eq!(
+            *value, dwarf,
+            "{label} {name}: table {value}, DWARF {dwarf}"
+        );
     }
-    checked
+    fields.len()
 }
 
 /// Debian forky's 3.14 and 3.15 (`cargo xtask forky-root`): their descriptions, read from

@@ -4,15 +4,14 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use super::super::debug_offsets::Described;
 use super::super::memory::ProcessMemory;
 use super::super::offsets::ABSENT;
 use super::super::tests::{
-    FakeMemory, PYENV, described_by_live_process, free_threaded_builds, free_threaded_lib,
-    interpreters, libpython, pyenv_root, python_capability,
+    FakeMemory, PYENV, compare_fields, described_by_live_process, free_threaded_builds,
+    free_threaded_lib, gdb_script, interpreters, libpython, pyenv_root, python_capability,
 };
 use super::super::version::{self, PythonRuntime};
 use super::super::walk::{MAX_STRING, Walker};
@@ -63,7 +62,6 @@ fn name_offsets_match_dwarf() {
         skip_ledger::skip("tool:gdb", "gdb is not installed");
         return;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_name_offsets.py");
     for &(dir, minor) in PYENV {
         let lib = libpython(dir, minor);
         if !lib.exists() {
@@ -73,10 +71,10 @@ fn name_offsets_match_dwarf() {
             );
             continue;
         }
-        let text = dwarf_names(&script, &lib);
+        let text = gdb_script("python_name_offsets.py", &lib);
         let table = for_version(3, minor).expect("supported");
         let fields = dwarf_fields(table);
-        compare(&format!("3.{minor}"), &fields, &text);
+        compare_fields(&format!("3.{minor}"), &fields, &text);
         println!(
             "3.{minor}: {} name offsets agree with {}",
             fields.len(),
@@ -91,46 +89,13 @@ fn name_offsets_match_dwarf() {
         let described =
             described_by_live_process(Command::new(prefix.join(format!("bin/python3.{minor}t"))));
         let table = super::described_names(minor, &described);
-        let text = dwarf_names(&script, &lib);
+        let text = gdb_script("python_name_offsets.py", &lib);
         let fields = dwarf_fields(&table);
-        compare(&label, &fields, &text);
+        compare_fields(&label, &fields, &text);
         println!(
             "{label}: {} name offsets agree with {}",
             fields.len(),
             lib.display()
-        );
-    }
-}
-
-/// gdb's reading of `lib` through scripts/python_name_offsets.py.
-fn dwarf_names(script: &Path, lib: &Path) -> String {
-    let out = Command::new("gdb")
-        .args(["-batch", "-nx", "-ex"])
-        .arg(format!(
-            "python exec(open({:?}).read())",
-            script.display().to_string()
-        ))
-        .arg(lib)
-        .output()
-        .expect("gdb runs");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Every field against gdb's `name=value` lines.
-fn compare(label: &str, fields: &[(&'static str, u32)], text: &str) {
-    for (name, value) in fields {
-        let dwarf = text
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-            .unwrap_or_else(|| panic!("{label}: gdb printed no {name}:\n{text}"));
-        let dwarf = if dwarf == "absent" {
-            ABSENT
-        } else {
-            dwarf.parse().expect("a number")
-        };
-        assert_eq!(
-            *value, dwarf,
-            "{label} {name}: table {value}, DWARF {dwarf}"
         );
     }
 }
