@@ -539,11 +539,14 @@ impl PyTracker {
             // objects freed while the process runs, after their one run, and all modules start
             // on line 1: a start-up module's cached entry named the script's `<module>` at the
             // same address `<frozen site>`. Their filename reference is checked on each use.
+            // A process that has exited (or unmapped the memory) keeps the name: its first line
+            // agreed, and nothing can have taken the address since. Reading again there made
+            // the script's `<module>` unreadable in the last samples of a run that ended.
             Some(Code::Read(e)) if e.function.starts_with('<') => {
                 let mem = ProcessMemory::new(pid);
                 Walker::new(&mem, &t.layout, &t.runtime)
                     .filename_ref(frame.code)
-                    .map_or(true, |r| r != e.code.filename_ref)
+                    .is_ok_and(|r| r != e.code.filename_ref)
             }
             Some(Code::Read(_)) => false,
             Some(Code::Failed(retry)) => retry.due(Instant::now()),
