@@ -237,11 +237,16 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_fram
 // PY_CODE_LINE_TTL_NS old (a hit does not renew it): a code object freed and another made at
 // its address within that time is named as the old one for at most that long, and then read
 // again. The agent at 19 Hz meets a busy CPU's code objects every ~50 ms, so the TTL is above
-// that.
+// that. An entry is also keyed by the frame's globals (its module's dict, in the frame's bytes
+// already read): start-up imports free their module bodies, and the script's functions,
+// compiled next, took their addresses within the TTL and were sent with the freed module
+// body's first line, which the agent then showed as `<unreadable frame>`. A code object that
+// reuses an address within its own module (exec, compile) still can be, for the TTL.
 #define PY_CODE_LINES 256
 #define PY_CODE_LINE_TTL_NS 100000000ULL
 struct py_code_line {
 	__u64 code;
+	__u64 globals;
 	__u64 read_ns;
 	__u32 tgid;
 	__u32 firstline;
@@ -272,7 +277,7 @@ struct py_walk {
 	__u32 lasti_unit;
 	__u32 frame_tlbc_index; // PY_ABSENT but on 3.14+ free-threaded builds
 	__u32 code_tlbc;
-	__u32 reserved;
+	__u32 frame_globals;
 	// The copy of the data-stack pages the walk is in (userwin.h): 3.11+ frames lie next to
 	// one another there, so one read serves the frames of a page.
 	struct user_win win;
@@ -285,14 +290,15 @@ struct py_walk {
 	__u64 now; // when the walk started, for py_code_lines
 };
 
-// The first line of the code object at `code`: from py_code_lines while fresh, else read
-// (0 when unreadable).
-static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code)
+// The first line of the code object at `code`, run by a frame with `globals`: from
+// py_code_lines while fresh, else read (0 when unreadable).
+static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code, __u64 globals)
 {
 	__u32 slot = ((code >> 4) ^ (code >> 12)) & (PY_CODE_LINES - 1);
 	__u32 key = (w->which & 3) * PY_CODE_LINES + slot;
 	struct py_code_line *e = bpf_map_lookup_elem(&py_code_lines, &key);
-	if (e && e->code == code && e->tgid == w->tgid && w->now - e->read_ns < PY_CODE_LINE_TTL_NS)
+	if (e && e->code == code && e->globals == globals && e->tgid == w->tgid &&
+	    w->now - e->read_ns < PY_CODE_LINE_TTL_NS)
 		return e->firstline;
 	__u32 firstline = 0;
 	if (bpf_probe_read_user(&firstline, sizeof(firstline),
@@ -300,6 +306,7 @@ static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code)
 		return 0;
 	if (e) {
 		e->code = code;
+		e->globals = globals;
 		e->read_ns = w->now;
 		e->tgid = w->tgid;
 		e->firstline = firstline;
@@ -421,7 +428,7 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	}
 	__u32 firstline = w->last_firstline;
 	if (code != w->last_code) {
-		firstline = py_code_firstline(w, code);
+		firstline = py_code_firstline(w, code, buf_u64(bytes, w->frame_globals));
 		w->last_code = code;
 		w->last_firstline = firstline;
 	}
@@ -519,6 +526,7 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.lasti_unit = p->off.lasti_unit,
 		.frame_tlbc_index = p->off.frame_tlbc_index,
 		.code_tlbc = p->off.code_tlbc,
+		.frame_globals = p->off.frame_globals,
 		.win = { .which = a->which },
 		.tgid = tgid,
 		.now = start,

@@ -290,6 +290,9 @@ struct py_offsets {
 	// co_code_adaptive itself). ABSENT elsewhere.
 	__u32 frame_tlbc_index;
 	__u32 code_tlbc;
+	// The frame's globals (its module's dict): with the code object's address, what the
+	// kernel's cache of first lines is keyed by (python.h, py_code_lines).
+	__u32 frame_globals;
 };
 
 // Bytes of a frame the walker reads at once; every frame field used lies below this.

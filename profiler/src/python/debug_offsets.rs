@@ -45,6 +45,10 @@ const ENTRY_FRAME_OWNER: u32 = 3;
 /// `PyASCIIObject.state.kind`'s first bit (see [`Described::unicode_kind_shift`]).
 pub const DEFAULT_UNICODE_KIND_SHIFT: u32 = 2;
 pub const FREE_THREADED_UNICODE_KIND_SHIFT: u32 = 8;
+/// `_PyInterpreterFrame.f_globals`, which the description leaves out: 24 in 3.13, 3.14 and 3.15,
+/// free-threaded builds included (their DWARF; `offsets_match_dwarf`,
+/// `forky_descriptions_match_dwarf`).
+const FRAME_GLOBALS_AT: u32 = 24;
 /// `sizeof(struct _gil_runtime_state)` (see the module docs).
 const GIL_STATE_SIZE: u32 = 208;
 /// The same on a free-threaded build, whose GIL state begins with `int enabled` (0 while the
@@ -360,6 +364,7 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         offsets.frame_owner + 1,
         // ABSENT saturates, and is left out.
         offsets.frame_tlbc_index.saturating_add(4),
+        offsets.frame_globals + 8,
     ]
     .into_iter()
     .filter(|&end| end != u32::MAX)
@@ -488,6 +493,12 @@ fn described_offsets(
         Some(at) => c.field("unicode_object.compactunicodeobject_size", at, 0, 256)?,
         None => unicode_ascii_data + COMPACT_UNICODE_EXTRA,
     };
+    if u64::from(FRAME_GLOBALS_AT) + 8 > frame {
+        return Err(format!(
+            "its interpreter frame ({frame} bytes) is too small for f_globals at {FRAME_GLOBALS_AT}"
+        ));
+    }
+    let frame_globals = FRAME_GLOBALS_AT;
     let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
     Ok(PyOffsets {
         major: 3,
@@ -576,6 +587,7 @@ fn described_offsets(
         unicode_compact_data: u32_of(unicode_compact_data),
         frame_tlbc_index: super::offsets::ABSENT,
         code_tlbc: super::offsets::ABSENT,
+        frame_globals,
     })
 }
 

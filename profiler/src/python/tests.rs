@@ -60,6 +60,7 @@ fn named_fields(o: &PyOffsets) -> Vec<(&'static str, u32)> {
         ("unicode_compact_data", o.unicode_compact_data),
         ("frame_tlbc_index", o.frame_tlbc_index),
         ("code_tlbc", o.code_tlbc),
+        ("frame_globals", o.frame_globals),
     ]
 }
 
