@@ -45,15 +45,13 @@ const ENTRY_FRAME_OWNER: u32 = 3;
 /// `PyASCIIObject.state.kind`'s first bit (see [`Described::unicode_kind_shift`]).
 pub const DEFAULT_UNICODE_KIND_SHIFT: u32 = 2;
 pub const FREE_THREADED_UNICODE_KIND_SHIFT: u32 = 8;
-/// `_PyInterpreterFrame.f_globals`, which the description leaves out: 24 in 3.13, 3.14 and 3.15,
-/// free-threaded builds included (their DWARF; `offsets_match_dwarf`,
-/// `forky_descriptions_match_dwarf`).
+/// `_PyInterpreterFrame.f_globals`, not described: 24 in 3.13–3.15, free-threaded builds included
+/// (their DWARF: `offsets_match_dwarf`, `forky_descriptions_match_dwarf`).
 const FRAME_GLOBALS_AT: u32 = 24;
 /// `sizeof(struct _gil_runtime_state)` (see the module docs).
 const GIL_STATE_SIZE: u32 = 208;
 /// The same on a free-threaded build, whose GIL state begins with `int enabled` (0 while the
-/// GIL is off; `PYTHON_GIL=1`, `-X gil=1` or an extension module that needs the GIL turn it
-/// on), padded to 8: 3.13.15t's and 3.14.7t's DWARF.
+/// GIL is off), padded to 8: 3.13.15t's and 3.14.7t's DWARF.
 const FREE_THREADED_GIL_STATE_SIZE: u32 = 216;
 /// `utf8_length` and `utf8` of `PyCompactUnicodeObject` after its `PyASCIIObject`.
 const COMPACT_UNICODE_EXTRA: u64 = 16;
@@ -395,8 +393,6 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         }
         None => None,
     };
-    // 3.13t keeps the bit field; 3.14t's headers (cpython/unicodeobject.h) make `interned`
-    // an `unsigned char` under Py_GIL_DISABLED.
     let unicode_kind_shift = if free_threaded && version.minor >= 14 {
         FREE_THREADED_UNICODE_KIND_SHIFT
     } else {
@@ -493,12 +489,7 @@ fn described_offsets(
         Some(at) => c.field("unicode_object.compactunicodeobject_size", at, 0, 256)?,
         None => unicode_ascii_data + COMPACT_UNICODE_EXTRA,
     };
-    if u64::from(FRAME_GLOBALS_AT) + 8 > frame {
-        return Err(format!(
-            "its interpreter frame ({frame} bytes) is too small for f_globals at {FRAME_GLOBALS_AT}"
-        ));
-    }
-    let frame_globals = FRAME_GLOBALS_AT;
+    let frame_globals = frame_globals(frame)?;
     let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
     Ok(PyOffsets {
         major: 3,
@@ -589,6 +580,16 @@ fn described_offsets(
         code_tlbc: super::offsets::ABSENT,
         frame_globals,
     })
+}
+
+/// `f_globals` of an interpreter frame of `frame` bytes (not described: [`FRAME_GLOBALS_AT`]).
+fn frame_globals(frame: u64) -> Result<u32, String> {
+    if u64::from(FRAME_GLOBALS_AT) + 8 > frame {
+        return Err(format!(
+            "its interpreter frame ({frame} bytes) is too small for f_globals at {FRAME_GLOBALS_AT}"
+        ));
+    }
+    Ok(FRAME_GLOBALS_AT)
 }
 
 /// Bounds checks on the entries of one description.
@@ -731,8 +732,7 @@ mod tests {
             type_type: 7,
         };
         assert_eq!(d.offsets.gil_size, FREE_THREADED_GIL_STATE_SIZE);
-        // Names are read through the larger header: an empty image is a read error, not an
-        // unsupported build.
+        // Names are read through the larger header: an empty image is a read error.
         let mem = super::super::tests::FakeMemory::default();
         assert!(!matches!(
             super::super::names::thread_names(&mem, &rt, &d),
