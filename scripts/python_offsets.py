@@ -30,6 +30,10 @@ FIELDS = [
     ("code_firstlineno", [("PyCodeObject", "co_firstlineno")]),
     ("code_linetable", [("PyCodeObject", "co_linetable"), ("PyCodeObject", "co_lnotab")]),
     ("code_adaptive", [("PyCodeObject", "co_code_adaptive")]),
+    ("frame_globals", [("struct _PyInterpreterFrame", "f_globals"), ("PyFrameObject", "f_globals")]),
+    # 3.14+ free-threaded builds: per-thread bytecode copies.
+    ("frame_tlbc_index", [("struct _PyInterpreterFrame", "tlbc_index")]),
+    ("code_tlbc", [("PyCodeObject", "co_tlbc")]),
     ("object_type", [("PyObject", "ob_type")]),
     ("bytes_size", [("PyBytesObject", "ob_base.ob_size")]),
     ("bytes_data", [("PyBytesObject", "ob_sval")]),

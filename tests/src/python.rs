@@ -1,7 +1,8 @@
 //! The CPython interpreters on the machine the Python tests run against: pyenv's shared builds
-//! 3.8–3.13, Debian's static python3.11, and Debian forky's 3.14 and 3.15 run by `chroot` in
-//! `target/forky/root` (`cargo xtask forky-root`). A missing one makes a test skip through the
-//! skip ledger (`crate::skip`).
+//! 3.8–3.13, Debian's static python3.11, Debian forky's 3.14 and 3.15 run by `chroot` in
+//! `target/forky/root` (`cargo xtask forky-root`), and the free-threaded 3.13t and 3.14t built
+//! into a cache outside the checkout (`cargo xtask free-threaded`, tests/free-threaded.txt). A
+//! missing one makes a test skip through the skip ledger (`crate::skip`).
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +53,36 @@ pub fn debian() -> Interpreter {
         path: PathBuf::from("/usr/bin/python3.11"),
         minor: 11,
     }
+}
+
+/// The free-threaded builds' list: `VERSION SHA256` lines (xtask/src/cpython.rs builds them).
+const FREE_THREADED: &str = include_str!("../free-threaded.txt");
+
+/// The free-threaded build of 3.MINOR (`--disable-gil --enable-shared`), from the cache
+/// `cargo xtask free-threaded` builds into: `/var/cache/pyrometer-cpython/SHA256/bin/python3.MINORt`
+/// (`PYROMETER_CPYTHON_CACHE` overrides the directory). Labelled `3.MINORt`.
+pub fn free_threaded(minor: u32) -> Interpreter {
+    let want = format!("3.{minor}.");
+    let (_, sha) = FREE_THREADED
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .find(|(v, _)| v.starts_with(&want))
+        .unwrap_or_else(|| panic!("tests/free-threaded.txt lists no 3.{minor}"));
+    let cache = std::env::var_os("PYROMETER_CPYTHON_CACHE").map_or_else(
+        || PathBuf::from("/var/cache/pyrometer-cpython"),
+        PathBuf::from,
+    );
+    Interpreter {
+        label: format!("3.{minor}t"),
+        path: cache.join(sha.trim()).join(format!("bin/python3.{minor}t")),
+        minor,
+    }
+}
+
+/// Every free-threaded build the tests run: 3.13t and 3.14t.
+pub fn free_threaded_all() -> Vec<Interpreter> {
+    vec![free_threaded(13), free_threaded(14)]
 }
 
 /// The Debian forky root (`cargo xtask forky-root`; `PYROMETER_FORKY_ROOT` overrides).
@@ -172,6 +203,16 @@ impl Interpreter {
             false
         } else if self.path.exists() {
             true
+        } else if self.label.ends_with('t') {
+            crate::skip(
+                &self.capability(),
+                format!(
+                    "{}: {} is missing (built by `cargo xtask free-threaded`, ~6 min)",
+                    self.label,
+                    self.path.display()
+                ),
+            );
+            false
         } else {
             crate::skip(
                 &self.capability(),

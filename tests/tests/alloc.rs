@@ -130,6 +130,22 @@ fn python_leak_forky_3_15() {
     }
 }
 
+/// The same in the free-threaded 3.13t and 3.14t, which allocate with mimalloc, not pymalloc:
+/// the library wraps it like any other allocator the interpreter names, every size counted.
+#[test]
+fn python_leak_3_13t() {
+    if privileged() {
+        check_python_leak(&pyrometer_e2e::python::free_threaded(13));
+    }
+}
+
+#[test]
+fn python_leak_3_14t() {
+    if privileged() {
+        check_python_leak(&pyrometer_e2e::python::free_threaded(14));
+    }
+}
+
 fn check_python_leak(python: &Interpreter) {
     if !python.present() {
         return;
@@ -173,11 +189,9 @@ fn check_python_leak(python: &Interpreter) {
     let status = child.wait().unwrap();
     // The script is still asleep (record leaves a command running at --duration), holding
     // the stderr pipe it inherited: it goes before the pipe is read to its end.
+    let exe = python.path.file_name().unwrap().to_string_lossy();
     let _ = std::process::Command::new("pkill")
-        .args([
-            "-f",
-            &format!("python3.{} {} {delay}", python.minor, script.display()),
-        ])
+        .args(["-f", &format!("{exe} {} {delay}", script.display())])
         .status();
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();

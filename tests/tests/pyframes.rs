@@ -1,13 +1,16 @@
-//! Python frames in `pyrometer record` on every CPython on the machine (pyenv 3.8–3.13 and
-//! Debian's python3.11): the kernel walks the interpreter's frames, the agent names them and
-//! splices them into the native stack. Ground truth is fixtures/py631.py, whose six(), three()
+//! Python frames in `pyrometer record` on every CPython on the machine (pyenv 3.8–3.13,
+//! Debian's python3.11, forky's 3.14 and 3.15, the free-threaded 3.13t and 3.14t): the kernel
+//! walks the interpreter's frames, the agent names them and splices them into the native
+//! stack. Ground truth is fixtures/py631.py, whose six(), three()
 //! and one() do 6:3:1 units of the same loop. Needs root (BPF); each interpreter that is missing
 //! prints `skipping: …`.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use pyrometer_e2e::python::{Interpreter, debian, forky, line_of, source, supported};
+use pyrometer_e2e::python::{
+    Interpreter, debian, forky, free_threaded, line_of, source, supported,
+};
 use pyrometer_e2e::*;
 
 /// `function (file:line)` → the function.
@@ -204,6 +207,24 @@ fn split_forky_3_15() {
     }
 }
 
+/// Free-threaded 3.13t (`--disable-gil`): a larger object header, code objects with deferred
+/// reference counts, all read from its own description.
+#[test]
+fn split_3_13t() {
+    if privileged() {
+        check_split(&free_threaded(13));
+    }
+}
+
+/// Free-threaded 3.14t: `f_executable` tagged with the free-threaded tag bits, bytecode in
+/// per-thread copies.
+#[test]
+fn split_3_14t() {
+    if privileged() {
+        check_split(&free_threaded(14));
+    }
+}
+
 /// The chroot's stripped python3.14 is named from the debug file of python3.14-dbg inside the
 /// chroot (by build-id under the process's own root), which the host lacks: its frames are
 /// names, not `python3.14+0x…`, and the eval loop shows under each Python frame.
@@ -323,14 +344,22 @@ fn views() {
 }
 
 /// zlib.compress on large buffers: deflate (libz) sits under zlib's C function, under the
-/// Python function that called it (pyenv 3.11, Debian's 3.11, forky's 3.14 and 3.15).
+/// Python function that called it (pyenv 3.11, Debian's 3.11, forky's 3.14 and 3.15, the
+/// free-threaded 3.13t and 3.14t).
 #[test]
 fn native_extension_under_its_python_caller() {
     if !privileged() {
         return;
     }
     let mut ran = 0;
-    for python in [Interpreter::pyenv(11), debian(), forky(14), forky(15)] {
+    for python in [
+        Interpreter::pyenv(11),
+        debian(),
+        forky(14),
+        forky(15),
+        free_threaded(13),
+        free_threaded(14),
+    ] {
         if !python.present() {
             continue;
         }

@@ -1,5 +1,6 @@
 //! `pyrometer dump` against every CPython on the machine: the pyenv builds 3.8–3.13
-//! (`--enable-shared`, libpython3.X.so) and Debian's static python3.11. Each runs
+//! (`--enable-shared`, libpython3.X.so), Debian's static python3.11, forky's 3.14 and 3.15 and
+//! the free-threaded 3.13t and 3.14t (no GIL: their spinner holds none). Each runs
 //! fixtures/dump_threads.py, whose main thread spins in `spin()` holding the GIL while a thread
 //! named "blocker" (OS) / "waiter-α" (`threading`) waits forever in `wait_forever()` on
 //! `lock.acquire()`. A missing interpreter prints `skipping: …`. No root needed: the target is
@@ -84,8 +85,15 @@ fn thread_named(dump: &Value, pred: impl Fn(&Value) -> bool) -> Option<&Value> {
 }
 
 /// Dumps until both threads show their steady states (the spinner briefly gives up the GIL
-/// around its tick's write), at most a few times; returns the text and the JSON dump.
-fn dump_until_settled(pid: u32) -> (String, Value) {
+/// around its tick's write, the blocker says it is ready just before it blocks), at most a
+/// few times; returns the text and the JSON dump.
+/// A free-threaded build has no GIL: its spinner runs without holding one.
+fn dump_until_settled(pid: u32, free_threaded: bool) -> (String, Value) {
+    let running = if free_threaded {
+        "(running): "
+    } else {
+        "(running, holds GIL)"
+    };
     let mut last = None;
     for _ in 0..10 {
         let text = pyrometer(&["dump", "--pid", &pid.to_string()]);
@@ -96,11 +104,14 @@ fn dump_until_settled(pid: u32) -> (String, Value) {
         let text = String::from_utf8(text.stdout).unwrap();
         let main_ok = thread_named(&value, |t| t["tid"] == pid).is_some_and(|t| {
             t["state"] == "running"
-                && t["holds_gil"] == true
+                && t["holds_gil"] == !free_threaded
                 && t["frames"][0]["function"] == "spin"
         });
-        let text_ok = text.contains("(running, holds GIL)");
-        if main_ok && text_ok {
+        // The blocker reports "ready" just before it blocks on its lock.
+        let blocker_ok = thread_named(&value, |t| t["name"] == "blocker")
+            .is_some_and(|t| t["state"] == "blocked");
+        let text_ok = text.contains(running) && text.contains("(blocked: futex wait");
+        if main_ok && blocker_ok && text_ok {
             return (text, value);
         }
         last = Some((text, value));
@@ -121,7 +132,8 @@ fn check_version(label: &str, python: &Path, minor: u32) {
     let target = Target::start(python, &[script().to_str().unwrap()]);
     target.wait_for("ready");
     let pid = target.pid();
-    let (text, dump) = dump_until_settled(pid);
+    let free_threaded = label.ends_with('t');
+    let (text, dump) = dump_until_settled(pid, free_threaded);
     println!("{label}:\n{text}");
 
     assert!(
@@ -165,12 +177,15 @@ fn check_version(label: &str, python: &Path, minor: u32) {
         "{label}:\n{text}"
     );
     assert_eq!(main["state"], "running", "{label}:\n{text}");
-    assert_eq!(main["holds_gil"], true, "{label}:\n{text}");
+    assert_eq!(main["holds_gil"], !free_threaded, "{label}:\n{text}");
     assert_eq!(main["python_name"], "MainThread", "{label}:\n{text}");
+    let state = if free_threaded {
+        "running"
+    } else {
+        "running, holds GIL"
+    };
     assert!(
-        text.contains(&format!(
-            "Thread {pid} (running, holds GIL): \"MainThread\"\n"
-        )),
+        text.contains(&format!("Thread {pid} ({state}): \"MainThread\"\n")),
         "{label}: the threading name, not the OS one:\n{text}"
     );
 
@@ -267,6 +282,25 @@ fn dump_forky_python_3_15() {
     let python = pyrometer_e2e::python::forky(15);
     if python.present() {
         check_version(&python.label, &python.path, 15);
+    }
+}
+
+/// Free-threaded 3.13t: the layout, a larger object header included, from its description;
+/// `threading`'s names through that header; no GIL held.
+#[test]
+fn dump_python_3_13t() {
+    let python = pyrometer_e2e::python::free_threaded(13);
+    if python.present() {
+        check_version(&python.label, &python.path, 13);
+    }
+}
+
+/// Free-threaded 3.14t.
+#[test]
+fn dump_python_3_14t() {
+    let python = pyrometer_e2e::python::free_threaded(14);
+    if python.present() {
+        check_version(&python.label, &python.path, 14);
     }
 }
 
@@ -473,7 +507,7 @@ fn pid_namespace() {
     let pid: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(status.contains(&format!("NSpid:\t{pid}\t1")), "{status}");
-    let (text, dump) = dump_until_settled(pid);
+    let (text, dump) = dump_until_settled(pid, false);
     let main = thread_named(&dump, |t| t["tid"] == pid).unwrap_or_else(|| panic!("{text}"));
     assert_eq!(main["frames"][0]["function"], "spin", "{text}");
     let blocker =

@@ -248,14 +248,25 @@ fn top_restores_the_terminal_on_ctrl_c() {
 /// view keeps no kernel or interpreter frames.
 #[test]
 fn top_shows_python_functions() {
-    if !privileged() {
+    top_python(&pyrometer_e2e::python::Interpreter::pyenv(11));
+}
+
+/// The same on the free-threaded 3.13t and 3.14t.
+#[test]
+fn top_shows_python_functions_3_13t() {
+    top_python(&pyrometer_e2e::python::free_threaded(13));
+}
+
+#[test]
+fn top_shows_python_functions_3_14t() {
+    top_python(&pyrometer_e2e::python::free_threaded(14));
+}
+
+fn top_python(python: &pyrometer_e2e::python::Interpreter) {
+    if !privileged() || !python.present() {
         return;
     }
-    let python = pyrometer_e2e::python::Interpreter::pyenv(11);
-    if !python.present() {
-        return;
-    }
-    let dir = scratch("top-python");
+    let dir = scratch(&format!("top-python-{}", python.label));
     let Some(tmux) = Tmux::start(&dir) else {
         return;
     };

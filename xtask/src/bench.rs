@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side,
-//! then the Python overhead against py-spy (pybench.rs), the allocation probes' cost
+//! then the Python overhead against py-spy (pybench.rs) and CPython 3.15's own sampler
+//! (tachyonbench.rs), the allocation probes' cost
 //! (allocbench.rs), DWARF unwinding costs, the always-on agent's footprint (agentbench.rs) and
 //! the collector's ingest and query figures.
 //!
@@ -42,9 +43,10 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 /// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "cpu",
     "python",
+    "tachyon",
     "alloc",
     "unwind",
     "bpf",
@@ -78,6 +80,9 @@ pub fn bench(root: &Path) -> Result<()> {
     }
     if wanted("python") {
         crate::pybench::bench(root, &pyrometer, pairs)?;
+    }
+    if wanted("tachyon") {
+        crate::tachyonbench::bench(root, &pyrometer, pairs)?;
     }
     if wanted("alloc") {
         crate::allocbench::bench(root, &pyrometer, pairs)?;

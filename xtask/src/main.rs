@@ -18,6 +18,8 @@
 //! - `kernels [NAME...]` the kernel matrix under qemu, with a summary table (see kernels.rs)
 //! - `forky-root` the Debian forky root with CPython 3.14/3.15 the tests chroot into (forky.rs)
 //! - `cuda-headers` the CUDA headers the GPU-kernel library builds against (cuda.rs)
+//! - `free-threaded` the free-threaded CPython builds the tests run, cached outside the checkout
+//!   (cpython.rs)
 
 mod agentbench;
 mod allocbench;
@@ -27,6 +29,7 @@ mod bench;
 mod book;
 mod bpfcost;
 mod cformat;
+mod cpython;
 mod cuda;
 mod forky;
 mod kernels;
@@ -36,6 +39,7 @@ mod otel;
 mod otelbench;
 mod pybench;
 mod setup;
+mod tachyonbench;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,6 +71,7 @@ fn main() -> Result<()> {
             bpfcost::verifier(&root)
         }
         Some("kernels") => kernels::kernels(&args[1..]),
+        Some("free-threaded") => cpython::command(),
         Some("forky-root") => {
             deps()?;
             let made = forky::ensure(&root)?;
@@ -80,7 +85,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <deps|demo|test|manifest|ledger|arch|bench|book|verifier|kernels [NAME...]|forky-root|cuda-headers>"
+                "usage: cargo xtask <deps|demo|test|manifest|ledger|arch|bench|book|verifier|kernels [NAME...]|forky-root|cuda-headers|free-threaded>"
             );
             std::process::exit(2);
         }
@@ -307,6 +312,7 @@ fn test(extra: &[String]) -> Result<()> {
     steps.needed("forky root", || forky::ensure(&root));
     // Before any build: the GPU-kernel library and its stand-in libcupti build against them.
     steps.needed("CUDA headers (target/cuda-headers)", || cuda::ensure(&root));
+    steps.needed("free-threaded CPython builds", cpython::ensure_all);
     steps.needed("kernel matrix qemu (target/qemu)", || {
         apt::matrix_tools(&build_dir())
     });

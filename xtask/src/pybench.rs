@@ -16,15 +16,15 @@ use crate::bench::median;
 const PYSPY_PACKAGES: &[&str] = &["py-spy==0.4.3"];
 
 /// One run: the workload's loop time and CPU, and the whole command's CPU.
-struct Run {
-    elapsed_ns: f64,
-    workload_cpu_ns: f64,
-    total_cpu_ns: f64,
+pub(crate) struct Run {
+    pub(crate) elapsed_ns: f64,
+    pub(crate) workload_cpu_ns: f64,
+    pub(crate) total_cpu_ns: f64,
 }
 
 /// Runs `cmd` (whose stderr carries the workload's `elapsed_ns` and `cpu_ns` lines) and
 /// measures the CPU of it and everything it waited for.
-fn run_timed(cmd: &mut Command) -> Result<Run> {
+pub(crate) fn run_timed(cmd: &mut Command) -> Result<Run> {
     let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

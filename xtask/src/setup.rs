@@ -73,6 +73,9 @@ pub const TEST_PACKAGES: &[(&str, &str)] = &[
     ("clickhouse-server", "/usr/sbin/clickhouse-server"),
     // The Debian forky root with CPython 3.14 and 3.15 (forky.rs).
     ("debootstrap", "/usr/sbin/debootstrap"),
+    // The free-threaded CPython builds (cpython.rs): their zlib module, which the tests call
+    // for a C function under its Python caller.
+    ("zlib1g-dev", "/usr/include/zlib.h"),
 ];
 
 /// pyenv's CPython builds the tests run (shared builds with symbols, made with `pyenv install

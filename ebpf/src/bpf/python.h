@@ -237,11 +237,16 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_fram
 // PY_CODE_LINE_TTL_NS old (a hit does not renew it): a code object freed and another made at
 // its address within that time is named as the old one for at most that long, and then read
 // again. The agent at 19 Hz meets a busy CPU's code objects every ~50 ms, so the TTL is above
-// that.
+// that. An entry is also keyed by the frame's globals (its module's dict, in the frame's bytes
+// already read): start-up imports free their module bodies, and the script's functions,
+// compiled next, took their addresses within the TTL and were sent with the freed module
+// body's first line, which the agent then showed as `<unreadable frame>`. A code object that
+// reuses an address within its own module (exec, compile) still can be, for the TTL.
 #define PY_CODE_LINES 256
 #define PY_CODE_LINE_TTL_NS 100000000ULL
 struct py_code_line {
 	__u64 code;
+	__u64 globals;
 	__u64 read_ns;
 	__u32 tgid;
 	__u32 firstline;
@@ -270,7 +275,9 @@ struct py_walk {
 	__u32 code_adaptive;
 	__u32 code_firstlineno;
 	__u32 lasti_unit;
-	__u32 reserved;
+	__u32 frame_tlbc_index; // PY_ABSENT but on 3.14+ free-threaded builds
+	__u32 code_tlbc;
+	__u32 frame_globals;
 	// The copy of the data-stack pages the walk is in (userwin.h): 3.11+ frames lie next to
 	// one another there, so one read serves the frames of a page.
 	struct user_win win;
@@ -283,14 +290,15 @@ struct py_walk {
 	__u64 now; // when the walk started, for py_code_lines
 };
 
-// The first line of the code object at `code`: from py_code_lines while fresh, else read
-// (0 when unreadable).
-static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code)
+// The first line of the code object at `code`, run by a frame with `globals`: from
+// py_code_lines while fresh, else read (0 when unreadable).
+static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code, __u64 globals)
 {
 	__u32 slot = ((code >> 4) ^ (code >> 12)) & (PY_CODE_LINES - 1);
 	__u32 key = (w->which & 3) * PY_CODE_LINES + slot;
 	struct py_code_line *e = bpf_map_lookup_elem(&py_code_lines, &key);
-	if (e && e->code == code && e->tgid == w->tgid && w->now - e->read_ns < PY_CODE_LINE_TTL_NS)
+	if (e && e->code == code && e->globals == globals && e->tgid == w->tgid &&
+	    w->now - e->read_ns < PY_CODE_LINE_TTL_NS)
 		return e->firstline;
 	__u32 firstline = 0;
 	if (bpf_probe_read_user(&firstline, sizeof(firstline),
@@ -298,6 +306,7 @@ static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code)
 		return 0;
 	if (e) {
 		e->code = code;
+		e->globals = globals;
 		e->read_ns = w->now;
 		e->tgid = w->tgid;
 		e->firstline = firstline;
@@ -327,6 +336,26 @@ static __always_inline __u8 *py_frame_bytes(struct user_win *win, struct user_wi
 	if (n > PY_FRAME_READ_MAX)
 		return 0;
 	return bpf_probe_read_user(fb->bytes, n, (void *)frame) ? 0 : fb->bytes;
+}
+
+// Copies of a function's bytecode a free-threaded interpreter may hold (one per thread that
+// ran it, reused as threads end): a larger index is not followed.
+#define PY_TLBC_MAX 4096
+
+// Where the bytecode copy number `idx` (> 0) begins, given the address of its code object's
+// co_tlbc field: the `idx`-th entry of that array ({size, entries[]}), 0 when it cannot be
+// read. Copy 0 is co_code_adaptive, the one every GIL build runs. Two or three user reads, for
+// frames of threads other than the first to run the function only. Inlined: as a global
+// function it cost fewer instructions (37.4k against 45.5k for on_cpu_clock on 6.18), but it
+// was a fifth call under the allocation probes, past 6.1's 512 bytes of combined stack.
+static __always_inline __u64 py_tlbc_start(__u64 tlbc_field, __u32 idx)
+{
+	if (idx == 0 || idx >= PY_TLBC_MAX)
+		return 0;
+	__u64 array = read_user_u64(tlbc_field);
+	if (!array || idx >= read_user_u64(array))
+		return 0;
+	return read_user_u64(array + 8 + (__u64)idx * 8);
 }
 
 // Frames per call of `py_frames`, for the same reason as UNWIND_BATCH (unwind.h): a frame
@@ -382,7 +411,14 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 		code &= PY_STACKREF_TAG_MASK;
 		__u64 instr = buf_u64(bytes, w->frame_instr);
 		__u64 start = code + w->code_adaptive;
-		if (instr >= start && instr - start < PY_ADDR_UNKNOWN)
+		if (w->frame_tlbc_index != PY_ABSENT) {
+			// 3.14+ free-threaded: the thread may run a copy of its own (0: unknown
+			// offset, as the test below then fails).
+			__s32 idx = (__s32)buf_u32(bytes, w->frame_tlbc_index);
+			if (idx > 0)
+				start = py_tlbc_start(code + w->code_tlbc, idx);
+		}
+		if (start && instr >= start && instr - start < PY_ADDR_UNKNOWN)
 			addr = instr - start;
 		else if (instr + 2 == start)
 			// 3.11/3.12 push a frame with prev_instr one code unit before its first
@@ -393,7 +429,7 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	}
 	__u32 firstline = w->last_firstline;
 	if (code != w->last_code) {
-		firstline = py_code_firstline(w, code);
+		firstline = py_code_firstline(w, code, buf_u64(bytes, w->frame_globals));
 		w->last_code = code;
 		w->last_firstline = firstline;
 	}
@@ -489,6 +525,9 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.code_adaptive = p->off.code_adaptive,
 		.code_firstlineno = p->off.code_firstlineno,
 		.lasti_unit = p->off.lasti_unit,
+		.frame_tlbc_index = p->off.frame_tlbc_index,
+		.code_tlbc = p->off.code_tlbc,
+		.frame_globals = p->off.frame_globals,
 		.win = { .which = a->which },
 		.tgid = tgid,
 		.now = start,

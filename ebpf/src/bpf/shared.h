@@ -292,6 +292,14 @@ struct py_offsets {
 	__u32 unicode_state;
 	__u32 unicode_ascii_data;
 	__u32 unicode_compact_data;
+	// 3.14+ free-threaded builds: a thread may run its own copy of a function's bytecode,
+	// the frame's tlbc_index-th entry of the code object's co_tlbc array (copy 0 is
+	// co_code_adaptive itself). ABSENT elsewhere.
+	__u32 frame_tlbc_index;
+	__u32 code_tlbc;
+	// The frame's globals (its module's dict): with the code object's address, what the
+	// kernel's cache of first lines is keyed by (python.h, py_code_lines).
+	__u32 frame_globals;
 };
 
 // Bytes of a frame the walker reads at once; every frame field used lies below this.

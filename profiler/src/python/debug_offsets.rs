@@ -42,8 +42,17 @@ pub const COOKIE: &[u8; 8] = b"xdebugpy";
 
 /// `owner` of the frame pushed by a C call into the eval loop (see the module docs).
 const ENTRY_FRAME_OWNER: u32 = 3;
+/// `PyASCIIObject.state.kind`'s first bit (see [`Described::unicode_kind_shift`]).
+pub const DEFAULT_UNICODE_KIND_SHIFT: u32 = 2;
+pub const FREE_THREADED_UNICODE_KIND_SHIFT: u32 = 8;
+/// `_PyInterpreterFrame.f_globals`, not described: 24 in 3.13–3.15, free-threaded builds included
+/// (their DWARF: `offsets_match_dwarf`, `forky_descriptions_match_dwarf`).
+const FRAME_GLOBALS_AT: u32 = 24;
 /// `sizeof(struct _gil_runtime_state)` (see the module docs).
 const GIL_STATE_SIZE: u32 = 208;
+/// The same on a free-threaded build, whose GIL state begins with `int enabled` (0 while the
+/// GIL is off), padded to 8: 3.13.15t's and 3.14.7t's DWARF.
+const FREE_THREADED_GIL_STATE_SIZE: u32 = 216;
 /// `utf8_length` and `utf8` of `PyCompactUnicodeObject` after its `PyASCIIObject`.
 const COMPACT_UNICODE_EXTRA: u64 = 16;
 /// A structure larger than this is not believed: the description was torn or is not one.
@@ -98,6 +107,9 @@ struct Layout {
     interp_imports_modules: usize,
     /// 3.15+: `heap_type_object.size` and `.ht_cached_keys`.
     heaptype: Option<(usize, usize)>,
+    /// `interpreter_frame.tlbc_index` and `code_object.co_tlbc` (3.14+; meaningful on a
+    /// free-threaded build only, 0 on others).
+    tlbc: Option<(usize, usize)>,
 }
 
 /// 3.13 (`Include/internal/pycore_runtime.h` of 3.13.0).
@@ -144,6 +156,7 @@ const V313: Layout = Layout {
     unicode_compact_size: None,
     interp_imports_modules: 88,
     heaptype: None,
+    tlbc: None,
 };
 
 /// 3.14 (`Include/internal/pycore_debug_offsets.h` of Debian's 3.14.8): `threads_main`, code
@@ -191,6 +204,7 @@ const V314: Layout = Layout {
     unicode_compact_size: None,
     interp_imports_modules: 96,
     heaptype: None,
+    tlbc: Some((304, 392)),
 };
 
 /// 3.15 (Debian's 3.15.0): thread-state profiling and exception entries, a heap-type section
@@ -238,6 +252,7 @@ const V315: Layout = Layout {
     unicode_compact_size: Some(744),
     interp_imports_modules: 96,
     heaptype: Some((528, 536)),
+    tlbc: Some((368, 456)),
 };
 
 const LAYOUTS: &[Layout] = &[V313, V314, V315];
@@ -252,6 +267,10 @@ pub struct Described {
     /// `PyHeapTypeObject.ht_cached_keys`; 0 / `None` for the tabled versions.
     pub interp_modules: u32,
     pub heaptype_cached_keys: Option<u32>,
+    /// Where `PyASCIIObject.state`'s `kind` begins (`compact` and `ascii` follow it): bit 2,
+    /// after a 2-bit `interned`, except on 3.14+ free-threaded builds, whose `interned` is a
+    /// byte of its own (it is accessed atomically), which puts `kind` at bit 8.
+    pub unicode_kind_shift: u32,
 }
 
 impl Described {
@@ -262,6 +281,7 @@ impl Described {
             free_threaded: false,
             interp_modules: 0,
             heaptype_cached_keys: None,
+            unicode_kind_shift: DEFAULT_UNICODE_KIND_SHIFT,
         }
     }
 }
@@ -321,7 +341,17 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
     };
     let mut c = Checker { word: &word };
     let sizes = Sizes::check(&mut c, l)?;
-    let offsets = described_offsets(&mut c, l, &sizes, version.minor)?;
+    let gil_size = if free_threaded {
+        FREE_THREADED_GIL_STATE_SIZE
+    } else {
+        GIL_STATE_SIZE
+    };
+    let mut offsets = described_offsets(&mut c, l, &sizes, version.minor, gil_size)?;
+    if let (true, Some((frame_at, code_at))) = (free_threaded, l.tlbc) {
+        offsets.frame_tlbc_index =
+            c.field("interpreter_frame.tlbc_index", frame_at, 4, sizes.frame)? as u32;
+        offsets.code_tlbc = c.field("code_object.co_tlbc", code_at, 8, sizes.code)? as u32;
+    }
     let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
     let interp = sizes.interp;
     // The kernel walker reads one fixed-size window of each frame.
@@ -330,8 +360,12 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         offsets.frame_previous + 8,
         offsets.frame_instr + 8,
         offsets.frame_owner + 1,
+        // ABSENT saturates, and is left out.
+        offsets.frame_tlbc_index.saturating_add(4),
+        offsets.frame_globals + 8,
     ]
     .into_iter()
+    .filter(|&end| end != u32::MAX)
     .max()
     .unwrap_or(0);
     if frame_end > pyrometer_ebpf::PY_FRAME_READ_MAX {
@@ -359,11 +393,17 @@ fn parse(raw: &[u8], l: &Layout, version: PythonVersion) -> Result<Described, St
         }
         None => None,
     };
+    let unicode_kind_shift = if free_threaded && version.minor >= 14 {
+        FREE_THREADED_UNICODE_KIND_SHIFT
+    } else {
+        DEFAULT_UNICODE_KIND_SHIFT
+    };
     Ok(Described {
         offsets,
         free_threaded,
         interp_modules,
         heaptype_cached_keys,
+        unicode_kind_shift,
     })
 }
 
@@ -400,6 +440,7 @@ fn described_offsets(
     l: &Layout,
     sizes: &Sizes,
     minor: u32,
+    gil_size: u32,
 ) -> Result<PyOffsets, String> {
     let Sizes {
         runtime,
@@ -421,7 +462,7 @@ fn described_offsets(
         let abs = c.field(name, at, width, interp)?;
         let rel = abs
             .checked_sub(gil_state)
-            .filter(|&r| r + width <= u64::from(GIL_STATE_SIZE))
+            .filter(|&r| r + width <= u64::from(gil_size))
             .ok_or_else(|| format!("_Py_DebugOffsets.{name} ({abs}) is outside the GIL state"))?;
         Ok::<u32, String>(rel as u32)
     };
@@ -448,6 +489,7 @@ fn described_offsets(
         Some(at) => c.field("unicode_object.compactunicodeobject_size", at, 0, 256)?,
         None => unicode_ascii_data + COMPACT_UNICODE_EXTRA,
     };
+    let frame_globals = frame_globals(frame)?;
     let u32_of = |v: u64| v as u32; // every value was bounded by a size under MAX_STRUCT_SIZE
     Ok(PyOffsets {
         major: 3,
@@ -477,7 +519,7 @@ fn described_offsets(
         )?),
         gil_last_holder,
         gil_locked,
-        gil_size: GIL_STATE_SIZE,
+        gil_size,
         tstate_next: u32_of(c.field("thread_state.next", l.tstate_next, 8, tstate)?),
         tstate_interp: u32_of(c.field("thread_state.interp", l.tstate_interp, 8, tstate)?),
         tstate_frame: u32_of(c.field(
@@ -534,7 +576,20 @@ fn described_offsets(
         unicode_state: u32_of(c.field("unicode_object.state", l.unicode_state, 4, unicode)?),
         unicode_ascii_data: u32_of(unicode_ascii_data),
         unicode_compact_data: u32_of(unicode_compact_data),
+        frame_tlbc_index: super::offsets::ABSENT,
+        code_tlbc: super::offsets::ABSENT,
+        frame_globals,
     })
+}
+
+/// `f_globals` of an interpreter frame of `frame` bytes (not described: [`FRAME_GLOBALS_AT`]).
+fn frame_globals(frame: u64) -> Result<u32, String> {
+    if u64::from(FRAME_GLOBALS_AT) + 8 > frame {
+        return Err(format!(
+            "its interpreter frame ({frame} bytes) is too small for f_globals at {FRAME_GLOBALS_AT}"
+        ));
+    }
+    Ok(FRAME_GLOBALS_AT)
 }
 
 /// Bounds checks on the entries of one description.
@@ -653,8 +708,8 @@ mod tests {
     }
 
     /// A free-threaded build says so, and its larger object header moves `ob_type`: the
-    /// walkers take it from the description, the name reader (which assumes the default
-    /// header) refuses it.
+    /// walkers and the name reader take it from the description, and the GIL state (which
+    /// begins with its `enabled` flag there) is 8 bytes larger.
     #[test]
     fn a_free_threaded_description_is_read_with_its_own_header() {
         let mut raw = sample_313();
@@ -676,8 +731,10 @@ mod tests {
             module_type: 6,
             type_type: 7,
         };
+        assert_eq!(d.offsets.gil_size, FREE_THREADED_GIL_STATE_SIZE);
+        // Names are read through the larger header: an empty image is a read error.
         let mem = super::super::tests::FakeMemory::default();
-        assert!(matches!(
+        assert!(!matches!(
             super::super::names::thread_names(&mem, &rt, &d),
             Err(PythonError::Unsupported { .. })
         ));

@@ -4,6 +4,7 @@
 
 pub mod debug_offsets;
 pub mod gc;
+pub mod free_threaded;
 pub mod gil;
 pub mod gil_report;
 pub mod linetable;
@@ -163,8 +164,7 @@ pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump
     let runtime = version::detect(process)?;
     let mem = ProcessMemory::new(pid);
     let layout = debug_offsets::for_process(&mem, &runtime)?;
-    let offsets = &layout.offsets;
-    let snapshot = walk::Walker::new(&mem, offsets, &runtime).snapshot()?;
+    let snapshot = walk::Walker::new(&mem, &layout, &runtime).snapshot()?;
     // Names are a nicety: a `threading` state that does not validate leaves the stacks shown.
     let python_names = names::thread_names(&mem, &runtime, &layout).unwrap_or_default();
     let tasks = task_ids(proc_root, pid);
@@ -306,7 +306,7 @@ pub fn thread_names_by_tid<M: memory::Memory>(
     if names.is_empty() {
         return Default::default();
     }
-    let Ok(ids) = walk::Walker::new(mem, &layout.offsets, runtime).thread_ids() else {
+    let Ok(ids) = walk::Walker::new(mem, layout, runtime).thread_ids() else {
         return Default::default();
     };
     let tasks = task_ids(proc_root, pid);

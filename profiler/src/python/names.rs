@@ -253,7 +253,7 @@ pub fn for_version(major: u32, minor: u32) -> Option<&'static NameOffsets> {
 /// `imports.modules`, `ht_cached_keys` (described from 3.15; 3.13's 880 before), and
 /// `interpreters.main`, which the description lacks but which follows `interpreters.head`.
 fn described_names(minor: u32, layout: &Described) -> NameOffsets {
-    NameOffsets {
+    let names = NameOffsets {
         minor,
         runtime_interpreters_main: layout.offsets.runtime_interpreters_head + 8,
         interp_modules: layout.interp_modules,
@@ -261,8 +261,55 @@ fn described_names(minor: u32, layout: &Described) -> NameOffsets {
             .heaptype_cached_keys
             .unwrap_or(PY313.heaptype_cached_keys),
         ..PY313
+    };
+    if layout.free_threaded {
+        free_threaded(names, layout)
+    } else {
+        names
     }
 }
+
+/// A free-threaded build (`3.13t`, `3.14t`): its object header is larger (`ob_tid`, the
+/// biased reference counts, `ob_mutex` and `ob_gc_bits` come before `ob_type`, at 24 where
+/// the default header has it at 8), which moves every field of an object by the same amount;
+/// the dict key tables, their entries and the values arrays are no objects and do not move.
+/// The managed dict pointer is one word before the object, not three (no GC links before a
+/// free-threaded object: `MANAGED_DICT_OFFSET` in `internal/pycore_object.h`). Checked
+/// against 3.13.15t's and 3.14.7t's DWARF and headers by `name_offsets_match_dwarf` and
+/// `free_threaded_constants_match_headers`. `ht_cached_keys` moves with the header where the
+/// interpreter does not describe it (3.13, 3.14).
+fn free_threaded(names: NameOffsets, layout: &Described) -> NameOffsets {
+    let extra = layout
+        .offsets
+        .object_type
+        .saturating_sub(DEFAULT_OBJECT_TYPE);
+    let object = |at: u32| if at == ABSENT { ABSENT } else { at + extra };
+    NameOffsets {
+        module_dict: object(names.module_dict),
+        var_size: object(names.var_size),
+        type_basicsize: object(names.type_basicsize),
+        type_flags: object(names.type_flags),
+        type_dictoffset: object(names.type_dictoffset),
+        heaptype_cached_keys: match layout.heaptype_cached_keys {
+            Some(described) => described,
+            None => object(names.heaptype_cached_keys),
+        },
+        dict_used: object(names.dict_used),
+        dict_keys: object(names.dict_keys),
+        dict_values: object(names.dict_values),
+        long_tag: object(names.long_tag),
+        long_digits: object(names.long_digits),
+        object_size: object(names.object_size),
+        managed_dict_before: FREE_THREADED_MANAGED_DICT_BEFORE,
+        ..names
+    }
+}
+
+/// `ob_type`'s offset in the default object header.
+const DEFAULT_OBJECT_TYPE: u32 = 8;
+
+/// `-MANAGED_DICT_OFFSET` of a free-threaded build.
+const FREE_THREADED_MANAGED_DICT_BEFORE: u32 = 8;
 
 /// The `threading` name of every thread of the main interpreter that `threading` knows about,
 /// keyed by its ident (`threading.get_ident()`, i.e. `pthread_self()`, the same value as
@@ -305,9 +352,10 @@ pub fn thread_names_at<M: Memory>(
     } else {
         for_version(major, minor)
     };
-    // The name tables assume the default object header (`ob_type` at 8): a free-threaded or
-    // trace-refs build is not read.
-    let (Some(o), 8) = (o, base.object_type) else {
+    // The name tables assume the default object header (`ob_type` at 8) or a free-threaded
+    // one as described: a trace-refs build is not read.
+    let header_known = base.object_type == DEFAULT_OBJECT_TYPE || layout.free_threaded;
+    let (Some(o), true) = (o, header_known) else {
         return Err(PythonError::Unsupported {
             version: rt.version.to_string(),
             reason: String::new(),
@@ -318,7 +366,8 @@ pub fn thread_names_at<M: Memory>(
         o,
         base,
         rt,
-        walker: Walker::new(mem, base, rt),
+        walker: Walker::new(mem, layout, rt),
+        kind_shift: layout.unicode_kind_shift,
         work: Cell::new(0),
     }
     .names(active)
@@ -340,6 +389,8 @@ struct Reader<'a, M: Memory> {
     base: &'a PyOffsets,
     rt: &'a PythonRuntime,
     walker: Walker<'a, M>,
+    /// [`Described::unicode_kind_shift`].
+    kind_shift: u32,
     /// Spent of `MAX_WORK`.
     work: Cell<usize>,
 }
@@ -583,8 +634,8 @@ impl<M: Memory> Reader<'_, M> {
         let state = buf
             .get(b.unicode_state as usize..b.unicode_state as usize + 4)
             .map_or(0, |s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-        // PyASCIIObject.state: kind in bits 2–4, compact bit 5, ascii bit 6.
-        let compact_ascii = (state >> 5) & 3 == 3 && (state >> 2) & 7 == 1;
+        let (kind, compact, ascii) = super::walk::string_state(state, self.kind_shift);
+        let compact_ascii = compact && ascii && kind == 1;
         word(&buf, b.object_type as usize) == Some(self.rt.unicode_type)
             && word(&buf, b.unicode_length as usize) == Some(name.len() as u64)
             && compact_ascii

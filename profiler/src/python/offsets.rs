@@ -64,6 +64,9 @@ const BASE: PyOffsets = PyOffsets {
     unicode_state: 32,
     unicode_ascii_data: 48,
     unicode_compact_data: 72,
+    frame_tlbc_index: ABSENT,
+    code_tlbc: ABSENT,
+    frame_globals: 48,
 };
 
 /// 3.8.18 DWARF. `_PyRuntime.ceval.gil` at 1152 (3.8 still has the pending-calls arrays there).
@@ -108,6 +111,7 @@ const PY311: PyOffsets = PyOffsets {
     frame_previous: 48,
     frame_instr: 56,
     frame_is_entry: 68,
+    frame_globals: 8,
     frame_owner: 69,
     code_filename: 112,
     code_name: 120,
@@ -129,6 +133,7 @@ const PY312: PyOffsets = PyOffsets {
     tstate_thread_id: 136,
     tstate_native_thread_id: 144,
     frame_code: 0,
+    frame_globals: 24,
     frame_previous: 8,
     frame_is_entry: ABSENT,
     frame_owner: 70,
@@ -177,6 +182,8 @@ pub fn frame_read_len(o: &PyOffsets) -> u32 {
         o.frame_instr + instr_len,
         o.frame_is_entry.saturating_add(1),
         o.frame_owner.saturating_add(1),
+        o.frame_tlbc_index.saturating_add(4),
+        o.frame_globals.saturating_add(8),
     ]
     .into_iter()
     .filter(|&end| end != 0 && end <= pyrometer_ebpf::PY_FRAME_READ_MAX)

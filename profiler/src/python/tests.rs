@@ -58,6 +58,9 @@ fn named_fields(o: &PyOffsets) -> Vec<(&'static str, u32)> {
         ("unicode_state", o.unicode_state),
         ("unicode_ascii_data", o.unicode_ascii_data),
         ("unicode_compact_data", o.unicode_compact_data),
+        ("frame_tlbc_index", o.frame_tlbc_index),
+        ("code_tlbc", o.code_tlbc),
+        ("frame_globals", o.frame_globals),
     ]
 }
 
@@ -95,11 +98,36 @@ fn offsets_match_dwarf() {
         let checked = compare_with_dwarf(&format!("3.{minor}"), table, &text);
         println!("3.{minor}: {checked} offsets agree with {}", lib.display());
     }
+    for (label, prefix, minor) in free_threaded_builds() {
+        let Some(lib) = free_threaded_lib(&label, &prefix, minor) else {
+            continue;
+        };
+        let text = dwarf_offsets(&lib);
+        let bin = prefix.join(format!("bin/python3.{minor}t"));
+        let described = described_by_live_process(Command::new(&bin));
+        assert!(described.free_threaded, "{label} says it is free-threaded");
+        assert_eq!(
+            described.offsets.object_type, 24,
+            "{label}: ob_type after ob_tid & co"
+        );
+        let checked = compare_with_dwarf(&label, &described.offsets, &text);
+        println!(
+            "{label}: {checked} described offsets agree with {}",
+            lib.display()
+        );
+    }
 }
 
 /// gdb's DWARF reading (scripts/python_offsets.py) of `binary`.
 fn dwarf_offsets(binary: &Path) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_offsets.py");
+    gdb_script("python_offsets.py", binary)
+}
+
+/// What scripts/`script` prints run under gdb on `binary`.
+pub(super) fn gdb_script(script: &str, binary: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(script);
     let out = Command::new("gdb")
         .args(["-batch", "-nx", "-ex"])
         .arg(format!(
@@ -113,7 +141,7 @@ fn dwarf_offsets(binary: &Path) -> String {
 }
 
 /// Starts `cmd` (a Python that sleeps) and reads its `_Py_DebugOffsets`.
-fn described_by_live_process(mut cmd: Command) -> super::debug_offsets::Described {
+pub(super) fn described_by_live_process(mut cmd: Command) -> super::debug_offsets::Described {
     let mut child = cmd
         .args(["-c", "import time; time.sleep(60)"])
         .spawn()
@@ -142,25 +170,29 @@ fn described_by_live_process(mut cmd: Command) -> super::debug_offsets::Describe
 
 /// Compares every field of `table` with gdb's output; the number compared.
 fn compare_with_dwarf(label: &str, table: &PyOffsets, text: &str) -> usize {
-    let mut checked = 0;
-    {
-        for (name, value) in named_fields(table) {
-            let dwarf = text
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-                .unwrap_or_else(|| panic!("{label}: gdb printed no {name}:\n{text}"));
-            let dwarf = if dwarf == "absent" {
-                ABSENT
-            } else {
-                dwarf.parse().expect("a number")
-            };
-            // The 3.11 PyFrameObject still has f_back etc.; the table uses the interpreter
-            // frame, which the script prefers, so every field must agree.
-            assert_eq!(value, dwarf, "{label} {name}: table {value}, DWARF {dwarf}");
-            checked += 1;
-        }
+    // The 3.11 PyFrameObject still has f_back etc.; the table uses the interpreter frame,
+    // which the script prefers, so every field must agree.
+    compare_fields(label, &named_fields(table), text)
+}
+
+/// Every `(name, value)` against gdb's `name=value` lines (`absent`: ABSENT); how many.
+pub(super) fn compare_fields(label: &str, fields: &[(&'static str, u32)], text: &str) -> usize {
+    for (name, value) in fields {
+        let dwarf = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{label}: gdb printed no {name}:\n{text}"));
+        let dwarf = if dwarf == "absent" {
+            ABSENT
+        } else {
+            dwarf.parse().expect("a number")
+        };
+        assert_eq!(
+            *value, dwarf,
+            "{label} {name}: table {value}, DWARF {dwarf}"
+        );
     }
-    checked
+    fields.len()
 }
 
 /// Debian forky's 3.14 and 3.15 (`cargo xtask forky-root`): their descriptions, read from
@@ -285,13 +317,58 @@ pub(super) fn interpreters() -> Vec<(String, PathBuf, u32)> {
         PathBuf::from("/usr/bin/python3.11"),
         11,
     ));
+    out.extend(
+        free_threaded_builds()
+            .into_iter()
+            .map(|(label, prefix, minor)| {
+                (label, prefix.join(format!("bin/python3.{minor}t")), minor)
+            }),
+    );
     out
+}
+
+/// The free-threaded builds the tests run (`3.13t`, `3.14t`): (label, installation prefix,
+/// minor), from tests/free-threaded.txt, installed by `cargo xtask free-threaded` under
+/// /var/cache/pyrometer-cpython/SHA256 (`PYROMETER_CPYTHON_CACHE` overrides the directory).
+pub(super) fn free_threaded_builds() -> Vec<(String, PathBuf, u32)> {
+    let cache = std::env::var_os("PYROMETER_CPYTHON_CACHE").map_or_else(
+        || PathBuf::from("/var/cache/pyrometer-cpython"),
+        PathBuf::from,
+    );
+    include_str!("../../../tests/free-threaded.txt")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(version, sha)| {
+            let minor = version.split('.').nth(1)?.parse().ok()?;
+            Some((format!("3.{minor}t"), cache.join(sha.trim()), minor))
+        })
+        .collect()
+}
+
+/// The libpython of a free-threaded build, or `None` after a skip in the ledger when it was not
+/// built.
+pub(super) fn free_threaded_lib(label: &str, prefix: &Path, minor: u32) -> Option<PathBuf> {
+    let lib = prefix.join(format!("lib/libpython3.{minor}t.so.1.0"));
+    if lib.exists() {
+        return Some(lib);
+    }
+    skip_ledger::skip(
+        &python_capability(label, minor),
+        format!(
+            "{label}: {} is missing (cargo xtask free-threaded)",
+            lib.display()
+        ),
+    );
+    None
 }
 
 /// The skip ledger's name for an interpreter of [`interpreters`].
 pub(super) fn python_capability(label: &str, minor: u32) -> String {
     if label.starts_with("Debian") {
         format!("python:debian-3.{minor}")
+    } else if label.ends_with('t') {
+        format!("python:{label}")
     } else {
         format!("python:3.{minor}")
     }
@@ -450,7 +527,10 @@ fn walker_marks_bad_frames_and_stops_on_cycles() {
     m.put_u64(at(0x9000, o.frame_code), 0x7000);
     m.put_u64(at(0x9000, o.frame_previous), 0x4000);
 
-    let snap = super::walk::Walker::new(&m, o, &rt).snapshot().unwrap();
+    let layout = debug_offsets::Described::tabled(*o);
+    let snap = super::walk::Walker::new(&m, &layout, &rt)
+        .snapshot()
+        .unwrap();
     assert_eq!(snap.threads.len(), 1);
     let t = &snap.threads[0];
     assert_eq!(t.tid, Some(77));

@@ -23,6 +23,7 @@ use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 use super::PythonError;
 use super::debug_offsets::{self, Described};
 use super::gc::GcProbes;
+use super::free_threaded::FreeThreadedGil;
 use super::gil::{self, GilSites};
 use super::memory::{Memory, ProcessMemory};
 use super::offsets::{ABSENT, PyOffsets};
@@ -192,9 +193,9 @@ pub struct PyTracker {
     gc: Option<GcProbes>,
     /// Registered processes whose GIL cannot be probed, and why.
     gil_unavailable: HashMap<u32, String>,
-    /// With the GIL view on: free-threaded processes seen (they have no GIL), with their
-    /// names, kept after they exit for the report.
-    free_threaded: std::collections::BTreeMap<u32, String>,
+    /// With the GIL view on: free-threaded processes seen, with their names and whether their
+    /// GIL was on, kept after they exit for the report.
+    free_threaded: FreeThreadedGil,
     /// The sites of every binary probed, for the summary.
     gil_binaries: Vec<GilSites>,
     binaries: BinaryCache,
@@ -257,9 +258,15 @@ impl PyTracker {
         &self.gil_unavailable
     }
 
-    /// With the GIL view on: the free-threaded processes seen (pid, command name).
-    pub fn free_threaded(&self) -> &std::collections::BTreeMap<u32, String> {
+    /// With the GIL view on: the free-threaded processes seen.
+    pub fn free_threaded(&self) -> &FreeThreadedGil {
         &self.free_threaded
+    }
+
+    /// With the GIL view on: reads again whether a free-threaded process runs with its GIL
+    /// on (at most every 100 ms). Called as its samples arrive.
+    pub fn check_free_threaded_gil(&mut self, pid: u32) {
+        self.free_threaded.check(pid);
     }
 
     /// Attaches the GIL probes to the interpreter binary of `process` (once per binary).
@@ -468,8 +475,9 @@ impl PyTracker {
         self.stats.processes += 1;
         self.stats.span_tables += u64::from(span_table.is_some());
         if layout.free_threaded {
-            if self.gil.is_some() && self.free_threaded.len() < MAX_PROCESSES {
-                self.free_threaded.insert(pid, process.comm.clone());
+            if self.gil.is_some() {
+                self.free_threaded
+                    .add(pid, process.comm.clone(), runtime.runtime, *offsets);
             }
         } else if let Some(probes) = probes {
             self.attach_gil(process, &runtime, probes);
@@ -564,11 +572,14 @@ impl PyTracker {
             // objects freed while the process runs, after their one run, and all modules start
             // on line 1: a start-up module's cached entry named the script's `<module>` at the
             // same address `<frozen site>`. Their filename reference is checked on each use.
+            // A process that has exited (or unmapped the memory) keeps the name: its first line
+            // agreed, and nothing can have taken the address since. Reading again there made
+            // the script's `<module>` unreadable in the last samples of a run that ended.
             Some(Code::Read(e)) if e.function.starts_with('<') => {
                 let mem = ProcessMemory::new(pid);
-                Walker::new(&mem, &t.layout.offsets, &t.runtime)
+                Walker::new(&mem, &t.layout, &t.runtime)
                     .filename_ref(frame.code)
-                    .map_or(true, |r| r != e.code.filename_ref)
+                    .is_ok_and(|r| r != e.code.filename_ref)
             }
             Some(Code::Read(_)) => false,
             Some(Code::Failed(retry)) => retry.due(Instant::now()),
@@ -579,7 +590,7 @@ impl PyTracker {
                 t.codes.clear();
             }
             let mem = ProcessMemory::new(pid);
-            let read = Walker::new(&mem, &t.layout.offsets, &t.runtime).code(frame.code);
+            let read = Walker::new(&mem, &t.layout, &t.runtime).code(frame.code);
             self.stats.code_reads += 1;
             match read {
                 Ok(code) => {

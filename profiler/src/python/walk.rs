@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 
 use super::PythonError;
+use super::debug_offsets::Described;
 use super::linetable;
 use super::memory::Memory;
 use super::offsets::{ABSENT, FrameKind, PyOffsets};
@@ -18,6 +19,8 @@ pub const MAX_FRAMES: usize = 256;
 /// allocate much.
 pub const MAX_STRING: usize = 1024;
 const MAX_LINE_TABLE: usize = 64 * 1024;
+/// Bytecode copies of a function followed on a free-threaded build (`PY_TLBC_MAX`).
+const TLBC_MAX: u64 = 4096;
 
 /// 3.14+ keep `f_executable` as a `_PyStackRef` whose low bits tag the reference; object
 /// pointers are 8-byte aligned, so clearing three bits is right for every 3.11+ frame (the kernel
@@ -93,11 +96,24 @@ pub struct Walker<'a, M: Memory> {
     mem: &'a M,
     off: &'a PyOffsets,
     rt: &'a PythonRuntime,
+    unicode_kind_shift: u32,
+}
+
+/// `PyASCIIObject.state`'s `kind`, `compact` and `ascii`, with `kind` starting at bit
+/// `kind_shift` ([`Described::unicode_kind_shift`]).
+pub fn string_state(state: u32, kind_shift: u32) -> (u32, bool, bool) {
+    let bits = state.checked_shr(kind_shift).unwrap_or(0);
+    (bits & 7, (bits >> 3) & 1 == 1, (bits >> 4) & 1 == 1)
 }
 
 impl<'a, M: Memory> Walker<'a, M> {
-    pub fn new(mem: &'a M, off: &'a PyOffsets, rt: &'a PythonRuntime) -> Self {
-        Self { mem, off, rt }
+    pub fn new(mem: &'a M, layout: &'a Described, rt: &'a PythonRuntime) -> Self {
+        Self {
+            mem,
+            off: &layout.offsets,
+            rt,
+            unicode_kind_shift: layout.unicode_kind_shift,
+        }
     }
 
     fn field(&self, base: u64, offset: u32) -> Result<u64, PythonError> {
@@ -308,6 +324,29 @@ impl<'a, M: Memory> Walker<'a, M> {
         })
     }
 
+    /// Where the bytecode the frame runs begins: `co_code_adaptive`, or on a 3.14+
+    /// free-threaded build the thread's own copy, entry `tlbc_index` of the code object's
+    /// `co_tlbc` array (as the kernel walker reads it, `py_tlbc_start`); `None` when that
+    /// copy cannot be found.
+    fn bytecode_copy(&self, frame: u64, code: u64) -> Result<Option<u64>, PythonError> {
+        let o = self.off;
+        let shared = code + u64::from(o.code_adaptive);
+        if o.frame_tlbc_index == ABSENT {
+            return Ok(Some(shared));
+        }
+        let index = self.mem.read_u32(frame + u64::from(o.frame_tlbc_index))? as i32;
+        if index <= 0 {
+            return Ok(Some(shared));
+        }
+        let index = index as u64;
+        let array = self.field(code, o.code_tlbc)?;
+        if array == 0 || index >= TLBC_MAX || index >= self.mem.read_u64(array)? {
+            return Ok(None);
+        }
+        let start = self.mem.read_u64(array + 8 + index * 8)?;
+        Ok((start != 0).then_some(start))
+    }
+
     /// The `co_filename` address of the code object at `code` (one read).
     pub fn filename_ref(&self, code: u64) -> Result<u64, PythonError> {
         self.field(code, self.off.code_filename)
@@ -324,7 +363,10 @@ impl<'a, M: Memory> Walker<'a, M> {
             }
             FrameKind::Interpreter => {
                 let instr = self.field(frame, o.frame_instr)?;
-                let start = code + u64::from(o.code_adaptive);
+                let start = match self.bytecode_copy(frame, code)? {
+                    Some(start) => start,
+                    None => return Ok(None),
+                };
                 match instr.checked_sub(start) {
                     Some(d) if d < MAX_LINE_TABLE as u64 * 64 => d as u32,
                     _ => return Ok(None),
@@ -358,9 +400,7 @@ impl<'a, M: Memory> Walker<'a, M> {
             return Err(PythonError::BadAddress(obj));
         }
         let state = self.mem.read_u32(obj + u64::from(o.unicode_state))?;
-        let kind = (state >> 2) & 7;
-        let compact = (state >> 5) & 1 == 1;
-        let ascii = (state >> 6) & 1 == 1;
+        let (kind, compact, ascii) = string_state(state, self.unicode_kind_shift);
         if !compact || !matches!(kind, 1 | 2 | 4) {
             return Err(PythonError::BadAddress(obj));
         }

@@ -71,8 +71,9 @@ pub struct GilReport {
     pub table: String,
     /// Processes without the GIL view, and why.
     pub unavailable: Vec<(u32, String)>,
-    /// Free-threaded processes (pid, command name): no GIL to show.
-    pub free_threaded: Vec<(u32, String)>,
+    /// Free-threaded processes (pid, command name, whether their GIL was seen on): no GIL
+    /// table for them.
+    pub free_threaded: Vec<(u32, String, bool)>,
     /// Contended waits counted with their stacks.
     pub wait_events: u64,
     /// ... and their total, ns.

@@ -434,8 +434,8 @@ fn gil_report(
     unavailable.sort();
     let free_threaded = python
         .free_threaded()
-        .iter()
-        .map(|(&p, comm)| (p, comm.clone()))
+        .processes()
+        .map(|(p, f)| (p, f.comm.clone(), f.gil_enabled))
         .collect();
     GilReport {
         free_threaded,

@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use super::super::debug_offsets::Described;
 use super::super::memory::ProcessMemory;
 use super::super::offsets::ABSENT;
 use super::super::tests::{
-    FakeMemory, PYENV, interpreters, libpython, pyenv_root, python_capability,
+    FakeMemory, PYENV, compare_fields, described_by_live_process, free_threaded_builds,
+    free_threaded_lib, gdb_script, interpreters, libpython, pyenv_root, python_capability,
 };
 use super::super::version::{self, PythonRuntime};
 use super::super::walk::{MAX_STRING, Walker};
@@ -62,7 +62,6 @@ fn name_offsets_match_dwarf() {
         skip_ledger::skip("tool:gdb", "gdb is not installed");
         return;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python_name_offsets.py");
     for &(dir, minor) in PYENV {
         let lib = libpython(dir, minor);
         if !lib.exists() {
@@ -72,37 +71,105 @@ fn name_offsets_match_dwarf() {
             );
             continue;
         }
-        let out = Command::new("gdb")
-            .args(["-batch", "-nx", "-ex"])
-            .arg(format!(
-                "python exec(open({:?}).read())",
-                script.display().to_string()
-            ))
-            .arg(&lib)
-            .output()
-            .expect("gdb runs");
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = gdb_script("python_name_offsets.py", &lib);
         let table = for_version(3, minor).expect("supported");
         let fields = dwarf_fields(table);
-        for (name, value) in &fields {
-            let dwarf = text
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-                .unwrap_or_else(|| panic!("3.{minor}: gdb printed no {name}:\n{text}"));
-            let dwarf = if dwarf == "absent" {
-                ABSENT
-            } else {
-                dwarf.parse().expect("a number")
-            };
-            assert_eq!(
-                *value, dwarf,
-                "3.{minor} {name}: table {value}, DWARF {dwarf}"
-            );
-        }
+        compare_fields(&format!("3.{minor}"), &fields, &text);
         println!(
             "3.{minor}: {} name offsets agree with {}",
             fields.len(),
             lib.display()
+        );
+    }
+    // The free-threaded builds: what the reader derives from each one's own description.
+    for (label, prefix, minor) in free_threaded_builds() {
+        let Some(lib) = free_threaded_lib(&label, &prefix, minor) else {
+            continue;
+        };
+        let described =
+            described_by_live_process(Command::new(prefix.join(format!("bin/python3.{minor}t"))));
+        let table = super::described_names(minor, &described);
+        let text = gdb_script("python_name_offsets.py", &lib);
+        let fields = dwarf_fields(&table);
+        compare_fields(&label, &fields, &text);
+        println!(
+            "{label}: {} name offsets agree with {}",
+            fields.len(),
+            lib.display()
+        );
+    }
+}
+
+/// What a free-threaded build's headers say of the constants the reader uses: the managed
+/// dict pointer one word before the object (no GC links there), inline values right after the
+/// larger header, the same type flags.
+#[test]
+fn free_threaded_constants_match_headers() {
+    for (label, prefix, minor) in free_threaded_builds() {
+        let inc = prefix.join(format!("include/python3.{minor}t"));
+        if !inc.exists() {
+            skip_ledger::skip(
+                &python_capability(&label, minor),
+                format!(
+                    "{label}: {} is missing (cargo xtask free-threaded)",
+                    inc.display()
+                ),
+            );
+            continue;
+        }
+        let read = |rel: &str| {
+            std::fs::read_to_string(inc.join(rel)).unwrap_or_else(|e| panic!("{label}: {rel}: {e}"))
+        };
+        let object_h = read("internal/pycore_object.h");
+        assert!(
+            contains_code(
+                &object_h,
+                &format!(
+                    "#ifdef Py_GIL_DISABLED\n# define MANAGED_DICT_OFFSET (((Py_ssize_t)sizeof(PyObject *))*-{})",
+                    super::FREE_THREADED_MANAGED_DICT_BEFORE / 8
+                )
+            ),
+            "{label}: MANAGED_DICT_OFFSET"
+        );
+        // 3.14 puts them after tp_basicsize, which the reader requires to be the header's size.
+        assert!(
+            contains_code(
+                &object_h,
+                "return (PyDictValues *)((char *)obj + sizeof(PyObject));"
+            ) || contains_code(
+                &object_h,
+                "return (PyDictValues *)((char *)obj + tp->tp_basicsize);"
+            ),
+            "{label}: inline values after the header"
+        );
+        // `PyASCIIObject.state`: 3.14t makes `interned` a byte of its own, moving `kind` to
+        // bit 8; 3.13t keeps the 2-bit field.
+        let unicode_h = read("cpython/unicodeobject.h");
+        let byte_interned = contains_code(
+            &unicode_h,
+            "#ifdef Py_GIL_DISABLED\n// Needs to be accessed atomically, so can't be a bit field.\nunsigned char interned;",
+        );
+        let want = if minor >= 14 {
+            super::super::debug_offsets::FREE_THREADED_UNICODE_KIND_SHIFT
+        } else {
+            super::super::debug_offsets::DEFAULT_UNICODE_KIND_SHIFT
+        };
+        let described =
+            described_by_live_process(Command::new(prefix.join(format!("bin/python3.{minor}t"))));
+        assert_eq!(described.unicode_kind_shift, want, "{label}");
+        assert_eq!(byte_interned, minor >= 14, "{label}: interned's width");
+        let public = read("object.h");
+        let o = for_version(3, 13).unwrap();
+        for (name, bit) in [
+            ("Py_TPFLAGS_HEAPTYPE", o.heaptype_bit),
+            ("Py_TPFLAGS_MANAGED_DICT", o.managed_dict_bit),
+            ("Py_TPFLAGS_INLINE_VALUES", o.inline_values_bit),
+        ] {
+            assert_eq!(flag_bit(&public, name), Some(bit), "{label}: {name}");
+        }
+        println!(
+            "{label}: the free-threaded constants agree with {}",
+            inc.display()
         );
     }
 }
@@ -375,7 +442,7 @@ fn thread_names_match_threading() {
 
         // The idents are the walker's thread ids; the _thread-started thread is walked but
         // has no name.
-        let snapshot = Walker::new(&mem, &layout.offsets, &rt).snapshot().unwrap();
+        let snapshot = Walker::new(&mem, &layout, &rt).snapshot().unwrap();
         let ids: Vec<u64> = snapshot.threads.iter().map(|t| t.thread_id).collect();
         for ident in names.keys() {
             assert!(ids.contains(ident), "{label}: {ident:#x} not in {ids:x?}");

@@ -107,8 +107,16 @@ impl Print for RunReport {
         for (pid, reason) in &g.unavailable {
             eprintln!("pyrometer: GIL view unavailable for pid {pid}: {reason}");
         }
-        for (pid, comm) in &g.free_threaded {
-            eprintln!("pyrometer: GIL: pid {pid} ({comm}): free-threaded: no GIL");
+        for (pid, comm, gil_enabled) in &g.free_threaded {
+            if *gil_enabled {
+                eprintln!(
+                    "pyrometer: GIL: pid {pid} ({comm}): free-threaded build with its GIL \
+                     enabled (PYTHON_GIL=1, -X gil=1, or an extension module that needs the \
+                     GIL): not measured"
+                );
+            } else {
+                eprintln!("pyrometer: GIL: pid {pid} ({comm}): free-threaded: no GIL");
+            }
         }
     }
 
