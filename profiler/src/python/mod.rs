@@ -3,8 +3,8 @@
 //! `pyrometer dump` is built on [`dump`]; the BPF frame walker will reuse [`offsets`].
 
 pub mod debug_offsets;
-pub mod gc;
 pub mod free_threaded;
+pub mod gc;
 pub mod gil;
 pub mod gil_report;
 pub mod linetable;
@@ -14,6 +14,7 @@ pub mod names;
 pub mod native;
 pub mod offsets;
 mod probe_target;
+mod retry;
 pub mod run_delay;
 pub mod spans;
 pub mod threads;
