@@ -11,6 +11,8 @@ use pyrometer_e2e::{folded_counts, privileged, pyrometer, pyrometer_bin, scratch
 
 /// CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE (19), CAP_PERFMON (38), CAP_BPF (39).
 const KEPT: u64 = (1 << 2) | (1 << 19) | (1 << 38) | (1 << 39);
+/// Kept as well where the kernel refuses uprobes without it (the agent says so).
+const CAP_SYS_ADMIN: u64 = 1 << 21;
 
 fn caps(status: &str, field: &str) -> u64 {
     let line = status
@@ -75,17 +77,28 @@ fn config_file_capability_drop_and_dwarf_stacks() {
             .arg("--stats")
             .arg(&stats)
             .stdin(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
             .spawn()
             .expect("start pyrometer agent"),
     );
     let pid = agent.0.id();
+    // It says before dropping whether it keeps CAP_SYS_ADMIN for uprobes opened later (its
+    // allocation probes are always on); a process started later proves it needed no more.
+    let kept = || {
+        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        KEPT | if log.contains("keeping CAP_SYS_ADMIN") {
+            CAP_SYS_ADMIN
+        } else {
+            0
+        }
+    };
 
     // Attached (BPF verification takes a while on a loaded machine): every thread holds
     // exactly the kept capabilities, in no inheritable or ambient set either.
     let deadline = Instant::now() + Duration::from_secs(120);
     let threads = loop {
         let t = thread_caps(pid);
-        if t.len() >= 2 && t.iter().all(|(_, c)| c[2] == KEPT) {
+        if t.len() >= 2 && t.iter().all(|(_, c)| c[2] == kept()) {
             break t;
         }
         assert!(
@@ -98,10 +111,11 @@ fn config_file_capability_drop_and_dwarf_stacks() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
+    let kept = kept();
     for (name, [inh, prm, eff, bnd, amb]) in &threads {
         assert_eq!(
             (*inh, *prm, *eff, *bnd, *amb),
-            (0, KEPT, KEPT, KEPT, 0),
+            (0, kept, kept, kept, 0),
             "{name}"
         );
     }
@@ -273,26 +287,44 @@ fn off_cpu_across_pushes_is_counted_once() {
 /// what is in use at the push (the leaked blocks, not the freed ones).
 #[test]
 fn allocations_of_a_chosen_process_are_pushed() {
+    alloc_comm_case("agent-alloc", false);
+}
+
+/// The same for a process started once the agent runs as nobody with its reduced capabilities
+/// and its seccomp filter: its uprobes are opened after the drop (some kernels refuse a uprobe
+/// without CAP_SYS_ADMIN, which the agent then keeps).
+#[test]
+fn allocations_of_a_process_started_after_the_drop_are_pushed() {
+    alloc_comm_case("agent-alloc-late", true);
+}
+
+fn alloc_comm_case(name: &str, late: bool) {
+    // Its own command name: the two cases may run at once, and each agent would sample the
+    // other's workload too.
+    let comm = if late { "alloc-late-wl" } else { "alloc-wl" };
     if !privileged() {
         return;
     }
     use std::io::{BufRead, Write};
-    let dir = scratch("agent-alloc");
+    let dir = scratch(name);
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     // The fixture waits for a line before it allocates, so the probes are in first.
-    let exe = dir.join("alloc-wl");
+    let exe = dir.join(comm);
     pyrometer_e2e::copy_executable(&pyrometer_e2e::fixture("allocs"), &exe);
-    let mut workload = Command::new(&exe)
-        .args(["pause", "leak"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let start_workload = || {
+        Command::new(&exe)
+            .args(["pause", "leak"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let early = (!late).then(start_workload);
     let mut agent = Killed(
         Command::new(pyrometer_bin())
             .args(["agent", "--node-name", "alloc-node", "--collector"])
             .arg(collector.url())
-            .args(["--comm", "alloc-wl", "--alloc-comm", "alloc-wl"])
+            .args(["--comm", comm, "--alloc-comm", comm])
             .args(["--push-interval", "1s", "--spool-dir"])
             .arg(dir.join("spool"))
             .stdin(Stdio::null())
@@ -309,13 +341,29 @@ fn allocations_of_a_chosen_process_are_pushed() {
         }
     });
     let mut seen = Vec::new();
-    let probed = format!("sampling the allocations of pid {}", workload.id());
-    while !seen.last().is_some_and(|l: &String| l.contains(&probed)) {
-        let line = lines
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|e| panic!("{e}: {seen:?}"));
-        seen.push(line);
-    }
+    let mut wait_for = |what: &str| {
+        while !seen.last().is_some_and(|l: &String| l.contains(what)) {
+            let line = lines
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("{e} waiting for {what:?}: {seen:?}"));
+            assert!(
+                !line.contains("cannot probe its allocator"),
+                "{line}: {seen:?}"
+            );
+            seen.push(line);
+        }
+    };
+    let mut workload = match early {
+        Some(w) => w,
+        None => {
+            wait_for("seccomp filter installed");
+            start_workload()
+        }
+    };
+    wait_for(&format!(
+        "sampling the allocations of pid {}",
+        workload.id()
+    ));
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let out = workload.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -329,7 +377,7 @@ fn allocations_of_a_chosen_process_are_pushed() {
     // SAFETY: kill(2) of our own child.
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
     assert!(agent.0.wait().unwrap().success());
-    let q = enc("{node=\"alloc-node\",comm=\"alloc-wl\"}");
+    let q = enc(&format!("{{node=\"alloc-node\",comm=\"{comm}\"}}"));
     let folded = |ty: &str| {
         collector.get(&format!(
             "/api/v1/profile?format=folded&type={ty}&query={q}&from=now-10m"

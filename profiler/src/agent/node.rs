@@ -139,7 +139,11 @@ impl Node {
             profiler.sync_pid(pid);
         }
         profiler.start().map_err(|e| kernel(&e))?;
-        let (metrics, symbolizer, poller) = Self::serve(cfg, &profiler, debug_dirs, &log)?;
+        // Allocation probes (the preloaded library's copies, --alloc-comm), --gc and GPU kernel
+        // probes attach uprobes to processes and libraries seen after the drop.
+        let late_uprobes = profiler.tables.alloc.is_some() || cfg.gc || gpu_probes.is_some();
+        let (metrics, symbolizer, poller) =
+            Self::serve(cfg, &profiler, debug_dirs, late_uprobes, &log)?;
         let nvml_index = super::gpu::nvml_index(poller.as_ref());
         let gpu = gpu_probes.is_some().then_some(&nvml_index);
         let capture = new_capture(cfg, &profiler, selective, Default::default(), None, gpu);
@@ -175,6 +179,7 @@ impl Node {
         cfg: &AgentConfig,
         profiler: &Profiler,
         debug_dirs: Vec<PathBuf>,
+        late_uprobes: bool,
         log: &Log,
     ) -> Result<(Arc<AgentMetrics>, Symbolizer, Option<Poller>), CommandError> {
         let metrics_listener = match cfg.metrics_listen {
@@ -191,6 +196,7 @@ impl Node {
         if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
             log("kernel symbols unreadable (/proc/kallsyms): kernel frames stay addresses");
         }
+        let keep = kept_capabilities(cfg.run_as, late_uprobes, log);
         // Everything privileged is open now. Before the first thread starts, so that every
         // thread runs as the unprivileged user with the reduced sets.
         if let Some((uid, gid)) = cfg.run_as {
@@ -199,7 +205,7 @@ impl Node {
             })?;
             log(&format!("running as uid {uid}, gid {gid}"));
         }
-        let kept = privileges::drop_all_but(privileges::AGENT_KEEPS).map_err(|e| {
+        let kept = privileges::drop_all_but(&keep).map_err(|e| {
             CommandError::Kernel(format!("cannot drop capabilities after attaching: {e}"))
         })?;
         log(&format!(
@@ -556,4 +562,34 @@ fn start_gpu(
         interval.as_secs_f64()
     ));
     Ok(Some(p))
+}
+
+/// What the agent keeps once attached: [`privileges::AGENT_KEEPS`], and CAP_SYS_ADMIN as
+/// well where the kernel refuses uprobe perf events without it and uprobes are attached
+/// after the drop (else every one of them would fail with EACCES). A forked child tries it
+/// first, dropping exactly as the agent will.
+fn kept_capabilities(
+    run_as: Option<(u32, u32)>,
+    late_uprobes: bool,
+    log: &Log,
+) -> Vec<privileges::Capability> {
+    let mut keep = privileges::AGENT_KEEPS.to_vec();
+    if !late_uprobes {
+        return keep;
+    }
+    match crate::os::uprobe_access::refused_after_drop(run_as, &keep) {
+        Ok(false) => {}
+        Ok(true) => {
+            log(
+                "keeping CAP_SYS_ADMIN: this kernel refuses uprobes without it, and allocation, \
+                 --gc or GPU kernel probes attach uprobes to processes seen after the drop",
+            );
+            keep.push(privileges::CAP_SYS_ADMIN);
+        }
+        Err(e) => log(&format!(
+            "cannot check whether uprobes open after the drop ({e}): uprobes on processes \
+             seen later may be refused"
+        )),
+    }
+    keep
 }

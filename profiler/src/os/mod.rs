@@ -1,7 +1,8 @@
 //! The bottom layer: facts the operating system gives about processes and files, read
 //! without the kernel programs. `/proc` (processes, their mappings and binaries, names,
 //! descendants), ELF files (symbols, segments, needed libraries), privileges, the kernel's
-//! process events, signals, the monotonic clock, and starting a held command. Nothing here
+//! process events, whether uprobes stay open after the agent drops its privileges, signals,
+//! the monotonic clock, and starting a held command. Nothing here
 //! imports from the layers above; the reading of files a profiled process controls belongs
 //! here too, so every layer above reads them the same bounded way.
 
@@ -18,4 +19,5 @@ pub mod seccomp;
 pub mod signals;
 pub mod spawn;
 pub mod untrusted;
+pub mod uprobe_access;
 pub mod workers;
