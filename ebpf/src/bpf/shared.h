@@ -128,8 +128,8 @@
 #define COUNTER_GPU_LAUNCHES 32        // sampled GPU launches' stacks sent
 #define COUNTER_GPU_CHUNKS 33          // channel chunks of the GPU library sent
 #define COUNTER_GPU_CHUNKS_REFUSED 34 // ... refused: a length past GPU_CHUNK_MAX, unreadable memory
-#define COUNTER_GC_EVENTS 35        // garbage collections sent
-#define COUNTER_GC_PENDING_FULL 36  // a collection not tracked: gc_pending was full
+#define COUNTER_GC_EVENTS 35          // garbage collections sent
+#define COUNTER_GC_PENDING_FULL 36    // a collection not tracked: gc_pending was full
 #define COUNTER_COUNT 37
 
 // The largest chunk of the GPU library's channel (PYRO_GPU_CHUNK_MAX in gpu-inject/c/).
