@@ -361,13 +361,16 @@ fn test(extra: &[String]) -> Result<()> {
     let files = ledger::RunFiles::under(&build_dir());
     let _ = std::fs::remove_file(&files.ledger);
     let _ = std::fs::remove_file(&files.junit);
+    // Listed before the run, from the build the run then uses: the `cargo install` test
+    // builds into the same build directory with the installed package's own features, after
+    // which a list would rebuild much of the workspace (5 to 6 minutes on two cores).
+    let listed = steps.must("nextest list", || list(extra))?;
     let suite = steps.must("nextest run", || {
         Ok(run(cargo()
             .args(["nextest", "run", "--workspace", "--no-fail-fast"])
             .args(extra)
             .env(skip_ledger::LEDGER_ENV, &files.ledger)))
     })?;
-    let listed = steps.must("nextest list", || list(extra))?;
     eprint!("{}", steps.table());
     let checked = ledger::report(&root, &files, &listed, ci);
     suite?;
