@@ -1,6 +1,6 @@
 //! The book under `docs/` (mdBook): its internal links are checked here — a link to a page
 //! that does not exist, or to an `#anchor` that no heading of the page makes, fails the test
-//! command — and then mdbook (installed with `cargo install` into `target/mdbook`, once)
+//! command — and then mdbook (installed with `cargo install` once a machine, see `mdbook_prefix`)
 //! renders it into `target/book`. Pages added later are covered as they come: every `.md`
 //! under `docs/src` is checked, and each must be listed in `SUMMARY.md` (mdbook silently
 //! leaves unlisted pages out of the book).
@@ -34,9 +34,23 @@ pub fn check(root: &Path) -> Result<()> {
     crate::run(Command::new(mdbook).arg("build").arg(root.join("docs")))
 }
 
-/// `target/mdbook/bin/mdbook`, installed when missing or of another version.
+/// Where mdbook is installed: one folder a version for the whole machine where it can be made
+/// (as root), so a second clone does not build it again (five minutes on two cores), else
+/// `target/mdbook` in the clone.
+fn mdbook_prefix(root: &Path) -> PathBuf {
+    let shared = PathBuf::from(format!(
+        "/var/cache/pyrometer-tools/mdbook-{MDBOOK_VERSION}"
+    ));
+    if std::fs::create_dir_all(&shared).is_ok() {
+        shared
+    } else {
+        root.join("target/mdbook")
+    }
+}
+
+/// `bin/mdbook` under [`mdbook_prefix`], installed when missing or of another version.
 fn install_mdbook(root: &Path) -> Result<PathBuf> {
-    let prefix = root.join("target/mdbook");
+    let prefix = mdbook_prefix(root);
     let bin = prefix.join("bin/mdbook");
     let installed = Command::new(&bin).arg("--version").output().is_ok_and(|o| {
         String::from_utf8_lossy(&o.stdout).trim() == format!("mdbook v{MDBOOK_VERSION}")
