@@ -75,9 +75,12 @@ impl Workers {
         let (tx, rx) = mpsc::channel();
         let busy = self.busy.clone();
         busy.fetch_add(1, Ordering::AcqRel);
+        // The worker is free again before its answer is sent: counted busy until after, a
+        // caller that got the answer could find every worker busy and be refused.
         let wrapped: Job = Box::new(move || {
-            let _ = tx.send(job());
+            let answer = job();
             busy.fetch_sub(1, Ordering::AcqRel);
+            let _ = tx.send(answer);
         });
         let sent = self
             .jobs
