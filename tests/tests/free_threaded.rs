@@ -1,9 +1,10 @@
 //! Free-threaded CPython (3.13t and 3.14t, `--disable-gil`, built by `cargo xtask
-//! free-threaded`): four Python threads run in parallel, and `record` splits them by their
-//! work with their `threading` names; the GIL view says the build has none, or that it runs
+//! free-threaded`): four Python threads run in parallel, and `record` splits them by the CPU
+//! time each used (the fixture's own thread_time) with their `threading` names; the GIL view says the build has none, or that it runs
 //! with its GIL on under `PYTHON_GIL=1`. Ground truth is fixtures/ft_threads.py: four(),
 //! three(), two() and one() do 4:3:2:1 units of the same loop on four threads started together,
-//! and the fixture measures the cores its process used while all four ran. The frames
+//! each prints its thread's CPU time, and the fixture measures the cores its process used
+//! while all four ran. The frames
 //! themselves (6:3:1, native extensions), `dump` and `top` are checked with the other
 //! interpreters (pyframes, python, top). Needs root (BPF); a missing build is a skip in the
 //! ledger. Runs alone (.config/nextest.toml): the cores it measures are the machine's two; when
@@ -123,7 +124,7 @@ fn check_four_threads(python: &Interpreter) {
         "{label}: no GIL table for a build without one:\n{err}"
     );
 
-    // The split follows the work, and each function's samples carry its thread's name.
+    // The split follows each thread's CPU time, and each function's samples carry its thread's name.
     let profile = read_pprof(&out);
     let count = pprof_type(&profile, "samples");
     let samples = pprof_samples(&profile);
@@ -154,11 +155,26 @@ fn check_four_threads(python: &Interpreter) {
         total > 300,
         "{label}: only {total} samples in the four functions"
     );
-    for (i, want) in [0.4, 0.3, 0.2, 0.1].into_iter().enumerate() {
+    // Each thread's own CPU time is the ground truth: without a GIL, the same unit of work
+    // costs threads running at once different CPU time.
+    let cpu: Vec<f64> = names
+        .iter()
+        .map(|n| {
+            let prefix = format!("thread {n} cpu ");
+            err.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{label}: no CPU time of {n}'s thread:\n{err}"))
+        })
+        .collect();
+    let cpu_total: f64 = cpu.iter().sum();
+    for i in 0..4 {
+        let want = cpu[i] / cpu_total;
         let share = by_function[i] as f64 / total as f64;
         assert!(
             (share - want).abs() <= 0.05,
-            "{label}: {} has {:.1} % (want {:.0} % ± 5 pp): {by_function:?}",
+            "{label}: {} has {:.1} % of the samples, its thread {:.1} % of the CPU time \
+             (± 5 pp): samples {by_function:?}, CPU {cpu:?}",
             names[i],
             share * 100.0,
             want * 100.0
