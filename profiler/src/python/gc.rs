@@ -571,7 +571,6 @@ mod tests {
     /// at its USDT probes, whose semaphores are in its data.
     #[test]
     fn sites_of_the_installed_interpreters() {
-        let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
         let rdi = Generation::Register {
             reg: shared::GC_REG_RDI,
             size: 4,
@@ -588,16 +587,9 @@ mod tests {
             ("3.12.1", 12, "gc_collect_main", vec![rsi]),
             ("3.13.0", 13, "gc_collect_main", vec![rsi]),
         ] {
-            let lib = Path::new(&home).join(format!(
-                ".pyenv/versions/{dir}/lib/libpython3.{minor}.so.1.0"
-            ));
-            if !lib.exists() {
-                skip_ledger::skip(
-                    &format!("python:3.{minor}"),
-                    format!("3.{minor}: {} is missing", lib.display()),
-                );
+            let Some(lib) = crate::python::pyenv_libpython(dir, minor) else {
                 continue;
-            }
+            };
             let s = find_sites(&lib, &lib.to_string_lossy(), None).unwrap();
             assert_eq!(s.source, function, "3.{minor}: {s:?}");
             assert_eq!(s.returns.len(), s.start.len(), "3.{minor}: {s:?}");

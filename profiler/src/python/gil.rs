@@ -227,23 +227,15 @@ mod tests {
     /// second take_gil copy); Debian's python3.11 needs its debug file and has drop_gil inlined.
     #[test]
     fn sites_of_the_installed_interpreters() {
-        let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
         for (dir, minor, takes) in [
             ("3.8.18", 8, 2),
             ("3.9.18", 9, 1),
             ("3.11.7", 11, 1),
             ("3.13.0", 13, 1),
         ] {
-            let lib = Path::new(&home).join(format!(
-                ".pyenv/versions/{dir}/lib/libpython3.{minor}.so.1.0"
-            ));
-            if !lib.exists() {
-                skip_ledger::skip(
-                    &format!("python:3.{minor}"),
-                    format!("3.{minor}: {} is missing", lib.display()),
-                );
+            let Some(lib) = crate::python::pyenv_libpython(dir, minor) else {
                 continue;
-            }
+            };
             let s = find_sites(&lib, &lib.to_string_lossy(), None).unwrap();
             assert_eq!(s.take.len(), takes, "3.{minor}: {s:?}");
             assert!(!s.drop.is_empty(), "3.{minor}: {s:?}");

@@ -349,3 +349,21 @@ fn task_ids(proc_root: &Path, pid: u32) -> Vec<(u32, u32)> {
     })
     .collect()
 }
+
+/// pyenv's libpython of version `dir` (3.`minor`), or None after a skip in the ledger when
+/// this machine lacks it: the tests that read the installed interpreters' binaries.
+#[cfg(test)]
+pub(crate) fn pyenv_libpython(dir: &str, minor: u32) -> Option<std::path::PathBuf> {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let lib = std::path::Path::new(&home).join(format!(
+        ".pyenv/versions/{dir}/lib/libpython3.{minor}.so.1.0"
+    ));
+    if !lib.exists() {
+        skip_ledger::skip(
+            &format!("python:3.{minor}"),
+            format!("3.{minor}: {} is missing", lib.display()),
+        );
+        return None;
+    }
+    Some(lib)
+}
