@@ -4,10 +4,12 @@
 //! stores already hold (the SQLite store finds it by address, without hashing its names).
 //! Process-wide and bounded: each table starts over when full.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::Hasher;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::store::{Frame, Stack, content_hash};
+use crate::idmap::{IdHasher, IdMap};
+use crate::store::{Frame, Stack};
 
 /// Bytes of names held before the name table starts over.
 const NAME_BYTES: usize = 64 << 20;
@@ -16,10 +18,12 @@ const STACKS: usize = 1 << 16;
 
 #[derive(Default)]
 struct Shared {
-    names: HashSet<Frame>,
+    /// Keyed by text that agents choose, so with a seeded hasher (foldhash: a fifth of
+    /// SipHash's time on frame names, and no collisions an agent can aim for).
+    names: HashSet<Frame, foldhash::fast::RandomState>,
     name_bytes: usize,
-    /// Stacks by content hash; a hash names several only when they collide.
-    stacks: HashMap<u64, Vec<Stack>>,
+    /// Stacks by [`frames_hash`]; a hash names several only when they collide.
+    stacks: IdMap<u64, Vec<Stack>>,
 }
 
 static SHARED: OnceLock<Mutex<Shared>> = OnceLock::new();
@@ -61,7 +65,7 @@ pub fn name(name: &str) -> (Frame, bool) {
 /// The shared stack of these frames (root first), and whether it had to be made; `fits`
 /// is asked, with what a new one costs, before it is made (`None` when it may not be).
 pub fn stack(frames: &[&Frame], fits: impl FnOnce(usize) -> bool) -> Option<(Stack, bool)> {
-    let hash = content_hash(frames.iter().map(|f| &***f));
+    let hash = frames_hash(frames);
     let mut s = shared();
     if let Some(found) = s.stacks.get(&hash).and_then(|same| {
         same.iter().find(|st| {
@@ -83,6 +87,20 @@ pub fn stack(frames: &[&Frame], fits: impl FnOnce(usize) -> bool) -> Option<(Sta
     let stack: Stack = Arc::new(frames.iter().map(|&f| f.clone()).collect());
     s.stacks.entry(hash).or_default().push(stack.clone());
     Some((stack, true))
+}
+
+/// A stack's hash from its frames' addresses, not their text: names come from [`name`], so
+/// equal names are one allocation while the name table lasts (eight bytes a frame to hash
+/// instead of its whole name). A frame named again after the table started over is another
+/// allocation: its stacks are then made anew, which costs memory, never a wrong stack, as
+/// equal stacks are still compared by text. Addresses are not an agent's to choose.
+fn frames_hash(frames: &[&Frame]) -> u64 {
+    let mut h = IdHasher::default();
+    h.write_u64(frames.len() as u64);
+    for f in frames {
+        h.write_u64(Arc::as_ptr(f).cast::<u8>() as usize as u64);
+    }
+    h.finish()
 }
 
 #[cfg(test)]
