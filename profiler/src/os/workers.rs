@@ -68,19 +68,52 @@ impl Workers {
         if HELD.load(Ordering::Acquire) {
             return Ok(job());
         }
+        let (tx, rx) = mpsc::channel();
+        self.dispatch(move || {
+            let answer = job();
+            // The worker is free again before its answer is sent: counted busy until after,
+            // a caller that got the answer could find every worker busy and be refused.
+            move || {
+                let _ = tx.send(answer);
+            }
+        })?;
+        match rx.recv_timeout(deadline) {
+            Ok(v) => Ok(v),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                Err(Refused::Overran)
+            }
+        }
+    }
+
+    /// Starts `job` on a worker without waiting for it, for work that reports its own way (a
+    /// download that answers through a channel). Refused at once when every worker is busy,
+    /// and while threads are held: such work never runs on the caller's thread.
+    pub fn submit(&self, job: impl FnOnce() + Send + 'static) -> Result<(), Refused> {
+        if HELD.load(Ordering::Acquire) {
+            return Err(Refused::Busy);
+        }
+        self.dispatch(move || {
+            job();
+            || {}
+        })
+    }
+
+    /// Queues `job` on a worker counted busy until it returns; what it returns runs after the
+    /// worker is counted free.
+    fn dispatch<F: FnOnce() + Send + 'static>(
+        &self,
+        job: impl FnOnce() -> F + Send + 'static,
+    ) -> Result<(), Refused> {
         if self.busy.load(Ordering::Acquire) >= self.count {
             return Err(Refused::Busy);
         }
         self.ensure_started();
-        let (tx, rx) = mpsc::channel();
         let busy = self.busy.clone();
         busy.fetch_add(1, Ordering::AcqRel);
-        // The worker is free again before its answer is sent: counted busy until after, a
-        // caller that got the answer could find every worker busy and be refused.
         let wrapped: Job = Box::new(move || {
-            let answer = job();
+            let then = job();
             busy.fetch_sub(1, Ordering::AcqRel);
-            let _ = tx.send(answer);
+            then();
         });
         let sent = self
             .jobs
@@ -92,12 +125,7 @@ impl Workers {
             self.busy.fetch_sub(1, Ordering::AcqRel);
             return Err(Refused::Busy);
         }
-        match rx.recv_timeout(deadline) {
-            Ok(v) => Ok(v),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                Err(Refused::Overran)
-            }
-        }
+        Ok(())
     }
 
     /// Workers held by a job now (those that overran among them).

@@ -255,6 +255,9 @@ impl Recording {
         }
         let mut symbolizer =
             Symbolizer::new().with_debug_dirs(super::debug_dirs(&self.config.debug_dirs));
+        if let Some(cfg) = &self.config.debuginfod {
+            symbolizer = symbolizer.with_debuginfod(cfg.clone());
+        }
         let sampled_pids = capture.pids.clone();
         let activity = capture.activity.take();
         capture.name_late_threads(&mut tables.python);
@@ -266,6 +269,13 @@ impl Recording {
         let processes = capture.pids.len();
         let py_frames = (capture.py_frames_seen, capture.py_unresolved);
         let bad = capture.bad_records;
+        let mut debuginfod_pending = 0;
+        if symbolizer.debuginfod().is_some() {
+            // A first pass finds the binaries whose debug files are missing and starts their
+            // downloads; the profile is made once they are in (or the wait is over).
+            symbolizer.uncounted(|s| capture.request_debug_files(&mut registry, s));
+            debuginfod_pending = symbolizer.wait_for_debug_files(self.config.debuginfod_wait);
+        }
         let (mut profile, mut timeline) =
             capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
         let leaks = self.config.alloc.filter(|a| a.leaks && self.sources.alloc);
@@ -328,6 +338,14 @@ impl Recording {
             capture_cpu_ns,
             gpus,
             gpu_kernels,
+            debuginfod: symbolizer
+                .debuginfod()
+                .map(|d| super::report::DebuginfodReport {
+                    stats: d.stats(),
+                    pending: debuginfod_pending,
+                    last_error: d.last_error(),
+                    cache: d.cache_dir().to_path_buf(),
+                }),
         };
         Recorded {
             profile,

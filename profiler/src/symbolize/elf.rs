@@ -48,8 +48,6 @@ pub(crate) struct ElfInfo {
     /// Whether blazesym should look at DWARF in `source`. Off for a stripped object without a
     /// debug file, so blazesym does not go searching (and fail) on its own.
     pub debug_syms: bool,
-    // Read by the tests' `Symbolizer::symbolize_elf`.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub build_id: Option<String>,
     /// What reading `source` costs: read once per binary, not at each opening of the file.
     pub cost: FileCost,
@@ -109,6 +107,16 @@ impl ElfInfo {
             build_id,
             cost,
         })
+    }
+
+    /// The same binary named from `debug`, a debug file found elsewhere (fetched by build id).
+    pub fn with_debug_file(self, debug: PathBuf) -> ElfInfo {
+        ElfInfo {
+            cost: FileCost::of(&debug),
+            source: debug,
+            debug_syms: true,
+            ..self
+        }
     }
 
     pub fn vaddr(&self, file_offset: u64) -> Option<u64> {

@@ -1,0 +1,180 @@
+//! One debuginfod request (`GET URL/buildid/<id>/debuginfo`) streamed into a file, over
+//! HTTP/1.1 (hyper) or HTTPS (rustls, the system's roots), with a connect timeout, a timeout
+//! on each read, a deadline on the whole download and a cap on its size. Runs on a worker
+//! thread, in a runtime of its own.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+/// The limits of one download.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The longest wait for a connection (and a TLS handshake).
+    pub connect: Duration,
+    /// The longest wait for the server's headers or any part of its body.
+    pub read: Duration,
+    /// The whole request, from connecting to the last byte.
+    pub deadline: Duration,
+    /// The largest answer accepted.
+    pub max_bytes: u64,
+}
+
+/// A server's answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Got {
+    /// The file, this many bytes, written.
+    Stored(u64),
+    /// 404: the server has no debug file of that build id.
+    NotFound,
+}
+
+/// Fetches `url` into `out`. Errors are one line, naming what failed.
+pub fn get(url: &str, out: &mut File, limits: Limits) -> Result<Got, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    rt.block_on(async {
+        match timeout(limits.deadline, fetch(url, out, limits)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "no complete answer within {} s",
+                limits.deadline.as_secs()
+            )),
+        }
+    })
+}
+
+async fn fetch(url: &str, out: &mut File, limits: Limits) -> Result<Got, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("bad URL: {e}"))?;
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err("the URL must start with http:// or https://".to_string()),
+    };
+    let host = uri.host().ok_or("the URL has no host")?.to_string();
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    // An IPv6 literal comes bracketed in a URL.
+    let bare = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let tcp = timeout(limits.connect, TcpStream::connect((bare.as_str(), port)))
+        .await
+        .map_err(|_| format!("cannot connect within {} s", limits.connect.as_secs()))?
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let authority = uri
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .unwrap_or(host);
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".to_string());
+    if tls {
+        let stream = timeout(limits.connect, tls_connect(&bare, tcp))
+            .await
+            .map_err(|_| format!("no TLS handshake within {} s", limits.connect.as_secs()))??;
+        exchange(stream, &authority, &path, out, limits).await
+    } else {
+        exchange(tcp, &authority, &path, out, limits).await
+    }
+}
+
+async fn tls_connect(
+    host: &str,
+    tcp: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS: {e}"))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("TLS: {e}"))?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: S,
+    authority: &str,
+    path: &str,
+    out: &mut File,
+    limits: Limits,
+) -> Result<Got, String> {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("HTTP: {e}"))?;
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header(http::header::HOST, authority)
+        .header(
+            http::header::USER_AGENT,
+            concat!("pyrometer/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| format!("HTTP: {e}"))?;
+    let resp = timeout(limits.read, sender.send_request(req))
+        .await
+        .map_err(|_| format!("no answer within {} s", limits.read.as_secs()))?
+        .map_err(|e| format!("HTTP: {e}"))?;
+    let got = match resp.status() {
+        http::StatusCode::OK => read_body(resp.into_body(), out, limits).await,
+        http::StatusCode::NOT_FOUND => Ok(Got::NotFound),
+        s => Err(format!("the server answered {s}")),
+    };
+    conn.abort();
+    got
+}
+
+async fn read_body(
+    mut body: hyper::body::Incoming,
+    out: &mut File,
+    limits: Limits,
+) -> Result<Got, String> {
+    if let Some(len) = hyper::body::Body::size_hint(&body).exact()
+        && len > limits.max_bytes
+    {
+        return Err(format!(
+            "the file is {len} bytes, over the {} allowed",
+            limits.max_bytes
+        ));
+    }
+    let mut written = 0u64;
+    loop {
+        let frame = timeout(limits.read, body.frame())
+            .await
+            .map_err(|_| format!("the answer stalled for {} s", limits.read.as_secs()))?;
+        let Some(frame) = frame else { break };
+        let frame = frame.map_err(|e| format!("HTTP: {e}"))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        written += data.len() as u64;
+        if written > limits.max_bytes {
+            return Err(format!(
+                "the file is over the {} bytes allowed",
+                limits.max_bytes
+            ));
+        }
+        out.write_all(&data)
+            .map_err(|e| format!("cannot write to the cache: {e}"))?;
+    }
+    Ok(Got::Stored(written))
+}

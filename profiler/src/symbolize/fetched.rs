@@ -1,0 +1,78 @@
+//! The symbolizer's side of debuginfod: which binaries ask for a debug file, and what it
+//! forgets when one arrives so that the binary's frames are named again from it.
+
+use std::time::Duration;
+
+use super::debuginfod::{Debuginfod, DebuginfodConfig};
+use super::elf::ElfInfo;
+use super::{ModKey, Symbolizer};
+
+impl Symbolizer {
+    /// Fetches the debug files of binaries stripped of their symbols, and without a debug
+    /// file on the machine, from debuginfod servers, into the on-disk cache.
+    pub fn with_debuginfod(mut self, cfg: DebuginfodConfig) -> Self {
+        self.debuginfod = Some(Debuginfod::new(cfg));
+        self
+    }
+
+    /// The debuginfod client, when there is one (to make its cache directory).
+    pub fn debuginfod(&self) -> Option<&Debuginfod> {
+        self.debuginfod.as_ref()
+    }
+
+    /// Runs `f` (a pass over the stacks that only finds which debug files to fetch) without
+    /// counting its lookups in [`Symbolizer::stats`].
+    pub fn uncounted<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let stats = self.stats;
+        let r = f(self);
+        self.stats = stats;
+        r
+    }
+
+    /// Waits up to `wait` for the debug files on their way, then forgets what was read
+    /// without them. Returns the downloads still under way.
+    pub fn wait_for_debug_files(&mut self, wait: Duration) -> usize {
+        let Some(d) = self.debuginfod.as_mut() else {
+            return 0;
+        };
+        let arrived = d.wait(wait);
+        let pending = d.pending();
+        self.forget_build_ids(&arrived);
+        pending
+    }
+
+    /// Forgets what was read of the binaries whose debug file has arrived.
+    pub(super) fn take_debug_files(&mut self) {
+        if let Some(d) = self.debuginfod.as_mut() {
+            let arrived = d.poll();
+            self.forget_build_ids(&arrived);
+        }
+    }
+
+    fn forget_build_ids(&mut self, ids: &[String]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.elves.retain(|_, info| {
+            info.as_ref()
+                .and_then(|i| i.build_id.as_ref())
+                .is_none_or(|id| !ids.contains(id))
+        });
+        self.results.retain(|(m, _), _| match m {
+            ModKey::BuildId(id) => !ids.contains(id),
+            ModKey::File(_) => true,
+        });
+    }
+
+    /// Asks for the debug file of a binary read without one.
+    pub(super) fn want_debug_file(&mut self, info: Option<&ElfInfo>) {
+        let (Some(d), Some(info)) = (self.debuginfod.as_mut(), info) else {
+            return;
+        };
+        if !info.debug_syms
+            && let Some(id) = &info.build_id
+        {
+            d.request(id);
+        }
+    }
+}
