@@ -138,6 +138,8 @@ pub struct AgentArgs {
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     pub(super) btf_path: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) debuginfod: crate::debuginfod::DebuginfodArgs,
     /// Make the kernel refuse these stages (dwarf, off_cpu, gil, alloc): tests of the
     /// degraded paths.
     #[arg(long, hide = true, value_delimiter = ',')]
@@ -179,6 +181,9 @@ struct FileConfig {
     alloc_pid: Option<Vec<u32>>,
     alloc_comm: Option<String>,
     alloc_sample_bytes: Option<String>,
+    debuginfod: Option<Vec<String>>,
+    debuginfod_cache: Option<PathBuf>,
+    debuginfod_cache_mb: Option<u64>,
 }
 
 /// The default of `--dwarf-mb`: symbol tables only. Reading DWARF was the always-on agent's
@@ -291,7 +296,21 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         comm: alloc_comm,
         sample_bytes,
     });
+    // Only servers given here: never DEBUGINFOD_URLS, which a root daemon's environment may
+    // carry from wherever it was started.
+    let debuginfod_urls = if args.debuginfod.urls.is_empty() {
+        file.debuginfod.unwrap_or_default()
+    } else {
+        args.debuginfod.urls.clone()
+    };
+    let debuginfod = args.debuginfod.resolve(
+        "debuginfod",
+        &debuginfod_urls,
+        file.debuginfod_cache,
+        file.debuginfod_cache_mb,
+    )?;
     Ok(Config {
+        debuginfod,
         btf_path: args.btf_path.clone(),
         debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
         alloc,

@@ -1,0 +1,437 @@
+//! Names for stripped binaries through debuginfod: elfutils' own `debuginfod` server (Debian
+//! package `debuginfod`) runs on loopback over a folder holding the debug file of
+//! fixtures/stripped73.c, whose binary is stripped (`strip --strip-all`), so its two static
+//! functions (7:3 of the work) have no name anywhere without it. `record` and the agent
+//! (pushing to a real collector) name them from the file fetched, with the right split; the
+//! cache answers a second recording without the server; a 404 is asked once; and a server
+//! that accepts and never answers changes neither record's sample count nor the agent's push
+//! interval and sample rate. Needs root (BPF).
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pyrometer_e2e::cluster::{
+    Agent, Collector, Held, enc, free_port, http_get, metric, promtool_check,
+};
+use pyrometer_e2e::wait::wait_for;
+use pyrometer_e2e::*;
+use serde_json::Value;
+
+const HEAVY: &str = "heavy_static";
+const LIGHT: &str = "light_static";
+
+/// elfutils' debuginfod serving `folder`, its database and log under `dir`.
+struct Server {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path, folder: &Path) -> Server {
+        let bin = Path::new("/usr/bin/debuginfod");
+        assert!(
+            bin.exists(),
+            "{} is missing: run `cargo xtask setup` (it installs Debian's debuginfod package)",
+            bin.display()
+        );
+        let port = free_port();
+        let log = dir.join("debuginfod.log");
+        let child = Command::new(bin)
+            .arg("-d")
+            .arg(dir.join("debuginfod.sqlite"))
+            .args(["-p", &port.to_string(), "-vvv", "-F"])
+            .arg(folder)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(dir.join("debuginfod.err")).unwrap())
+            .spawn()
+            .expect("start debuginfod");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        // Serving once its first scan has indexed the folder's debug file.
+        wait_for(
+            Duration::from_secs(60),
+            "debuginfod to index its folder",
+            || match http_get(addr, "/metrics") {
+                Some((200, text)) => match metric(&text, "found_debuginfo_total{source=\"files\"}")
+                {
+                    Some(n) if n >= 1.0 => Ok(()),
+                    other => Err(format!("{other:?}")),
+                },
+                other => Err(format!("{other:?}")),
+            },
+        );
+        Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    /// Requests the server logged for `build_id`'s debug file, with their status.
+    fn requests(&self, build_id: &str) -> Vec<u16> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let needle = format!("GET /buildid/{build_id}/debuginfo ");
+        text.lines()
+            .filter_map(|l| l.split_once(&needle))
+            .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A server that accepts connections and never answers, holding them open.
+fn black_hole() -> (String, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        listener.set_nonblocking(true).unwrap();
+        let end = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < end {
+            match listener.accept() {
+                Ok((c, _)) => conns.push(c),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    });
+    (url, held)
+}
+
+fn build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("the fixture has a build id")
+        .to_string()
+}
+
+/// `record` of `exe SECONDS` with `args`; its folded output and --stats.
+fn record(dir: &Path, name: &str, exe: &Path, seconds: &str, args: &[&str]) -> (String, Value) {
+    let out = dir.join(format!("{name}.folded"));
+    let stats = dir.join(format!("{name}.json"));
+    let mut argv = vec![
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+    ];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--", exe.to_str().unwrap(), seconds]);
+    let run = Command::new(pyrometer_bin())
+        .args(&argv)
+        .env_remove("DEBUGINFOD_URLS")
+        .output()
+        .expect("run pyrometer");
+    assert_ok(&run);
+    let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    (std::fs::read_to_string(&out).unwrap(), stats)
+}
+
+/// Samples of stacks whose leaf frame is `leaf`.
+fn leaf_samples(folded: &str, leaf: &str) -> u64 {
+    folded
+        .lines()
+        .filter_map(|l| {
+            let (stack, n) = l.rsplit_once(' ')?;
+            (stack.rsplit(';').next()? == leaf).then(|| n.parse::<u64>().ok())?
+        })
+        .sum()
+}
+
+/// heavy_static's share of the two static functions' samples.
+fn heavy_share(folded: &str) -> f64 {
+    let (h, l) = (leaf_samples(folded, HEAVY), leaf_samples(folded, LIGHT));
+    assert!(h + l >= 50, "too few named samples ({h} + {l}):\n{folded}");
+    h as f64 / (h + l) as f64
+}
+
+fn total_samples(folded: &str) -> u64 {
+    folded
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn record_names_static_functions_from_a_loopback_debuginfod() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("debuginfod-record");
+    let server = Server::start(&dir, &fixture("debuginfod"));
+    let exe = fixture("stripped73");
+    let id = build_id(&exe);
+    let cache = dir.join("cache");
+    let cache_arg = cache.to_str().unwrap();
+    let with = ["--debuginfod", &server.url, "--debuginfod-cache", cache_arg];
+
+    // Without a server the static functions are addresses.
+    let (plain, _) = record(&dir, "plain", &exe, "2", &["--no-debuginfod"]);
+    assert!(
+        !plain.contains(HEAVY) && plain.contains("stripped73+0x"),
+        "named without its debug file:\n{plain}"
+    );
+
+    let (named, stats) = record(&dir, "named", &exe, "3", &with);
+    let share = heavy_share(&named);
+    assert!(
+        (share - 0.7).abs() <= 0.05,
+        "heavy_static {:.1} % of the two, 70 % expected:\n{named}",
+        share * 100.0
+    );
+    assert!(named.contains(";main;run;"), "{named}");
+    assert_eq!(stats["debuginfod"]["stored"], 1, "{stats}");
+    let cached = cache.join(format!("{id}.debug"));
+    assert!(cached.is_file(), "{} is not in the cache", cached.display());
+    assert_eq!(server.requests(&id), [200]);
+
+    // A second recording takes it from the cache: the server is not asked again.
+    let (again, stats) = record(&dir, "again", &exe, "2", &with);
+    assert!(again.contains(HEAVY) && again.contains(LIGHT), "{again}");
+    assert_eq!(stats["debuginfod"]["hits"], 1, "{stats}");
+    assert_eq!(stats["debuginfod"]["fetches"], 0, "{stats}");
+    assert_eq!(server.requests(&id), [200], "the server was asked again");
+
+    // DEBUGINFOD_URLS is honoured, as by perf and gdb; --no-debuginfod turns it off.
+    let env_cache = dir.join("env-cache");
+    let out = dir.join("env.folded");
+    let run = Command::new(pyrometer_bin())
+        .args(["record", "-o", out.to_str().unwrap(), "--debuginfod-cache"])
+        .arg(&env_cache)
+        .args(["--", exe.to_str().unwrap(), "1"])
+        .env("DEBUGINFOD_URLS", &server.url)
+        .output()
+        .unwrap();
+    assert_ok(&run);
+    assert!(std::fs::read_to_string(&out).unwrap().contains(HEAVY));
+    assert!(env_cache.join(format!("{id}.debug")).is_file());
+}
+
+#[test]
+fn a_build_id_the_server_lacks_is_asked_for_once() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("debuginfod-404");
+    let server = Server::start(&dir, &fixture("debuginfod"));
+    // Stripped too, its debug file in a directory record is not told of: the server has none.
+    let exe = fixture("cpu631-stripped");
+    let id = build_id(&exe);
+    let cache = dir.join("cache");
+    let with = [
+        "--debuginfod",
+        &server.url,
+        "--debuginfod-cache",
+        cache.to_str().unwrap(),
+    ];
+    let (folded, stats) = record(&dir, "first", &exe, "2", &with);
+    assert!(total_samples(&folded) >= 100, "{folded}");
+    assert!(!folded.contains("leaf_a"), "{folded}");
+    assert_eq!(server.requests(&id), [404], "one request for every sample");
+    assert!(
+        stats["debuginfod"]["not_found"].as_u64().unwrap() >= 1,
+        "{stats}"
+    );
+    assert!(cache.join(format!("{id}.missing")).is_file());
+    // Remembered on disk: the next recording does not ask.
+    record(&dir, "second", &exe, "1", &with);
+    assert_eq!(server.requests(&id), [404], "the 404 was not remembered");
+}
+
+#[test]
+fn a_server_that_never_answers_leaves_record_sampling_as_without_it() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("debuginfod-silent-record");
+    let (url, _held) = black_hole();
+    let exe = fixture("stripped73");
+    let (without, _) = record(&dir, "without", &exe, "3", &["--no-debuginfod"]);
+    let started = Instant::now();
+    let cache = dir.join("cache");
+    let args = [
+        "--debuginfod",
+        &url,
+        "--debuginfod-cache",
+        cache.to_str().unwrap(),
+        "--debuginfod-wait",
+        "2s",
+    ];
+    let (with, stats) = record(&dir, "with", &exe, "3", &args);
+    let took = started.elapsed();
+    let (a, b) = (total_samples(&without) as f64, total_samples(&with) as f64);
+    assert!(
+        (b - a).abs() <= 0.1 * a,
+        "{b} samples with a silent server, {a} without"
+    );
+    // The end waits for the download no longer than it was told.
+    assert!(took < Duration::from_secs(3 + 2 + 10), "{took:?}");
+    assert_eq!(stats["debuginfod"]["stored"], 0, "{stats}");
+}
+
+/// The workload under its own name, running for `seconds`.
+fn workload(dir: &Path, name: &str, seconds: &str) -> Child {
+    let exe = dir.join(name);
+    copy_executable(&fixture("stripped73"), &exe);
+    Command::new(&exe)
+        .arg(seconds)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the workload")
+}
+
+/// The CPU time the workload printed at its end.
+fn cpu_seconds(out: &std::process::Output) -> f64 {
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("cpu_ns "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no cpu_ns: {text}"))
+        / 1e9
+}
+
+/// Folded stacks of node `node` in the collector.
+fn folded_of(collector: &Collector, node: &str) -> String {
+    let q = enc(&format!("{{node=\"{node}\"}}"));
+    match collector.http_get(&format!(
+        "/api/v1/profile?format=folded&query={q}&from=now-1h"
+    )) {
+        Some((200, body)) => body,
+        _ => String::new(),
+    }
+}
+
+#[test]
+fn the_agent_names_static_functions_from_a_loopback_debuginfod() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("debuginfod-agent");
+    let server = Server::start(&dir, &fixture("debuginfod"));
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    let mut load = workload(&dir, "dbgi-agent", "30");
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let cache = dir.join("cache");
+    let (pid, listen) = (load.id().to_string(), metrics.to_string());
+    let args = [
+        "--pid",
+        &pid,
+        "-F",
+        "99",
+        "--metrics-listen",
+        &listen,
+        "--debuginfod",
+        &server.url,
+        "--debuginfod-cache",
+        cache.to_str().unwrap(),
+    ];
+    let mut agent = Agent::start(&dir, "dbgi-node", &collector.url(), &args);
+    agent.wait_for_metrics(metrics);
+    let page = agent.wait_for_metric(
+        metrics,
+        "pyrometer_agent_debuginfod_total{event=\"stored\"}",
+        1.0,
+    );
+    promtool_check("the agent's /metrics", &page);
+    // Pushes after the file arrived name the static functions, 7:3.
+    let folded = wait_for(
+        Duration::from_secs(60),
+        "named samples in the collector",
+        || {
+            let f = folded_of(&collector, "dbgi-node");
+            if leaf_samples(&f, HEAVY) + leaf_samples(&f, LIGHT) >= 300 {
+                Ok(f)
+            } else {
+                Err(f)
+            }
+        },
+    );
+    let share = heavy_share(&folded);
+    assert!(
+        (share - 0.7).abs() <= 0.05,
+        "heavy_static {:.1} % of the two in the collector, 70 % expected:\n{folded}",
+        share * 100.0
+    );
+    let _ = load.kill();
+    let _ = load.wait();
+    agent.stop();
+    let id = build_id(&fixture("stripped73"));
+    assert!(cache.join(format!("{id}.debug")).is_file());
+    assert_eq!(server.requests(&id), [200]);
+}
+
+#[test]
+fn a_server_that_never_answers_leaves_the_agents_pushes_and_rate_alone() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("debuginfod-silent-agent");
+    let (url, _held) = black_hole();
+    let collector = Collector::start(&dir.join("store"), free_port(), None);
+    // Two agents side by side, each on its own workload held until the agent is attached:
+    // one without a server, one with the silent one.
+    let cache = dir.join("cache");
+    let silent = [
+        "--debuginfod",
+        &url,
+        "--debuginfod-cache",
+        cache.to_str().unwrap(),
+    ];
+    let start = |node: &str, extra: &[&str]| {
+        let exe = dir.join(format!("{node}-wl"));
+        copy_executable(&fixture("stripped73"), &exe);
+        let held = Held::start(&dir, &[], &[exe.to_str().unwrap(), "8"]);
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let (pid, listen) = (held.pid().to_string(), metrics.to_string());
+        let mut args = vec![
+            "--pid",
+            &pid,
+            "-F",
+            "99",
+            "--push-interval",
+            "500ms",
+            "--metrics-listen",
+            &listen,
+        ];
+        args.extend_from_slice(extra);
+        let mut agent = Agent::start(&dir, node, &collector.url(), &args);
+        agent.wait_for_metrics(metrics);
+        (held, agent)
+    };
+    let (held_a, mut agent_a) = start("plain-node", &[]);
+    let (held_b, mut agent_b) = start("silent-node", &silent);
+    let a = std::thread::spawn(move || held_a.release());
+    let b = std::thread::spawn(move || held_b.release());
+    let (cpu_a, cpu_b) = (
+        cpu_seconds(&a.join().unwrap()),
+        cpu_seconds(&b.join().unwrap()),
+    );
+    let (sa, sb) = (agent_a.stop(), agent_b.stop());
+    let rate = |s: &Value, cpu: f64| s["samples_pushed"].as_f64().unwrap() / cpu;
+    let (ra, rb) = (rate(&sa, cpu_a), rate(&sb, cpu_b));
+    assert!(
+        (rb - ra).abs() <= 0.1 * ra,
+        "{rb:.1} samples per CPU second with a silent server, {ra:.1} without:\n{sa}\n{sb}"
+    );
+    let batches = |s: &Value| s["batches_pushed"].as_f64().unwrap();
+    let (ba, bb) = (batches(&sa), batches(&sb));
+    assert!(
+        (bb - ba).abs() <= (0.1 * ba).max(1.0),
+        "{bb} pushes with a silent server, {ba} without"
+    );
+}
