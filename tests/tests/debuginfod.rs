@@ -3,13 +3,15 @@
 //! fixtures/stripped73.c, whose binary is stripped (`strip --strip-all`), so its two static
 //! functions (7:3 of the work) have no name anywhere without it. `record` and the agent
 //! (pushing to a real collector) name them from the file fetched, with the right split; the
-//! cache answers a second recording without the server; a 404 is asked once; and a server
-//! that accepts and never answers changes neither record's sample count nor the agent's push
-//! interval and sample rate. Needs root (BPF).
+//! cache answers a second recording without the server; a 404 is asked once; the agent
+//! ignores DEBUGINFOD_URLS; and a server that accepts and never answers changes neither
+//! record's sample rate nor the agent's pushes and sample rate. Needs root (BPF).
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pyrometer_e2e::cluster::{
@@ -45,8 +47,9 @@ impl Server {
             .args(["-p", &port.to_string(), "-vvv", "-F"])
             .arg(folder)
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(dir.join("debuginfod.err")).unwrap())
+            .stdout(Stdio::null())
+            // It logs each request, with its status, on stderr.
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start debuginfod");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -88,22 +91,28 @@ impl Drop for Server {
     }
 }
 
-/// A server that accepts connections and never answers, holding them open.
-fn black_hole() -> (String, std::thread::JoinHandle<()>) {
+/// A server that accepts connections and never answers, holding them open; the count of
+/// connections it accepted.
+fn black_hole() -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let held = std::thread::spawn(move || {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
         let mut conns = Vec::new();
         listener.set_nonblocking(true).unwrap();
         let end = Instant::now() + Duration::from_secs(120);
         while Instant::now() < end {
             match listener.accept() {
-                Ok((c, _)) => conns.push(c),
+                Ok((c, _)) => {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    conns.push(c);
+                }
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
     });
-    (url, held)
+    (url, accepted)
 }
 
 fn build_id(path: &Path) -> String {
@@ -119,7 +128,8 @@ fn build_id(path: &Path) -> String {
         .to_string()
 }
 
-/// `record` of `exe SECONDS` with `args`; its folded output and --stats.
+/// `record` of `exe SECONDS` with `args`; its folded output and --stats (with the command's
+/// stdout, which is stripped73's CPU time, as `workload_stdout`).
 fn record(dir: &Path, name: &str, exe: &Path, seconds: &str, args: &[&str]) -> (String, Value) {
     let out = dir.join(format!("{name}.folded"));
     let stats = dir.join(format!("{name}.json"));
@@ -138,26 +148,35 @@ fn record(dir: &Path, name: &str, exe: &Path, seconds: &str, args: &[&str]) -> (
         .output()
         .expect("run pyrometer");
     assert_ok(&run);
-    let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let mut stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    stats["workload_stdout"] = String::from_utf8_lossy(&run.stdout).into_owned().into();
     (std::fs::read_to_string(&out).unwrap(), stats)
 }
 
-/// Samples of stacks whose leaf frame is `leaf`.
-fn leaf_samples(folded: &str, leaf: &str) -> u64 {
+/// Samples of stacks with a frame named `function`.
+fn samples_in(folded: &str, function: &str) -> u64 {
     folded
         .lines()
         .filter_map(|l| {
             let (stack, n) = l.rsplit_once(' ')?;
-            (stack.rsplit(';').next()? == leaf).then(|| n.parse::<u64>().ok())?
+            stack
+                .split(';')
+                .any(|f| f == function)
+                .then(|| n.parse::<u64>().ok())?
         })
         .sum()
 }
 
 /// heavy_static's share of the two static functions' samples.
 fn heavy_share(folded: &str) -> f64 {
-    let (h, l) = (leaf_samples(folded, HEAVY), leaf_samples(folded, LIGHT));
-    assert!(h + l >= 50, "too few named samples ({h} + {l}):\n{folded}");
-    h as f64 / (h + l) as f64
+    let (h, l) = (samples_in(folded, HEAVY), samples_in(folded, LIGHT));
+    assert!(h + l >= 500, "too few named samples ({h} + {l}):\n{folded}");
+    let share = h as f64 / (h + l) as f64;
+    eprintln!(
+        "heavy_static: {h} samples, light_static: {l} ({:.1} %)",
+        share * 100.0
+    );
+    share
 }
 
 fn total_samples(folded: &str) -> u64 {
@@ -187,7 +206,9 @@ fn record_names_static_functions_from_a_loopback_debuginfod() {
         "named without its debug file:\n{plain}"
     );
 
-    let (named, stats) = record(&dir, "named", &exe, "3", &with);
+    // 499 Hz: ~1500 samples in 3 s of CPU, the split's standard error 1.2 points.
+    let named_args = [&with[..], &["-F", "499"]].concat();
+    let (named, stats) = record(&dir, "named", &exe, "3", &named_args);
     let share = heavy_share(&named);
     assert!(
         (share - 0.7).abs() <= 0.05,
@@ -240,7 +261,7 @@ fn a_build_id_the_server_lacks_is_asked_for_once() {
         cache.to_str().unwrap(),
     ];
     let (folded, stats) = record(&dir, "first", &exe, "2", &with);
-    assert!(total_samples(&folded) >= 100, "{folded}");
+    assert!(total_samples(&folded) >= 20, "{folded}");
     assert!(!folded.contains("leaf_a"), "{folded}");
     assert_eq!(server.requests(&id), [404], "one request for every sample");
     assert!(
@@ -259,9 +280,9 @@ fn a_server_that_never_answers_leaves_record_sampling_as_without_it() {
         return;
     }
     let dir = scratch("debuginfod-silent-record");
-    let (url, _held) = black_hole();
+    let (url, accepted) = black_hole();
     let exe = fixture("stripped73");
-    let (without, _) = record(&dir, "without", &exe, "3", &["--no-debuginfod"]);
+    let (without, stats_without) = record(&dir, "without", &exe, "3", &["--no-debuginfod"]);
     let started = Instant::now();
     let cache = dir.join("cache");
     let args = [
@@ -274,25 +295,51 @@ fn a_server_that_never_answers_leaves_record_sampling_as_without_it() {
     ];
     let (with, stats) = record(&dir, "with", &exe, "3", &args);
     let took = started.elapsed();
-    let (a, b) = (total_samples(&without) as f64, total_samples(&with) as f64);
+    // Samples per second of the workload's CPU time: the machine's other load changes how
+    // much CPU a 3 s run gets, not how densely it is sampled.
+    let rate = |folded: &str, stats: &Value| {
+        let text = stats["workload_stdout"].as_str().unwrap_or_default();
+        let cpu = text
+            .lines()
+            .find_map(|l| l.strip_prefix("cpu_ns "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no cpu_ns: {text}"))
+            / 1e9;
+        total_samples(folded) as f64 / cpu
+    };
+    let (a, b) = (rate(&without, &stats_without), rate(&with, &stats));
     assert!(
         (b - a).abs() <= 0.1 * a,
-        "{b} samples with a silent server, {a} without"
+        "{b:.1} samples per CPU second with a silent server, {a:.1} without"
     );
     // The end waits for the download no longer than it was told.
     assert!(took < Duration::from_secs(3 + 2 + 10), "{took:?}");
     assert_eq!(stats["debuginfod"]["stored"], 0, "{stats}");
+    assert!(accepted.load(Ordering::SeqCst) >= 1, "record never asked");
+    // Still waiting for its answer when record stopped waiting.
+    assert_eq!(stats["debuginfod"]["pending"], 1, "{stats}");
+}
+
+/// A workload, killed when dropped (a failed assertion leaves nothing running).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The workload under its own name, running for `seconds`.
-fn workload(dir: &Path, name: &str, seconds: &str) -> Child {
+fn workload(dir: &Path, name: &str, seconds: &str) -> Running {
     let exe = dir.join(name);
     copy_executable(&fixture("stripped73"), &exe);
-    Command::new(&exe)
+    let child = Command::new(&exe)
         .arg(seconds)
         .stdout(Stdio::null())
         .spawn()
-        .expect("start the workload")
+        .expect("start the workload");
+    Running(child)
 }
 
 /// The CPU time the workload printed at its end.
@@ -324,15 +371,15 @@ fn the_agent_names_static_functions_from_a_loopback_debuginfod() {
     let dir = scratch("debuginfod-agent");
     let server = Server::start(&dir, &fixture("debuginfod"));
     let collector = Collector::start(&dir.join("store"), free_port(), None);
-    let mut load = workload(&dir, "dbgi-agent", "30");
+    let load = workload(&dir, "dbgi-agent", "60");
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let cache = dir.join("cache");
-    let (pid, listen) = (load.id().to_string(), metrics.to_string());
+    let (pid, listen) = (load.0.id().to_string(), metrics.to_string());
     let args = [
         "--pid",
         &pid,
         "-F",
-        "99",
+        "249",
         "--metrics-listen",
         &listen,
         "--debuginfod",
@@ -340,7 +387,10 @@ fn the_agent_names_static_functions_from_a_loopback_debuginfod() {
         "--debuginfod-cache",
         cache.to_str().unwrap(),
     ];
-    let mut agent = Agent::start(&dir, "dbgi-node", &collector.url(), &args);
+    // A server in the agent's environment is never used: only those it was given.
+    let (env_url, env_asked) = black_hole();
+    let env = [("DEBUGINFOD_URLS", env_url.as_str())];
+    let mut agent = Agent::start_env(&dir, "dbgi-node", &collector.url(), &args, &env);
     agent.wait_for_metrics(metrics);
     let page = agent.wait_for_metric(
         metrics,
@@ -348,13 +398,14 @@ fn the_agent_names_static_functions_from_a_loopback_debuginfod() {
         1.0,
     );
     promtool_check("the agent's /metrics", &page);
-    // Pushes after the file arrived name the static functions, 7:3.
+    // Pushes after the file arrived name the static functions, 7:3 (~1500 samples: the
+    // split's standard error 1.2 points).
     let folded = wait_for(
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         "named samples in the collector",
         || {
             let f = folded_of(&collector, "dbgi-node");
-            if leaf_samples(&f, HEAVY) + leaf_samples(&f, LIGHT) >= 300 {
+            if samples_in(&f, HEAVY) + samples_in(&f, LIGHT) >= 1500 {
                 Ok(f)
             } else {
                 Err(f)
@@ -367,12 +418,16 @@ fn the_agent_names_static_functions_from_a_loopback_debuginfod() {
         "heavy_static {:.1} % of the two in the collector, 70 % expected:\n{folded}",
         share * 100.0
     );
-    let _ = load.kill();
-    let _ = load.wait();
+    drop(load);
     agent.stop();
     let id = build_id(&fixture("stripped73"));
     assert!(cache.join(format!("{id}.debug")).is_file());
     assert_eq!(server.requests(&id), [200]);
+    assert_eq!(
+        env_asked.load(Ordering::SeqCst),
+        0,
+        "DEBUGINFOD_URLS was used"
+    );
 }
 
 #[test]
@@ -381,7 +436,7 @@ fn a_server_that_never_answers_leaves_the_agents_pushes_and_rate_alone() {
         return;
     }
     let dir = scratch("debuginfod-silent-agent");
-    let (url, _held) = black_hole();
+    let (url, accepted) = black_hole();
     let collector = Collector::start(&dir.join("store"), free_port(), None);
     // Two agents side by side, each on its own workload held until the agent is attached:
     // one without a server, one with the silent one.
@@ -427,6 +482,10 @@ fn a_server_that_never_answers_leaves_the_agents_pushes_and_rate_alone() {
     assert!(
         (rb - ra).abs() <= 0.1 * ra,
         "{rb:.1} samples per CPU second with a silent server, {ra:.1} without:\n{sa}\n{sb}"
+    );
+    assert!(
+        accepted.load(Ordering::SeqCst) >= 1,
+        "the agent never asked"
     );
     let batches = |s: &Value| s["batches_pushed"].as_f64().unwrap();
     let (ba, bb) = (batches(&sa), batches(&sb));

@@ -281,6 +281,28 @@ mod tests {
     }
 
     #[test]
+    fn submitted_jobs_run_beside_the_caller_and_are_refused_when_all_are_busy() {
+        let pool = Workers::new(1);
+        let (release, held) = mpsc::channel::<()>();
+        let (done_tx, done) = mpsc::channel();
+        let caller = std::thread::current().id();
+        let started = std::time::Instant::now();
+        pool.submit(move || {
+            let _ = held.recv();
+            let _ = done_tx.send(std::thread::current().id());
+        })
+        .unwrap();
+        // The caller is not held by the job.
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(pool.submit(|| {}), Err(Refused::Busy));
+        drop(release);
+        let ran_on = done.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_ne!(ran_on, caller);
+        wait_idle(&pool);
+        assert_eq!(pool.run(Duration::from_secs(5), || 11), Ok(11));
+    }
+
+    #[test]
     fn a_process_whose_read_overran_is_left_alone_and_holds_one_worker() {
         let mut reads = ProcessReads::new(2, Duration::from_millis(100), Duration::ZERO);
         let (release, stuck) = mpsc::channel::<()>();

@@ -37,7 +37,7 @@ pub fn default_dir() -> PathBuf {
 /// file name and part of a URL.
 pub fn valid_build_id(id: &str) -> bool {
     (2..=128).contains(&id.len())
-        && id.len() % 2 == 0
+        && id.len().is_multiple_of(2)
         && id
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))

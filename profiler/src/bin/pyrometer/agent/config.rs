@@ -556,4 +556,21 @@ mod tests {
         assert_eq!(mib("dwarf-mb = 64", &[]), 64);
         assert_eq!(mib("dwarf-mb = 64", &["--dwarf-mb", "0"]), 0, "flags win");
     }
+
+    /// Servers come from the flags or the file only, never from DEBUGINFOD_URLS (which the
+    /// test's environment may carry; the agent must not care).
+    #[test]
+    fn debuginfod_servers_from_file_and_flags_only() {
+        let d = |c: &str, f: &[&str]| resolve_with(c, f).unwrap().debuginfod;
+        assert!(d("", &[]).is_none());
+        let file =
+            "debuginfod = [\"http://a:8002\"]\ndebuginfod-cache = \"/c\"\ndebuginfod-cache-mb = 5";
+        let cfg = d(file, &[]).unwrap();
+        assert_eq!(cfg.urls, ["http://a:8002"]);
+        assert_eq!(cfg.cache_dir, PathBuf::from("/c"));
+        assert_eq!(cfg.cache_max_bytes, 5 << 20);
+        let cfg = d(file, &["--debuginfod", "https://b http://c:1"]).unwrap();
+        assert_eq!(cfg.urls, ["https://b", "http://c:1"], "flags win");
+        assert!(resolve_with("debuginfod = [\"ftp://x\"]", &[]).is_err());
+    }
 }
