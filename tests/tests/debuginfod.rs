@@ -243,6 +243,81 @@ fn record_names_static_functions_from_a_loopback_debuginfod() {
     assert!(env_cache.join(format!("{id}.debug")).is_file());
 }
 
+/// A process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Over https the server's certificate is checked against the system's roots (here a test CA
+/// named by SSL_CERT_FILE): trusted, the file is fetched; not trusted, it is a failure. The
+/// server is openssl's own (`s_server -WWW`, serving files below its directory), as
+/// elfutils' debuginfod serves plain HTTP only.
+#[test]
+fn record_fetches_over_https_checking_the_certificate() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("debuginfod-https");
+    pyrometer_e2e::certs::ca(&dir, "ca");
+    pyrometer_e2e::certs::sign(&dir, "srv", "localhost", "ca", pyrometer_e2e::certs::SERVER);
+    let exe = fixture("stripped73");
+    let id = build_id(&exe);
+    let www = dir.join("www");
+    let at = www.join("buildid").join(&id);
+    std::fs::create_dir_all(&at).unwrap();
+    std::fs::copy(fixture("debuginfod/stripped73.debug"), at.join("debuginfo")).unwrap();
+    let port = free_port();
+    let server = Command::new("openssl")
+        .args(["s_server", "-WWW", "-quiet", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(dir.join("srv.pem"))
+        .arg("-key")
+        .arg(dir.join("srv.key"))
+        .current_dir(&www)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start openssl s_server");
+    let _server = Killed(server);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for(
+        Duration::from_secs(30),
+        "openssl s_server to listen",
+        || std::net::TcpStream::connect(addr).map(|_| ()),
+    );
+    let url = format!("https://localhost:{port}");
+    let run = |name: &str, ca: Option<&Path>| {
+        let out = dir.join(format!("{name}.folded"));
+        let stats = dir.join(format!("{name}.json"));
+        let mut cmd = Command::new(pyrometer_bin());
+        cmd.args(["record", "-o", out.to_str().unwrap(), "--stats"])
+            .arg(&stats)
+            .args(["--debuginfod", &url, "--debuginfod-cache"])
+            .arg(dir.join(format!("cache-{name}")))
+            .args(["--", exe.to_str().unwrap(), "1"]);
+        if let Some(ca) = ca {
+            cmd.env("SSL_CERT_FILE", ca);
+        }
+        assert_ok(&cmd.output().unwrap());
+        let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        (std::fs::read_to_string(&out).unwrap(), stats)
+    };
+    let (trusted, stats) = run("trusted", Some(&dir.join("ca.pem")));
+    assert!(trusted.contains(HEAVY), "{trusted}");
+    assert_eq!(stats["debuginfod"]["stored"], 1, "{stats}");
+    // The machine's roots do not include the test CA: refused, nothing named.
+    let (untrusted, stats) = run("untrusted", None);
+    assert!(!untrusted.contains(HEAVY), "{untrusted}");
+    assert_eq!(stats["debuginfod"]["failures"], 1, "{stats}");
+    assert_eq!(stats["debuginfod"]["stored"], 0, "{stats}");
+}
+
 #[test]
 fn a_build_id_the_server_lacks_is_asked_for_once() {
     if !privileged() {
@@ -320,18 +395,9 @@ fn a_server_that_never_answers_leaves_record_sampling_as_without_it() {
     assert_eq!(stats["debuginfod"]["pending"], 1, "{stats}");
 }
 
-/// A workload, killed when dropped (a failed assertion leaves nothing running).
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The workload under its own name, running for `seconds`.
-fn workload(dir: &Path, name: &str, seconds: &str) -> Running {
+/// A failed assertion leaves nothing running: it is killed when dropped.
+fn workload(dir: &Path, name: &str, seconds: &str) -> Killed {
     let exe = dir.join(name);
     copy_executable(&fixture("stripped73"), &exe);
     let child = Command::new(&exe)
@@ -339,7 +405,7 @@ fn workload(dir: &Path, name: &str, seconds: &str) -> Running {
         .stdout(Stdio::null())
         .spawn()
         .expect("start the workload");
-    Running(child)
+    Killed(child)
 }
 
 /// The CPU time the workload printed at its end.

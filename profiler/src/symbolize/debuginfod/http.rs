@@ -42,7 +42,7 @@ pub fn get(url: &str, out: &mut File, limits: Limits) -> Result<Got, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    rt.block_on(async {
+    let got = rt.block_on(async {
         match timeout(limits.deadline, fetch(url, out, limits)).await {
             Ok(r) => r,
             Err(_) => Err(format!(
@@ -50,7 +50,11 @@ pub fn get(url: &str, out: &mut File, limits: Limits) -> Result<Got, String> {
                 limits.deadline.as_secs()
             )),
         }
-    })
+    });
+    // A name lookup still blocked in the resolver is left to finish on its own thread: a
+    // plain drop of the runtime would wait for it.
+    rt.shutdown_timeout(Duration::ZERO);
+    got
 }
 
 async fn fetch(url: &str, out: &mut File, limits: Limits) -> Result<Got, String> {

@@ -324,6 +324,9 @@ fn fetch(shared: &Shared, id: &str) -> Outcome {
             Ok(Some(_)) => {
                 c.stored.fetch_add(1, Relaxed);
                 if let Ok(mut f) = shared.fetched.lock() {
+                    if f.len() >= MAX_KNOWN {
+                        f.clear();
+                    }
                     f.insert(id.to_string());
                 }
                 return Outcome::Arrived;
