@@ -45,10 +45,7 @@ pub fn get(url: &str, out: &mut File, limits: Limits) -> Result<Got, String> {
     let got = rt.block_on(async {
         match timeout(limits.deadline, fetch(url, out, limits)).await {
             Ok(r) => r,
-            Err(_) => Err(format!(
-                "no complete answer within {} s",
-                limits.deadline.as_secs()
-            )),
+            Err(_) => Err(format!("no complete answer within {:?}", limits.deadline)),
         }
     });
     // A name lookup still blocked in the resolver is left to finish on its own thread: a
@@ -73,7 +70,7 @@ async fn fetch(url: &str, out: &mut File, limits: Limits) -> Result<Got, String>
         .to_string();
     let tcp = timeout(limits.connect, TcpStream::connect((bare.as_str(), port)))
         .await
-        .map_err(|_| format!("cannot connect within {} s", limits.connect.as_secs()))?
+        .map_err(|_| format!("cannot connect within {:?}", limits.connect))?
         .map_err(|e| format!("cannot connect: {e}"))?;
     let authority = uri
         .authority()
@@ -86,7 +83,7 @@ async fn fetch(url: &str, out: &mut File, limits: Limits) -> Result<Got, String>
     if tls {
         let stream = timeout(limits.connect, tls_connect(&bare, tcp))
             .await
-            .map_err(|_| format!("no TLS handshake within {} s", limits.connect.as_secs()))??;
+            .map_err(|_| format!("no TLS handshake within {:?}", limits.connect))??;
         exchange(stream, &authority, &path, out, limits).await
     } else {
         exchange(tcp, &authority, &path, out, limits).await
@@ -136,7 +133,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         .map_err(|e| format!("HTTP: {e}"))?;
     let resp = timeout(limits.read, sender.send_request(req))
         .await
-        .map_err(|_| format!("no answer within {} s", limits.read.as_secs()))?
+        .map_err(|_| format!("no answer within {:?}", limits.read))?
         .map_err(|e| format!("HTTP: {e}"))?;
     let got = match resp.status() {
         http::StatusCode::OK => read_body(resp.into_body(), out, limits).await,
@@ -164,7 +161,7 @@ async fn read_body(
     loop {
         let frame = timeout(limits.read, body.frame())
             .await
-            .map_err(|_| format!("the answer stalled for {} s", limits.read.as_secs()))?;
+            .map_err(|_| format!("the answer stalled for {:?}", limits.read))?;
         let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| format!("HTTP: {e}"))?;
         let Ok(data) = frame.into_data() else {
@@ -181,4 +178,104 @@ async fn read_body(
             .map_err(|e| format!("cannot write to the cache: {e}"))?;
     }
     Ok(Got::Stored(written))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    const LIMITS: Limits = Limits {
+        connect: Duration::from_secs(2),
+        read: Duration::from_millis(300),
+        deadline: Duration::from_secs(5),
+        max_bytes: 1000,
+    };
+
+    /// A listener that answers one connection with `answer` (after reading the request),
+    /// or holds it without a word when `answer` is None.
+    fn peer(answer: Option<Vec<u8>>) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/buildid/ab/debuginfo", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = c.read(&mut buf);
+            match answer {
+                Some(a) => {
+                    let _ = c.write_all(&a);
+                }
+                None => std::thread::sleep(Duration::from_secs(3)),
+            }
+        });
+        url
+    }
+
+    fn fetch(answer: Option<Vec<u8>>) -> (Result<Got, String>, Vec<u8>) {
+        let url = peer(answer);
+        // The peer's port makes the name unique among tests running at once.
+        let port = url
+            .rsplit(':')
+            .next()
+            .unwrap_or("")
+            .split('/')
+            .next()
+            .unwrap_or("");
+        let path =
+            std::env::temp_dir().join(format!("pyrometer-http-{}-{port}", std::process::id()));
+        let mut file = File::create(&path).unwrap();
+        let r = get(&url, &mut file, LIMITS);
+        let body = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        (r, body)
+    }
+
+    #[test]
+    fn a_body_is_written_and_a_404_is_not_found() {
+        let (r, body) = fetch(Some(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+        ));
+        assert_eq!(r, Ok(Got::Stored(5)));
+        assert_eq!(body, b"hello");
+        let (r, _) = fetch(Some(
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        ));
+        assert_eq!(r, Ok(Got::NotFound));
+        let (r, _) = fetch(Some(
+            b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        ));
+        assert!(r.unwrap_err().contains("500"));
+    }
+
+    #[test]
+    fn answers_over_the_cap_are_refused_announced_or_not() {
+        let announced = b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n".to_vec();
+        let (r, body) = fetch(Some(announced));
+        assert!(r.unwrap_err().contains("5000 bytes"));
+        assert!(body.is_empty(), "nothing written before the refusal");
+        // Chunked, no length: cut once past the cap.
+        let mut chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..4 {
+            chunked.extend_from_slice(b"190\r\n");
+            chunked.extend_from_slice(&[b'x'; 400]);
+            chunked.extend_from_slice(b"\r\n");
+        }
+        chunked.extend_from_slice(b"0\r\n\r\n");
+        let (r, body) = fetch(Some(chunked));
+        assert!(r.unwrap_err().contains("over the 1000 bytes"));
+        assert!(body.len() <= 1000);
+    }
+
+    #[test]
+    fn a_peer_that_never_answers_times_out() {
+        let started = std::time::Instant::now();
+        let (r, _) = fetch(None);
+        assert!(r.unwrap_err().contains("no answer within"));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }
