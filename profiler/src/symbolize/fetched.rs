@@ -64,15 +64,41 @@ impl Symbolizer {
         });
     }
 
+    /// Asks again for the debug files of the binaries still held without one: a binary
+    /// whose every address is already named from its symbol table is not read again, so a
+    /// download that failed (retried once its failure expires) or found no free worker would
+    /// otherwise never be asked for again. Ids on their way, arrived or recently found absent
+    /// are skipped by the client.
+    pub(super) fn ask_again_for_debug_files(&mut self) {
+        let names_only = self.dwarf_budget == Some(0);
+        let Some(d) = self.debuginfod.as_mut() else {
+            return;
+        };
+        for info in self.elves.values().flatten() {
+            if let Some(id) = wanted(info, names_only) {
+                d.request(id);
+            }
+        }
+    }
+
     /// Asks for the debug file of a binary read without one.
     pub(super) fn want_debug_file(&mut self, info: Option<&ElfInfo>) {
+        let names_only = self.dwarf_budget == Some(0);
         let (Some(d), Some(info)) = (self.debuginfod.as_mut(), info) else {
             return;
         };
-        if !info.debug_syms
-            && let Some(id) = &info.build_id
-        {
+        if let Some(id) = wanted(info, names_only) {
             d.request(id);
         }
     }
+}
+
+/// The build id to fetch a debug file for, if one would name more of the binary: none is on
+/// the machine, and it has no symbol table of its own or its DWARF is read (lines, inlined
+/// functions). A symbolizer that reads no DWARF (the agent's default) gains nothing from the
+/// debug file of a binary that kept its symbol table.
+fn wanted(info: &ElfInfo, names_only: bool) -> Option<&str> {
+    let named_enough = info.debug_syms || (names_only && info.symtab);
+    let useful = !named_enough;
+    info.build_id.as_deref().filter(|_| useful)
 }

@@ -290,6 +290,7 @@ impl Symbolizer {
     /// most recently used first, then the most used; none unused for [`KEEP_OPEN_PERIODS`].
     /// A later miss opens a released file again.
     pub fn release_files(&mut self) {
+        self.ask_again_for_debug_files();
         let period = self.period;
         let mut used: Vec<(u64, u64, u64, PathBuf)> = self
             .open
