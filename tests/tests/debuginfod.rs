@@ -461,7 +461,7 @@ fn the_agent_names_static_functions_from_a_loopback_debuginfod() {
         "--pid",
         &pid,
         "-F",
-        "249",
+        "199",
         "--metrics-listen",
         &listen,
         "--debuginfod",

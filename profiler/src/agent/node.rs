@@ -453,6 +453,7 @@ impl Node {
             || gpu_records > 0
         {
             let period_ns = self.profiler.period_ns();
+            self.symbolizer.take_debug_files();
             let mut profile =
                 taken.into_profile(&mut self.profiler.registry, &mut self.symbolizer, period_ns);
             if let Some(usage) = &gpu_usage {

@@ -41,8 +41,11 @@ impl Symbolizer {
         pending
     }
 
-    /// Forgets what was read of the binaries whose debug file has arrived.
-    pub(super) fn take_debug_files(&mut self) {
+    /// Forgets what was read of the binaries whose debug file has arrived since the last
+    /// call. Called between profiles, never within one: a file taken in the middle would name
+    /// the stacks symbolized after it and leave those before it unnamed, skewing the named
+    /// part of that profile toward the stacks symbolized last.
+    pub(crate) fn take_debug_files(&mut self) {
         if let Some(d) = self.debuginfod.as_mut() {
             let arrived = d.poll();
             self.forget_build_ids(&arrived);

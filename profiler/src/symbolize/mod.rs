@@ -347,7 +347,6 @@ impl Symbolizer {
     /// Symbolizes a user stack of `pid`: `addrs` are leaf first, the first the sampled IP, the
     /// rest return addresses. Frames come back leaf first, inlined functions expanded.
     pub fn user(&mut self, registry: &mut ProcessRegistry, pid: u32, addrs: &[u64]) -> Vec<Frame> {
-        self.take_debug_files();
         if registry.get(pid).is_none() {
             // An unknown pid just yields `[unknown]` frames.
             let _ = registry.observe(pid);
