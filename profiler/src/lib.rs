@@ -27,7 +27,6 @@ mod python;
 mod ray;
 pub mod record;
 mod symbolize;
-pub use symbolize::debuginfod;
 mod tables;
 pub mod top;
 mod unwinder;

@@ -69,7 +69,7 @@ pub struct AgentMetrics {
     /// CPython garbage-collector pauses per process (`--gc`).
     pub gc: Mutex<super::gc_metrics::GcPauses>,
     /// Debug files fetched by build id, when servers are configured.
-    pub debuginfod: Mutex<Option<crate::debuginfod::DebuginfodStats>>,
+    pub debuginfod: Mutex<Option<crate::symbolize::debuginfod::DebuginfodStats>>,
 }
 
 /// `frame_pointers`: walks that left the tables for frame pointers and ended on a zero
@@ -334,7 +334,7 @@ impl AgentMetrics {
 }
 
 /// What debuginfod servers gave (`pyrometer_agent_debuginfod_*`).
-fn render_debuginfod(d: &crate::debuginfod::DebuginfodStats, o: &mut String) {
+fn render_debuginfod(d: &crate::symbolize::debuginfod::DebuginfodStats, o: &mut String) {
     let _ = write!(
         o,
         "# HELP pyrometer_agent_debuginfod_total Debug files by build id: downloads tried, debug files taken from the cache, build ids the cache lacked, files stored, build ids no server has, failed downloads.\n\

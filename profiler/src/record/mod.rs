@@ -51,7 +51,7 @@ pub struct RecordConfig {
     /// Directories of separate debug files, searched before the system's.
     pub debug_dirs: Vec<PathBuf>,
     /// Fetch missing debug files from debuginfod servers (None: never).
-    pub debuginfod: Option<crate::debuginfod::DebuginfodConfig>,
+    pub debuginfod: Option<crate::symbolize::debuginfod::DebuginfodConfig>,
     /// How long the end of the recording waits for debug files still on their way; those
     /// that come later are named by the next recording, from the cache.
     pub debuginfod_wait: Duration,

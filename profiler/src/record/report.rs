@@ -60,7 +60,7 @@ pub struct RunReport {
 /// What debuginfod servers gave a recording.
 pub struct DebuginfodReport {
     /// Downloads, cache hits, misses, failures, bytes.
-    pub stats: crate::debuginfod::DebuginfodStats,
+    pub stats: crate::symbolize::debuginfod::DebuginfodStats,
     /// Downloads still under way when the recording stopped waiting.
     pub pending: usize,
     /// The last download's failure, one line.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use pyrometer::debuginfod::{DebuginfodConfig, parse_urls};
+use pyrometer::command::debuginfod::{DebuginfodConfig, parse_urls};
 
 use crate::{EXIT_INPUT, exit_error};
 

@@ -205,8 +205,28 @@ pub(super) fn input(msg: impl Into<String>) -> anyhow::Error {
     exit_error(EXIT_INPUT, msg)
 }
 
+/// The debuginfod servers and cache of the flags, else the file's. Only servers given there:
+/// never DEBUGINFOD_URLS, which a root daemon's environment may carry from wherever it was
+/// started.
+fn debuginfod(
+    args: &crate::debuginfod::DebuginfodArgs,
+    file: &mut FileConfig,
+) -> anyhow::Result<Option<pyrometer::command::debuginfod::DebuginfodConfig>> {
+    let urls = if args.urls.is_empty() {
+        file.debuginfod.take().unwrap_or_default()
+    } else {
+        args.urls.clone()
+    };
+    args.resolve(
+        "debuginfod",
+        &urls,
+        file.debuginfod_cache.take(),
+        file.debuginfod_cache_mb,
+    )
+}
+
 pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
-    let file: FileConfig = match &args.config {
+    let mut file: FileConfig = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| input(format!("cannot read {}: {e}", path.display())))?;
@@ -215,6 +235,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         }
         None => FileConfig::default(),
     };
+    let debuginfod = debuginfod(&args.debuginfod, &mut file)?;
     let pids = if args.pids.is_empty() {
         file.pid.unwrap_or_default()
     } else {
@@ -296,19 +317,6 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         comm: alloc_comm,
         sample_bytes,
     });
-    // Only servers given here: never DEBUGINFOD_URLS, which a root daemon's environment may
-    // carry from wherever it was started.
-    let debuginfod_urls = if args.debuginfod.urls.is_empty() {
-        file.debuginfod.unwrap_or_default()
-    } else {
-        args.debuginfod.urls.clone()
-    };
-    let debuginfod = args.debuginfod.resolve(
-        "debuginfod",
-        &debuginfod_urls,
-        file.debuginfod_cache,
-        file.debuginfod_cache_mb,
-    )?;
     Ok(Config {
         debuginfod,
         btf_path: args.btf_path.clone(),

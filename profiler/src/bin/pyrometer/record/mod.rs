@@ -330,7 +330,7 @@ fn check_request(args: &RecordArgs, targets: &Targets) -> anyhow::Result<Output>
 /// The servers of --debuginfod, else of DEBUGINFOD_URLS unless --no-debuginfod.
 fn debuginfod_config(
     args: &RecordArgs,
-) -> anyhow::Result<Option<pyrometer::debuginfod::DebuginfodConfig>> {
+) -> anyhow::Result<Option<pyrometer::command::debuginfod::DebuginfodConfig>> {
     let d = &args.debuginfod;
     let env = std::env::var("DEBUGINFOD_URLS").ok();
     let urls = match (&env, d.urls.is_empty(), args.no_debuginfod) {
