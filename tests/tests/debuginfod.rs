@@ -335,8 +335,10 @@ fn a_build_id_the_server_lacks_is_asked_for_once() {
         "--debuginfod-cache",
         cache.to_str().unwrap(),
     ];
-    let (folded, stats) = record(&dir, "first", &exe, "2", &with);
-    assert!(total_samples(&folded) >= 20, "{folded}");
+    // 999 Hz: many samples of its binary even on a busy machine (its 2 s are wall time).
+    let first = [&with[..], &["-F", "999"]].concat();
+    let (folded, stats) = record(&dir, "first", &exe, "2", &first);
+    assert!(total_samples(&folded) >= 50, "{folded}");
     assert!(!folded.contains("leaf_a"), "{folded}");
     assert_eq!(server.requests(&id), [404], "one request for every sample");
     assert!(
