@@ -61,7 +61,7 @@ impl DebuginfodConfig {
 }
 
 /// Splits server lists as `DEBUGINFOD_URLS` has them (space separated) and checks each
-/// URL's scheme; an empty result is None.
+/// URL's scheme and host; empty when no server is named.
 pub fn parse_urls<'a>(lists: impl IntoIterator<Item = &'a str>) -> Result<Vec<String>, String> {
     let mut urls = Vec::new();
     for url in lists.into_iter().flat_map(str::split_whitespace) {
@@ -201,7 +201,7 @@ impl Debuginfod {
             let outcome = fetch(&shared, &key);
             let _ = tx.send((key, outcome));
         });
-        // No free worker: asked again at the binary's next frame.
+        // No free worker: asked again at the binary's next read or the next push.
         if submitted.is_ok() {
             self.known.insert(id.to_string(), State::Pending);
         }
@@ -210,8 +210,8 @@ impl Debuginfod {
     /// The build ids whose debug file has arrived since the last call.
     pub fn poll(&mut self) -> Vec<String> {
         let mut arrived = Vec::new();
-        while let Ok((id, ok)) = self.done_rx.try_recv() {
-            self.settle(&id, ok, &mut arrived);
+        while let Ok((id, outcome)) = self.done_rx.try_recv() {
+            self.settle(&id, outcome, &mut arrived);
         }
         arrived
     }
@@ -223,7 +223,7 @@ impl Debuginfod {
         while self.pending() > 0 {
             let left = end.saturating_duration_since(Instant::now());
             match self.done_rx.recv_timeout(left) {
-                Ok((id, ok)) => self.settle(&id, ok, &mut arrived),
+                Ok((id, outcome)) => self.settle(&id, outcome, &mut arrived),
                 Err(_) => break,
             }
         }
