@@ -1,6 +1,7 @@
 //! Builds the C workloads the end-to-end tests profile, with known behaviour by construction.
 //! Each is built with frame pointers (`NAME`), and some also without (`NAME-nofp`), and a
-//! stripped copy of cpu631 gets its debug info moved into a build-id directory. The NVML test
+//! stripped copy of cpu631 gets its debug info moved into a build-id directory, and stripped73's
+//! into a folder a debuginfod server serves. The NVML test
 //! double (a shared library) stands in for the NVIDIA driver in the GPU tests.
 
 use std::env;
@@ -99,6 +100,22 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("create build-id dir");
     std::fs::rename(&tmp_debug, dir.join(format!("{}.debug", &build_id[2..])))
         .expect("place debug file");
+
+    // A stripped binary whose static functions are named only by its debug file, which the
+    // debuginfod tests serve from DEBUGINFOD_DIR (not a directory the profiler searches).
+    let full = out.join("stripped73-full");
+    gcc(&fixtures.join("stripped73.c"), &full, &fp);
+    let served = out.join("debuginfod");
+    std::fs::create_dir_all(&served).expect("create the debuginfod folder");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&full)
+        .arg(served.join("stripped73.debug")));
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg(&full)
+        .arg("-o")
+        .arg(out.join("stripped73")));
 
     // A static executable with its symbols stripped: no allocator to find for --alloc.
     let static_alloc = out.join("allocs-static");

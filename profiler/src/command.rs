@@ -47,6 +47,15 @@ pub const DEFAULT_ALLOC_LIVE: u32 = crate::bpf::DEFAULT_ALLOC_LIVE;
 /// Directories searched for separate debug files besides those given.
 pub const DEFAULT_DEBUG_DIRS: &[&str] = crate::symbolize::DEFAULT_DEBUG_DIRS;
 
+/// Debug files fetched by build id from debuginfod servers: the settings `record` and the
+/// agent take, and the counts they report.
+pub mod debuginfod {
+    pub use crate::symbolize::debuginfod::{
+        DEFAULT_CACHE_MAX_BYTES, DEFAULT_LIMITS, DebuginfodConfig, DebuginfodStats, Limits,
+        parse_urls,
+    };
+}
+
 /// `--debug-reject` names (dwarf, off_cpu, gil, alloc, sampler) as `debug_reject` bits: the
 /// kernel then refuses those stages, which is how the degraded paths are tested.
 pub fn debug_reject_bits(names: &[String]) -> Result<u32, CommandError> {

@@ -369,7 +369,10 @@ fn test(extra: &[String]) -> Result<()> {
         Ok(run(cargo()
             .args(["nextest", "run", "--workspace", "--no-fail-fast"])
             .args(extra)
-            .env(skip_ledger::LEDGER_ENV, &files.ledger)))
+            .env(skip_ledger::LEDGER_ENV, &files.ledger)
+            // record honours it, as perf does: a developer's (Debian sets one for login
+            // shells) would send every recording's stripped binaries to that server.
+            .env_remove("DEBUGINFOD_URLS")))
     })?;
     eprint!("{}", steps.table());
     let checked = ledger::report(&root, &files, &listed, ci);

@@ -38,6 +38,8 @@ pub const TEST_PACKAGES: &[(&str, &str)] = &[
     ("chromium", "/usr/bin/chromium"),
     ("nodejs", "/usr/bin/node"),
     ("npm", "/usr/bin/npm"),
+    // elfutils' debuginfod server, which the debuginfod tests fetch debug files from.
+    ("debuginfod", "/usr/bin/debuginfod"),
     // The CPython offset table is checked against each build's DWARF through gdb.
     ("gdb", "/usr/bin/gdb"),
     // The separate debug file of Debian's python3.11 (the GIL probes' symbols); installing it

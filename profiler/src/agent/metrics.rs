@@ -68,6 +68,8 @@ pub struct AgentMetrics {
     pub refused: OnceLock<Vec<(&'static str, String)>>,
     /// CPython garbage-collector pauses per process (`--gc`).
     pub gc: Mutex<super::gc_metrics::GcPauses>,
+    /// Debug files fetched by build id, when servers are configured.
+    pub debuginfod: Mutex<Option<crate::symbolize::debuginfod::DebuginfodStats>>,
 }
 
 /// `frame_pointers`: walks that left the tables for frame pointers and ended on a zero
@@ -174,6 +176,9 @@ impl AgentMetrics {
         }
         render_gpu_kernels(&self.gpu_kernels.lock().expect("not poisoned"), &mut o);
         self.gc.lock().expect("not poisoned").render(&mut o);
+        if let Some(d) = *self.debuginfod.lock().expect("not poisoned") {
+            render_debuginfod(&d, &mut o);
+        }
         let devices = self.gpu_device_ns.lock().expect("not poisoned");
         if !devices.is_empty() {
             let _ = write!(
@@ -326,6 +331,25 @@ impl AgentMetrics {
             self.unwind_rows_capacity.load(Relaxed),
         );
     }
+}
+
+/// What debuginfod servers gave (`pyrometer_agent_debuginfod_*`).
+fn render_debuginfod(d: &crate::symbolize::debuginfod::DebuginfodStats, o: &mut String) {
+    let _ = write!(
+        o,
+        "# HELP pyrometer_agent_debuginfod_total Debug files by build id: downloads tried, debug files taken from the cache, build ids the cache lacked, files stored, build ids no server has, failed downloads.\n\
+         # TYPE pyrometer_agent_debuginfod_total counter\n\
+         pyrometer_agent_debuginfod_total{{event=\"fetch\"}} {}\n\
+         pyrometer_agent_debuginfod_total{{event=\"hit\"}} {}\n\
+         pyrometer_agent_debuginfod_total{{event=\"miss\"}} {}\n\
+         pyrometer_agent_debuginfod_total{{event=\"stored\"}} {}\n\
+         pyrometer_agent_debuginfod_total{{event=\"not_found\"}} {}\n\
+         pyrometer_agent_debuginfod_total{{event=\"failure\"}} {}\n\
+         # HELP pyrometer_agent_debuginfod_bytes_total Bytes of debug files downloaded.\n\
+         # TYPE pyrometer_agent_debuginfod_bytes_total counter\n\
+         pyrometer_agent_debuginfod_bytes_total {}\n",
+        d.fetches, d.hits, d.misses, d.stored, d.not_found, d.failures, d.bytes,
+    );
 }
 
 /// The GPU kernel join's counters (`pyrometer_agent_gpu_*`).

@@ -75,6 +75,9 @@ pub struct AgentConfig {
     pub unwind_rows: u32,
     /// Inflated DWARF the symbolizer may hold at once.
     pub dwarf_budget_bytes: u64,
+    /// Fetch missing debug files from these debuginfod servers (None: never; the agent uses
+    /// no server it was not given, whatever its environment says).
+    pub debuginfod: Option<crate::symbolize::debuginfod::DebuginfodConfig>,
     /// What may be kept for one process (its perf map as parsed, its mappings; default
     /// [`DEFAULT_PROCESS_BUDGET`]): a process over it has each of its user stacks named by
     /// one `[budget]` frame.

@@ -192,6 +192,23 @@ impl Node {
             .with_debug_dirs(debug_dirs)
             .with_dwarf_budget(cfg.dwarf_budget_bytes)
             .with_process_budget(cfg.process_budget_bytes);
+        if let Some(d) = &cfg.debuginfod {
+            symbolizer = symbolizer.with_debuginfod(d.clone());
+            // Made while root, for the user the agent becomes, which writes and evicts in it.
+            if let Some(client) = symbolizer.debuginfod() {
+                client.prepare(cfg.run_as).map_err(|e| {
+                    CommandError::Input(format!(
+                        "cannot make the debuginfod cache {}: {e} (choose another with --debuginfod-cache)",
+                        d.cache_dir.display()
+                    ))
+                })?;
+                log(&format!(
+                    "debug files fetched from {} into {}",
+                    d.urls.join(" "),
+                    d.cache_dir.display()
+                ));
+            }
+        }
         // Kernel symbol addresses read as zeros without CAP_SYSLOG, which goes with the drop.
         if !symbolizer.kernel_available() || symbolizer.kernel_restricted() {
             log("kernel symbols unreadable (/proc/kallsyms): kernel frames stay addresses");
@@ -436,6 +453,7 @@ impl Node {
             || gpu_records > 0
         {
             let period_ns = self.profiler.period_ns();
+            self.symbolizer.take_debug_files();
             let mut profile =
                 taken.into_profile(&mut self.profiler.registry, &mut self.symbolizer, period_ns);
             if let Some(usage) = &gpu_usage {
@@ -458,6 +476,9 @@ impl Node {
             self.profiler.tables.unwinder.as_ref().map(|u| u.stats()),
             &self.profiler.tables.python.stats(),
         );
+        if let Some(d) = self.symbolizer.debuginfod() {
+            *self.metrics.debuginfod.lock().expect("not poisoned") = Some(d.stats());
+        }
         // The interval's samples are symbolized: processes gone since are not needed.
         self.profiler.registry.forget_exited();
         self.symbolizer.forget_exited(&self.profiler.registry);

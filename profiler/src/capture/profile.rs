@@ -15,6 +15,14 @@ use crate::python::tracker::PyFrameName;
 use crate::symbolize::Symbolizer;
 
 impl Capture {
+    /// Symbolizes each distinct user stack once, the frames thrown away: the symbolizer
+    /// learns which binaries lack a debug file and starts fetching theirs.
+    pub fn request_debug_files(&self, registry: &mut ProcessRegistry, symbolizer: &mut Symbolizer) {
+        for raw in self.stacks.keys() {
+            symbolizer.user(registry, raw.pid, &raw.user);
+        }
+    }
+
     /// Symbolizes every distinct stack into a CPU profile (`period_ns` per sample).
     pub fn into_profile(
         self,

@@ -105,6 +105,8 @@ pub const AGENT_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_unlinkat,
     libc::SYS_mkdir,
     libc::SYS_mkdirat,
+    // The debuginfod cache marks a file's last use in its time, for eviction by least use.
+    libc::SYS_utimensat,
     libc::SYS_getcwd,
     libc::SYS_pipe2,
     libc::SYS_eventfd2,

@@ -68,19 +68,52 @@ impl Workers {
         if HELD.load(Ordering::Acquire) {
             return Ok(job());
         }
+        let (tx, rx) = mpsc::channel();
+        self.dispatch(move || {
+            let answer = job();
+            // The worker is free again before its answer is sent: counted busy until after,
+            // a caller that got the answer could find every worker busy and be refused.
+            move || {
+                let _ = tx.send(answer);
+            }
+        })?;
+        match rx.recv_timeout(deadline) {
+            Ok(v) => Ok(v),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                Err(Refused::Overran)
+            }
+        }
+    }
+
+    /// Starts `job` on a worker without waiting for it, for work that reports its own way (a
+    /// download that answers through a channel). Refused at once when every worker is busy,
+    /// and while threads are held: such work never runs on the caller's thread.
+    pub fn submit(&self, job: impl FnOnce() + Send + 'static) -> Result<(), Refused> {
+        if HELD.load(Ordering::Acquire) {
+            return Err(Refused::Busy);
+        }
+        self.dispatch(move || {
+            job();
+            || {}
+        })
+    }
+
+    /// Queues `job` on a worker counted busy until it returns; what it returns runs after the
+    /// worker is counted free.
+    fn dispatch<F: FnOnce() + Send + 'static>(
+        &self,
+        job: impl FnOnce() -> F + Send + 'static,
+    ) -> Result<(), Refused> {
         if self.busy.load(Ordering::Acquire) >= self.count {
             return Err(Refused::Busy);
         }
         self.ensure_started();
-        let (tx, rx) = mpsc::channel();
         let busy = self.busy.clone();
         busy.fetch_add(1, Ordering::AcqRel);
-        // The worker is free again before its answer is sent: counted busy until after, a
-        // caller that got the answer could find every worker busy and be refused.
         let wrapped: Job = Box::new(move || {
-            let answer = job();
+            let then = job();
             busy.fetch_sub(1, Ordering::AcqRel);
-            let _ = tx.send(answer);
+            then();
         });
         let sent = self
             .jobs
@@ -92,12 +125,7 @@ impl Workers {
             self.busy.fetch_sub(1, Ordering::AcqRel);
             return Err(Refused::Busy);
         }
-        match rx.recv_timeout(deadline) {
-            Ok(v) => Ok(v),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                Err(Refused::Overran)
-            }
-        }
+        Ok(())
     }
 
     /// Workers held by a job now (those that overran among them).
@@ -250,6 +278,28 @@ mod tests {
         drop(release2);
         wait_idle(&pool);
         assert_eq!(pool.run(Duration::from_secs(5), || 10), Ok(10));
+    }
+
+    #[test]
+    fn submitted_jobs_run_beside_the_caller_and_are_refused_when_all_are_busy() {
+        let pool = Workers::new(1);
+        let (release, held) = mpsc::channel::<()>();
+        let (done_tx, done) = mpsc::channel();
+        let caller = std::thread::current().id();
+        let started = std::time::Instant::now();
+        pool.submit(move || {
+            let _ = held.recv();
+            let _ = done_tx.send(std::thread::current().id());
+        })
+        .unwrap();
+        // The caller is not held by the job.
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(pool.submit(|| {}), Err(Refused::Busy));
+        drop(release);
+        let ran_on = done.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_ne!(ran_on, caller);
+        wait_idle(&pool);
+        assert_eq!(pool.run(Duration::from_secs(5), || 11), Ok(11));
     }
 
     #[test]

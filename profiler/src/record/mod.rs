@@ -50,6 +50,11 @@ pub struct RecordConfig {
     pub unwind_rows: u32,
     /// Directories of separate debug files, searched before the system's.
     pub debug_dirs: Vec<PathBuf>,
+    /// Fetch missing debug files from debuginfod servers (None: never).
+    pub debuginfod: Option<crate::symbolize::debuginfod::DebuginfodConfig>,
+    /// How long the end of the recording waits for debug files still on their way; those
+    /// that come later are named by the next recording, from the cache.
+    pub debuginfod_wait: Duration,
     /// Poll the GPUs: the interval and the NVML library.
     pub gpu: Option<(Duration, OsString)>,
     /// Measure off-CPU time: the shortest blocked interval counted.

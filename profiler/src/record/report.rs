@@ -53,6 +53,20 @@ pub struct RunReport {
     pub gpus: Option<Vec<DeviceSummary>>,
     /// With `--gpu-kernels`: what the GPU libraries reported.
     pub gpu_kernels: Option<GpuKernelsReport>,
+    /// With debuginfod servers: what was fetched.
+    pub debuginfod: Option<DebuginfodReport>,
+}
+
+/// What debuginfod servers gave a recording.
+pub struct DebuginfodReport {
+    /// Downloads, cache hits, misses, failures, bytes.
+    pub stats: crate::symbolize::debuginfod::DebuginfodStats,
+    /// Downloads still under way when the recording stopped waiting.
+    pub pending: usize,
+    /// The last download's failure, one line.
+    pub last_error: Option<String>,
+    /// The cache directory.
+    pub cache: PathBuf,
 }
 
 /// The GPU kernels' part of a report (`--gpu-kernels`).
@@ -244,6 +258,18 @@ impl RunReport {
         }
         if let Some(g) = &self.gpus {
             json["gpus"] = gpu::summary::to_json(g);
+        }
+        if let Some(d) = &self.debuginfod {
+            json["debuginfod"] = serde_json::json!({
+                "fetches": d.stats.fetches,
+                "hits": d.stats.hits,
+                "misses": d.stats.misses,
+                "stored": d.stats.stored,
+                "not_found": d.stats.not_found,
+                "failures": d.stats.failures,
+                "bytes": d.stats.bytes,
+                "pending": d.pending,
+            });
         }
         json
     }

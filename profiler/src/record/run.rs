@@ -253,8 +253,7 @@ impl Recording {
                 ));
             }
         }
-        let mut symbolizer =
-            Symbolizer::new().with_debug_dirs(super::debug_dirs(&self.config.debug_dirs));
+        let mut symbolizer = symbolizer(&self.config);
         let sampled_pids = capture.pids.clone();
         let activity = capture.activity.take();
         capture.name_late_threads(&mut tables.python);
@@ -266,6 +265,7 @@ impl Recording {
         let processes = capture.pids.len();
         let py_frames = (capture.py_frames_seen, capture.py_unresolved);
         let bad = capture.bad_records;
+        let waiting = fetch_debug_files(&self.config, &capture, &mut registry, &mut symbolizer);
         let (mut profile, mut timeline) =
             capture.into_profile_and_timeline(&mut registry, &mut symbolizer, period_ns);
         let leaks = self.config.alloc.filter(|a| a.leaks && self.sources.alloc);
@@ -328,6 +328,7 @@ impl Recording {
             capture_cpu_ns,
             gpus,
             gpu_kernels,
+            debuginfod: debuginfod_report(&symbolizer, waiting),
         };
         Recorded {
             profile,
@@ -337,6 +338,48 @@ impl Recording {
             gpu_polls,
         }
     }
+}
+
+/// The symbolizer of the recording's end: the debug directories, and debuginfod servers
+/// when given.
+fn symbolizer(config: &super::RecordConfig) -> Symbolizer {
+    let symbolizer = Symbolizer::new().with_debug_dirs(super::debug_dirs(&config.debug_dirs));
+    match &config.debuginfod {
+        Some(cfg) => symbolizer.with_debuginfod(cfg.clone()),
+        None => symbolizer,
+    }
+}
+
+/// With debuginfod servers: a first pass over the stacks finds the binaries whose debug
+/// files are missing and starts their downloads, then waits for them (up to
+/// `debuginfod_wait`), so that the profile is made with their names. The downloads still
+/// under way.
+fn fetch_debug_files(
+    config: &super::RecordConfig,
+    capture: &Capture,
+    registry: &mut crate::os::procs::ProcessRegistry,
+    symbolizer: &mut Symbolizer,
+) -> usize {
+    if symbolizer.debuginfod().is_none() {
+        return 0;
+    }
+    symbolizer.uncounted(|s| capture.request_debug_files(registry, s));
+    symbolizer.wait_for_debug_files(config.debuginfod_wait)
+}
+
+/// What debuginfod servers gave the recording, when it had some.
+fn debuginfod_report(
+    symbolizer: &Symbolizer,
+    pending: usize,
+) -> Option<super::report::DebuginfodReport> {
+    symbolizer
+        .debuginfod()
+        .map(|d| super::report::DebuginfodReport {
+            stats: d.stats(),
+            pending,
+            last_error: d.last_error(),
+            cache: d.cache_dir().to_path_buf(),
+        })
 }
 
 /// What the GPU libraries reported, for the end of the recording.

@@ -48,9 +48,10 @@ pub(crate) struct ElfInfo {
     /// Whether blazesym should look at DWARF in `source`. Off for a stripped object without a
     /// debug file, so blazesym does not go searching (and fail) on its own.
     pub debug_syms: bool,
-    // Read by the tests' `Symbolizer::symbolize_elf`.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub build_id: Option<String>,
+    /// Whether the object has a symbol table of its own (`.symtab`): without one, its static
+    /// functions have no name unless a debug file is found.
+    pub symtab: bool,
     /// What reading `source` costs: read once per binary, not at each opening of the file.
     pub cost: FileCost,
 }
@@ -75,8 +76,10 @@ impl ElfInfo {
         let build_id = build_id
             .map(str::to_string)
             .or_else(|| obj.build_id().ok().flatten().map(hex));
+        let symtab = obj.symbol_table().is_some();
         if obj.has_debug_symbols() {
             return Some(ElfInfo {
+                symtab,
                 loads,
                 source: path.to_path_buf(),
                 debug_syms: true,
@@ -103,12 +106,23 @@ impl ElfInfo {
             None => FileCost::of_object(&obj, size),
         };
         Some(ElfInfo {
+            symtab,
             loads,
             debug_syms: debug.is_some(),
             source: debug.unwrap_or_else(|| path.to_path_buf()),
             build_id,
             cost,
         })
+    }
+
+    /// The same binary named from `debug`, a debug file found elsewhere (fetched by build id).
+    pub fn with_debug_file(self, debug: PathBuf) -> ElfInfo {
+        ElfInfo {
+            cost: FileCost::of(&debug),
+            source: debug,
+            debug_syms: true,
+            ..self
+        }
     }
 
     pub fn vaddr(&self, file_offset: u64) -> Option<u64> {

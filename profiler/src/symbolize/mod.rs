@@ -5,7 +5,9 @@
 //! Results are cached per (build-id, file offset) — falling back to the file's identity when
 //! it has no build-id — so a libc address is symbolized once per run whichever process hit it.
 
+pub mod debuginfod;
 mod elf;
+mod fetched;
 mod jit;
 mod kallsyms;
 mod perfmap;
@@ -186,6 +188,8 @@ pub struct Symbolizer {
     /// At most this much DWARF (inflated) is read from the files open at once; a file
     /// whose DWARF does not fit is read for its symbol table only (None: no limit).
     dwarf_budget: Option<u64>,
+    /// Where debug files missing from the machine are fetched from (None: nowhere).
+    debuginfod: Option<debuginfod::Debuginfod>,
 }
 
 impl Default for Symbolizer {
@@ -224,6 +228,7 @@ impl Symbolizer {
             vdso: None,
             stats: SymbolizerStats::default(),
             dwarf_budget: None,
+            debuginfod: None,
         }
     }
 
@@ -285,6 +290,7 @@ impl Symbolizer {
     /// most recently used first, then the most used; none unused for [`KEEP_OPEN_PERIODS`].
     /// A later miss opens a released file again.
     pub fn release_files(&mut self) {
+        self.ask_again_for_debug_files();
         let period = self.period;
         let mut used: Vec<(u64, u64, u64, PathBuf)> = self
             .open
@@ -517,9 +523,12 @@ impl Symbolizer {
         debug_dirs: Option<&[PathBuf]>,
     ) -> Result<Option<Rc<ElfInfo>>, Deferred> {
         if let Some(info) = self.elves.get(key) {
-            return Ok(info.clone());
+            let info = info.clone();
+            self.want_debug_file(info.as_deref());
+            return Ok(info);
         }
         let dirs = debug_dirs.unwrap_or(&self.debug_dirs).to_vec();
+        let fetched = self.debuginfod.as_ref().map(|d| d.cache_lookup());
         let (path, dir, seen) = (
             path.to_path_buf(),
             dir.map(Path::to_path_buf),
@@ -528,10 +537,17 @@ impl Symbolizer {
         let build_id = build_id.map(str::to_string);
         let info = self
             .off_loop(pid, move || {
-                ElfInfo::load(&path, dir.as_deref(), &seen, build_id.as_deref(), &dirs)
+                let info = ElfInfo::load(&path, dir.as_deref(), &seen, build_id.as_deref(), &dirs)?;
+                // Without a debug file on the machine, one fetched earlier may be cached.
+                let id = info.build_id.as_deref().filter(|_| !info.debug_syms);
+                Some(match id.zip(fetched).and_then(|(id, find)| find(id)) {
+                    Some(file) => info.with_debug_file(file),
+                    None => info,
+                })
             })
             .ok_or(Deferred)?
             .map(Rc::new);
+        self.want_debug_file(info.as_deref());
         self.elves.insert(key.clone(), info.clone());
         Ok(info)
     }

@@ -6,6 +6,7 @@
 
 mod agent;
 mod completions;
+mod debuginfod;
 mod diff;
 #[cfg(test)]
 mod doc_examples;

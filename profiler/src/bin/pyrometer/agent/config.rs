@@ -138,6 +138,8 @@ pub struct AgentArgs {
     /// Kernel BTF to load against (default /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE", hide = true)]
     pub(super) btf_path: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) debuginfod: crate::debuginfod::DebuginfodArgs,
     /// Make the kernel refuse these stages (dwarf, off_cpu, gil, alloc): tests of the
     /// degraded paths.
     #[arg(long, hide = true, value_delimiter = ',')]
@@ -179,6 +181,9 @@ struct FileConfig {
     alloc_pid: Option<Vec<u32>>,
     alloc_comm: Option<String>,
     alloc_sample_bytes: Option<String>,
+    debuginfod: Option<Vec<String>>,
+    debuginfod_cache: Option<PathBuf>,
+    debuginfod_cache_mb: Option<u64>,
 }
 
 /// The default of `--dwarf-mb`: symbol tables only. Reading DWARF was the always-on agent's
@@ -200,8 +205,28 @@ pub(super) fn input(msg: impl Into<String>) -> anyhow::Error {
     exit_error(EXIT_INPUT, msg)
 }
 
+/// The debuginfod servers and cache of the flags, else the file's. Only servers given there:
+/// never DEBUGINFOD_URLS, which a root daemon's environment may carry from wherever it was
+/// started.
+fn debuginfod(
+    args: &crate::debuginfod::DebuginfodArgs,
+    file: &mut FileConfig,
+) -> anyhow::Result<Option<pyrometer::command::debuginfod::DebuginfodConfig>> {
+    let urls = if args.urls.is_empty() {
+        file.debuginfod.take().unwrap_or_default()
+    } else {
+        args.urls.clone()
+    };
+    args.resolve(
+        "debuginfod",
+        &urls,
+        file.debuginfod_cache.take(),
+        file.debuginfod_cache_mb,
+    )
+}
+
 pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
-    let file: FileConfig = match &args.config {
+    let mut file: FileConfig = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| input(format!("cannot read {}: {e}", path.display())))?;
@@ -210,6 +235,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         }
         None => FileConfig::default(),
     };
+    let debuginfod = debuginfod(&args.debuginfod, &mut file)?;
     let pids = if args.pids.is_empty() {
         file.pid.unwrap_or_default()
     } else {
@@ -292,6 +318,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         sample_bytes,
     });
     Ok(Config {
+        debuginfod,
         btf_path: args.btf_path.clone(),
         debug_reject: crate::debug_reject_bits(&args.debug_reject)?,
         alloc,
@@ -536,5 +563,22 @@ mod tests {
         assert_eq!(mib("", &[]), DEFAULT_DWARF_MB);
         assert_eq!(mib("dwarf-mb = 64", &[]), 64);
         assert_eq!(mib("dwarf-mb = 64", &["--dwarf-mb", "0"]), 0, "flags win");
+    }
+
+    /// Servers come from the flags or the file only, never from DEBUGINFOD_URLS (which the
+    /// test's environment may carry; the agent must not care).
+    #[test]
+    fn debuginfod_servers_from_file_and_flags_only() {
+        let d = |c: &str, f: &[&str]| resolve_with(c, f).unwrap().debuginfod;
+        assert!(d("", &[]).is_none());
+        let file =
+            "debuginfod = [\"http://a:8002\"]\ndebuginfod-cache = \"/c\"\ndebuginfod-cache-mb = 5";
+        let cfg = d(file, &[]).unwrap();
+        assert_eq!(cfg.urls, ["http://a:8002"]);
+        assert_eq!(cfg.cache_dir, PathBuf::from("/c"));
+        assert_eq!(cfg.cache_max_bytes, 5 << 20);
+        let cfg = d(file, &["--debuginfod", "https://b http://c:1"]).unwrap();
+        assert_eq!(cfg.urls, ["https://b", "http://c:1"], "flags win");
+        assert!(resolve_with("debuginfod = [\"ftp://x\"]", &[]).is_err());
     }
 }

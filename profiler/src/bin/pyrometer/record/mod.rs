@@ -68,6 +68,16 @@ pub struct RecordArgs {
     /// Extra directory of separate debug files (build-id layout or debuglink names); repeatable.
     #[arg(long = "debug-dir", value_name = "DIR")]
     debug_dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    debuginfod: crate::debuginfod::DebuginfodArgs,
+    /// Use no debuginfod server, not even those of the DEBUGINFOD_URLS environment variable
+    /// (which record uses when --debuginfod is not given, as perf and gdb do).
+    #[arg(long, conflicts_with = "urls")]
+    no_debuginfod: bool,
+    /// How long the end of the recording waits for debug files still being fetched; frames
+    /// of binaries whose file comes later stay unnamed (the next recording finds it cached).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    debuginfod_wait: Duration,
     /// Write capture statistics (samples, drops, BPF and agent cost) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
@@ -317,6 +327,25 @@ fn check_request(args: &RecordArgs, targets: &Targets) -> anyhow::Result<Output>
     Ok(out)
 }
 
+/// The servers of --debuginfod, else of DEBUGINFOD_URLS unless --no-debuginfod.
+fn debuginfod_config(
+    args: &RecordArgs,
+) -> anyhow::Result<Option<pyrometer::command::debuginfod::DebuginfodConfig>> {
+    let d = &args.debuginfod;
+    let env = std::env::var("DEBUGINFOD_URLS").ok();
+    let urls = match (&env, d.urls.is_empty(), args.no_debuginfod) {
+        (_, _, true) => Vec::new(),
+        (Some(list), true, false) => vec![list.clone()],
+        _ => d.urls.clone(),
+    };
+    let from = if d.urls.is_empty() {
+        "DEBUGINFOD_URLS"
+    } else {
+        "--debuginfod"
+    };
+    d.resolve(from, &urls, None, None)
+}
+
 /// The library's settings from the flags.
 fn config(args: &RecordArgs, targets: Targets) -> anyhow::Result<RecordConfig> {
     let alloc = args.alloc || args.leaks;
@@ -329,6 +358,8 @@ fn config(args: &RecordArgs, targets: Targets) -> anyhow::Result<RecordConfig> {
         dwarf: args.unwind == "dwarf",
         unwind_rows: args.unwind_rows,
         debug_dirs: args.debug_dirs.clone(),
+        debuginfod: debuginfod_config(args)?,
+        debuginfod_wait: args.debuginfod_wait,
         gpu: args
             .gpu
             .then(|| (args.nvml.interval(), args.nvml.library())),

@@ -42,6 +42,26 @@ impl Print for RunReport {
             self.unsymbolized,
             self.output.display()
         );
+        if let Some(d) = &self.debuginfod {
+            let s = &d.stats;
+            eprintln!(
+                "pyrometer: debuginfod: {} debug files fetched ({} bytes), {} from the cache, {} not found, {} failed downloads{} (cache {})",
+                s.stored,
+                s.bytes,
+                s.hits,
+                s.not_found,
+                s.failures,
+                if d.pending > 0 {
+                    format!(", {} still on their way (named next time)", d.pending)
+                } else {
+                    String::new()
+                },
+                d.cache.display()
+            );
+            if let Some(e) = &d.last_error {
+                eprintln!("pyrometer: debuginfod: last failure: {e}");
+            }
+        }
         let c = &self.counters;
         if let Some((events, ns, min)) = self.off_cpu {
             eprintln!(
