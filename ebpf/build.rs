@@ -120,6 +120,8 @@ const U64_CONSTANTS: &[&str] = &[
     "PY_FIRSTLINE_MASK",
     "PY_ENTRY_BIT",
     "PY_SHIM_MARK",
+    "PY_TASK_MARK",
+    "PY_TASK_MARK_MASK",
 ];
 
 fn camel(snake: &str) -> String {

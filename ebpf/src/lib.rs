@@ -107,16 +107,34 @@ pub struct RawPyFrame {
     pub first_line: u32,
     /// The outermost frame of one `_PyEval_EvalFrameDefault` call.
     pub entry: bool,
+    /// An asyncio task (`record --async`): the address of its name object, with `code` its
+    /// coroutine's code object (0 when unknown) and no position.
+    pub task_name: Option<u64>,
 }
 
 impl RawPyFrame {
     pub fn from_slots(code: u64, packed: u64) -> Self {
+        if packed & PY_TASK_MARK_MASK == PY_TASK_MARK {
+            return Self {
+                code: packed & !PY_TASK_MARK_MASK,
+                addr: PY_ADDR_UNKNOWN,
+                first_line: 0,
+                entry: false,
+                task_name: Some(code),
+            };
+        }
         Self {
             code,
             addr: (packed & PY_ADDR_MASK) as u32,
             first_line: ((packed >> PY_FIRSTLINE_SHIFT) & PY_FIRSTLINE_MASK) as u32,
             entry: packed & PY_ENTRY_BIT != 0,
+            task_name: None,
         }
+    }
+
+    /// Whether this is an asyncio task, not a frame.
+    pub fn is_task(&self) -> bool {
+        self.task_name.is_some()
     }
 }
 
@@ -277,6 +295,18 @@ impl<'a> RawSample<'a> {
                 continue;
             }
             out.push(RawPyFrame::from_slots(code, packed));
+        }
+        // Tasks follow their coroutine's frame, which 3.11 marks as the outermost of its eval
+        // call itself (3.12+ mark it with a shim after the tasks): the mark goes to the last
+        // task, so the tasks stay with the coroutine frames they ran.
+        for i in 0..out.len() {
+            if out[i].entry && !out[i].is_task() {
+                let run = out[i + 1..].iter().take_while(|f| f.is_task()).count();
+                if run > 0 {
+                    out[i].entry = false;
+                    out[i + run].entry = true;
+                }
+            }
         }
         out
     }
@@ -480,19 +510,54 @@ mod tests {
                     code: 0xc0de,
                     addr: 12,
                     first_line: 7,
-                    entry: true
+                    entry: true,
+                    task_name: None,
                 },
                 RawPyFrame {
                     code: 0xc0df,
                     addr: PY_ADDR_UNKNOWN,
                     first_line: 0,
-                    entry: true
+                    entry: true,
+                    task_name: None,
                 }
             ]
         );
         assert_eq!(
             RawSample::parse(&bytes[..bytes.len() - 8]).unwrap_err(),
             BadRecord("Python frame count exceeds record")
+        );
+    }
+
+    #[test]
+    fn asyncio_tasks_stay_with_the_coroutine_frames_they_ran() {
+        let mut rec = OffCpuRecord {
+            hdr: SampleHeader {
+                py_frames: 4,
+                ..SampleHeader::default()
+            },
+            user: [0; MAX_SLOTS],
+        };
+        // 3.11: the coroutine's frame is marked the outermost of its eval call itself.
+        rec.user[0] = 0xc0de;
+        rec.user[1] = 3 | PY_ENTRY_BIT;
+        // Its task, then the task awaiting it.
+        rec.user[2] = 0x7a5c;
+        rec.user[3] = 0xc0de | PY_TASK_MARK;
+        rec.user[4] = 0x7a5d;
+        rec.user[5] = 0xc0e0 | PY_TASK_MARK;
+        rec.user[6] = 0xc0df;
+        rec.user[7] = 9 | PY_ENTRY_BIT;
+        let bytes = rec.to_record(0);
+        let py = RawSample::parse(&bytes).unwrap().python_frames();
+        let summary: Vec<_> = py.iter().map(|f| (f.code, f.task_name, f.entry)).collect();
+        assert_eq!(
+            summary,
+            [
+                (0xc0de, None, false),
+                (0xc0de, Some(0x7a5c), false),
+                (0xc0e0, Some(0x7a5d), true),
+                (0xc0df, None, true),
+            ]
         );
     }
 

@@ -24,6 +24,9 @@ pub enum FrameKind {
     /// Stands for the user stack of a process over its budget (the memory the profiler may
     /// spend on one process's symbols and maps): `[budget]`, no module or address.
     Budget,
+    /// An asyncio task (`--async`), above the frames of the coroutines it ran: its name, no
+    /// module, file or address.
+    Task,
 }
 
 /// One function-level frame. An address that inlining expanded into several functions yields

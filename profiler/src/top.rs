@@ -32,6 +32,8 @@ pub struct TopConfig {
     pub dwarf: bool,
     /// Directories of separate debug files, searched before the system's.
     pub debug_dirs: Vec<PathBuf>,
+    /// asyncio task stacks (`--async`).
+    pub asyncio: bool,
 }
 
 /// Sampling for the live view.
@@ -61,6 +63,7 @@ impl Top {
             gpu_kernels: None,
             gil: false,
             gc: false,
+            asyncio: config.asyncio,
             alloc: None,
             dwarf: config.dwarf,
             debug_reject: 0,

@@ -15,6 +15,9 @@ pub const PYTHON_MAPPING: &str = "[python]";
 /// The mapping of kernel frames (perf also writes `[kernel.kallsyms]_text`).
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
+/// Prefix of an asyncio task's name where stacks are text: `[task] worker`.
+pub const TASK_PREFIX: &str = "[task] ";
+
 /// Suffix FlameGraph and inferno use to mark kernel frames (inferno's palettes colour it).
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
@@ -52,6 +55,7 @@ pub fn frame_name<'a>(
                 Cow::Owned(name.into_owned() + KERNEL_SUFFIX)
             }
         }
+        FrameKind::AsyncioTask => Cow::Owned(format!("{TASK_PREFIX}{}", clean(function))),
         _ => clean(function),
     }
 }

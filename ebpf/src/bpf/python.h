@@ -21,7 +21,7 @@
 #include "common.h"
 #include "userwin.h"
 
-// Registered Python processes (tgid -> struct py_process, 184 bytes). 4096 is the same bound
+// Registered Python processes (tgid -> struct py_process, 336 bytes). 4096 is the same bound
 // as the unwinder's per-process table.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -288,6 +288,11 @@ struct py_walk {
 	__u32 last_firstline;
 	__u32 tgid;
 	__u64 now; // when the walk started, for py_code_lines
+	// --async (pyasync.h): the frames of the running tasks' coroutines (0: none), the one the
+	// walk stopped after, and the future a task chain's walk is at.
+	__u64 task_frames[PY_TASK_CANDIDATES];
+	__u64 task_hit;
+	__u64 fut;
 };
 
 // The first line of the code object at `code`, run by a frame with `globals`: from
@@ -437,7 +442,14 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	slots[i1 & (MAX_SLOTS - 1)] = (addr & PY_ADDR_MASK) |
 		(((__u64)firstline & PY_FIRSTLINE_MASK) << PY_FIRSTLINE_SHIFT) | entry;
 	w->used = index + 1;
+	__u64 here = w->frame;
 	w->frame = previous;
+	// A running task's coroutine: its tasks go right after it (pyasync.h).
+	if (w->task_frames[0] && (here == w->task_frames[0] || here == w->task_frames[1] ||
+				  here == w->task_frames[2] || here == w->task_frames[3])) {
+		w->task_hit = here;
+		return 1;
+	}
 	return 0;
 }
 
@@ -464,6 +476,19 @@ __attribute__((noinline)) int py_frames(struct py_walk *w)
 static long py_walk_step(__u32 index, struct py_walk *w)
 {
 	return py_frames(w) != 0;
+}
+
+// --async: set at load time, so without it the verifier prunes the task walk.
+const volatile __u32 py_async_walk = 0;
+
+// The asyncio task walk (pyasync.h, which defines them: it needs this header's maps and
+// helpers). Global functions, verified on their own.
+__u64 py_task_scan(struct py_walk *w, __u64 want);
+int py_task(struct py_walk *w);
+
+static long py_task_step(__u32 index, struct py_walk *w)
+{
+	return py_task(w) != 0;
 }
 
 // What `py_walk` needs and gives back (on the caller's stack).
@@ -532,7 +557,19 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.tgid = tgid,
 		.now = start,
 	};
+	if (py_async_walk) {
+		REJECT_IF(REJECT_ASYNC);
+		if (p->aio.current_tasks)
+			py_task_scan(&w, 0);
+	}
 	bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
+	if (w.task_hit) {
+		w.fut = py_task_scan(&w, w.task_hit);
+		w.task_frames[0] = 0;
+		if (w.fut)
+			bpf_loop(PY_MAX_TASKS, py_task_step, &w, 0);
+		bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
+	}
 	a->used = w.used;
 	if (w.flags & PY_WALK_READ_ERROR) {
 		a->flags |= SAMPLE_PY_READ_ERROR;

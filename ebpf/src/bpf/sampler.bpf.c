@@ -16,6 +16,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "userwin.h"
 #include "unwind.h"
 #include "python.h"
+#include "pyasync.h"
 #include "spans.h"
 #include "stacks.h"
 

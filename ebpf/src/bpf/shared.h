@@ -32,6 +32,7 @@
 #define REJECT_SAMPLER 16 // the CPU sampler itself, frame pointers too
 #define REJECT_GPU 32
 #define REJECT_GC 64
+#define REJECT_ASYNC 128 // the asyncio task walk (--async)
 
 #define TARGET_SELECTED 1
 #define TARGET_FOLLOW_CHILDREN 2
@@ -302,6 +303,62 @@ struct py_offsets {
 	__u32 frame_globals;
 };
 
+// asyncio task stacks (record --async, pyasync.h). A task is a slot pair among the Python
+// frames, placed after (rootward of) its coroutine's outermost frame, the tasks awaiting it
+// after it, root last: the task's name object, then the code object of its coroutine with
+// PY_TASK_MARK in the top 16 bits (user addresses have them clear).
+#define PY_TASK_MARK 0xa51c000000000000ULL
+#define PY_TASK_MARK_MASK 0xffff000000000000ULL
+// Futures (tasks, and the futures between them such as gather's) followed per sample.
+#define PY_MAX_TASKS 16
+// Running tasks (one per running event loop) looked for in `_asyncio._current_tasks`.
+#define PY_TASK_CANDIDATES 4
+// Entries of `_current_tasks`' table scanned, deleted ones included.
+#define PY_TASK_ENTRIES 16
+
+// Where a TaskGroup keeps its attribute values (its `_parent_task`).
+#define PY_VALUES_NONE 0    // not known: TaskGroup children end their chain
+#define PY_VALUES_POINTER 1 // 3.11: a pointer `values_at` bytes before the object (0: a dict)
+#define PY_VALUES_TAGGED 2  // 3.12: a word `values_at` bytes before it, values - 1 when bit 0
+#define PY_VALUES_INLINE 3  // 3.13: `values_at` bytes after it, while the `valid` byte is set
+
+// What the kernel needs to follow a thread's asyncio tasks, all 0 while --async is off or
+// `_asyncio` is not imported yet. Layouts of 3.11-3.13 from a per-version table
+// (profiler/src/python/asyncio.rs), the objects' addresses from the process.
+struct py_async {
+	__u64 current_tasks; // the `_current_tasks` dict ({loop: task}); 0: off
+	__u64 task_type;     // _asyncio.Task
+	__u64 future_type;   // _asyncio.Future (gather's _GatheringFuture derives from it)
+	__u64 cfunction_type;
+	__u64 method_type;
+	__u64 function_type;
+	__u64 taskgroup_type; // asyncio.TaskGroup, 0 until known
+	__u32 dict_keys;
+	__u32 keys_log2_index_bytes;
+	__u32 keys_nentries;
+	__u32 keys_indices;
+	__u32 entry_size;
+	__u32 entry_value;
+	__u32 fut_callback0;
+	__u32 fut_callbacks;
+	__u32 task_coro;
+	__u32 task_name;
+	__u32 gen_iframe;
+	__u32 cfunction_self;
+	__u32 method_self;
+	__u32 function_closure;
+	__u32 cell_ref;
+	__u32 type_base;
+	__u32 tuple_items;
+	__u32 list_items;
+	__u32 var_size;
+	__u32 tg_values_mode; // PY_VALUES_*
+	__u32 tg_values_at;
+	__u32 tg_valid_at;  // PY_VALUES_INLINE: the `valid` byte, from the values
+	__u32 tg_parent_at; // `_parent_task`'s slot, from the values
+	__u32 reserved;
+};
+
 // Bytes of a frame the walker reads at once; every frame field used lies below this.
 #define PY_FRAME_READ_MAX 128
 
@@ -320,6 +377,7 @@ struct py_process {
 	// and how often it looked in vain (saturating).
 	__u16 span_probed_at;
 	__u16 span_probes;
+	struct py_async aio;
 };
 
 // What a span table slot says of its thread's innermost active span (40 bytes).

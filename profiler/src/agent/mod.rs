@@ -86,6 +86,8 @@ pub struct AgentConfig {
     pub off_cpu_min_ns: Option<u64>,
     /// CPython's garbage-collector pauses (`--gc`): the `gc` type and `/metrics` histograms.
     pub gc: bool,
+    /// asyncio task stacks (`--async`): task frames and the `asyncio_task` label.
+    pub asyncio: bool,
     /// GPU polling: the interval and the NVML library, or None when off.
     pub gpu: Option<(Duration, OsString)>,
     /// Allocation sampling, when some process is chosen for it.

@@ -505,6 +505,7 @@ fn sampler_config(cfg: &AgentConfig, selective: bool) -> SamplerConfig {
         off_cpu_min_ns: cfg.off_cpu_min_ns,
         gil: false,
         gc: cfg.gc,
+        asyncio: cfg.asyncio,
         // Always: processes that preload the sampler library are sampled without flags
         // (their probes fire only when they sample); --alloc-pid/--alloc-comm add uprobes.
         alloc: Some(AllocConfig {

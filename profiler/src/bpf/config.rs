@@ -44,6 +44,9 @@ pub struct SamplerConfig {
     /// CPython's garbage-collector pauses: loads the gc probe programs, attached per
     /// interpreter binary.
     pub gc: bool,
+    /// asyncio task stacks: the Python walk also reads each thread's running task and the
+    /// tasks awaiting it. A kernel that refuses it turns it off (see [`Sampler::refusals`]).
+    pub asyncio: bool,
     /// Allocation sampling: loads the allocator probe programs, attached per process.
     pub alloc: Option<AllocConfig>,
     /// GPU kernels by launching stack: loads the probes of libpyrometer_cupti.so, attached per
@@ -106,6 +109,7 @@ impl Default for SamplerConfig {
             off_cpu_min_ns: None,
             gil: false,
             gc: false,
+            asyncio: false,
             alloc: None,
             gpu_kernels: None,
             dwarf: true,

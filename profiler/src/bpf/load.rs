@@ -34,16 +34,19 @@ pub enum Feature {
     GpuKernels,
     /// CPython's garbage-collector pauses.
     Gc,
+    /// asyncio task stacks (`--async`): the task walk after the Python frames.
+    Async,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 6] = [
+    pub const ALL: [Feature; 7] = [
         Feature::DwarfUnwinding,
         Feature::OffCpu,
         Feature::Gil,
         Feature::Alloc,
         Feature::GpuKernels,
         Feature::Gc,
+        Feature::Async,
     ];
 
     /// The label value on `/metrics` and in `--stats`.
@@ -55,6 +58,7 @@ impl Feature {
             Feature::Alloc => "alloc",
             Feature::GpuKernels => "gpu_kernels",
             Feature::Gc => "gc",
+            Feature::Async => "async",
         }
     }
 
@@ -67,6 +71,7 @@ impl Feature {
             Feature::Alloc => "allocation profiling off",
             Feature::GpuKernels => "GPU kernels by stack off",
             Feature::Gc => "GC pauses off",
+            Feature::Async => "asyncio task stacks off",
         }
     }
 
@@ -79,6 +84,7 @@ impl Feature {
             Feature::Alloc => shared::REJECT_ALLOC,
             Feature::GpuKernels => shared::REJECT_GPU,
             Feature::Gc => shared::REJECT_GC,
+            Feature::Async => shared::REJECT_ASYNC,
         }
     }
 
@@ -91,6 +97,7 @@ impl Feature {
             "alloc" => Some(Feature::Alloc),
             "gpu" | "gpu_kernels" | "gpu-kernels" => Some(Feature::GpuKernels),
             "gc" => Some(Feature::Gc),
+            "async" | "asyncio" => Some(Feature::Async),
             _ => None,
         }
     }
@@ -297,12 +304,19 @@ pub fn feature_programs(feature: Feature) -> Vec<(&'static str, Kind)> {
             .iter()
             .map(|&p| (p, Kind::Uprobe))
             .collect(),
+        // The task walk is the sampler's (and the off-CPU program's) Python walk.
+        Feature::Async => vec![(SAMPLER, Kind::PerfEvent)],
     }
 }
 
 /// Makes the object with its maps for `config`, nothing loaded yet. `dwarf` says whether the
 /// programs carry the DWARF walk.
-pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfError> {
+pub fn open(
+    config: &SamplerConfig,
+    btf: &Btf,
+    dwarf: bool,
+    asyncio: bool,
+) -> Result<Ebpf, BpfError> {
     let filter_mode = match config.filter {
         super::Filter::All => shared::FILTER_ALL,
         super::Filter::Targets => shared::FILTER_TARGETS,
@@ -332,6 +346,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
     // Without --gil the GIL maps stay in the object, one entry each.
     let gil_entries = |n: u32| if config.gil { n } else { 1 };
     let unwind_dwarf = u32::from(dwarf);
+    let py_async_walk = u32::from(asyncio);
     let gpu_all = u32::from(config.gpu_kernels.is_some_and(|g| g.all));
     // A quarter of the ring buffer waiting wakes the agent; below that it polls.
     let wakeup_bytes = u64::from(config.ring_buffer_bytes / 4);
@@ -341,6 +356,7 @@ pub fn open(config: &SamplerConfig, btf: &Btf, dwarf: bool) -> Result<Ebpf, BpfE
         .override_global("self_tgid", &self_tgid, true)
         .override_global("debug_reject", &config.debug_reject, true)
         .override_global("unwind_dwarf", &unwind_dwarf, true)
+        .override_global("py_async_walk", &py_async_walk, true)
         .override_global("ringbuf_wakeup_bytes", &wakeup_bytes, true)
         .override_global("offcpu_min_ns", &offcpu_min_ns, true)
         .override_global("uretprobes_used", &uretprobes_used, true)

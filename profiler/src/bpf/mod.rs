@@ -109,16 +109,22 @@ impl Sampler {
 
         let mut refusals = Vec::new();
         let mut dwarf = config.dwarf;
+        let mut asyncio = config.asyncio;
         // The sampler first: when the kernel refuses the DWARF walk, the object is made again
-        // without it (a load-time constant the verifier prunes by), frame pointers instead.
+        // without it (a load-time constant the verifier prunes by), frame pointers instead;
+        // the asyncio task walk likewise, before the DWARF walk is given up.
         let mut ebpf = loop {
-            let mut ebpf = load::open(config, &btf, dwarf)?;
+            let mut ebpf = load::open(config, &btf, dwarf, asyncio)?;
             for (name, tracepoint) in load::LIFECYCLE {
                 load::load_program(&mut ebpf, &btf, name, load::Kind::Tracepoint(tracepoint))
                     .map_err(|f| BpfError::Refused(f.refusal(Feature::DwarfUnwinding)))?;
             }
             match load::load_program(&mut ebpf, &btf, load::SAMPLER, load::Kind::PerfEvent) {
                 Ok(_) => break ebpf,
+                Err(failure) if asyncio => {
+                    refusals.push(failure.refusal(Feature::Async));
+                    asyncio = false;
+                }
                 Err(failure) if dwarf => {
                     refusals.push(failure.refusal(Feature::DwarfUnwinding));
                     dwarf = false;

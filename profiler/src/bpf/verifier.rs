@@ -74,6 +74,14 @@ pub fn configurations(btf_path: &Path) -> Vec<Configuration> {
             },
         },
         Configuration {
+            name: "--pid --async --off-cpu",
+            config: SamplerConfig {
+                asyncio: true,
+                off_cpu_min_ns: off_cpu,
+                ..base.clone()
+            },
+        },
+        Configuration {
             name: "--pid --alloc",
             config: SamplerConfig {
                 alloc: Some(alloc(false)),
@@ -150,7 +158,7 @@ pub fn verify_all(btf_path: &Path) -> Result<Vec<Row>, BpfError> {
 fn verify_configurations(btf_path: &Path, btf: &Btf) -> Result<Vec<Row>, BpfError> {
     let mut rows = Vec::new();
     for c in configurations(btf_path) {
-        let mut ebpf = load::open(&c.config, btf, c.config.dwarf)?;
+        let mut ebpf = load::open(&c.config, btf, c.config.dwarf, c.config.asyncio)?;
         let mut programs: Vec<(&'static str, Kind)> = load::LIFECYCLE
             .iter()
             .map(|&(p, tp)| (p, Kind::Tracepoint(tp)))

@@ -193,6 +193,7 @@ impl Capture {
             Vec::new()
         };
         python.refresh_spans(h.pid);
+        python.refresh_async(h.pid);
         python.check_free_threaded_gil(h.pid);
         let span = sample.span().map(|s| self.spans.intern(s));
         RawStack {

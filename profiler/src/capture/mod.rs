@@ -394,6 +394,7 @@ mod tests {
             function: Arc::from(f),
             file: Some(Arc::from("train.py")),
             line: Some(3),
+            task: false,
         };
         let mut a = Capture {
             gpu: Some(GpuCapture::new(0)),

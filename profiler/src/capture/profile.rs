@@ -258,6 +258,9 @@ fn span_labels(labels: Labels, span: &RawSpan) -> Labels {
 
 /// A Python frame as a profile frame: no module or address, its file and line.
 fn python_frame(name: &PyFrameName) -> Frame {
+    if name.task {
+        return Frame::named(&*name.function, FrameKind::Task);
+    }
     Frame {
         file: name.file.as_deref().map(str::to_string),
         line: name.line,

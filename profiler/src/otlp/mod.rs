@@ -159,7 +159,8 @@ impl Dictionary {
 fn frame_type(kind: FrameKind) -> &'static str {
     match kind {
         FrameKind::Kernel => "kernel",
-        FrameKind::Python => "cpython",
+        // A task is where its coroutines' CPython frames ran.
+        FrameKind::Python | FrameKind::Task => "cpython",
         FrameKind::Jit => "jit",
         FrameKind::Native | FrameKind::Unknown => "native",
         // OpenTelemetry's frame types name no GPU or budget kind.

@@ -23,6 +23,7 @@ pub fn frame_name(frame: &Frame) -> String {
     let kind = match frame.kind {
         FrameKind::Python => pyrometer_proto::FrameKind::Python,
         FrameKind::Kernel => pyrometer_proto::FrameKind::Kernel,
+        FrameKind::Task => pyrometer_proto::FrameKind::AsyncioTask,
         _ => pyrometer_proto::FrameKind::Native,
     };
     pyrometer_proto::naming::frame_name(kind, &frame.function, frame.file.as_deref(), frame.line)

@@ -76,7 +76,8 @@ impl Writer {
     fn mapping(&mut self, frame: &Frame) -> u64 {
         let file = match (frame.kind, &frame.module) {
             (FrameKind::Kernel, _) => KERNEL_MAPPING,
-            (FrameKind::Python, _) => PYTHON_MAPPING,
+            // Tasks belong with the Python frames they ran.
+            (FrameKind::Python | FrameKind::Task, _) => PYTHON_MAPPING,
             (FrameKind::Gpu, _) => GPU_MAPPING,
             (_, Some(module)) => module.as_str(),
             (_, None) => return 0,
@@ -191,6 +192,7 @@ fn wire_kind(f: &Frame) -> pb::FrameKind {
         FrameKind::Jit => pb::FrameKind::Jit,
         FrameKind::Gpu => pb::FrameKind::Gpu,
         FrameKind::Budget => pb::FrameKind::Budget,
+        FrameKind::Task => pb::FrameKind::AsyncioTask,
         FrameKind::Native if f.inlined => pb::FrameKind::Inlined,
         FrameKind::Native => pb::FrameKind::Native,
         FrameKind::Unknown => pb::FrameKind::Unspecified,
@@ -205,6 +207,7 @@ fn line_kind(kind: i32) -> Option<FrameKind> {
         pb::FrameKind::Jit => Some(FrameKind::Jit),
         pb::FrameKind::Gpu => Some(FrameKind::Gpu),
         pb::FrameKind::Budget => Some(FrameKind::Budget),
+        pb::FrameKind::AsyncioTask => Some(FrameKind::Task),
         pb::FrameKind::Native | pb::FrameKind::Inlined => Some(FrameKind::Native),
         _ => None,
     }
@@ -522,7 +525,10 @@ pub fn from_pprof(p: &pb::Profile) -> Result<Profile, PprofError> {
                 line: u32::try_from(line.line).ok().filter(|&l| l > 0),
                 kind,
                 inlined: n + 1 < loc.line.len(),
-                module: base.module.clone().filter(|_| kind != FrameKind::Python),
+                module: base
+                    .module
+                    .clone()
+                    .filter(|_| !matches!(kind, FrameKind::Python | FrameKind::Task)),
                 ..base.clone()
             };
             ids.push(out.intern_frame(frame));

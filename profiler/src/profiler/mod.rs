@@ -57,6 +57,9 @@ impl Profiler {
         if config.gc && !sampler.refused(Feature::Gc) {
             python.enable_gc(debug_dirs.to_vec());
         }
+        if config.asyncio && !sampler.refused(Feature::Async) {
+            python.enable_async();
+        }
         let alloc_probes = match config.alloc {
             Some(alloc) if !sampler.refused(Feature::Alloc) => {
                 let probes = AllocProbes::new(debug_dirs.to_vec());

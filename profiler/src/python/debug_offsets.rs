@@ -730,6 +730,9 @@ mod tests {
             long_type: 5,
             module_type: 6,
             type_type: 7,
+            cfunction_type: 0,
+            method_type: 0,
+            function_type: 0,
         };
         assert_eq!(d.offsets.gil_size, FREE_THREADED_GIL_STATE_SIZE);
         // Names are read through the larger header: an empty image is a read error.

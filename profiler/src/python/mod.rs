@@ -2,6 +2,7 @@
 //! memory walker that reads a live interpreter's threads and frames without stopping it.
 //! `pyrometer dump` is built on [`dump`]; the BPF frame walker will reuse [`offsets`].
 
+pub mod asyncio;
 pub mod debug_offsets;
 pub mod free_threaded;
 pub mod gc;

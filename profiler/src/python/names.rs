@@ -343,6 +343,17 @@ pub fn thread_names_at<M: Memory>(
     layout: &Described,
     active: &mut Option<u64>,
 ) -> Result<HashMap<u64, String>, PythonError> {
+    with_reader(mem, rt, layout, |reader| reader.names(active))
+}
+
+/// Runs `f` with a reader of `mem`'s dicts, modules and instance attributes, for the
+/// interpreter `rt` described by `layout` (also [`super::asyncio`]'s way to its objects).
+pub(super) fn with_reader<M: Memory, R>(
+    mem: &M,
+    rt: &PythonRuntime,
+    layout: &Described,
+    f: impl FnOnce(&Reader<'_, M>) -> Result<R, PythonError>,
+) -> Result<R, PythonError> {
     let (major, minor) = (rt.version.major, rt.version.minor);
     let base = &layout.offsets;
     let described;
@@ -361,7 +372,7 @@ pub fn thread_names_at<M: Memory>(
             reason: String::new(),
         });
     };
-    Reader {
+    f(&Reader {
         mem,
         o,
         base,
@@ -369,13 +380,12 @@ pub fn thread_names_at<M: Memory>(
         walker: Walker::new(mem, layout, rt),
         kind_shift: layout.unicode_kind_shift,
         work: Cell::new(0),
-    }
-    .names(active)
+    })
 }
 
 /// A dict's key table as validated, and where its values are.
-struct Table {
-    entries: u64,
+pub(super) struct Table {
+    pub(super) entries: u64,
     /// Entries to scan, at most `MAX_DICT_ENTRIES`.
     count: usize,
     unicode: bool,
@@ -383,9 +393,9 @@ struct Table {
     values: Option<u64>,
 }
 
-struct Reader<'a, M: Memory> {
+pub(super) struct Reader<'a, M: Memory> {
     mem: &'a M,
-    o: &'a NameOffsets,
+    pub(super) o: &'a NameOffsets,
     base: &'a PyOffsets,
     rt: &'a PythonRuntime,
     walker: Walker<'a, M>,
@@ -409,7 +419,7 @@ fn bit(flags: u64, bit: u32) -> bool {
 }
 
 impl<M: Memory> Reader<'_, M> {
-    fn field(&self, base: u64, offset: u32) -> Result<u64, PythonError> {
+    pub(super) fn field(&self, base: u64, offset: u32) -> Result<u64, PythonError> {
         self.mem.read_u64(at(base, offset))
     }
 
@@ -422,14 +432,14 @@ impl<M: Memory> Reader<'_, M> {
         Ok(())
     }
 
-    fn type_of(&self, obj: u64) -> Result<u64, PythonError> {
+    pub(super) fn type_of(&self, obj: u64) -> Result<u64, PythonError> {
         if obj == 0 {
             return Err(PythonError::BadAddress(obj));
         }
         self.field(obj, self.base.object_type)
     }
 
-    fn expect_type(&self, obj: u64, ty: u64) -> Result<(), PythonError> {
+    pub(super) fn expect_type(&self, obj: u64, ty: u64) -> Result<(), PythonError> {
         if self.type_of(obj)? == ty {
             Ok(())
         } else {
@@ -482,7 +492,7 @@ impl<M: Memory> Reader<'_, M> {
     }
 
     /// A `dict` object's table.
-    fn dict(&self, obj: u64) -> Result<Table, PythonError> {
+    pub(super) fn dict(&self, obj: u64) -> Result<Table, PythonError> {
         let o = self.o;
         self.expect_type(obj, self.rt.dict_type)?;
         let used = self.field(obj, o.dict_used)? as i64;
@@ -498,7 +508,7 @@ impl<M: Memory> Reader<'_, M> {
     }
 
     /// A `PyDictKeysObject`, with the values array of a split table.
-    fn keys(&self, keys: u64, values: Option<u64>) -> Result<Table, PythonError> {
+    pub(super) fn keys(&self, keys: u64, values: Option<u64>) -> Result<Table, PythonError> {
         let o = self.o;
         if keys == 0 {
             return Err(PythonError::BadAddress(keys));
@@ -572,7 +582,7 @@ impl<M: Memory> Reader<'_, M> {
     }
 
     /// The (key, value) pairs of a table in entry order, skipping deleted and empty slots.
-    fn items(&self, t: &Table) -> Result<Vec<(u64, u64)>, PythonError> {
+    pub(super) fn items(&self, t: &Table) -> Result<Vec<(u64, u64)>, PythonError> {
         let o = self.o;
         let (size, key, value) = if t.unicode {
             (
@@ -613,7 +623,7 @@ impl<M: Memory> Reader<'_, M> {
 
     /// The value under the `str` key `name` (ASCII), by scanning: the key's hash is salted
     /// per process, so it cannot be computed here.
-    fn get(&self, t: &Table, name: &str) -> Result<Option<u64>, PythonError> {
+    pub(super) fn get(&self, t: &Table, name: &str) -> Result<Option<u64>, PythonError> {
         for (key, value) in self.items(t)? {
             self.spend(1, t.entries)?;
             if self.key_is(key, name) {
@@ -621,6 +631,24 @@ impl<M: Memory> Reader<'_, M> {
             }
         }
         Ok(None)
+    }
+
+    /// The entry index of the `str` key `name` in a table (values or not: a class's shared
+    /// keys have none), `None` when absent.
+    pub(super) fn key_index(&self, t: &Table, name: &str) -> Result<Option<usize>, PythonError> {
+        let o = self.o;
+        let (size, key) = if t.unicode {
+            (o.unicode_entry_size, o.unicode_entry_key)
+        } else {
+            (o.entry_size, o.entry_key)
+        };
+        self.spend(t.count, t.entries)?;
+        let mut entries = vec![0u8; t.count * size as usize];
+        self.mem.read(t.entries, &mut entries)?;
+        Ok((0..t.count).find(|&i| {
+            word(&entries, i * size as usize + key as usize)
+                .is_some_and(|k| k != 0 && self.key_is(k, name))
+        }))
     }
 
     /// Whether `key` is the compact ASCII `str` `name`, in one read: the header and the text.

@@ -488,6 +488,9 @@ fn walker_marks_bad_frames_and_stops_on_cycles() {
         long_type: 0x1019_0000,
         module_type: 0x30d0_0000,
         type_type: 0x7e9e_0000,
+        cfunction_type: 0,
+        method_type: 0,
+        function_type: 0,
     };
     let at = |base: u64, off: u32| base + u64::from(off);
     let mut m = FakeMemory::default();

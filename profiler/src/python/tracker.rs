@@ -49,6 +49,9 @@ pub struct PyFrameName {
     pub function: Arc<str>,
     pub file: Option<Arc<str>>,
     pub line: Option<u32>,
+    /// An asyncio task (`--async`): `function` is its name, or its coroutine's qualified name
+    /// when the name is an automatic `Task-N`.
+    pub task: bool,
 }
 
 struct CodeEntry {
@@ -81,7 +84,26 @@ struct Tracked {
     /// When the process's maps were last searched for one, and how long until the next search.
     spans_checked: Instant,
     spans_wait: Duration,
+    /// `--async`: whether the kernel has all it needs (`TaskGroup` included), when the
+    /// process was last looked at for it and how long until the next look; names of tasks
+    /// read, by (name object, coroutine code), for when the process is gone.
+    aio_complete: bool,
+    /// A sample ran asyncio's `Handle._run`: tasks are running, so the objects are looked
+    /// for every `ASYNC_RECHECK` until found rather than after the back-off.
+    aio_loop_seen: bool,
+    aio_checked: Instant,
+    aio_wait: Duration,
+    task_names: HashMap<(u64, u64), Arc<str>>,
 }
+
+/// A registered process whose asyncio objects are not all known yet (`asyncio` not imported,
+/// no TaskGroup made) is looked at again after this long, doubling up to the maximum.
+const ASYNC_RECHECK: Duration = Duration::from_millis(20);
+const ASYNC_RECHECK_MAX: Duration = Duration::from_secs(1);
+/// The function asyncio's event loop runs each task step under (3.11+ qualified name).
+const ASYNCIO_STEP: &str = "Handle._run";
+/// Task names remembered per process.
+const MAX_TASK_NAMES: usize = 4096;
 
 /// A registered process without a span table is looked at again after this long, then after
 /// twice as long each time up to `SPANS_RECHECK_MAX`: the package creates the table when the
@@ -169,6 +191,8 @@ pub struct PyTracker {
     noticed: HashSet<u32>,
     stats: TrackerStats,
     proc_root: PathBuf,
+    /// `--async`: asyncio task stacks.
+    asyncio: bool,
 }
 
 impl PyTracker {
@@ -188,7 +212,13 @@ impl PyTracker {
             noticed: HashSet::new(),
             stats: TrackerStats::default(),
             proc_root: PathBuf::from("/proc"),
+            asyncio: false,
         }
+    }
+
+    /// Follows the asyncio tasks of every Python process registered from now on (`--async`).
+    pub fn enable_async(&mut self) {
+        self.asyncio = true;
     }
 
     /// Probes the GIL of every Python process registered from now on (`record --gil`);
@@ -429,7 +459,17 @@ impl PyTracker {
             span_mask: span_table.map_or(0, |t| t.mask),
             span_probed_at: 0,
             span_probes: 0,
+            aio: Default::default(),
         };
+        if self.asyncio
+            && let Some(why) = super::asyncio::unsupported(&runtime, &layout)
+            && self.noticed.insert(pid)
+        {
+            self.notices.push(format!(
+                "pid {pid} ({}): {why}: --async is off for it",
+                process.comm
+            ));
+        }
         if let Some(map) = self.map.as_mut()
             && map.insert(pid, entry, 0).is_err()
         {
@@ -462,8 +502,90 @@ impl PyTracker {
                 spans: span_table,
                 spans_checked: Instant::now(),
                 spans_wait: SPANS_RECHECK,
+                aio_complete: false,
+                aio_loop_seen: false,
+                aio_checked: Instant::now(),
+                aio_wait: Duration::ZERO,
+                task_names: HashMap::new(),
             },
         );
+        self.refresh_async(pid);
+    }
+
+    /// With `--async`, tells the kernel where a registered process's asyncio objects are once
+    /// they exist (`asyncio` imported, a TaskGroup made), looking again with a back-off until
+    /// all are known. Called as its samples arrive.
+    pub fn refresh_async(&mut self, pid: u32) {
+        if !self.asyncio {
+            return;
+        }
+        let Some(t) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        let since = t.aio_checked.elapsed();
+        let due = since >= t.aio_wait || (t.aio_loop_seen && since >= ASYNC_RECHECK);
+        if t.aio_complete || !due {
+            return;
+        }
+        if super::asyncio::unsupported(&t.runtime, &t.layout).is_some() {
+            t.aio_complete = true;
+            return;
+        }
+        t.aio_checked = Instant::now();
+        t.aio_wait = (t.aio_wait * 2).clamp(ASYNC_RECHECK, ASYNC_RECHECK_MAX);
+        let mem = ProcessMemory::new(pid);
+        let Ok(Some(found)) = super::asyncio::discover(&mem, &t.runtime, &t.layout) else {
+            return;
+        };
+        t.aio_complete = found.taskgroup_type != 0;
+        if let Some(map) = self.map.as_mut()
+            && let Ok(mut entry) = map.get(&pid, 0)
+            && entry.aio != found
+        {
+            entry.aio = found;
+            let _ = map.insert(pid, entry, 0);
+        }
+    }
+
+    /// The name a task frame shows: the task's name, or its coroutine's qualified name for
+    /// an automatic `Task-N` (or a name not read).
+    fn task_frame(&mut self, pid: u32, name_obj: u64, code: u64) -> Option<PyFrameName> {
+        let t = self.procs.get_mut(&pid)?;
+        let mem = ProcessMemory::new(pid);
+        let read = Walker::new(&mem, &t.layout, &t.runtime).string(name_obj);
+        let given = match read {
+            Ok(name) if !super::asyncio::automatic_name(&name) => {
+                let name: Arc<str> = Arc::from(name.as_str());
+                if t.task_names.len() >= MAX_TASK_NAMES {
+                    t.task_names.clear();
+                }
+                t.task_names.insert((name_obj, code), name.clone());
+                Some(name)
+            }
+            Ok(_) => None,
+            // The process is gone (or the name changed under the read): the name read last.
+            Err(_) => t.task_names.get(&(name_obj, code)).cloned(),
+        };
+        let function = match given {
+            Some(name) => name,
+            None if code != 0 => {
+                let coro = RawPyFrame {
+                    code,
+                    addr: PY_ADDR_UNKNOWN,
+                    first_line: 0,
+                    entry: false,
+                    task_name: None,
+                };
+                self.resolve_code(pid, coro)?.function
+            }
+            None => Arc::from("Task"),
+        };
+        Some(PyFrameName {
+            function,
+            file: None,
+            line: None,
+            task: true,
+        })
     }
 
     /// Looks for the span table of a registered process that has none yet (backing off from
@@ -527,6 +649,13 @@ impl PyTracker {
     /// Names one frame of `pid` the kernel recorded. `None` when the process is not (or no
     /// longer) registered.
     pub fn resolve(&mut self, pid: u32, frame: RawPyFrame) -> Option<PyFrameName> {
+        match frame.task_name {
+            Some(name) => self.task_frame(pid, name, frame.code),
+            None => self.resolve_code(pid, frame),
+        }
+    }
+
+    fn resolve_code(&mut self, pid: u32, frame: RawPyFrame) -> Option<PyFrameName> {
         let t = self.procs.get_mut(&pid)?;
         let stale = match t.codes.get(&frame.code) {
             Some(Code::Read(e)) if frame.first_line != 0 && e.first_line != frame.first_line => {
@@ -597,6 +726,9 @@ impl PyTracker {
         let kind = t.layout.offsets.line_table_kind;
         Some(match t.codes.get_mut(&frame.code) {
             Some(Code::Read(e)) => {
+                if self.asyncio && !t.aio_complete && &*e.function == ASYNCIO_STEP {
+                    t.aio_loop_seen = true;
+                }
                 let line = if frame.addr == PY_ADDR_UNKNOWN {
                     None
                 } else {
@@ -608,6 +740,7 @@ impl PyTracker {
                     function: e.function.clone(),
                     file: Some(e.file.clone()),
                     line,
+                    task: false,
                 }
             }
             Some(Code::Failed(_)) | None => unreadable(),
@@ -722,6 +855,7 @@ fn unreadable() -> PyFrameName {
         function: Arc::from(UNREADABLE),
         file: None,
         line: None,
+        task: false,
     }
 }
 

@@ -49,6 +49,10 @@ pub struct PythonRuntime {
     pub long_type: u64,
     pub module_type: u64,
     pub type_type: u64,
+    /// For following asyncio's done callbacks ([`super::asyncio`]); 0 when not exported.
+    pub cfunction_type: u64,
+    pub method_type: u64,
+    pub function_type: u64,
 }
 
 /// `libpython3.11.so.1.0` → (3, 11, ""), `libpython3.7m.so` → (3, 7, "m").
@@ -138,6 +142,9 @@ pub struct PyBinary {
     long_type: Option<u64>,
     module_type: Option<u64>,
     type_type: Option<u64>,
+    cfunction_type: Option<u64>,
+    method_type: Option<u64>,
+    function_type: Option<u64>,
     /// PT_LOAD segments: (file offset, virtual address, file size).
     segments: Vec<(u64, u64, u64)>,
 }
@@ -288,6 +295,9 @@ fn detect_with(
         long_type: required(py.long_type, "PyLong_Type")?,
         module_type: required(py.module_type, "PyModule_Type")?,
         type_type: required(py.type_type, "PyType_Type")?,
+        cfunction_type: py.cfunction_type.map_or(0, |a| a.wrapping_add(bias)),
+        method_type: py.method_type.map_or(0, |a| a.wrapping_add(bias)),
+        function_type: py.function_type.map_or(0, |a| a.wrapping_add(bias)),
     })
 }
 
@@ -301,7 +311,7 @@ fn version_in_name(name: &str, is_libpython: bool) -> Option<(u32, u32, &str)> {
 }
 
 /// The symbols `analyze` looks up.
-const WANTED: [&str; 9] = [
+const WANTED: [&str; 12] = [
     "_PyRuntime",
     "Py_Version",
     "PyCode_Type",
@@ -311,6 +321,9 @@ const WANTED: [&str; 9] = [
     "PyLong_Type",
     "PyModule_Type",
     "PyType_Type",
+    "PyCFunction_Type",
+    "PyMethod_Type",
+    "PyFunction_Type",
 ];
 
 /// Reads an interpreter binary's version and symbols. `shown` is the path for messages.
@@ -433,6 +446,9 @@ fn analyze(
         long_type: symbol("PyLong_Type"),
         module_type: symbol("PyModule_Type"),
         type_type: symbol("PyType_Type"),
+        cfunction_type: symbol("PyCFunction_Type"),
+        method_type: symbol("PyMethod_Type"),
+        function_type: symbol("PyFunction_Type"),
         segments,
     })
 }

@@ -63,6 +63,8 @@ pub struct RecordConfig {
     pub gil: bool,
     /// Measure the garbage-collector pauses of Python processes.
     pub gc: bool,
+    /// Follow the asyncio tasks of Python processes (task frames and labels).
+    pub asyncio: bool,
     /// Sample allocations.
     pub alloc: Option<RecordAlloc>,
     /// GPU kernels by launching stack (`--gpu-kernels`).
@@ -181,6 +183,7 @@ impl Recording {
                 .map(|min| u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)),
             gil: config.gil,
             gc: config.gc,
+            asyncio: config.asyncio,
             alloc: config.alloc.map(|a| AllocConfig {
                 sample_bytes: a.sample_bytes,
                 live_entries: a.live,

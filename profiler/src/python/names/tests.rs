@@ -487,6 +487,9 @@ fn image() -> Image {
         long_type: 0x1019_0000,
         module_type: 0x30d0_0000,
         type_type: 0x7e9e_0000,
+        cfunction_type: 0,
+        method_type: 0,
+        function_type: 0,
     };
     let o = for_version(3, 11).unwrap();
     let b = super::super::offsets::for_version(3, 11).unwrap();

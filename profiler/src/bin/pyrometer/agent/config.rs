@@ -98,6 +98,10 @@ pub struct AgentArgs {
     /// histogram of pauses on /metrics.
     #[arg(long)]
     pub(super) gc: bool,
+    /// Also show asyncio task stacks (as `record --async`): `[task] NAME` frames above the
+    /// coroutines they ran and the `asyncio_task` label (CPython 3.11-3.13).
+    #[arg(long = "async")]
+    pub(super) asyncio: bool,
     /// Shortest blocked interval counted with --off-cpu (default 1ms).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(super) off_cpu_min: Option<Duration>,
@@ -175,6 +179,8 @@ struct FileConfig {
     off_cpu: Option<bool>,
     off_cpu_min: Option<String>,
     gc: Option<bool>,
+    #[serde(rename = "async")]
+    asyncio: Option<bool>,
     gpu: Option<bool>,
     gpu_interval: Option<String>,
     nvml_lib: Option<PathBuf>,
@@ -359,6 +365,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             .unwrap_or(DEFAULT_DWARF_MB)
             .saturating_mul(1 << 20),
         gc: args.gc || file.gc == Some(true),
+        asyncio: args.asyncio || file.asyncio == Some(true),
         process_budget_bytes: budget_bytes(args.process_budget_mb.or(file.process_budget_mb)),
         off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
             let min = match (args.off_cpu_min, file.off_cpu_min) {

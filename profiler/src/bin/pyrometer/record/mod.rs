@@ -123,6 +123,13 @@ pub struct RecordArgs {
     /// collector function.
     #[arg(long)]
     gc: bool,
+    /// Also show asyncio task stacks (CPython 3.11-3.13): a sample in a coroutine gets the
+    /// chain of tasks awaiting it, root first (through await, gather and TaskGroup), each a
+    /// `[task] NAME` frame above the coroutine frames it ran, read in the kernel with the
+    /// frames; samples carry an `asyncio_task` label, the innermost task's name (its
+    /// coroutine's qualified name for an automatic `Task-N`).
+    #[arg(long = "async")]
+    asyncio: bool,
     /// Also sample allocations, a sample every --alloc-sample-bytes bytes on average, as the
     /// alloc_objects, alloc_space, inuse_objects and inuse_space types (estimates). A command
     /// started by record preloads libpyrometer_alloc.so (carried inside pyrometer), which
@@ -369,6 +376,7 @@ fn config(args: &RecordArgs, targets: Targets) -> anyhow::Result<RecordConfig> {
         }),
         gil: args.gil,
         gc: args.gc,
+        asyncio: args.asyncio,
         gpu_kernels: args.gpu_kernels.then(|| RecordGpuKernels {
             sample_every: args.gpu_sample_every,
             nvml_lib: args.nvml.library(),

@@ -47,6 +47,9 @@ pub struct TopArgs {
     /// Extra directory of separate debug files; repeatable.
     #[arg(long = "debug-dir", value_name = "DIR")]
     debug_dirs: Vec<PathBuf>,
+    /// Show asyncio task stacks, as `record --async` does (CPython 3.11-3.13).
+    #[arg(long = "async")]
+    asyncio: bool,
 }
 
 pub fn run(args: TopArgs) -> anyhow::Result<u8> {
@@ -73,6 +76,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<u8> {
         frames: args.frames.clone(),
         dwarf: args.unwind == "dwarf",
         debug_dirs: args.debug_dirs.clone(),
+        asyncio: args.asyncio,
     };
     let mut top = Top::start(config, &mut |line| eprintln!("pyrometer: {line}"))
         .map_err(crate::command_error)?;

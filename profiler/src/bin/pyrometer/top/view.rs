@@ -52,6 +52,7 @@ fn function_name(frame: &pyrometer::model::Frame) -> String {
         },
         FrameKind::Kernel => format!("{} [k]", frame.function),
         FrameKind::Gpu => format!("{} [gpu]", frame.function),
+        FrameKind::Task => format!("{}{}", pyrometer_proto::naming::TASK_PREFIX, frame.function),
         _ => frame.function.clone(),
     }
 }

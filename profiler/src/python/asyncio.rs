@@ -1,0 +1,253 @@
+//! asyncio task stacks (`--async`): what the kernel needs to find a thread's running task and
+//! the tasks awaiting it (`ebpf/src/bpf/pyasync.h`), and the names the agent gives them.
+//!
+//! The kernel reads `_asyncio`'s objects with two kinds of numbers. Structure offsets of the
+//! C `Task`/`Future`, coroutine, closure and callable objects are private to each minor
+//! version and come from [`for_version`], a table read from the DWARF of pyenv's 3.11.7,
+//! 3.12.1 and 3.13.0 (`lib-dynload/_asyncio.cpython-3XX-*.so` and `libpython3.X.so.1.0`) by
+//! `scripts/python_asyncio_offsets.py` under gdb; `asyncio_offsets_match_dwarf` re-checks it
+//! against every installed build. Addresses (the `_current_tasks` dict, the `Task`, `Future`
+//! and `TaskGroup` classes, where a TaskGroup keeps `_parent_task`) are the process's: read
+//! from its `sys.modules` once `asyncio` is imported ([`discover`]).
+
+use pyrometer_ebpf::{
+    PY_VALUES_INLINE, PY_VALUES_NONE, PY_VALUES_POINTER, PY_VALUES_TAGGED, PyAsync,
+};
+
+use super::PythonError;
+use super::debug_offsets::Described;
+use super::memory::Memory;
+use super::names::{self, Reader};
+use super::offsets::ABSENT;
+use super::version::PythonRuntime;
+
+/// The private layouts of one minor version's asyncio objects (byte offsets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncOffsets {
+    /// `FutureObj.fut_callback0`, `.fut_callbacks` (a Task begins with the same fields).
+    pub fut_callback0: u32,
+    pub fut_callbacks: u32,
+    pub task_coro: u32,
+    pub task_name: u32,
+    /// `PyGenObject.gi_iframe` (a coroutine's is at the same place).
+    pub gen_iframe: u32,
+    /// `PyCFunctionObject.m_self`, `PyMethodObject.im_self`, `PyFunctionObject.func_closure`,
+    /// `PyCellObject.ob_ref`.
+    pub cfunction_self: u32,
+    pub method_self: u32,
+    pub function_closure: u32,
+    pub cell_ref: u32,
+    /// `PyTypeObject.tp_base`, `PyTupleObject.ob_item`, `PyListObject.ob_item`,
+    /// `PyVarObject.ob_size`.
+    pub type_base: u32,
+    pub tuple_items: u32,
+    pub list_items: u32,
+    pub var_size: u32,
+}
+
+const COMMON: AsyncOffsets = AsyncOffsets {
+    fut_callback0: 24,
+    fut_callbacks: 40,
+    task_coro: 0,
+    task_name: 0,
+    gen_iframe: 0,
+    cfunction_self: 24,
+    method_self: 24,
+    function_closure: 72,
+    cell_ref: 16,
+    type_base: 256,
+    tuple_items: 24,
+    list_items: 24,
+    var_size: 16,
+};
+
+/// The layouts of CPython 3.`minor` (GIL builds), `None` where there is no table.
+pub fn for_version(major: u32, minor: u32) -> Option<AsyncOffsets> {
+    let (task_coro, task_name, gen_iframe) = match (major, minor) {
+        (3, 11) => (136, 144, 80),
+        (3, 12) => (136, 144, 72),
+        (3, 13) => (120, 128, 72),
+        _ => return None,
+    };
+    Some(AsyncOffsets {
+        task_coro,
+        task_name,
+        gen_iframe,
+        ..COMMON
+    })
+}
+
+/// Why `--async` cannot follow a process's tasks (said once per process), `None` when it can.
+pub fn unsupported(rt: &PythonRuntime, layout: &Described) -> Option<String> {
+    let v = rt.version;
+    if layout.free_threaded {
+        return Some(format!(
+            "asyncio tasks of free-threaded {v} are not followed"
+        ));
+    }
+    if for_version(v.major, v.minor).is_none() {
+        return Some(format!(
+            "asyncio tasks of Python {v} are not followed (3.11-3.13 are)"
+        ));
+    }
+    if rt.cfunction_type == 0 || rt.method_type == 0 || rt.function_type == 0 {
+        return Some(format!(
+            "asyncio tasks not followed: {} does not export PyCFunction_Type, PyMethod_Type and PyFunction_Type",
+            rt.path
+        ));
+    }
+    None
+}
+
+/// The kernel's description of a process's asyncio objects: `None` while `asyncio` is not
+/// imported; `taskgroup_type` stays 0 until a TaskGroup has been made (its class learns where
+/// `_parent_task` goes from its first instance).
+pub fn discover<M: Memory>(
+    mem: &M,
+    rt: &PythonRuntime,
+    layout: &Described,
+) -> Result<Option<PyAsync>, PythonError> {
+    let Some(off) = for_version(rt.version.major, rt.version.minor) else {
+        return Ok(None);
+    };
+    names::with_reader(mem, rt, layout, |r| {
+        let Some(asyncio) = module_globals(r, rt, "_asyncio")? else {
+            return Ok(None);
+        };
+        let (Some(current), Some(task), Some(future)) = (
+            r.get(&asyncio, "_current_tasks")?,
+            r.get(&asyncio, "Task")?,
+            r.get(&asyncio, "Future")?,
+        ) else {
+            return Ok(None);
+        };
+        r.expect_type(current, rt.dict_type)?;
+        let o = r.o;
+        let mut a = PyAsync {
+            current_tasks: current,
+            task_type: task,
+            future_type: future,
+            cfunction_type: rt.cfunction_type,
+            method_type: rt.method_type,
+            function_type: rt.function_type,
+            taskgroup_type: 0,
+            dict_keys: o.dict_keys,
+            keys_log2_index_bytes: o.keys_log2_index_bytes,
+            keys_nentries: o.keys_nentries,
+            keys_indices: o.keys_indices,
+            entry_size: o.entry_size,
+            entry_value: o.entry_value,
+            fut_callback0: off.fut_callback0,
+            fut_callbacks: off.fut_callbacks,
+            task_coro: off.task_coro,
+            task_name: off.task_name,
+            gen_iframe: off.gen_iframe,
+            cfunction_self: off.cfunction_self,
+            method_self: off.method_self,
+            function_closure: off.function_closure,
+            cell_ref: off.cell_ref,
+            type_base: off.type_base,
+            tuple_items: off.tuple_items,
+            list_items: off.list_items,
+            var_size: off.var_size,
+            tg_values_mode: PY_VALUES_NONE,
+            tg_values_at: 0,
+            tg_valid_at: 0,
+            tg_parent_at: 0,
+            reserved: 0,
+        };
+        if let Some(groups) = module_globals(r, rt, "asyncio.taskgroups")?
+            && let Some(class) = r.get(&groups, "TaskGroup")?
+            && let Some(place) = parent_task_place(r, class)?
+        {
+            a.taskgroup_type = class;
+            (
+                a.tg_values_mode,
+                a.tg_values_at,
+                a.tg_valid_at,
+                a.tg_parent_at,
+            ) = place;
+        }
+        Ok(Some(a))
+    })
+}
+
+/// The globals of the module `name` in `sys.modules`, `None` when it is not imported.
+fn module_globals<M: Memory>(
+    r: &Reader<'_, M>,
+    rt: &PythonRuntime,
+    name: &str,
+) -> Result<Option<names::Table>, PythonError> {
+    let o = r.o;
+    let interp = r.field(rt.runtime, o.runtime_interpreters_main)?;
+    if interp == 0 {
+        return Ok(None);
+    }
+    let modules = r.dict(r.field(interp, o.interp_modules)?)?;
+    let Some(module) = r.get(&modules, name)? else {
+        return Ok(None);
+    };
+    r.expect_type(module, rt.module_type)?;
+    r.dict(r.field(module, o.module_dict)?).map(Some)
+}
+
+/// Where a TaskGroup instance keeps `_parent_task`: (PY_VALUES_* mode, values at, valid at,
+/// slot at), from the class's shared keys; `None` before a first instance set it.
+fn parent_task_place<M: Memory>(
+    r: &Reader<'_, M>,
+    class: u64,
+) -> Result<Option<(u32, u32, u32, u32)>, PythonError> {
+    let o = r.o;
+    let flags = r.field(class, o.type_flags)?;
+    let bit = |b: u32| b != ABSENT && b < 64 && flags & (1 << b) != 0;
+    if !bit(o.heaptype_bit) || !bit(o.managed_dict_bit) {
+        return Ok(None);
+    }
+    let keys = r.field(class, o.heaptype_cached_keys)?;
+    if keys == 0 {
+        return Ok(None);
+    }
+    let table = r.keys(keys, None)?;
+    let Some(index) = r.key_index(&table, "_parent_task")? else {
+        return Ok(None);
+    };
+    let values_values = if o.values_values == ABSENT {
+        0
+    } else {
+        o.values_values
+    };
+    let slot = values_values + 8 * index as u32;
+    Ok(if bit(o.inline_values_bit) {
+        let basicsize = r.field(class, o.type_basicsize)?;
+        u32::try_from(basicsize)
+            .ok()
+            .map(|at| (PY_VALUES_INLINE, at, o.values_valid, slot))
+    } else if o.values_ptr_before != ABSENT {
+        Some((PY_VALUES_POINTER, o.values_ptr_before, 0, slot))
+    } else if o.dict_or_values_tag == 1 {
+        Some((PY_VALUES_TAGGED, o.managed_dict_before, 0, slot))
+    } else {
+        None
+    })
+}
+
+/// Whether `name` is an automatic task name (`Task-N`): such tasks are shown by their
+/// coroutine's qualified name, so labels stay few.
+pub fn automatic_name(name: &str) -> bool {
+    name.strip_prefix("Task-")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn automatic_names_are_task_and_a_number() {
+        assert!(automatic_name("Task-1"));
+        assert!(automatic_name("Task-20417"));
+        assert!(!automatic_name("Task-"));
+        assert!(!automatic_name("Task-1a"));
+        assert!(!automatic_name("worker"));
+    }
+}
