@@ -71,6 +71,14 @@ fn each_refused_optional_stage_is_switched_off_and_cpu_samples_go_on() {
         ),
         ("--gil", "gil", "GIL view off", "gil_take_enter"),
         ("--gc", "gc", "GC pauses off", "gc_start"),
+        // The task walk is part of the sampler's Python walk: the sampler is loaded again
+        // without it.
+        (
+            "--async",
+            "async",
+            "asyncio task stacks off",
+            "on_cpu_clock",
+        ),
         (
             "--alloc",
             "alloc",

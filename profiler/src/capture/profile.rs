@@ -123,7 +123,17 @@ impl Capture {
                 Some(name) if !raw.thread_named => name.clone(),
                 _ => raw.thread.clone(),
             };
-            let labels = stack_labels(&raw, process, thread, raw.span.map(|id| self.spans.get(id)));
+            let mut labels =
+                stack_labels(&raw, process, thread, raw.span.map(|id| self.spans.get(id)));
+            // --async: the innermost task's name (the Python frames are leaf first).
+            if let Some(task) = raw
+                .python
+                .iter()
+                .map(|&id| self.py_names.get(id & !PY_ENTRY))
+                .find(|name| name.task)
+            {
+                labels = labels.with(TASK_LABEL, LabelValue::Str(task.function.to_string()));
+            }
             let ns = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             let n = ns(count);
             let mut values = vec![n, n.saturating_mul(period_ns)];
@@ -255,6 +265,9 @@ fn span_labels(labels: Labels, span: &RawSpan) -> Labels {
         labels.with("span_name", LabelValue::Str(span.name.clone()))
     }
 }
+
+/// The label with a sample's innermost asyncio task (`--async`).
+pub const TASK_LABEL: &str = "asyncio_task";
 
 /// A Python frame as a profile frame: no module or address, its file and line.
 fn python_frame(name: &PyFrameName) -> Frame {
