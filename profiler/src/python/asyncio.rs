@@ -240,7 +240,85 @@ pub fn automatic_name(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+    use std::process::Command;
+
+    use super::super::tests::{PYENV, gdb_script, libpython, pyenv_root};
     use super::*;
+
+    /// `field=value` lines as a map.
+    fn parse(text: &str) -> HashMap<String, u32> {
+        text.lines()
+            .filter_map(|l| {
+                let (k, v) = l.trim().split_once('=')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn asyncio_offsets_match_dwarf() {
+        if Command::new("gdb").arg("--version").output().is_err() {
+            skip_ledger::skip("tool:gdb", "gdb is not installed");
+            return;
+        }
+        let mut checked = 0;
+        for &(dir, minor) in PYENV {
+            let Some(table) = for_version(3, minor) else {
+                continue;
+            };
+            let dynload = pyenv_root().join(format!("{dir}/lib/python3.{minor}/lib-dynload"));
+            let module = std::fs::read_dir(&dynload).ok().and_then(|d| {
+                d.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("_asyncio."))
+                })
+            });
+            let lib = libpython(dir, minor);
+            let (Some(module), true) = (module, lib.exists()) else {
+                skip_ledger::skip(
+                    &format!("python:3.{minor}"),
+                    format!(
+                        "3.{minor}: {} or its _asyncio module is missing",
+                        lib.display()
+                    ),
+                );
+                continue;
+            };
+            let mut dwarf = parse(&gdb_script("python_asyncio_offsets.py", &lib));
+            dwarf.extend(parse(&gdb_script("python_asyncio_offsets.py", &module)));
+            let want = [
+                ("fut_callback0", table.fut_callback0),
+                ("fut_callbacks", table.fut_callbacks),
+                ("task_callback0", table.fut_callback0),
+                ("task_callbacks", table.fut_callbacks),
+                ("task_coro", table.task_coro),
+                ("task_name", table.task_name),
+                ("gen_iframe", table.gen_iframe),
+                ("coro_iframe", table.gen_iframe),
+                ("cfunction_self", table.cfunction_self),
+                ("method_self", table.method_self),
+                ("function_closure", table.function_closure),
+                ("cell_ref", table.cell_ref),
+                ("type_base", table.type_base),
+                ("tuple_items", table.tuple_items),
+                ("list_items", table.list_items),
+                ("var_size", table.var_size),
+            ];
+            for (field, value) in want {
+                assert_eq!(
+                    dwarf.get(field),
+                    Some(&value),
+                    "3.{minor} {field}: DWARF of {} and {}",
+                    lib.display(),
+                    module.display()
+                );
+                checked += 1;
+            }
+            println!("3.{minor}: {} asyncio offsets agree with DWARF", want.len());
+        }
+        assert!(checked > 0 || PYENV.iter().all(|&(_, m)| for_version(3, m).is_none()));
+    }
 
     #[test]
     fn automatic_names_are_task_and_a_number() {
