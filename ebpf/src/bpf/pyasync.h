@@ -2,13 +2,15 @@
 //
 // asyncio task stacks (record --async), read with the Python frames they belong to. The
 // running task of a thread is the value of `_asyncio._current_tasks` ({loop: task}, 3.11-3.13)
-// whose coroutine's frame is on the thread's frame chain: a coroutine's _PyInterpreterFrame
-// lies inside the coroutine object, at gi_iframe, and is linked into the chain while it runs.
+// whose coroutine's frame is on the thread's frame chain, or the thread state's running task
+// (3.14+): a coroutine's _PyInterpreterFrame lies inside the coroutine object, at gi_iframe,
+// and is linked into the chain while it runs.
 // The walk of the frames stops after that frame; the task and the ones awaiting it are then
 // written as slot pairs (shared.h, PY_TASK_MARK), and the walk goes on with the frames of the
 // loop that runs them, so the tasks sit between the two, where they ran.
 //
-// Who awaits a task is read from its done callbacks, as asyncio links them:
+// 3.14+ keep who awaits a future in its `awaited_by`. Before, who awaits a task is read from
+// its done callbacks, as asyncio links them:
 // - a task awaiting a future adds its wakeup, a builtin method whose self is the task;
 // - gather adds `_done_callback`, a closure over `outer`, the future the caller awaits;
 // - a TaskGroup adds its bound `_on_task_done`, and the group keeps `_parent_task`.
@@ -97,10 +99,19 @@ static __always_inline __u64 py_callback_owner(struct py_process *p, __u64 cb)
 	return 0;
 }
 
-// The future waiting for `fut`, through its done callbacks, or 0.
+// The future waiting for `fut`, through its done callbacks (3.11-3.13) or its `awaited_by`
+// (3.14+), or 0.
 static __always_inline __u64 py_awaiter(struct py_process *p, __u64 fut)
 {
 	struct py_async *a = &p->aio;
+	if (a->fut_awaited_by != PY_ABSENT) {
+		// A set (several futures await this one) is not followed: the chain ends there.
+		__u8 is_set = 1;
+		if (bpf_probe_read_user(&is_set, 1, (void *)(fut + a->fut_awaited_by_is_set)) || is_set)
+			return 0;
+		__u64 by = read_user_u64(fut + a->fut_awaited_by);
+		return py_is_future(p, by) ? by : 0;
+	}
 	__u64 cb = read_user_u64(fut + a->fut_callback0);
 	__u64 list = read_user_u64(fut + a->fut_callbacks);
 	__u64 n = list ? read_user_u64(list + a->var_size) : 0;
@@ -162,9 +173,25 @@ __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 		return 0;
 	__u32 tgid = w->tgid;
 	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
-	if (!p || !p->aio.current_tasks)
+	if (!p || !p->aio.task_type)
 		return 0;
 	struct py_async *a = &p->aio;
+	if (a->tstate_running_task != PY_ABSENT) {
+		// 3.14+: the thread state says which task runs.
+		__u64 task = read_user_u64(w->tstate + a->tstate_running_task);
+		if (!task || py_type_of(p, task) != a->task_type)
+			return 0;
+		__u64 coro = read_user_u64(task + a->task_coro);
+		if (!coro)
+			return 0;
+		__u64 frame = coro + a->gen_iframe;
+		if (want)
+			return frame == want ? task : 0;
+		w->task_frames[0] = frame;
+		return 1;
+	}
+	if (!a->current_tasks)
+		return 0;
 	__u64 keys = read_user_u64(a->current_tasks + a->dict_keys);
 	if (!keys)
 		return 0;

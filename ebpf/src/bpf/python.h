@@ -21,7 +21,7 @@
 #include "common.h"
 #include "userwin.h"
 
-// Registered Python processes (tgid -> struct py_process, 336 bytes). 4096 is the same bound
+// Registered Python processes (tgid -> struct py_process, 344 bytes). 4096 is the same bound
 // as the unwinder's per-process table.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -293,6 +293,7 @@ struct py_walk {
 	__u64 task_frames[PY_TASK_CANDIDATES];
 	__u64 task_hit;
 	__u64 fut;
+	__u64 tstate;
 };
 
 // The first line of the code object at `code`, run by a frame with `globals`: from
@@ -559,8 +560,10 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 	};
 	if (py_async_walk) {
 		REJECT_IF(REJECT_ASYNC);
-		if (p->aio.current_tasks)
+		if (p->aio.task_type) {
+			w.tstate = tstate;
 			py_task_scan(&w, 0);
+		}
 	}
 	bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
 	if (w.task_hit) {

@@ -323,10 +323,11 @@ struct py_offsets {
 #define PY_VALUES_INLINE 3  // 3.13: `values_at` bytes after it, while the `valid` byte is set
 
 // What the kernel needs to follow a thread's asyncio tasks, all 0 while --async is off or
-// `_asyncio` is not imported yet. Layouts of 3.11-3.13 from a per-version table
-// (profiler/src/python/asyncio.rs), the objects' addresses from the process.
+// `_asyncio` is not imported yet (task_type 0). Layouts of 3.11-3.13 from a per-version table
+// (profiler/src/python/asyncio.rs), 3.14+'s task and thread-state fields from the
+// interpreter's own `_Py_AsyncioModuleDebugOffsets`, the objects' addresses from the process.
 struct py_async {
-	__u64 current_tasks; // the `_current_tasks` dict ({loop: task}); 0: off
+	__u64 current_tasks; // 3.11-3.13: the `_current_tasks` dict ({loop: task})
 	__u64 task_type;     // _asyncio.Task
 	__u64 future_type;   // _asyncio.Future (gather's _GatheringFuture derives from it)
 	__u64 cfunction_type;
@@ -356,6 +357,12 @@ struct py_async {
 	__u32 tg_values_at;
 	__u32 tg_valid_at;  // PY_VALUES_INLINE: the `valid` byte, from the values
 	__u32 tg_parent_at; // `_parent_task`'s slot, from the values
+	// 3.14+ (PY_ABSENT before): the thread state's running task, and a future's
+	// `awaited_by` (a future, or a set of them when the byte at awaited_by_is_set is 1),
+	// which replace `_current_tasks` and the done callbacks.
+	__u32 tstate_running_task;
+	__u32 fut_awaited_by;
+	__u32 fut_awaited_by_is_set;
 	__u32 reserved;
 };
 

@@ -10,8 +10,11 @@
 //! and `TaskGroup` classes, where a TaskGroup keeps `_parent_task`) are the process's: read
 //! from its `sys.modules` once `asyncio` is imported ([`discover`]).
 
+use std::path::Path;
+
+use object::{Object, ObjectSection};
 use pyrometer_ebpf::{
-    PY_VALUES_INLINE, PY_VALUES_NONE, PY_VALUES_POINTER, PY_VALUES_TAGGED, PyAsync,
+    PY_ABSENT, PY_VALUES_INLINE, PY_VALUES_NONE, PY_VALUES_POINTER, PY_VALUES_TAGGED, PyAsync,
 };
 
 use super::PythonError;
@@ -20,6 +23,7 @@ use super::memory::Memory;
 use super::names::{self, Reader};
 use super::offsets::ABSENT;
 use super::version::PythonRuntime;
+use crate::os::untrusted::{Kind, Root, UntrustedFile};
 
 /// The private layouts of one minor version's asyncio objects (byte offsets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,20 +65,163 @@ const COMMON: AsyncOffsets = AsyncOffsets {
     var_size: 16,
 };
 
-/// The layouts of CPython 3.`minor` (GIL builds), `None` where there is no table.
+/// The layouts of CPython 3.`minor` (GIL builds), `None` where there is no table. For 3.14
+/// and 3.15 (Debian forky's, checked against their `-dbg` DWARF) the task's own fields are
+/// taken from the interpreter's [`AsyncioDebug`] instead; the rest is the table's.
 pub fn for_version(major: u32, minor: u32) -> Option<AsyncOffsets> {
-    let (task_coro, task_name, gen_iframe) = match (major, minor) {
-        (3, 11) => (136, 144, 80),
-        (3, 12) => (136, 144, 72),
-        (3, 13) => (120, 128, 72),
+    let (task_coro, task_name, gen_iframe, tuple_items) = match (major, minor) {
+        (3, 11) => (136, 144, 80, 24),
+        (3, 12) => (136, 144, 72, 24),
+        (3, 13) => (120, 128, 72, 24),
+        // Tuples cache their hash from 3.14 on.
+        (3, 14) | (3, 15) => (128, 136, 72, 32),
         _ => return None,
     };
     Some(AsyncOffsets {
         task_coro,
         task_name,
         gen_iframe,
+        tuple_items,
         ..COMMON
     })
+}
+
+/// `_Py_AsyncioModuleDebugOffsets` (3.14+), which the `_asyncio` module keeps in an
+/// `.AsyncioDebug` section of its object (the extension module, or the interpreter binary
+/// where it is built in): sizes and field offsets of the task, interpreter and thread-state
+/// parts `asyncio` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncioDebug {
+    pub task_size: u64,
+    pub task_name: u64,
+    pub task_awaited_by: u64,
+    pub task_is_task: u64,
+    pub task_awaited_by_is_set: u64,
+    pub task_coro: u64,
+    pub task_node: u64,
+    pub interp_size: u64,
+    pub interp_tasks_head: u64,
+    pub tstate_size: u64,
+    pub tstate_running_loop: u64,
+    pub tstate_running_task: u64,
+    pub tstate_tasks_head: u64,
+}
+
+/// The section's name.
+const ASYNCIO_DEBUG_SECTION: &str = ".AsyncioDebug";
+/// Sizes past this are not believed (a thread state is about a kilobyte).
+const MAX_DEBUG_STRUCT: u64 = 1 << 20;
+
+impl AsyncioDebug {
+    /// The 13 words of the section, checked: every size plausible, every offset inside its
+    /// structure.
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        let w = |i: usize| -> Result<u64, String> {
+            let b = bytes
+                .get(i * 8..i * 8 + 8)
+                .ok_or_else(|| format!("{ASYNCIO_DEBUG_SECTION} has {} bytes", bytes.len()))?;
+            Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        };
+        let d = Self {
+            task_size: w(0)?,
+            task_name: w(1)?,
+            task_awaited_by: w(2)?,
+            task_is_task: w(3)?,
+            task_awaited_by_is_set: w(4)?,
+            task_coro: w(5)?,
+            task_node: w(6)?,
+            interp_size: w(7)?,
+            interp_tasks_head: w(8)?,
+            tstate_size: w(9)?,
+            tstate_running_loop: w(10)?,
+            tstate_running_task: w(11)?,
+            tstate_tasks_head: w(12)?,
+        };
+        let fields = [
+            ("asyncio_task_object.task_name", d.task_name, 8, d.task_size),
+            (
+                "asyncio_task_object.task_awaited_by",
+                d.task_awaited_by,
+                8,
+                d.task_size,
+            ),
+            (
+                "asyncio_task_object.task_awaited_by_is_set",
+                d.task_awaited_by_is_set,
+                1,
+                d.task_size,
+            ),
+            ("asyncio_task_object.task_coro", d.task_coro, 8, d.task_size),
+            (
+                "asyncio_thread_state.asyncio_running_task",
+                d.tstate_running_task,
+                8,
+                d.tstate_size,
+            ),
+        ];
+        for (name, at, len, size) in fields {
+            if size == 0 || size > MAX_DEBUG_STRUCT || at.saturating_add(len) > size {
+                return Err(format!(
+                    "{ASYNCIO_DEBUG_SECTION}: {name} ({at}) is outside its structure ({size} bytes)"
+                ));
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// The `_asyncio` description of process `pid` (3.14+): from the `.AsyncioDebug` section of the
+/// interpreter binary (`_asyncio` built in) or of a mapped `_asyncio.*.so`, each opened through
+/// the process's `map_files` (the very file mapped, wherever its root is) and read sections
+/// only. `None` while neither has it (the module not imported yet).
+pub fn find_debug(proc_root: &Path, pid: u32, rt: &PythonRuntime) -> Option<AsyncioDebug> {
+    let pid_dir = proc_root.join(pid.to_string());
+    let maps = std::fs::read_to_string(pid_dir.join("maps")).ok()?;
+    let mut seen: Vec<&str> = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(path)) = (fields.next(), fields.nth(4)) else {
+            continue;
+        };
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let wanted = name.starts_with("_asyncio.") || path == rt.path;
+        if !wanted || seen.contains(&path) {
+            continue;
+        }
+        seen.push(path);
+        let link = pid_dir.join("map_files").join(range);
+        // Without the capability map_files needs (an agent that dropped it), the path is
+        // resolved in the process's root, less the root's own place in ours (a chroot's
+        // mappings show the host path).
+        let file = UntrustedFile::open_map_file(&link, Kind::Elf).or_else(|_| {
+            let root = Root::of_process(proc_root, pid).map_err(|e| e.to_string())?;
+            let prefix = std::fs::read_link(pid_dir.join("root")).unwrap_or_default();
+            let inner = Path::new(path)
+                .strip_prefix(&prefix)
+                .unwrap_or(Path::new(path));
+            let inner = Path::new("/").join(inner);
+            UntrustedFile::open_in_root(&root, &inner, Kind::Elf).map_err(|e| e.to_string())
+        });
+        let Ok(file) = file else {
+            continue;
+        };
+        let Ok(copy) = file.copy_elf_sections(&[ASYNCIO_DEBUG_SECTION]) else {
+            continue;
+        };
+        let found = object::File::parse(&*copy).ok().and_then(|elf| {
+            let data = elf.section_by_name(ASYNCIO_DEBUG_SECTION)?.data().ok()?;
+            AsyncioDebug::parse(data).ok()
+        });
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// An offset for the kernel (`u32`), within the checked structure.
+fn narrow(at: u64) -> u32 {
+    u32::try_from(at).unwrap_or(PY_ABSENT)
 }
 
 /// Why `--async` cannot follow a process's tasks (said once per process), `None` when it can.
@@ -87,7 +234,7 @@ pub fn unsupported(rt: &PythonRuntime, layout: &Described) -> Option<String> {
     }
     if for_version(v.major, v.minor).is_none() {
         return Some(format!(
-            "asyncio tasks of Python {v} are not followed (3.11-3.13 are)"
+            "asyncio tasks of Python {v} are not followed (3.11-3.15 are)"
         ));
     }
     if rt.cfunction_type == 0 || rt.method_type == 0 || rt.function_type == 0 {
@@ -100,28 +247,43 @@ pub fn unsupported(rt: &PythonRuntime, layout: &Described) -> Option<String> {
 }
 
 /// The kernel's description of a process's asyncio objects: `None` while `asyncio` is not
-/// imported; `taskgroup_type` stays 0 until a TaskGroup has been made (its class learns where
-/// `_parent_task` goes from its first instance).
+/// imported (or, 3.14+, its description `debug` not found); before 3.14, `taskgroup_type`
+/// stays 0 until a TaskGroup has been made (its class learns where `_parent_task` goes from
+/// its first instance).
 pub fn discover<M: Memory>(
     mem: &M,
     rt: &PythonRuntime,
     layout: &Described,
+    debug: Option<&AsyncioDebug>,
 ) -> Result<Option<PyAsync>, PythonError> {
-    let Some(off) = for_version(rt.version.major, rt.version.minor) else {
+    let Some(mut off) = for_version(rt.version.major, rt.version.minor) else {
         return Ok(None);
     };
+    let described = rt.version.minor >= 14;
+    if described {
+        let Some(d) = debug else {
+            return Ok(None);
+        };
+        off.task_coro = narrow(d.task_coro);
+        off.task_name = narrow(d.task_name);
+    }
     names::with_reader(mem, rt, layout, |r| {
         let Some(asyncio) = module_globals(r, rt, "_asyncio")? else {
             return Ok(None);
         };
-        let (Some(current), Some(task), Some(future)) = (
-            r.get(&asyncio, "_current_tasks")?,
-            r.get(&asyncio, "Task")?,
-            r.get(&asyncio, "Future")?,
-        ) else {
+        let (Some(task), Some(future)) = (r.get(&asyncio, "Task")?, r.get(&asyncio, "Future")?)
+        else {
             return Ok(None);
         };
-        r.expect_type(current, rt.dict_type)?;
+        let current = if described {
+            0
+        } else {
+            let Some(current) = r.get(&asyncio, "_current_tasks")? else {
+                return Ok(None);
+            };
+            r.expect_type(current, rt.dict_type)?;
+            current
+        };
         let o = r.o;
         let mut a = PyAsync {
             current_tasks: current,
@@ -154,8 +316,18 @@ pub fn discover<M: Memory>(
             tg_values_at: 0,
             tg_valid_at: 0,
             tg_parent_at: 0,
+            tstate_running_task: PY_ABSENT,
+            fut_awaited_by: PY_ABSENT,
+            fut_awaited_by_is_set: PY_ABSENT,
             reserved: 0,
         };
+        if let Some(d) = debug.filter(|_| described) {
+            a.tstate_running_task = narrow(d.tstate_running_task);
+            a.fut_awaited_by = narrow(d.task_awaited_by);
+            a.fut_awaited_by_is_set = narrow(d.task_awaited_by_is_set);
+            // Nothing more to find: the futures say who awaits them.
+            return Ok(Some(a));
+        }
         if let Some(groups) = module_globals(r, rt, "asyncio.taskgroups")?
             && let Some(class) = r.get(&groups, "TaskGroup")?
             && let Some(place) = parent_task_place(r, class)?

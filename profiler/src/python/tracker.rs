@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use pyrometer_ebpf::{PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
+use pyrometer_ebpf::{PY_ABSENT, PY_ADDR_UNKNOWN, PyProcess, RawPyFrame};
 
 use super::PythonError;
 use super::debug_offsets::{self, Described};
@@ -93,6 +93,8 @@ struct Tracked {
     aio_loop_seen: bool,
     aio_checked: Instant,
     aio_wait: Duration,
+    /// 3.14+: the `_asyncio` module's description, once found.
+    aio_debug: Option<super::asyncio::AsyncioDebug>,
     task_names: HashMap<(u64, u64), Arc<str>>,
 }
 
@@ -506,6 +508,7 @@ impl PyTracker {
                 aio_loop_seen: false,
                 aio_checked: Instant::now(),
                 aio_wait: Duration::ZERO,
+                aio_debug: None,
                 task_names: HashMap::new(),
             },
         );
@@ -533,11 +536,16 @@ impl PyTracker {
         }
         t.aio_checked = Instant::now();
         t.aio_wait = (t.aio_wait * 2).clamp(ASYNC_RECHECK, ASYNC_RECHECK_MAX);
+        if t.aio_debug.is_none() && t.runtime.version.minor >= 14 {
+            t.aio_debug = super::asyncio::find_debug(&self.proc_root, pid, &t.runtime);
+        }
         let mem = ProcessMemory::new(pid);
-        let Ok(Some(found)) = super::asyncio::discover(&mem, &t.runtime, &t.layout) else {
+        let found = super::asyncio::discover(&mem, &t.runtime, &t.layout, t.aio_debug.as_ref());
+        let Ok(Some(found)) = found else {
             return;
         };
-        t.aio_complete = found.taskgroup_type != 0;
+        // 3.14+ futures say who awaits them; before, a TaskGroup's place is learnt too.
+        t.aio_complete = found.taskgroup_type != 0 || found.fut_awaited_by != PY_ABSENT;
         if let Some(map) = self.map.as_mut()
             && let Ok(mut entry) = map.get(&pid, 0)
             && entry.aio != found
