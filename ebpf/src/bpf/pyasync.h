@@ -65,9 +65,40 @@ static __always_inline __u64 py_taskgroup_parent(struct py_process *p, __u64 gro
 	return py_type_of(p, parent) == a->task_type ? parent : 0;
 }
 
-// The future a done callback `cb` leads to (the one that waits for its future), or 0.
-static __always_inline __u64 py_callback_owner(struct py_process *p, __u64 cb)
+// A closure's cells, looked through for a future (gather's `outer`).
+struct py_cells {
+	__u64 closure;
+	__u64 n;
+	__u64 found;
+	__u32 tgid;
+};
+
+static long py_cell_step(__u32 j, struct py_cells *c)
 {
+	__u32 tgid = c->tgid;
+	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!p || j >= c->n)
+		return 1;
+	struct py_async *a = &p->aio;
+	__u64 cell = read_user_u64(c->closure + a->tuple_items + (__u64)j * 8);
+	__u64 obj = cell ? read_user_u64(cell + a->cell_ref) : 0;
+	if (py_is_future(p, obj)) {
+		c->found = obj;
+		return 1;
+	}
+	return 0;
+}
+
+// The future a done callback `cb` leads to (the one that waits for its future), or 0. A
+// global function: verified once, not once per callback of the loop that calls it.
+__attribute__((noinline)) __u64 py_callback_owner(struct py_walk *w, __u64 cb)
+{
+	if (!w)
+		return 0;
+	__u32 tgid = w->tgid;
+	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!p)
+		return 0;
 	struct py_async *a = &p->aio;
 	__u64 t = py_type_of(p, cb);
 	if (!t)
@@ -84,24 +115,20 @@ static __always_inline __u64 py_callback_owner(struct py_process *p, __u64 cb)
 	}
 	if (t != a->function_type)
 		return 0;
-	__u64 closure = read_user_u64(cb + a->function_closure);
-	if (!closure)
+	struct py_cells c = { .tgid = tgid };
+	c.closure = read_user_u64(cb + a->function_closure);
+	if (!c.closure)
 		return 0;
-	__u64 n = read_user_u64(closure + a->var_size);
-	for (__u32 j = 0; j < PY_TASK_CELLS; j++) {
-		if (j >= n)
-			break;
-		__u64 cell = read_user_u64(closure + a->tuple_items + j * 8);
-		__u64 obj = cell ? read_user_u64(cell + a->cell_ref) : 0;
-		if (py_is_future(p, obj))
-			return obj;
-	}
-	return 0;
+	c.n = read_user_u64(c.closure + a->var_size);
+	// A bpf_loop, not an unrolled loop: its callback is verified once, where unrolled the
+	// cells' branches multiplied the verifier's states (18k instructions for the task walk).
+	bpf_loop(PY_TASK_CELLS, py_cell_step, &c, 0);
+	return c.found;
 }
 
 // The future waiting for `fut`, through its done callbacks (3.11-3.13) or its `awaited_by`
 // (3.14+), or 0.
-static __always_inline __u64 py_awaiter(struct py_process *p, __u64 fut)
+static __always_inline __u64 py_awaiter(struct py_walk *w, struct py_process *p, __u64 fut)
 {
 	struct py_async *a = &p->aio;
 	if (a->fut_awaited_by != PY_ABSENT) {
@@ -124,7 +151,7 @@ static __always_inline __u64 py_awaiter(struct py_process *p, __u64 fut)
 			__u64 pair = read_user_u64(items + (k - 1) * 8);
 			cb = pair ? read_user_u64(pair + a->tuple_items) : 0;
 		}
-		__u64 owner = cb ? py_callback_owner(p, cb) : 0;
+		__u64 owner = cb ? py_callback_owner(w, cb) : 0;
 		if (owner && owner != fut)
 			return owner;
 	}
@@ -160,13 +187,52 @@ __attribute__((noinline)) int py_task(struct py_walk *w)
 		slots[i1 & (MAX_SLOTS - 1)] = code | PY_TASK_MARK;
 		w->used = index + 1;
 	}
-	w->fut = py_awaiter(p, fut);
+	w->fut = py_awaiter(w, p, fut);
 	return w->fut == 0;
 }
 
-// Scans `_current_tasks` for the running tasks: with `want` 0, puts the frame address of each
-// one's coroutine in `w->task_frames` (up to PY_TASK_CANDIDATES) and returns how many; else
-// returns the task whose coroutine's frame is at `want` (0 when none is now).
+// One scan of `_current_tasks`' entries (py_task_scan).
+struct py_scan {
+	__u64 entries;
+	__u64 nentries;
+	__u64 want;
+	__u64 task; // with `want`: the task found
+	__u64 frames[PY_TASK_CANDIDATES];
+	__u32 found;
+	__u32 tgid;
+};
+
+// One entry. A bpf_loop callback, verified once: unrolled, the entries' branches cost the
+// verifier 16k instructions.
+static long py_scan_step(__u32 i, struct py_scan *s)
+{
+	__u32 tgid = s->tgid;
+	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!p || i >= s->nentries || s->found >= PY_TASK_CANDIDATES)
+		return 1;
+	struct py_async *a = &p->aio;
+	__u64 task = read_user_u64(s->entries + (__u64)i * a->entry_size + a->entry_value);
+	if (!task || py_type_of(p, task) != a->task_type)
+		return 0;
+	__u64 coro = read_user_u64(task + a->task_coro);
+	if (!coro)
+		return 0;
+	__u64 frame = coro + a->gen_iframe;
+	if (s->want) {
+		if (frame != s->want)
+			return 0;
+		s->task = task;
+		return 1;
+	}
+	s->frames[s->found & (PY_TASK_CANDIDATES - 1)] = frame;
+	s->found++;
+	return 0;
+}
+
+// Finds the running tasks: with `want` 0, puts the frame address of each one's coroutine in
+// `w->task_frames` (up to PY_TASK_CANDIDATES) and returns how many; else returns the task
+// whose coroutine's frame is at `want` (0 when none is now). 3.11-3.13 scan
+// `_current_tasks`; 3.14+ read the thread state's running task.
 __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 {
 	if (!w)
@@ -177,7 +243,6 @@ __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 		return 0;
 	struct py_async *a = &p->aio;
 	if (a->tstate_running_task != PY_ABSENT) {
-		// 3.14+: the thread state says which task runs.
 		__u64 task = read_user_u64(w->tstate + a->tstate_running_task);
 		if (!task || py_type_of(p, task) != a->task_type)
 			return 0;
@@ -199,26 +264,16 @@ __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 	if (bpf_probe_read_user(&log2_index_bytes, 1, (void *)(keys + a->keys_log2_index_bytes)) ||
 	    log2_index_bytes > 32)
 		return 0;
-	__u64 nentries = read_user_u64(keys + a->keys_nentries);
-	__u64 entries = keys + a->keys_indices + (1ULL << log2_index_bytes);
-	__u32 found = 0;
-	for (__u32 i = 0; i < PY_TASK_ENTRIES; i++) {
-		if (i >= nentries || found >= PY_TASK_CANDIDATES)
-			break;
-		__u64 task = read_user_u64(entries + (__u64)i * a->entry_size + a->entry_value);
-		if (!task || py_type_of(p, task) != a->task_type)
-			continue;
-		__u64 coro = read_user_u64(task + a->task_coro);
-		if (!coro)
-			continue;
-		__u64 frame = coro + a->gen_iframe;
-		if (want) {
-			if (frame == want)
-				return task;
-			continue;
-		}
-		w->task_frames[found & (PY_TASK_CANDIDATES - 1)] = frame;
-		found++;
-	}
-	return want ? 0 : found;
+	struct py_scan s = {
+		.entries = keys + a->keys_indices + (1ULL << log2_index_bytes),
+		.nentries = read_user_u64(keys + a->keys_nentries),
+		.want = want,
+		.tgid = tgid,
+	};
+	bpf_loop(PY_TASK_ENTRIES, py_scan_step, &s, 0);
+	if (want)
+		return s.task;
+	for (__u32 k = 0; k < PY_TASK_CANDIDATES; k++)
+		w->task_frames[k] = s.frames[k];
+	return s.found;
 }
