@@ -249,3 +249,69 @@ fn an_unsupported_version_says_so_and_keeps_its_frames() {
     let folded = std::fs::read_to_string(&out).unwrap();
     assert!(folded.contains("six ("), "{folded}");
 }
+
+/// With `--off-cpu`, a coroutine that blocks its thread (time.sleep) has that time under its
+/// task chain; awaiting (asyncio.sleep) is the loop's wait in its selector, under no task.
+#[test]
+fn blocking_in_a_coroutine_is_off_cpu_under_its_chain() {
+    if !privileged() {
+        return;
+    }
+    let python = Interpreter::pyenv(12);
+    if !python.present() {
+        return;
+    }
+    let dir = scratch("pyasync-offcpu");
+    let out = dir.join("offcpu.folded");
+    let script = source("py_async_block.py");
+    let result = pyrometer(&[
+        "record",
+        "--async",
+        "--off-cpu",
+        "--type",
+        "off_cpu",
+        "--frames",
+        "python",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        python.path.to_str().unwrap(),
+        script.to_str().unwrap(),
+    ]);
+    assert_ok(&result);
+    let err = stderr(&result);
+    let blocked_s: f64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("blocked_s "))
+        .unwrap_or_else(|| panic!("no blocked_s line:\n{err}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let stacks = read_folded(&out);
+    let tasks = |s: &FoldedStack| -> Vec<String> {
+        s.frames
+            .iter()
+            .filter_map(|f| f.strip_prefix(TASK).map(str::to_string))
+            .collect()
+    };
+    let ns = |pred: &dyn Fn(&FoldedStack) -> bool| -> f64 {
+        stacks
+            .iter()
+            .filter(|s| pred(s))
+            .map(|s| s.count)
+            .sum::<u64>() as f64
+            / 1e9
+    };
+    let under_sleeper = ns(&|s| {
+        tasks(s) == ["main", "sleeper"] && s.frames.iter().any(|f| function(f) == "sleeper")
+    });
+    let under_napper = ns(&|s| tasks(s).iter().any(|t| t == "napper"));
+    assert!(
+        under_sleeper >= 0.8 * blocked_s && under_sleeper <= 1.2 * blocked_s,
+        "{under_sleeper:.3} s off-CPU under main/sleeper, {blocked_s:.3} s blocked\n{err}"
+    );
+    assert!(
+        under_napper < 0.1 * blocked_s,
+        "{under_napper:.3} s off-CPU under napper\n{err}"
+    );
+}
