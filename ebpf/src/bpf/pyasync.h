@@ -65,30 +65,6 @@ static __always_inline __u64 py_taskgroup_parent(struct py_process *p, __u64 gro
 	return py_type_of(p, parent) == a->task_type ? parent : 0;
 }
 
-// A closure's cells, looked through for a future (gather's `outer`).
-struct py_cells {
-	__u64 closure;
-	__u64 n;
-	__u64 found;
-	__u32 tgid;
-};
-
-static long py_cell_step(__u32 j, struct py_cells *c)
-{
-	__u32 tgid = c->tgid;
-	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
-	if (!p || j >= c->n)
-		return 1;
-	struct py_async *a = &p->aio;
-	__u64 cell = read_user_u64(c->closure + a->tuple_items + (__u64)j * 8);
-	__u64 obj = cell ? read_user_u64(cell + a->cell_ref) : 0;
-	if (py_is_future(p, obj)) {
-		c->found = obj;
-		return 1;
-	}
-	return 0;
-}
-
 // The future a done callback `cb` leads to (the one that waits for its future), or 0. A
 // global function: verified once, not once per callback of the loop that calls it.
 __attribute__((noinline)) __u64 py_callback_owner(struct py_walk *w, __u64 cb)
@@ -115,15 +91,19 @@ __attribute__((noinline)) __u64 py_callback_owner(struct py_walk *w, __u64 cb)
 	}
 	if (t != a->function_type)
 		return 0;
-	struct py_cells c = { .tgid = tgid };
-	c.closure = read_user_u64(cb + a->function_closure);
-	if (!c.closure)
+	__u64 closure = read_user_u64(cb + a->function_closure);
+	if (!closure)
 		return 0;
-	c.n = read_user_u64(c.closure + a->var_size);
-	// A bpf_loop, not an unrolled loop: its callback is verified once, where unrolled the
-	// cells' branches multiplied the verifier's states (18k instructions for the task walk).
-	bpf_loop(PY_TASK_CELLS, py_cell_step, &c, 0);
-	return c.found;
+	__u64 n = read_user_u64(closure + a->var_size);
+	for (__u32 j = 0; j < PY_TASK_CELLS; j++) {
+		if (j >= n)
+			break;
+		__u64 cell = read_user_u64(closure + a->tuple_items + j * 8);
+		__u64 obj = cell ? read_user_u64(cell + a->cell_ref) : 0;
+		if (py_is_future(p, obj))
+			return obj;
+	}
+	return 0;
 }
 
 // The future waiting for `fut`, through its done callbacks (3.11-3.13) or its `awaited_by`
@@ -197,18 +177,19 @@ struct py_scan {
 	__u64 nentries;
 	__u64 want;
 	__u64 task; // with `want`: the task found
-	__u64 frames[PY_TASK_CANDIDATES];
 	__u32 found;
 	__u32 tgid;
+	__u32 which;
 };
 
 // One entry. A bpf_loop callback, verified once: unrolled, the entries' branches cost the
 // verifier 16k instructions.
 static long py_scan_step(__u32 i, struct py_scan *s)
 {
-	__u32 tgid = s->tgid;
+	__u32 tgid = s->tgid, which = s->which;
 	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
-	if (!p || i >= s->nentries || s->found >= PY_TASK_CANDIDATES)
+	struct py_task_state *ts = bpf_map_lookup_elem(&py_task_states, &which);
+	if (!p || !ts || i >= s->nentries || s->found >= PY_TASK_CANDIDATES)
 		return 1;
 	struct py_async *a = &p->aio;
 	__u64 task = read_user_u64(s->entries + (__u64)i * a->entry_size + a->entry_value);
@@ -224,26 +205,31 @@ static long py_scan_step(__u32 i, struct py_scan *s)
 		s->task = task;
 		return 1;
 	}
-	s->frames[s->found & (PY_TASK_CANDIDATES - 1)] = frame;
+	ts->frames[s->found & (PY_TASK_CANDIDATES - 1)] = frame;
 	s->found++;
 	return 0;
 }
 
 // Finds the running tasks: with `want` 0, puts the frame address of each one's coroutine in
-// `w->task_frames` (up to PY_TASK_CANDIDATES) and returns how many; else returns the task
-// whose coroutine's frame is at `want` (0 when none is now). 3.11-3.13 scan
-// `_current_tasks`; 3.14+ read the thread state's running task.
+// the walk's py_task_states entry (up to PY_TASK_CANDIDATES, the rest 0) and returns how
+// many; else returns the task whose coroutine's frame is at `want` (0 when none is now).
+// 3.11-3.13 scan `_current_tasks`; 3.14+ read the thread state's running task.
 __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 {
 	if (!w)
 		return 0;
-	__u32 tgid = w->tgid;
+	__u32 tgid = w->tgid, which = w->which;
 	struct py_process *p = bpf_map_lookup_elem(&py_procs, &tgid);
-	if (!p || !p->aio.task_type)
+	struct py_task_state *ts = bpf_map_lookup_elem(&py_task_states, &which);
+	if (!p || !ts || !p->aio.task_type)
 		return 0;
 	struct py_async *a = &p->aio;
+	if (!want) {
+		for (__u32 k = 0; k < PY_TASK_CANDIDATES; k++)
+			ts->frames[k] = 0;
+	}
 	if (a->tstate_running_task != PY_ABSENT) {
-		__u64 task = read_user_u64(w->tstate + a->tstate_running_task);
+		__u64 task = read_user_u64(ts->tstate + a->tstate_running_task);
 		if (!task || py_type_of(p, task) != a->task_type)
 			return 0;
 		__u64 coro = read_user_u64(task + a->task_coro);
@@ -252,7 +238,7 @@ __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 		__u64 frame = coro + a->gen_iframe;
 		if (want)
 			return frame == want ? task : 0;
-		w->task_frames[0] = frame;
+		ts->frames[0] = frame;
 		return 1;
 	}
 	if (!a->current_tasks)
@@ -269,11 +255,8 @@ __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 		.nentries = read_user_u64(keys + a->keys_nentries),
 		.want = want,
 		.tgid = tgid,
+		.which = which,
 	};
 	bpf_loop(PY_TASK_ENTRIES, py_scan_step, &s, 0);
-	if (want)
-		return s.task;
-	for (__u32 k = 0; k < PY_TASK_CANDIDATES; k++)
-		w->task_frames[k] = s.frames[k];
-	return s.found;
+	return want ? s.task : s.found;
 }

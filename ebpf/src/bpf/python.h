@@ -288,13 +288,24 @@ struct py_walk {
 	__u32 last_firstline;
 	__u32 tgid;
 	__u64 now; // when the walk started, for py_code_lines
-	// --async (pyasync.h): the frames of the running tasks' coroutines (0: none), the one the
-	// walk stopped after, and the future a task chain's walk is at.
-	__u64 task_frames[PY_TASK_CANDIDATES];
-	__u64 task_hit;
+	// --async (pyasync.h): the future a task chain's walk is at (the rest of the task walk's
+	// state is in py_task_states: 6.1 counts every byte of this stack frame towards its
+	// 512 bytes of combined stack, which the allocation probes' walks had no room left in).
 	__u64 fut;
-	__u64 tstate;
 };
+
+// The asyncio task walk's state, per CPU and scratch kind (pyasync.h).
+struct py_task_state {
+	__u64 frames[PY_TASK_CANDIDATES]; // the running tasks' coroutine frames, 0: none
+	__u64 hit;                        // the one the frame walk stopped after
+	__u64 tstate;                     // the thread's state (3.14+: its running task)
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SCRATCH_KINDS);
+	__type(key, __u32);
+	__type(value, struct py_task_state);
+} py_task_states SEC(".maps");
 
 // The first line of the code object at `code`, run by a frame with `globals`: from
 // py_code_lines while fresh, else read (0 when unreadable).
@@ -371,7 +382,7 @@ static __always_inline __u64 py_tlbc_start(__u64 tlbc_field, __u32 idx)
 // One frame: writes its slot pair, then moves `w` to the previous frame. Returns 0 to go on,
 // 1 when the walk ends (no frame left, out of slots, or a read failed: `flags` says).
 static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_win_buf *wb,
-				  struct py_frame_buf *fb)
+				  struct py_frame_buf *fb, struct py_task_state *ts)
 {
 	if (!w->frame)
 		return 1;
@@ -446,9 +457,9 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	__u64 here = w->frame;
 	w->frame = previous;
 	// A running task's coroutine: its tasks go right after it (pyasync.h).
-	if (w->task_frames[0] && (here == w->task_frames[0] || here == w->task_frames[1] ||
-				  here == w->task_frames[2] || here == w->task_frames[3])) {
-		w->task_hit = here;
+	if (ts->frames[0] && (here == ts->frames[0] || here == ts->frames[1] ||
+			      here == ts->frames[2] || here == ts->frames[3])) {
+		ts->hit = here;
 		return 1;
 	}
 	return 0;
@@ -465,10 +476,11 @@ __attribute__((noinline)) int py_frames(struct py_walk *w)
 	__u64 *slots = scratch_slots(which);
 	struct user_win_buf *wb = user_win_buf(&w->win);
 	struct py_frame_buf *fb = bpf_map_lookup_elem(&py_frame_bufs, &which);
-	if (!slots || !wb || !fb)
+	struct py_task_state *ts = bpf_map_lookup_elem(&py_task_states, &which);
+	if (!slots || !wb || !fb || !ts)
 		return 1;
 	for (int i = 0; i < PY_BATCH; i++) {
-		if (py_one(w, slots, wb, fb))
+		if (py_one(w, slots, wb, fb, ts))
 			return 1;
 	}
 	return 0;
@@ -558,17 +570,22 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.tgid = tgid,
 		.now = start,
 	};
+	struct py_task_state *ts = bpf_map_lookup_elem(&py_task_states, &which);
+	if (!ts)
+		return 0;
+	ts->frames[0] = 0;
+	ts->hit = 0;
 	if (py_async_walk) {
 		REJECT_IF(REJECT_ASYNC);
 		if (p->aio.task_type) {
-			w.tstate = tstate;
+			ts->tstate = tstate;
 			py_task_scan(&w, 0);
 		}
 	}
 	bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
-	if (w.task_hit) {
-		w.fut = py_task_scan(&w, w.task_hit);
-		w.task_frames[0] = 0;
+	if (ts->hit) {
+		w.fut = py_task_scan(&w, ts->hit);
+		ts->frames[0] = 0;
 		if (w.fut)
 			bpf_loop(PY_MAX_TASKS, py_task_step, &w, 0);
 		bpf_loop(MAX_PY_FRAMES / PY_BATCH + 1, py_walk_step, &w, 0);
