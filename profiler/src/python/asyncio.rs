@@ -415,6 +415,8 @@ mod tests {
     use std::collections::HashMap;
     use std::process::Command;
 
+    use object::{Object, ObjectSection};
+
     use super::super::tests::{PYENV, gdb_script, libpython, pyenv_root};
     use super::*;
 
@@ -490,6 +492,114 @@ mod tests {
             println!("3.{minor}: {} asyncio offsets agree with DWARF", want.len());
         }
         assert!(checked > 0 || PYENV.iter().all(|&(_, m)| for_version(3, m).is_none()));
+    }
+
+    /// forky's 3.14 and 3.15: the table's entries against their `-dbg` DWARF, and the
+    /// `.AsyncioDebug` section of each (the `_asyncio` module's, the interpreter's) against it
+    /// too.
+    #[test]
+    fn forky_asyncio_offsets_match_dwarf() {
+        if Command::new("gdb").arg("--version").output().is_err() {
+            skip_ledger::skip("tool:gdb", "gdb is not installed");
+            return;
+        }
+        let root = super::super::tests::forky_root();
+        for minor in [14, 15] {
+            let bin = root.join(format!("usr/bin/python3.{minor}"));
+            if !bin.exists() {
+                skip_ledger::skip(
+                    "forky-root",
+                    format!(
+                        "3.{minor}: {} is missing (cargo xtask forky-root)",
+                        bin.display()
+                    ),
+                );
+                continue;
+            }
+            let debug = crate::symbolize::separate_debug_file(
+                &bin,
+                bin.parent(),
+                &bin.to_string_lossy(),
+                None,
+                &[root.join("usr/lib/debug")],
+            )
+            .unwrap_or_else(|| panic!("3.{minor}: no debug file for {}", bin.display()));
+            let dwarf = parse(&gdb_script("python_asyncio_offsets.py", &debug));
+            let table = for_version(3, minor).expect("a table");
+            for (field, value) in [
+                ("gen_iframe", table.gen_iframe),
+                ("coro_iframe", table.gen_iframe),
+                ("cfunction_self", table.cfunction_self),
+                ("method_self", table.method_self),
+                ("function_closure", table.function_closure),
+                ("cell_ref", table.cell_ref),
+                ("type_base", table.type_base),
+                ("tuple_items", table.tuple_items),
+                ("list_items", table.list_items),
+                ("var_size", table.var_size),
+            ] {
+                assert_eq!(
+                    dwarf.get(field),
+                    Some(&value),
+                    "3.{minor} {field}: {}",
+                    debug.display()
+                );
+            }
+            // The section: in the extension module (3.14) or the interpreter (3.15).
+            let dynload = root.join(format!(
+                "usr/lib/python3.{minor}/lib-dynload/_asyncio.cpython-3{minor}-x86_64-linux-gnu.so"
+            ));
+            let holder = if dynload.exists() {
+                dynload
+            } else {
+                bin.clone()
+            };
+            let data = std::fs::read(&holder).unwrap();
+            let elf = object::File::parse(&*data).unwrap();
+            let section = elf
+                .section_by_name(ASYNCIO_DEBUG_SECTION)
+                .unwrap_or_else(|| panic!("3.{minor}: no section in {}", holder.display()));
+            let d = AsyncioDebug::parse(section.data().unwrap()).unwrap();
+            let holder_debug = crate::symbolize::separate_debug_file(
+                &holder,
+                holder.parent(),
+                &holder.to_string_lossy(),
+                None,
+                &[root.join("usr/lib/debug")],
+            )
+            .unwrap_or_else(|| panic!("3.{minor}: no debug file for {}", holder.display()));
+            let module = parse(&gdb_script("python_asyncio_offsets.py", &holder_debug));
+            assert_eq!(
+                module.get("task_coro"),
+                Some(&narrow(d.task_coro)),
+                "3.{minor}"
+            );
+            assert_eq!(
+                module.get("task_name"),
+                Some(&narrow(d.task_name)),
+                "3.{minor}"
+            );
+            assert_eq!(table.task_coro, narrow(d.task_coro), "3.{minor}");
+            assert_eq!(table.task_name, narrow(d.task_name), "3.{minor}");
+            println!("3.{minor}: asyncio offsets agree with {}", debug.display());
+        }
+    }
+
+    #[test]
+    fn asyncio_debug_sections_are_checked() {
+        // forky 3.14's section.
+        let words: [u64; 13] = [
+            168, 136, 96, 108, 109, 128, 152, 0x37248, 0x2a80, 0x3a8, 0x360, 0x368, 0x370,
+        ];
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let d = AsyncioDebug::parse(&bytes).unwrap();
+        assert_eq!((d.task_coro, d.tstate_running_task), (128, 0x368));
+        assert!(AsyncioDebug::parse(&bytes[..96]).is_err());
+        let mut bad = words;
+        bad[11] = 0x3a8; // the running task at the thread state's very end
+        let bytes: Vec<u8> = bad.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let err = AsyncioDebug::parse(&bytes).unwrap_err();
+        assert!(err.contains("asyncio_running_task"), "{err}");
     }
 
     #[test]
