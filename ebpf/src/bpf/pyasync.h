@@ -171,6 +171,16 @@ __attribute__((noinline)) int py_task(struct py_walk *w)
 	return w->fut == 0;
 }
 
+// Where the coroutine of `task` has its frame, 0 when `task` is no task or has no coroutine.
+static __always_inline __u64 py_task_frame(struct py_process *p, __u64 task)
+{
+	struct py_async *a = &p->aio;
+	if (!task || py_type_of(p, task) != a->task_type)
+		return 0;
+	__u64 coro = read_user_u64(task + a->task_coro);
+	return coro ? coro + a->gen_iframe : 0;
+}
+
 // One scan of `_current_tasks`' entries (py_task_scan).
 struct py_scan {
 	__u64 entries;
@@ -193,12 +203,9 @@ static long py_scan_step(__u32 i, struct py_scan *s)
 		return 1;
 	struct py_async *a = &p->aio;
 	__u64 task = read_user_u64(s->entries + (__u64)i * a->entry_size + a->entry_value);
-	if (!task || py_type_of(p, task) != a->task_type)
+	__u64 frame = py_task_frame(p, task);
+	if (!frame)
 		return 0;
-	__u64 coro = read_user_u64(task + a->task_coro);
-	if (!coro)
-		return 0;
-	__u64 frame = coro + a->gen_iframe;
 	if (s->want) {
 		if (frame != s->want)
 			return 0;
@@ -230,12 +237,9 @@ __attribute__((noinline)) __u64 py_task_scan(struct py_walk *w, __u64 want)
 	}
 	if (a->tstate_running_task != PY_ABSENT) {
 		__u64 task = read_user_u64(ts->tstate + a->tstate_running_task);
-		if (!task || py_type_of(p, task) != a->task_type)
+		__u64 frame = py_task_frame(p, task);
+		if (!frame)
 			return 0;
-		__u64 coro = read_user_u64(task + a->task_coro);
-		if (!coro)
-			return 0;
-		__u64 frame = coro + a->gen_iframe;
 		if (want)
 			return frame == want ? task : 0;
 		ts->frames[0] = frame;

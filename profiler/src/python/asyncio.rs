@@ -417,7 +417,9 @@ mod tests {
 
     use object::{Object, ObjectSection};
 
-    use super::super::tests::{PYENV, gdb_script, libpython, pyenv_root};
+    use super::super::tests::{
+        PYENV, forky_debug_file, forky_root, gdb_script, libpython, pyenv_root,
+    };
     use super::*;
 
     /// `field=value` lines as a map.
@@ -503,7 +505,7 @@ mod tests {
             skip_ledger::skip("tool:gdb", "gdb is not installed");
             return;
         }
-        let root = super::super::tests::forky_root();
+        let root = forky_root();
         for minor in [14, 15] {
             let bin = root.join(format!("usr/bin/python3.{minor}"));
             if !bin.exists() {
@@ -516,14 +518,7 @@ mod tests {
                 );
                 continue;
             }
-            let debug = crate::symbolize::separate_debug_file(
-                &bin,
-                bin.parent(),
-                &bin.to_string_lossy(),
-                None,
-                &[root.join("usr/lib/debug")],
-            )
-            .unwrap_or_else(|| panic!("3.{minor}: no debug file for {}", bin.display()));
+            let debug = forky_debug_file(&root, &bin);
             let dwarf = parse(&gdb_script("python_asyncio_offsets.py", &debug));
             let table = for_version(3, minor).expect("a table");
             for (field, value) in [
@@ -560,15 +555,10 @@ mod tests {
                 .section_by_name(ASYNCIO_DEBUG_SECTION)
                 .unwrap_or_else(|| panic!("3.{minor}: no section in {}", holder.display()));
             let d = AsyncioDebug::parse(section.data().unwrap()).unwrap();
-            let holder_debug = crate::symbolize::separate_debug_file(
-                &holder,
-                holder.parent(),
-                &holder.to_string_lossy(),
-                None,
-                &[root.join("usr/lib/debug")],
-            )
-            .unwrap_or_else(|| panic!("3.{minor}: no debug file for {}", holder.display()));
-            let module = parse(&gdb_script("python_asyncio_offsets.py", &holder_debug));
+            let module = parse(&gdb_script(
+                "python_asyncio_offsets.py",
+                &forky_debug_file(&root, &holder),
+            ));
             assert_eq!(
                 module.get("task_coro"),
                 Some(&narrow(d.task_coro)),

@@ -220,14 +220,7 @@ fn forky_descriptions_match_dwarf() {
             );
             continue;
         }
-        let debug = crate::symbolize::separate_debug_file(
-            &bin,
-            bin.parent(),
-            &bin.to_string_lossy(),
-            None,
-            &[root.join("usr/lib/debug")],
-        )
-        .unwrap_or_else(|| panic!("3.{minor}: no debug file for {}", bin.display()));
+        let debug = forky_debug_file(&root, &bin);
         let text = dwarf_offsets(&debug);
         let mut cmd = Command::new("chroot");
         cmd.arg(&root).arg(format!("/usr/bin/python3.{minor}"));
@@ -242,6 +235,18 @@ fn forky_descriptions_match_dwarf() {
 }
 
 /// The Debian forky root the tests run 3.14 and 3.15 in.
+/// The `-dbg` debug file of `binary`, a file of the forky root `root`; panics when missing.
+pub(super) fn forky_debug_file(root: &Path, binary: &Path) -> PathBuf {
+    crate::symbolize::separate_debug_file(
+        binary,
+        binary.parent(),
+        &binary.to_string_lossy(),
+        None,
+        &[root.join("usr/lib/debug")],
+    )
+    .unwrap_or_else(|| panic!("no debug file for {}", binary.display()))
+}
+
 pub(super) fn forky_root() -> PathBuf {
     std::env::var_os("PYROMETER_FORKY_ROOT").map_or_else(
         || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/forky/root"),
