@@ -418,7 +418,7 @@ mod tests {
     use object::{Object, ObjectSection};
 
     use super::super::tests::{
-        PYENV, forky_debug_file, forky_root, gdb_script, libpython, pyenv_root,
+        PYENV, forky_debug_file, forky_python, forky_root, gdb_script, libpython, pyenv_root,
     };
     use super::*;
 
@@ -430,6 +430,22 @@ mod tests {
                 Some((k.to_string(), v.parse().ok()?))
             })
             .collect()
+    }
+
+    /// The table's entries the interpreter's own DWARF describes, by the script's names.
+    fn libpython_fields(t: &AsyncOffsets) -> [(&'static str, u32); 10] {
+        [
+            ("gen_iframe", t.gen_iframe),
+            ("coro_iframe", t.gen_iframe),
+            ("cfunction_self", t.cfunction_self),
+            ("method_self", t.method_self),
+            ("function_closure", t.function_closure),
+            ("cell_ref", t.cell_ref),
+            ("type_base", t.type_base),
+            ("tuple_items", t.tuple_items),
+            ("list_items", t.list_items),
+            ("var_size", t.var_size),
+        ]
     }
 
     #[test]
@@ -470,17 +486,10 @@ mod tests {
                 ("task_callbacks", table.fut_callbacks),
                 ("task_coro", table.task_coro),
                 ("task_name", table.task_name),
-                ("gen_iframe", table.gen_iframe),
-                ("coro_iframe", table.gen_iframe),
-                ("cfunction_self", table.cfunction_self),
-                ("method_self", table.method_self),
-                ("function_closure", table.function_closure),
-                ("cell_ref", table.cell_ref),
-                ("type_base", table.type_base),
-                ("tuple_items", table.tuple_items),
-                ("list_items", table.list_items),
-                ("var_size", table.var_size),
-            ];
+            ]
+            .into_iter()
+            .chain(libpython_fields(&table));
+            let mut n = 0;
             for (field, value) in want {
                 assert_eq!(
                     dwarf.get(field),
@@ -490,8 +499,9 @@ mod tests {
                     module.display()
                 );
                 checked += 1;
+                n += 1;
             }
-            println!("3.{minor}: {} asyncio offsets agree with DWARF", want.len());
+            println!("3.{minor}: {n} asyncio offsets agree with DWARF");
         }
         assert!(checked > 0 || PYENV.iter().all(|&(_, m)| for_version(3, m).is_none()));
     }
@@ -507,32 +517,13 @@ mod tests {
         }
         let root = forky_root();
         for minor in [14, 15] {
-            let bin = root.join(format!("usr/bin/python3.{minor}"));
-            if !bin.exists() {
-                skip_ledger::skip(
-                    "forky-root",
-                    format!(
-                        "3.{minor}: {} is missing (cargo xtask forky-root)",
-                        bin.display()
-                    ),
-                );
+            let Some(bin) = forky_python(&root, minor) else {
                 continue;
-            }
+            };
             let debug = forky_debug_file(&root, &bin);
             let dwarf = parse(&gdb_script("python_asyncio_offsets.py", &debug));
             let table = for_version(3, minor).expect("a table");
-            for (field, value) in [
-                ("gen_iframe", table.gen_iframe),
-                ("coro_iframe", table.gen_iframe),
-                ("cfunction_self", table.cfunction_self),
-                ("method_self", table.method_self),
-                ("function_closure", table.function_closure),
-                ("cell_ref", table.cell_ref),
-                ("type_base", table.type_base),
-                ("tuple_items", table.tuple_items),
-                ("list_items", table.list_items),
-                ("var_size", table.var_size),
-            ] {
+            for (field, value) in libpython_fields(&table) {
                 assert_eq!(
                     dwarf.get(field),
                     Some(&value),

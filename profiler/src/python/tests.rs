@@ -209,17 +209,9 @@ fn forky_descriptions_match_dwarf() {
     }
     let root = forky_root();
     for minor in [14, 15] {
-        let bin = root.join(format!("usr/bin/python3.{minor}"));
-        if !bin.exists() {
-            skip_ledger::skip(
-                "forky-root",
-                format!(
-                    "3.{minor}: {} is missing (cargo xtask forky-root)",
-                    bin.display()
-                ),
-            );
+        let Some(bin) = forky_python(&root, minor) else {
             continue;
-        }
+        };
         let debug = forky_debug_file(&root, &bin);
         let text = dwarf_offsets(&debug);
         let mut cmd = Command::new("chroot");
@@ -235,6 +227,22 @@ fn forky_descriptions_match_dwarf() {
 }
 
 /// The Debian forky root the tests run 3.14 and 3.15 in.
+/// forky's `python3.MINOR` in the root `root`, `None` (after recording the skip) when missing.
+pub(super) fn forky_python(root: &Path, minor: u32) -> Option<PathBuf> {
+    let bin = root.join(format!("usr/bin/python3.{minor}"));
+    if bin.exists() {
+        return Some(bin);
+    }
+    skip_ledger::skip(
+        "forky-root",
+        format!(
+            "3.{minor}: {} is missing (cargo xtask forky-root)",
+            bin.display()
+        ),
+    );
+    None
+}
+
 /// The `-dbg` debug file of `binary`, a file of the forky root `root`; panics when missing.
 pub(super) fn forky_debug_file(root: &Path, binary: &Path) -> PathBuf {
     crate::symbolize::separate_debug_file(
