@@ -91,6 +91,9 @@ struct Tracked {
     /// A sample ran asyncio's `Handle._run`: tasks are running, so the objects are looked
     /// for every `ASYNC_RECHECK` until found rather than after the back-off.
     aio_loop_seen: bool,
+    /// The loop's objects were found (a TaskGroup's place may still be missing: looked for
+    /// with the back-off, from `ASYNC_RECHECK` again).
+    aio_found: bool,
     aio_checked: Instant,
     aio_wait: Duration,
     /// 3.14+: the `_asyncio` module's description, once found.
@@ -99,9 +102,12 @@ struct Tracked {
 }
 
 /// A registered process whose asyncio objects are not all known yet (`asyncio` not imported,
-/// no TaskGroup made) is looked at again after this long, doubling up to the maximum.
+/// no TaskGroup made) is looked at again after this long, doubling up to the maximum: a
+/// look walks `sys.modules`, and a node-wide agent sees many processes that never run a loop.
+/// One seen running a task step is looked at every `ASYNC_RECHECK` until its loop's objects
+/// are found.
 const ASYNC_RECHECK: Duration = Duration::from_millis(20);
-const ASYNC_RECHECK_MAX: Duration = Duration::from_secs(1);
+const ASYNC_RECHECK_MAX: Duration = Duration::from_secs(10);
 /// The function asyncio's event loop runs each task step under (3.11+ qualified name).
 const ASYNCIO_STEP: &str = "Handle._run";
 /// Task names remembered per process.
@@ -506,6 +512,7 @@ impl PyTracker {
                 spans_wait: SPANS_RECHECK,
                 aio_complete: false,
                 aio_loop_seen: false,
+                aio_found: false,
                 aio_checked: Instant::now(),
                 aio_wait: Duration::ZERO,
                 aio_debug: None,
@@ -526,7 +533,8 @@ impl PyTracker {
             return;
         };
         let since = t.aio_checked.elapsed();
-        let due = since >= t.aio_wait || (t.aio_loop_seen && since >= ASYNC_RECHECK);
+        let due =
+            since >= t.aio_wait || (t.aio_loop_seen && !t.aio_found && since >= ASYNC_RECHECK);
         if t.aio_complete || !due {
             return;
         }
@@ -546,6 +554,10 @@ impl PyTracker {
         };
         // 3.14+ futures say who awaits them; before, a TaskGroup's place is learnt too.
         t.aio_complete = found.taskgroup_type != 0 || found.fut_awaited_by != PY_ABSENT;
+        if !t.aio_found {
+            t.aio_found = true;
+            t.aio_wait = ASYNC_RECHECK;
+        }
         if let Some(map) = self.map.as_mut()
             && let Ok(mut entry) = map.get(&pid, 0)
             && entry.aio != found
