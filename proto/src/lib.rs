@@ -8,6 +8,7 @@
 //! locations and functions are non-zero; 0 means "none".
 
 #[cfg(feature = "grpc")]
+pub mod capture;
 pub mod grpc;
 pub mod ingest;
 pub mod naming;

@@ -297,6 +297,44 @@ impl Sampler {
         Ok(())
     }
 
+    /// Attaches the sampler to a cpu-clock event of one thread at `frequency_hz`, beside the
+    /// node-wide events: an on-demand capture's burst. Its samples carry its period
+    /// (`SampleHeader::aux`), which tells them from the always-on ones.
+    pub fn attach_thread(
+        &mut self,
+        tid: u32,
+        frequency_hz: u64,
+    ) -> Result<aya::programs::perf_event::PerfEventLinkId, BpfError> {
+        let prog: &mut PerfEvent = self
+            .ebpf
+            .program_mut("on_cpu_clock")
+            .expect("loaded in Sampler::load")
+            .try_into()
+            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+        prog.attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::OneProcess {
+                pid: tid,
+                cpu: None,
+            },
+            SamplePolicy::Frequency(frequency_hz),
+            false,
+        )
+        .map_err(|e| BpfError::Attach {
+            what: format!("cpu-clock perf event of thread {tid}"),
+            reason: error_chain(&e),
+        })
+    }
+
+    /// Detaches an event of [`Sampler::attach_thread`] (closing it).
+    pub fn detach_thread(&mut self, link: aya::programs::perf_event::PerfEventLinkId) {
+        if let Some(prog) = self.ebpf.program_mut("on_cpu_clock")
+            && let Ok(prog) = <&mut PerfEvent>::try_from(prog)
+        {
+            let _ = prog.detach(link);
+        }
+    }
+
     /// Adds a process to the in-kernel target set; `follow_children` makes the fork
     /// tracepoint add the processes it starts.
     pub fn add_target(&mut self, pid: u32, follow_children: bool) -> Result<(), BpfError> {
