@@ -522,3 +522,118 @@ fn summary(e: &Entry) -> Summary {
             .map(|r| r.text.clone()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(node: &str, pid: u32) -> CaptureRequest {
+        CaptureRequest {
+            node: node.into(),
+            pids: vec![pid],
+            duration_ms: 1000,
+            frequency_hz: 99,
+            ..Default::default()
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A request reaches its node's agent only, runs once, and ends with the upload; the
+    /// other tenant neither sees nor answers it.
+    #[test]
+    fn a_request_goes_to_its_node_and_ends_with_the_upload() {
+        let rt = rt();
+        let c = Captures::default();
+        rt.block_on(c.poll("", "b", Duration::ZERO));
+        rt.block_on(c.poll("", "a", Duration::ZERO));
+        let id = c.create("", request("b", 42)).unwrap();
+        assert!(rt.block_on(c.poll("", "a", Duration::ZERO)).is_empty());
+        assert!(rt.block_on(c.poll("other", "b", Duration::ZERO)).is_empty());
+        let got = rt.block_on(c.poll("", "b", Duration::ZERO));
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].id.as_str(), got[0].pids.as_slice()), (id.as_str(), &[42][..]));
+        assert!(rt.block_on(c.poll("", "b", Duration::ZERO)).is_empty(), "taken once");
+        assert_eq!(c.summary("", &id).unwrap().state, "running");
+        assert!(c.summary("other", &id).is_none());
+        let upload = UploadRequest {
+            id: id.clone(),
+            node: "b".into(),
+            pprof: vec![1, 2, 3],
+            samples: 7,
+            ..Default::default()
+        };
+        assert!(c.upload("other", upload.clone()).is_err());
+        assert!(
+            c.upload("", UploadRequest { node: "a".into(), ..upload.clone() }).is_err(),
+            "another node's agent cannot answer it"
+        );
+        c.upload("", upload.clone()).unwrap();
+        assert_eq!(c.summary("", &id).unwrap().state, "done");
+        assert_eq!(c.result("", &id, false), Some(vec![1, 2, 3]));
+        assert!(c.upload("", upload).is_err(), "answered once");
+    }
+
+    /// A waiting poll is answered as soon as a request comes, not at its end.
+    #[test]
+    fn a_waiting_poll_is_answered_at_once() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let c = std::sync::Arc::new(Captures::default());
+        rt.block_on(c.poll("", "b", Duration::ZERO));
+        let poller = c.clone();
+        let started = Instant::now();
+        let polled = rt.spawn(async move { poller.poll("", "b", Duration::from_secs(10)).await });
+        std::thread::sleep(Duration::from_millis(100));
+        c.create("", request("b", 1)).unwrap();
+        let got = rt.block_on(polled).unwrap();
+        assert_eq!(got.len(), 1);
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+
+    /// Bad requests, unknown nodes and busy nodes are refused with their reason.
+    #[test]
+    fn requests_are_bounded_and_refused_with_a_reason() {
+        let rt = rt();
+        let c = Captures::default();
+        rt.block_on(c.poll("", "b", Duration::ZERO));
+        let err = |r| c.create("", r).unwrap_err();
+        assert!(matches!(err(request("z", 1)), CaptureError::NotFound(m) if m.contains("'z'")));
+        assert!(matches!(
+            err(CaptureRequest { duration_ms: 61_000, ..request("b", 1) }),
+            CaptureError::Input(m) if m.contains("60 s")
+        ));
+        assert!(matches!(
+            err(CaptureRequest { frequency_hz: 1000, ..request("b", 1) }),
+            CaptureError::Input(m) if m.contains("999")
+        ));
+        assert!(matches!(err(request("b", 0)), CaptureError::Input(_)));
+        c.create("", request("b", 1)).unwrap();
+        assert!(matches!(err(request("b", 2)), CaptureError::Busy(m) if m.contains("at most 1")));
+        // A dump is not a capture: it passes beside one.
+        let dump = CaptureRequest { kind: Kind::Dump as i32, duration_ms: 0, ..request("b", 2) };
+        c.create("", dump).unwrap();
+    }
+
+    /// A request its agent never takes fails as offline.
+    #[test]
+    fn a_request_not_taken_fails_as_offline() {
+        let rt = rt();
+        let c = Captures::default();
+        rt.block_on(c.poll("", "b", Duration::ZERO));
+        let id = c.create("", request("b", 1)).unwrap();
+        let mut inner = c.inner.lock().unwrap();
+        inner.expire(Instant::now() + TAKE_WITHIN + Duration::from_secs(1));
+        let e = &inner.entries[&id];
+        assert_eq!((e.state, e.failure), (State::Failed, Failure::Offline));
+        assert!(e.reason.contains("offline"), "{}", e.reason);
+    }
+}

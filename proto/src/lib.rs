@@ -7,8 +7,8 @@
 //! [`Profile::string_table`], whose entry 0 must be the empty string. Ids of mappings,
 //! locations and functions are non-zero; 0 means "none".
 
-#[cfg(feature = "grpc")]
 pub mod capture;
+#[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod ingest;
 pub mod naming;

@@ -10,6 +10,19 @@ use pyrometer_e2e::cluster::{Agent, Collector, free_port, samples_of};
 use pyrometer_e2e::wait::wait_until;
 use pyrometer_e2e::{folded_counts, privileged, pyrometer, scratch, stderr};
 
+/// Spins half a second in `spin`, sleeps a quarter, for ever.
+const SLEEPS: &str = "\
+import time
+def spin(s):
+    end = time.perf_counter() + s
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+while True:
+    spin(0.5)
+    time.sleep(0.25)
+";
+
 fn py631(rounds: u32) -> Child {
     let python = pyrometer_e2e::python::pyenv("3.11.7");
     Command::new(python)
@@ -48,11 +61,24 @@ fn capture_through_the_collector_on_another_node() {
     let url = collector.url();
     let work = py631(100_000);
     let pid = work.id();
+    let sleeper_py = dir.join("sleeps.py");
+    std::fs::write(&sleeper_py, SLEEPS).unwrap();
+    let sleeper = Command::new(pyrometer_e2e::python::pyenv("3.11.7"))
+        .arg(&sleeper_py)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start sleeps.py");
+    let sleeper_arg = sleeper.id().to_string();
     // Node-wide agents would sample each other and every build on a busy machine; each
     // samples its own processes, as two nodes' agents would.
     let mut a = Agent::start(&dir, "node-a", &url, &["--comm", "^capture-none$"]);
     let pid_arg = pid.to_string();
-    let mut b = Agent::start(&dir, "node-b", &url, &["--pid", &pid_arg]);
+    let mut b = Agent::start(
+        &dir,
+        "node-b",
+        &url,
+        &["--pid", &pid_arg, "--pid", &sleeper_arg],
+    );
     wait_until(
         Duration::from_secs(120),
         "node-b's always-on samples of the workload",
@@ -121,7 +147,8 @@ fn capture_through_the_collector_on_another_node() {
         "always-on samples/s: {rate_before:.1} before, {rate_during:.1} during the capture"
     );
 
-    // The Chrome timeline of a second capture.
+    // The Chrome timeline of a process that sleeps 250 ms between half-second spins: its
+    // track's gaps are the sleeps.
     let trace = dir.join("capture.trace.json");
     let out = pyrometer(&[
         "capture",
@@ -130,11 +157,11 @@ fn capture_through_the_collector_on_another_node() {
         "--node",
         "node-b",
         "--pid",
-        &pid.to_string(),
+        &sleeper_arg,
         "--duration",
-        "1s",
+        "4s",
         "-F",
-        "499",
+        "999",
         "-o",
         trace.to_str().unwrap(),
     ]);
@@ -142,10 +169,21 @@ fn capture_through_the_collector_on_another_node() {
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a JSON trace");
     let events = doc["traceEvents"].as_array().expect("traceEvents");
-    assert!(
-        events.iter().any(|e| e["ph"] == "X" || e["ph"] == "B"),
-        "no slices in the timeline"
-    );
+    let mut slices: Vec<(f64, f64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"].as_i64() == Some(i64::from(sleeper.id())))
+        .map(|e| (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap_or(0.0)))
+        .collect();
+    slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let gaps: Vec<f64> = slices
+        .windows(2)
+        .map(|w| (w[1].0 - (w[0].0 + w[0].1)) / 1000.0)
+        .filter(|&ms| ms > 100.0)
+        .collect();
+    assert!(gaps.len() >= 3, "{} slices, gaps {gaps:?}", slices.len());
+    for ms in &gaps {
+        assert!((ms - 250.0).abs() <= 50.0, "idle gaps (ms) {gaps:?}, want 250 ± 50");
+    }
 
     // A remote dump shows the workload's Python stack within 2 s.
     let started = Instant::now();
@@ -216,6 +254,7 @@ fn capture_through_the_collector_on_another_node() {
     one_line_failure(&out, 2, "the agent of node 'node-a' is offline");
 
     kill(work);
+    kill(sleeper);
     kill(std::mem::replace(
         &mut b.child,
         Command::new("true").spawn().unwrap(),
