@@ -557,8 +557,14 @@ mod tests {
         assert!(rt.block_on(c.poll("other", "b", Duration::ZERO)).is_empty());
         let got = rt.block_on(c.poll("", "b", Duration::ZERO));
         assert_eq!(got.len(), 1);
-        assert_eq!((got[0].id.as_str(), got[0].pids.as_slice()), (id.as_str(), &[42][..]));
-        assert!(rt.block_on(c.poll("", "b", Duration::ZERO)).is_empty(), "taken once");
+        assert_eq!(
+            (got[0].id.as_str(), got[0].pids.as_slice()),
+            (id.as_str(), &[42][..])
+        );
+        assert!(
+            rt.block_on(c.poll("", "b", Duration::ZERO)).is_empty(),
+            "taken once"
+        );
         assert_eq!(c.summary("", &id).unwrap().state, "running");
         assert!(c.summary("other", &id).is_none());
         let upload = UploadRequest {
@@ -570,7 +576,14 @@ mod tests {
         };
         assert!(c.upload("other", upload.clone()).is_err());
         assert!(
-            c.upload("", UploadRequest { node: "a".into(), ..upload.clone() }).is_err(),
+            c.upload(
+                "",
+                UploadRequest {
+                    node: "a".into(),
+                    ..upload.clone()
+                }
+            )
+            .is_err(),
             "another node's agent cannot answer it"
         );
         c.upload("", upload.clone()).unwrap();
@@ -596,7 +609,11 @@ mod tests {
         c.create("", request("b", 1)).unwrap();
         let got = rt.block_on(polled).unwrap();
         assert_eq!(got.len(), 1);
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     /// Bad requests, unknown nodes and busy nodes are refused with their reason.
@@ -619,7 +636,11 @@ mod tests {
         c.create("", request("b", 1)).unwrap();
         assert!(matches!(err(request("b", 2)), CaptureError::Busy(m) if m.contains("at most 1")));
         // A dump is not a capture: it passes beside one.
-        let dump = CaptureRequest { kind: Kind::Dump as i32, duration_ms: 0, ..request("b", 2) };
+        let dump = CaptureRequest {
+            kind: Kind::Dump as i32,
+            duration_ms: 0,
+            ..request("b", 2)
+        };
         c.create("", dump).unwrap();
     }
 

@@ -182,7 +182,10 @@ fn capture_through_the_collector_on_another_node() {
         .collect();
     assert!(gaps.len() >= 3, "{} slices, gaps {gaps:?}", slices.len());
     for ms in &gaps {
-        assert!((ms - 250.0).abs() <= 50.0, "idle gaps (ms) {gaps:?}, want 250 ± 50");
+        assert!(
+            (ms - 250.0).abs() <= 50.0,
+            "idle gaps (ms) {gaps:?}, want 250 ± 50"
+        );
     }
 
     // A remote dump shows the workload's Python stack within 2 s.

@@ -221,8 +221,9 @@ pub async fn result(
     let chrome = match params.format.as_deref() {
         None | Some("pprof") => false,
         Some("chrome") => true,
+        Some("flame") => return flame(&state, &tenant, &id).await,
         Some(other) => {
-            return ApiError::bad_request(format!("format '{other}': use pprof or chrome"))
+            return ApiError::bad_request(format!("format '{other}': use pprof, chrome or flame"))
                 .into_response();
         }
     };
@@ -259,6 +260,64 @@ pub async fn result(
         body,
     )
         .into_response()
+}
+
+/// A capture's profile as the UI's flame graph JSON (its CPU samples), decoded with the
+/// checks and limits of a push.
+async fn flame(state: &Arc<AppState>, tenant: &str, id: &str) -> Response {
+    let Some(node) = state.captures.summary(tenant, id).map(|s| s.node) else {
+        return ApiError::new(StatusCode::NOT_FOUND, format!("no capture {id}")).into_response();
+    };
+    let Some(bytes) = state.captures.result(tenant, id, false) else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("capture {id} has no result (yet)"),
+        )
+        .into_response();
+    };
+    let st = state.clone();
+    let tenant = tenant.to_string();
+    let id = id.to_string();
+    let made = tokio::task::spawn_blocking(move || -> Result<String, ApiError> {
+        let profile = pyrometer_proto::decode(&bytes).map_err(ApiError::internal)?;
+        let push = pyrometer_proto::ingest::PushRequest {
+            agent_id: format!("capture-{id}"),
+            sequence: 0,
+            node,
+            profile: Some(profile),
+        }
+        .encode_to_vec();
+        let limits = st.tenants.limits(&tenant);
+        let ctx = crate::ingest::Context {
+            tenant: &tenant,
+            retention_s: st.retention.as_secs() as i64,
+            ..crate::ingest::Context::new(limits, crate::api::params::now_s())
+        };
+        let batch = crate::ingest::decode(&push, &ctx).map_err(ApiError::internal)?;
+        let ty = batch
+            .sample_types
+            .iter()
+            .position(|(name, _)| name == "cpu")
+            .unwrap_or(0);
+        let stacks: Vec<crate::store::Stacked> = batch
+            .rows
+            .into_iter()
+            .filter(|r| r.sample_type == ty)
+            .map(|r| crate::store::Stacked {
+                labels: r.labels,
+                stack: r.stack,
+                value: r.value,
+            })
+            .collect();
+        let (name, unit) = batch.sample_types.get(ty).cloned().unwrap_or_default();
+        Ok(crate::render::flame_json(&stacks, (&name, &unit)))
+    })
+    .await;
+    match made {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => ApiError::internal(e).into_response(),
+    }
 }
 
 /// The gRPC methods of `Captures`.
