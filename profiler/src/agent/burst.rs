@@ -110,7 +110,10 @@ impl Burst {
         if request.gil {
             return Err(fail(
                 Failure::Kernel,
-                refused("the GIL probes", "record --gil on the node"),
+                format!(
+                    "the agent of node '{node}' does not load the GIL probes: captures cannot \
+                     ask for --gil (use pyrometer record --gil on the node)"
+                ),
             ));
         }
         if request.off_cpu && !sources.off_cpu {
