@@ -30,16 +30,8 @@ pub(super) struct Channel {
 }
 
 fn client(cfg: &AgentConfig, url: &str, timeout: Duration) -> Result<PushClient, CommandError> {
-    PushClient::with_identity(
-        url,
-        cfg.token.as_deref(),
-        cfg.ca.as_deref(),
-        cfg.client_identity
-            .as_ref()
-            .map(|(cert, key)| (cert.as_path(), key.as_path())),
-        timeout,
-    )
-    .map_err(|e| CommandError::Input(e.to_string()))
+    super::delivery::collector_client(cfg, url, timeout)
+        .map_err(|e| CommandError::Input(e.to_string()))
 }
 
 /// Starts the poller and the uploader (with a collector; none without). Call after the

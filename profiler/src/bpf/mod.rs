@@ -275,12 +275,7 @@ impl Sampler {
             what: "perf events".into(),
             reason: format!("{what}: {e}"),
         })?;
-        let prog: &mut PerfEvent = self
-            .ebpf
-            .program_mut("on_cpu_clock")
-            .expect("loaded in Sampler::load")
-            .try_into()
-            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+        let prog = self.perf_program()?;
         for cpu in cpus {
             prog.attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
@@ -305,25 +300,29 @@ impl Sampler {
         tid: u32,
         frequency_hz: u64,
     ) -> Result<aya::programs::perf_event::PerfEventLinkId, BpfError> {
-        let prog: &mut PerfEvent = self
-            .ebpf
+        self.perf_program()?
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::OneProcess {
+                    pid: tid,
+                    cpu: None,
+                },
+                SamplePolicy::Frequency(frequency_hz),
+                false,
+            )
+            .map_err(|e| BpfError::Attach {
+                what: format!("cpu-clock perf event of thread {tid}"),
+                reason: error_chain(&e),
+            })
+    }
+
+    /// The cpu-clock sampler program.
+    fn perf_program(&mut self) -> Result<&mut PerfEvent, BpfError> {
+        self.ebpf
             .program_mut("on_cpu_clock")
             .expect("loaded in Sampler::load")
             .try_into()
-            .map_err(|e| BpfError::Load(error_chain(&e)))?;
-        prog.attach(
-            PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            PerfEventScope::OneProcess {
-                pid: tid,
-                cpu: None,
-            },
-            SamplePolicy::Frequency(frequency_hz),
-            false,
-        )
-        .map_err(|e| BpfError::Attach {
-            what: format!("cpu-clock perf event of thread {tid}"),
-            reason: error_chain(&e),
-        })
+            .map_err(|e| BpfError::Load(error_chain(&e)))
     }
 
     /// Detaches an event of [`Sampler::attach_thread`] (closing it).
