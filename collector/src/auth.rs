@@ -26,6 +26,8 @@ pub enum Role {
     Push,
     Read,
     Admin,
+    /// Asking agents for on-demand captures and dumps (and reading their results).
+    Capture,
 }
 
 /// What one credential allows.
@@ -36,6 +38,7 @@ pub struct Grant {
     pub push: bool,
     pub read: bool,
     pub admin: bool,
+    pub capture: bool,
 }
 
 impl Grant {
@@ -44,6 +47,7 @@ impl Grant {
             Role::Push => self.push,
             Role::Read => self.read || self.admin,
             Role::Admin => self.admin,
+            Role::Capture => self.capture || self.admin,
         }
     }
 }
@@ -126,6 +130,7 @@ fn default_grant() -> Grant {
         push: true,
         read: true,
         admin: false,
+        capture: false,
     }
 }
 
@@ -140,13 +145,19 @@ fn grant(tenant: &str, roles: &str) -> Result<Grant, String> {
         push: false,
         read: false,
         admin: false,
+        capture: false,
     };
     for role in roles.split(',') {
         match role {
             "push" => g.push = true,
             "read" => g.read = true,
             "admin" => g.admin = true,
-            other => return Err(format!("unknown role '{other}': use push, read or admin")),
+            "capture" => g.capture = true,
+            other => {
+                return Err(format!(
+                    "unknown role '{other}': use push, read, capture or admin"
+                ));
+            }
         }
     }
     Ok(g)
@@ -323,6 +334,7 @@ impl Auth {
                             Role::Push => "push",
                             Role::Read => "read",
                             Role::Admin => "administer",
+                            Role::Capture => "request captures (the capture role)",
                         }
                     )));
                 }

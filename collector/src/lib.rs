@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod captures;
 pub mod clickhouse;
 pub mod config;
 pub mod frames;

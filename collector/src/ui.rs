@@ -11,6 +11,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("flame.js", JS, include_str!("ui/flame.js")),
     ("views.js", JS, include_str!("ui/views.js")),
     ("app.js", JS, include_str!("ui/app.js")),
+    ("capture.js", JS, include_str!("ui/capture.js")),
     (
         "vendor/uPlot.iife.min.js",
         JS,

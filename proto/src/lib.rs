@@ -7,6 +7,7 @@
 //! [`Profile::string_table`], whose entry 0 must be the empty string. Ids of mappings,
 //! locations and functions are non-zero; 0 means "none".
 
+pub mod capture;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod ingest;

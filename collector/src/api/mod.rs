@@ -4,6 +4,7 @@
 //! [`error`], [`params`] and [`state`].
 
 pub mod access;
+pub mod captures;
 pub mod diff;
 pub mod error;
 pub mod ingest;
@@ -19,7 +20,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{get, post};
+use pyrometer_proto::capture;
 use pyrometer_proto::ingest::PUSH_PATH;
 
 pub use error::ApiError;
@@ -38,6 +40,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/label/{name}/values", get(labels::label_values))
         .route("/api/v1/types", get(labels::types))
         .route("/trace/{id}", get(trace_link::trace))
+        .route(
+            "/api/v1/captures",
+            post(captures::create).get(captures::list),
+        )
+        .route("/api/v1/captures/{id}", get(captures::get))
+        .route("/api/v1/captures/{id}/result", get(captures::result))
         .route_service(
             PUSH_PATH,
             ingest::service(state.clone(), ingest::Format::Push),
@@ -45,6 +53,22 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_service(
             pyrometer_proto::otlp::EXPORT_PATH,
             ingest::service(state.clone(), ingest::Format::Otlp),
+        )
+        .route_service(
+            capture::POLL_PATH,
+            captures::service(state.clone(), captures::Method::Poll),
+        )
+        .route_service(
+            capture::UPLOAD_PATH,
+            captures::service(state.clone(), captures::Method::Upload),
+        )
+        .route_service(
+            capture::CREATE_PATH,
+            captures::service(state.clone(), captures::Method::Create),
+        )
+        .route_service(
+            capture::GET_PATH,
+            captures::service(state.clone(), captures::Method::Get),
         )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(axum::middleware::map_response(security_headers))

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::Auth;
+use crate::captures::Captures;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -16,6 +17,8 @@ pub struct AppState {
     /// How long samples are kept: older batches are refused.
     pub retention: Duration,
     pub metrics: Arc<Metrics>,
+    /// On-demand captures and dumps, and the agents polling for them.
+    pub captures: Captures,
 }
 
 impl AppState {
@@ -27,6 +30,7 @@ impl AppState {
             tenants: Tenants::new(Config::default()),
             retention: Duration::from_secs(7 * 86_400),
             metrics: Arc::default(),
+            captures: Captures::default(),
         }
     }
 

@@ -43,6 +43,9 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 
 	__u64 start = bpf_ktime_get_ns();
 	record_header(&rec->hdr, start, tgid, tid, 0);
+	// The period of the perf event that fired: the agent tells a capture's own events (a
+	// higher frequency, on the capture's threads) from its always-on ones by it.
+	rec->hdr.aux = ctx->sample_period;
 	// A sample that interrupted user mode has no kernel stack: the helper would only say so,
 	// at the cost of a callchain walk setup (~1 us a sample measured in a VM).
 	const int in_user = (ctx->regs.cs & 3) == 3;

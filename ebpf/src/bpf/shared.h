@@ -205,7 +205,7 @@ struct sample_header {
 	__u32 py_frames; // Python frames (two slots each) that follow the user frames
 	__u8 comm[COMM_LEN];
 	__u64 value; // SAMPLE_OFFCPU: blocked ns; 0 for on-CPU samples
-	__u64 aux;   // reserved for the record kinds that carry an address
+	__u64 aux;   // the kinds that carry an address; on-CPU samples: the event's period (ns)
 	// The thread's active OpenTelemetry span (spans.h), as the span table holds it; all
 	// zero when the thread has none (or its process publishes no table).
 	__u8 trace_id[16];

@@ -219,6 +219,24 @@ fn failed(shared: &Shared, msg: String, last_error: &mut String, backoff: Durati
         .expect("not poisoned");
 }
 
+/// A client of the collector at `url` with the agent's credentials (token, CA, client
+/// certificate).
+pub(super) fn collector_client(
+    cfg: &AgentConfig,
+    url: &str,
+    timeout: Duration,
+) -> Result<PushClient, push::PushError> {
+    PushClient::with_identity(
+        url,
+        cfg.token.as_deref(),
+        cfg.ca.as_deref(),
+        cfg.client_identity
+            .as_ref()
+            .map(|(cert, key)| (cert.as_path(), key.as_path())),
+        timeout,
+    )
+}
+
 /// The collector's push client and the OTLP endpoint's, checked before anything starts: a
 /// token or a client certificate that would cross the network in plain text is refused here.
 pub(super) fn clients(
@@ -234,15 +252,7 @@ pub(super) fn clients(
                 cfg.client_identity.is_some(),
                 cfg.insecure,
             )?;
-            PushClient::with_identity(
-                url,
-                cfg.token.as_deref(),
-                cfg.ca.as_deref(),
-                cfg.client_identity
-                    .as_ref()
-                    .map(|(cert, key)| (cert.as_path(), key.as_path())),
-                Duration::from_secs(5),
-            )
+            collector_client(cfg, url, Duration::from_secs(5))
         })
         .transpose()
         .map_err(|e| CommandError::Input(e.to_string()))?;

@@ -4,6 +4,8 @@
 //! go to an OTLP endpoint. It serves its own `/metrics`. [`run`] is the whole daemon: the
 //! `pyrometer agent` command only resolves its settings into an [`AgentConfig`].
 
+mod burst;
+mod captures;
 mod delivery;
 mod export;
 mod gc_metrics;
@@ -12,6 +14,7 @@ mod metrics;
 mod metrics_server;
 mod node;
 mod push;
+pub mod remote;
 mod spool;
 mod targets;
 mod young;
@@ -231,6 +234,7 @@ pub fn run(mut cfg: AgentConfig, log: Log) -> Result<AgentSummary, CommandError>
             (None, None) => unreachable!("resolve requires one"),
         }
     ));
+    node.set_channel(captures::start(&cfg, log.clone())?);
     node.run(&cfg, &shared, exporter.as_ref());
     let process_events = (
         node.by_name && node.discovery.event_driven(),

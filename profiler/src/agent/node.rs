@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::burst::{Burst, Sources};
+use super::captures::Channel;
 use super::delivery::{Batch, Shared, spool_batch};
 use super::export::Exporter;
 use super::metrics::{self, AgentMetrics};
@@ -76,6 +78,9 @@ pub(super) struct Node {
     gpu_probes: Option<GpuProbes>,
     /// NVML's index of each GPU's UUID (the `gpu` label).
     nvml_index: std::collections::HashMap<String, u32>,
+    /// On-demand captures from the collector, and the one running.
+    channel: Option<Channel>,
+    burst: Option<Burst>,
 }
 
 impl Node {
@@ -169,6 +174,8 @@ impl Node {
             samples_total: 0,
             gpu_probes,
             nvml_index,
+            channel: None,
+            burst: None,
         })
     }
 
@@ -307,7 +314,7 @@ impl Node {
         // thread has none yet, `threading` may register it any moment, and a short thread
         // takes its name with it when it ends.
         let ray = self.ray_seen.is_some_and(|t| t.elapsed() < RAY_LINGER);
-        let wait = if ray || self.names_awaited {
+        let wait = if ray || self.names_awaited || self.burst.is_some() {
             SHORT_POLL
         } else {
             POLL
@@ -316,7 +323,7 @@ impl Node {
         // Taken before the ring buffer is read: what the kernel wrote before the signal is
         // then in the last push (a signal taken after the read left out what came between).
         let stopping = signals::take().is_some();
-        self.profiler.drain(&mut self.capture);
+        self.drain();
         if std::mem::take(&mut self.capture.ray_seen) {
             self.ray_seen = Some(Instant::now());
         }
@@ -340,6 +347,7 @@ impl Node {
             );
         }
         self.profiler.sync(&mut self.capture);
+        self.captures_turn(cfg);
         for notice in self.profiler.tables.python.take_notices() {
             (self.log)(&notice);
         }
@@ -357,6 +365,92 @@ impl Node {
                 .store(self.discovery.overflows, Relaxed);
         }
         stopping
+    }
+
+    /// Reads the ring buffer into the interval's capture, and a running burst's samples into
+    /// the burst's.
+    fn drain(&mut self) {
+        match self.burst.as_mut() {
+            Some(b) => {
+                let router = b.router();
+                self.profiler
+                    .drain_routed(&mut self.capture, &mut b.capture, |h| router.route(h));
+                // Tables follow the burst's processes too.
+                let changed = std::mem::take(&mut b.capture.maps_changed);
+                self.capture.maps_changed.extend(changed);
+            }
+            None => self.profiler.drain(&mut self.capture),
+        }
+    }
+
+    /// The channel from the collector, once its threads run.
+    pub(super) fn set_channel(&mut self, channel: Option<Channel>) {
+        self.channel = channel;
+    }
+
+    /// Ends a burst that is over (its result uploaded) and starts the requests that came.
+    fn captures_turn(&mut self, cfg: &AgentConfig) {
+        if self.channel.is_none() {
+            return;
+        }
+        if let Some(b) = self.burst.as_mut()
+            && b.tick(&mut self.profiler)
+        {
+            b.detach(&mut self.profiler);
+            // Samples of the closed events may still be on their way to the ring buffer.
+            std::thread::sleep(Duration::from_millis(20));
+            self.drain();
+            let mut b = self.burst.take().expect("checked above");
+            b.capture
+                .name_late_threads(&mut self.profiler.tables.python);
+            let result = b.finish(&mut self.profiler, &mut self.symbolizer);
+            (self.log)(&format!(
+                "capture {} done: {} samples",
+                result.id, result.samples
+            ));
+            self.upload(result);
+        }
+        while let Some(request) = self
+            .channel
+            .as_ref()
+            .and_then(|c| c.requests.try_recv().ok())
+        {
+            if self.burst.is_some() {
+                let why = format!("node '{}' runs a capture already", cfg.node);
+                let failed = super::captures::failed(
+                    &request,
+                    &cfg.node,
+                    pyrometer_proto::capture::Failure::Internal,
+                    why,
+                );
+                self.upload(failed);
+                continue;
+            }
+            let sources = Sources {
+                off_cpu: cfg.off_cpu_min_ns.is_some(),
+                alloc: self.profiler.tables.alloc.is_some(),
+                frequency_hz: self.profiler.frequency_hz(),
+            };
+            let id = request.id.clone();
+            match Burst::start(request, &cfg.node, &mut self.profiler, &sources) {
+                Ok(b) => {
+                    (self.log)(&format!("capture {id} started"));
+                    self.burst = Some(b);
+                }
+                Err(failed) => {
+                    (self.log)(&format!("capture {id} refused: {}", failed.error));
+                    self.upload(*failed);
+                }
+            }
+        }
+    }
+
+    fn upload(&self, result: pyrometer_proto::capture::UploadRequest) {
+        if let Some(c) = self.channel.as_ref()
+            && c.uploads.try_send(result).is_err()
+        {
+            (self.log)("capture results queue full: a result was dropped");
+        }
     }
 
     /// Copies the kernel's counters and the unwind tables' to /metrics, and says once when

@@ -196,7 +196,8 @@ impl PushClient {
                 c
             }
         };
-        let mut grpc = tonic::client::Grpc::new(ch);
+        // Capture results come back through the same client (tonic's default is 4 MiB).
+        let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(80 << 20);
         grpc.ready()
             .await
             .map_err(|e| PushError::Unreachable(error_chain(&e)))?;

@@ -281,12 +281,7 @@ impl Sampler {
             what: "perf events".into(),
             reason: format!("{what}: {e}"),
         })?;
-        let prog: &mut PerfEvent = self
-            .ebpf
-            .program_mut("on_cpu_clock")
-            .expect("loaded in Sampler::load")
-            .try_into()
-            .map_err(|e| BpfError::Load(error_chain(&e)))?;
+        let prog = self.perf_program()?;
         for cpu in cpus {
             prog.attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
@@ -301,6 +296,48 @@ impl Sampler {
         }
         self.perf_prog_id = prog.info().ok().map(|i| i.id());
         Ok(())
+    }
+
+    /// Attaches the sampler to a cpu-clock event of one thread at `frequency_hz`, beside the
+    /// node-wide events: an on-demand capture's burst. Its samples carry its period
+    /// (`SampleHeader::aux`), which tells them from the always-on ones.
+    pub fn attach_thread(
+        &mut self,
+        tid: u32,
+        frequency_hz: u64,
+    ) -> Result<aya::programs::perf_event::PerfEventLinkId, BpfError> {
+        self.perf_program()?
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::OneProcess {
+                    pid: tid,
+                    cpu: None,
+                },
+                SamplePolicy::Frequency(frequency_hz),
+                false,
+            )
+            .map_err(|e| BpfError::Attach {
+                what: format!("cpu-clock perf event of thread {tid}"),
+                reason: error_chain(&e),
+            })
+    }
+
+    /// The cpu-clock sampler program.
+    fn perf_program(&mut self) -> Result<&mut PerfEvent, BpfError> {
+        self.ebpf
+            .program_mut("on_cpu_clock")
+            .expect("loaded in Sampler::load")
+            .try_into()
+            .map_err(|e| BpfError::Load(error_chain(&e)))
+    }
+
+    /// Detaches an event of [`Sampler::attach_thread`] (closing it).
+    pub fn detach_thread(&mut self, link: aya::programs::perf_event::PerfEventLinkId) {
+        if let Some(prog) = self.ebpf.program_mut("on_cpu_clock")
+            && let Ok(prog) = <&mut PerfEvent>::try_from(prog)
+        {
+            let _ = prog.detach(link);
+        }
     }
 
     /// Adds a process to the in-kernel target set; `follow_children` makes the fork

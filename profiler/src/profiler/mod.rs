@@ -28,6 +28,14 @@ pub enum ProfilerError {
     Unwinder(#[from] crate::unwinder::UnwinderError),
 }
 
+/// Where [`Profiler::drain_routed`] counts a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Main,
+    Side,
+    Both,
+}
+
 /// The loaded kernel side, its tables and the processes it knows.
 pub struct Profiler {
     pub sampler: Sampler,
@@ -172,6 +180,37 @@ impl Profiler {
                 &mut self.registry,
                 &mut self.tables.python,
             );
+        }
+    }
+
+    /// Like [`Profiler::drain`], each record counted into `main`, `side` or both as `route`
+    /// says from its header (an on-demand capture beside the always-on one).
+    pub fn drain_routed(
+        &mut self,
+        main: &mut Capture,
+        side: &mut Capture,
+        route: impl Fn(&pyrometer_ebpf::SampleHeader) -> Route,
+    ) {
+        self.sampler.drain_into(&mut self.batch);
+        for rec in self.batch.drain(..) {
+            let to =
+                pyrometer_ebpf::RawSample::parse(&rec).map_or(Route::Main, |s| route(&s.header));
+            if matches!(to, Route::Side | Route::Both) {
+                side.ingest(
+                    &rec,
+                    &self.sampler,
+                    &mut self.registry,
+                    &mut self.tables.python,
+                );
+            }
+            if matches!(to, Route::Main | Route::Both) {
+                main.ingest(
+                    &rec,
+                    &self.sampler,
+                    &mut self.registry,
+                    &mut self.tables.python,
+                );
+            }
         }
     }
 

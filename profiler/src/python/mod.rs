@@ -109,7 +109,7 @@ pub fn unsupported_detail(reason: &str) -> String {
     }
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 /// One thread of a [`ProcessDump`].
 pub struct ThreadDump {
     /// Kernel thread id, when it could be told.
@@ -135,7 +135,7 @@ pub struct ThreadDump {
     pub native_error: Option<String>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 /// What `dump` read of a Python process.
 pub struct ProcessDump {
     /// The process.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::os::proctext;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 /// What a thread of a dumped process is doing, from its `/proc` state and wait channel.
 pub enum ThreadState {

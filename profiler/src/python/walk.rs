@@ -33,7 +33,7 @@ pub const STACKREF_TAG_MASK: u64 = !7;
 /// process's tasks.
 pub const GLIBC_PTHREAD_TID: u64 = 0x2d0;
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 /// A frame of a dumped stack.
 pub struct PyFrame {
     /// `co_qualname` (3.11+) or `co_name`; `None` when the frame did not validate.

@@ -23,12 +23,19 @@ pub struct DumpArgs {
     /// registers.
     #[arg(long)]
     native: bool,
+    /// Dump a process on another node, through the collector and that node's agent
+    /// (`--collector URL --node NAME`; Python frames only).
+    #[command(flatten)]
+    remote: crate::capture::CollectorArgs,
     /// Where `/proc` is (tests, or a host's proc mounted elsewhere).
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: PathBuf,
 }
 
 pub fn run(args: DumpArgs) -> Result<u8> {
+    if args.remote.collector.is_some() {
+        return remote(&args);
+    }
     let dump = dump::dump(&args.proc_root, args.pid, args.native).map_err(|e| {
         let code = match e {
             PythonError::Permission(_) => EXIT_PRIVILEGES,
@@ -42,6 +49,40 @@ pub fn run(args: DumpArgs) -> Result<u8> {
         render_text(&dump)
     };
     // A reader that stops early (`| head`) is not an error.
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
+}
+
+/// The dump of `--pid` on `--node`, made by that node's agent.
+fn remote(args: &DumpArgs) -> Result<u8> {
+    let Some(node) = args.remote.node.clone() else {
+        return Err(exit_error(EXIT_INPUT, "--collector needs --node NAME"));
+    };
+    if args.native {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "--native is not available through --collector (the agent does not ptrace)",
+        ));
+    }
+    let request = pyrometer::agent::remote::CaptureRequest {
+        node,
+        pids: vec![args.pid],
+        kind: pyrometer::agent::remote::Kind::Dump as i32,
+        ..Default::default()
+    };
+    let result = crate::capture::send(&args.remote, request)?;
+    let dumps: Vec<ProcessDump> = serde_json::from_str(&result.text)
+        .map_err(|e| exit_error(EXIT_INPUT, format!("the agent's dump is unreadable: {e}")))?;
+    let mut text = String::new();
+    for d in &dumps {
+        if args.format == "json" {
+            text += &(serde_json::to_string_pretty(d)? + "\n");
+        } else {
+            text += &render_text(d);
+        }
+    }
     match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(0),

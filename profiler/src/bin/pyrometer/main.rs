@@ -5,6 +5,7 @@
 //! library it carries.
 
 mod agent;
+mod capture;
 mod completions;
 mod debuginfod;
 mod diff;
@@ -46,6 +47,9 @@ enum Command {
     Report(report::ReportArgs),
     /// Run as the node daemon: sample continuously and push profiles to a collector.
     Agent(Box<agent::AgentArgs>),
+    /// Capture a process on any node through the collector and that node's agent, and write
+    /// the result like `record`.
+    Capture(Box<capture::CaptureArgs>),
     /// Compare two profiles: which functions grew or shrank; exit 1 on a regression.
     Diff(diff::DiffArgs),
     /// Poll the GPUs through NVML (no BPF, no root): print a summary, write a CSV series.
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         Command::Record(args) => record::run(*args),
         Command::Report(args) => report::run(args),
         Command::Agent(args) => agent::run(*args),
+        Command::Capture(args) => capture::run(*args),
         Command::Diff(args) => diff::run(args),
         Command::Gpu(args) => gpu::run(args),
         Command::Dump(args) => dump::run(args),
