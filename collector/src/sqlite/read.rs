@@ -120,12 +120,16 @@ impl SqliteStore {
         let mut missing = Vec::new();
         {
             let cache = self.cache();
+            // A select names each stack once per label set it was sampled under: each is
+            // looked up in the cache (and its `Arc` cloned) once, not once per label set.
             for id in ids {
-                match cache.stack_by_id.get(&id) {
-                    Some(s) => {
-                        out.insert(id, s.clone());
+                if let std::collections::hash_map::Entry::Vacant(slot) = out.entry(id) {
+                    match cache.stack_by_id.get(&id) {
+                        Some(s) => {
+                            slot.insert(s.clone());
+                        }
+                        None => missing.push(id),
                     }
-                    None => missing.push(id),
                 }
             }
         }
