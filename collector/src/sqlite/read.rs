@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, OpenFlags, params};
 
+use super::cache::Cache;
 use super::chunk::{self, IdMap, IdSet};
 use super::{SqliteStore, decode_stack};
 use crate::store::{
@@ -120,12 +121,16 @@ impl SqliteStore {
         let mut missing = Vec::new();
         {
             let cache = self.cache();
+            // A select names each stack once per label set it was sampled under: each is
+            // looked up in the cache (and its `Arc` cloned) once, not once per label set.
             for id in ids {
-                match cache.stack_by_id.get(&id) {
-                    Some(s) => {
-                        out.insert(id, s.clone());
+                if let std::collections::hash_map::Entry::Vacant(slot) = out.entry(id) {
+                    match cache.stack_by_id.get(&id) {
+                        Some(s) => {
+                            slot.insert(s.clone());
+                        }
+                        None => missing.push(id),
                     }
-                    None => missing.push(id),
                 }
             }
         }
@@ -238,35 +243,18 @@ impl SqliteStore {
         // Sorted by (label set, stack), so answers stay deterministic.
         let mut sums: Vec<(u64, i64)> = sums.into_iter().filter(|&(_, v)| v != 0).collect();
         sums.sort_unstable_by_key(|&(k, _)| k);
-        let stacks = self.stacks(&conn, sums.iter().map(|&(k, _)| (k & 0xffff_ffff) as i64))?;
-        let cache = self.cache();
-        let mut out = Vec::with_capacity(sums.len());
-        let mut labels: Option<(i64, Arc<LabelSet>)> = None;
-        // A label set or stack gone since the chunks were read was removed by retention
-        // with the chunks that used it: those entries are left out.
-        for (key, value) in sums {
-            let (labelset, stack) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
-            // Entries of one label set are adjacent: one lookup per label set.
-            let set = match &labels {
-                Some((id, set)) if *id == labelset => set.clone(),
-                _ => {
-                    let Some(set) = cache.labelset_by_id.get(&labelset).cloned() else {
-                        continue;
-                    };
-                    labels = Some((labelset, set.clone()));
-                    set
-                }
-            };
-            let Some(stack) = stacks.get(&stack).cloned() else {
-                continue;
-            };
-            out.push(Stacked {
-                labels: set,
-                stack,
-                value,
-            });
+        // Most often the cache holds every stack: each entry then costs one lookup. Otherwise
+        // the stacks are gathered (read where the cache lacks them) and the answer built again.
+        if let Some(out) = assemble(&self.cache(), &sums, |cache, id| {
+            cache.stack_by_id.get(&id).cloned().map(Some)
+        }) {
+            return Ok(out);
         }
-        Ok(out)
+        let stacks = self.stacks(&conn, sums.iter().map(|&(k, _)| (k & 0xffff_ffff) as i64))?;
+        Ok(
+            assemble(&self.cache(), &sums, |_, id| Some(stacks.get(&id).cloned()))
+                .unwrap_or_default(),
+        )
     }
 
     pub(super) fn read_series(
@@ -292,8 +280,11 @@ impl SqliteStore {
                 let step = bucket - bucket.rem_euclid(step_s);
                 chunk::each_group(data, |labelset, entries| {
                     if all || wanted.contains(&labelset) {
-                        let mut total = 0i64;
-                        chunk::each_entry(entries, |_, value| add(&mut total, value))?;
+                        // Exact in 128 bits (a group holds far fewer than 2^64 entries),
+                        // saturated once: no saturating add per entry.
+                        let mut total = 0i128;
+                        chunk::each_entry(entries, |_, value| total += i128::from(value))?;
+                        let total = total.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
                         add(sums.entry((step, labelset)).or_default(), total);
                     }
                     Ok(())
@@ -340,6 +331,42 @@ impl SqliteStore {
             .filter_map(|id| cache.labelset_by_id.get(&id).cloned())
             .collect())
     }
+}
+
+/// The answer of a select from its sums sorted by (label set, stack); `None` as soon as
+/// `stack_of` answers `None` for a stack. A label set, or a stack `stack_of` answers
+/// `Some(None)` for, gone since the chunks were read was removed by retention with the
+/// chunks that used it: its entries are left out.
+fn assemble(
+    cache: &Cache,
+    sums: &[(u64, i64)],
+    stack_of: impl Fn(&Cache, i64) -> Option<Option<Stack>>,
+) -> Option<Vec<Stacked>> {
+    let mut out = Vec::with_capacity(sums.len());
+    let mut labels: Option<(i64, Arc<LabelSet>)> = None;
+    for &(key, value) in sums {
+        let (labelset, stack) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
+        // Entries of one label set are adjacent: one lookup per label set.
+        let set = match &labels {
+            Some((id, set)) if *id == labelset => set.clone(),
+            _ => {
+                let Some(set) = cache.labelset_by_id.get(&labelset).cloned() else {
+                    continue;
+                };
+                labels = Some((labelset, set.clone()));
+                set
+            }
+        };
+        let Some(stack) = stack_of(cache, stack)? else {
+            continue;
+        };
+        out.push(Stacked {
+            labels: set,
+            stack,
+            value,
+        });
+    }
+    Some(out)
 }
 
 /// `a,b,c` of integers, for `IN (...)`.
