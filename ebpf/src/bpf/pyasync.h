@@ -39,7 +39,7 @@ static __always_inline int py_is_future(struct py_process *p, __u64 obj)
 		return 0;
 	struct py_async *a = &p->aio;
 	return t == a->task_type || t == a->future_type ||
-	       read_user_u64(t + a->type_base) == a->future_type;
+		read_user_u64(t + a->type_base) == a->future_type;
 }
 
 // A TaskGroup's `_parent_task`, from its instance values; 0 when they moved to a dict.
@@ -114,7 +114,8 @@ static __always_inline __u64 py_awaiter(struct py_walk *w, struct py_process *p,
 	if (a->fut_awaited_by != PY_ABSENT) {
 		// A set (several futures await this one) is not followed: the chain ends there.
 		__u8 is_set = 1;
-		if (bpf_probe_read_user(&is_set, 1, (void *)(fut + a->fut_awaited_by_is_set)) || is_set)
+		if (bpf_probe_read_user(&is_set, 1, (void *)(fut + a->fut_awaited_by_is_set)) ||
+		    is_set)
 			return 0;
 		__u64 by = read_user_u64(fut + a->fut_awaited_by);
 		return py_is_future(p, by) ? by : 0;

@@ -457,8 +457,9 @@ static __always_inline int py_one(struct py_walk *w, __u64 *slots, struct user_w
 	__u64 here = w->frame;
 	w->frame = previous;
 	// A running task's coroutine: its tasks go right after it (pyasync.h).
-	if (ts->frames[0] && (here == ts->frames[0] || here == ts->frames[1] ||
-			      here == ts->frames[2] || here == ts->frames[3])) {
+	if (ts->frames[0] &&
+	    (here == ts->frames[0] || here == ts->frames[1] || here == ts->frames[2] ||
+	     here == ts->frames[3])) {
 		ts->hit = here;
 		return 1;
 	}
