@@ -125,14 +125,8 @@ impl Capture {
             };
             let mut labels =
                 stack_labels(&raw, process, thread, raw.span.map(|id| self.spans.get(id)));
-            // --async: the innermost task's name (the Python frames are leaf first).
-            if let Some(task) = raw
-                .python
-                .iter()
-                .map(|&id| self.py_names.get(id & !PY_ENTRY))
-                .find(|name| name.task)
-            {
-                labels = labels.with(TASK_LABEL, LabelValue::Str(task.function.to_string()));
+            if let Some(task) = innermost_task(&self.py_names, &raw.python) {
+                labels = labels.with(TASK_LABEL, LabelValue::Str(task));
             }
             let ns = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             let n = ns(count);
@@ -189,6 +183,15 @@ impl Capture {
         });
         (profile, timeline)
     }
+}
+
+/// With `--async`, the name of the innermost task of a stack's Python frames (leaf first).
+fn innermost_task(names: &Interner<PyFrameName>, python: &[u32]) -> Option<String> {
+    python
+        .iter()
+        .map(|&id| names.get(id & !PY_ENTRY))
+        .find(|name| name.task)
+        .map(|task| task.function.to_string())
 }
 
 /// Orders the stacks by their content: the same capture gives the same profile, whatever the

@@ -36,6 +36,9 @@ use crate::bpf::Uprobes;
 use crate::os::procs::BinaryKey;
 use crate::os::procs::Process;
 
+mod probes;
+mod tasks;
+
 /// Code objects cached per process; past this the process's cache starts over.
 const MAX_CODES_PER_PROCESS: usize = 65_536;
 /// Processes tracked at once: the kernel map's size.
@@ -271,125 +274,6 @@ impl PyTracker {
         self.free_threaded.check(pid);
     }
 
-    /// Attaches the GIL probes to the interpreter binary of `process` (once per binary).
-    fn attach_gil(
-        &mut self,
-        process: &Process,
-        rt: &PythonRuntime,
-        probes: &mut (dyn Uprobes + '_),
-    ) {
-        if self.gil.is_none() {
-            return;
-        }
-        let pid = process.pid;
-        let Some(target) = interpreter_target(process, rt) else {
-            return;
-        };
-        match self.attach_gil_binary(&target, probes) {
-            Ok(()) => {
-                self.gil_unavailable.remove(&pid);
-            }
-            Err(reason) => {
-                self.notices.push(format!(
-                    "pid {pid} ({}): GIL view unavailable: {reason}; everything else is recorded",
-                    process.comm
-                ));
-                self.gil_unavailable.insert(pid, reason);
-            }
-        }
-    }
-
-    /// Attaches the GIL probes to an interpreter binary no process maps yet (the command
-    /// `record` is about to start), so its first GIL acquisitions are seen.
-    pub fn prepare_gil(
-        &mut self,
-        path: &Path,
-        probes: &mut (dyn Uprobes + '_),
-    ) -> Result<(), String> {
-        let target = ProbeTarget::of_file(path)?;
-        self.attach_gil_binary(&target, probes)
-    }
-
-    /// Attaches the garbage-collector probes to the interpreter binary of `process` (once per
-    /// binary).
-    fn attach_gc(
-        &mut self,
-        process: &Process,
-        rt: &PythonRuntime,
-        probes: &mut (dyn Uprobes + '_),
-    ) {
-        let Some(gc) = self.gc.as_mut() else {
-            return;
-        };
-        let Some(target) = interpreter_target(process, rt) else {
-            return;
-        };
-        let pid = process.pid;
-        match gc.attach(&target, probes) {
-            Ok(()) => {
-                gc.unavailable.remove(&pid);
-            }
-            Err(reason) => {
-                self.notices.push(format!(
-                    "pid {pid} ({}): GC pauses unavailable: {reason}; everything else is recorded",
-                    process.comm
-                ));
-                gc.unavailable.insert(pid, reason);
-            }
-        }
-    }
-
-    /// Attaches the garbage-collector probes to an interpreter binary no process maps yet
-    /// (the command `record` is about to start).
-    pub fn prepare_gc(
-        &mut self,
-        path: &Path,
-        probes: &mut (dyn Uprobes + '_),
-    ) -> Result<(), String> {
-        let Some(gc) = self.gc.as_mut() else {
-            return Ok(());
-        };
-        gc.attach(&ProbeTarget::of_file(path)?, probes)
-    }
-
-    fn attach_gil_binary(
-        &mut self,
-        target: &ProbeTarget,
-        probes: &mut (dyn Uprobes + '_),
-    ) -> Result<(), String> {
-        let Some(gil) = self.gil.as_mut() else {
-            return Ok(());
-        };
-        if gil.attached.contains(&target.key) {
-            return Ok(());
-        }
-        let sites = gil
-            .sites
-            .entry(target.key.clone())
-            .or_insert_with(|| {
-                let debug = target.debug_file(&gil.debug_dirs);
-                gil::find_sites(&target.path, &target.seen, debug.as_deref())
-                    .map_err(|e| e.to_string())
-            })
-            .clone()?;
-        let [enter, ret, drop] = crate::bpf::GIL_PROGRAMS;
-        let mut attach = |program: &str, offset: u64| {
-            probes
-                .attach_uprobe(program, &target.path, offset)
-                .map_err(|e| e.to_string())
-        };
-        for &off in &sites.take {
-            attach(enter, off)?;
-            attach(ret, off)?;
-        }
-        for &off in &sites.drop {
-            attach(drop, off)?;
-        }
-        gil.attached.insert(target.key.clone());
-        self.gil_binaries.push(sites);
-        Ok(())
-    }
-
     pub fn stats(&self) -> TrackerStats {
         self.stats
     }
@@ -520,92 +404,6 @@ impl PyTracker {
             },
         );
         self.refresh_async(pid);
-    }
-
-    /// With `--async`, tells the kernel where a registered process's asyncio objects are once
-    /// they exist (`asyncio` imported, a TaskGroup made), looking again with a back-off until
-    /// all are known. Called as its samples arrive.
-    pub fn refresh_async(&mut self, pid: u32) {
-        if !self.asyncio {
-            return;
-        }
-        let Some(t) = self.procs.get_mut(&pid) else {
-            return;
-        };
-        let since = t.aio_checked.elapsed();
-        let due =
-            since >= t.aio_wait || (t.aio_loop_seen && !t.aio_found && since >= ASYNC_RECHECK);
-        if t.aio_complete || !due {
-            return;
-        }
-        if super::asyncio::unsupported(&t.runtime, &t.layout).is_some() {
-            t.aio_complete = true;
-            return;
-        }
-        t.aio_checked = Instant::now();
-        t.aio_wait = (t.aio_wait * 2).clamp(ASYNC_RECHECK, ASYNC_RECHECK_MAX);
-        if t.aio_debug.is_none() && t.runtime.version.minor >= 14 {
-            t.aio_debug = super::asyncio::find_debug(&self.proc_root, pid, &t.runtime);
-        }
-        let mem = ProcessMemory::new(pid);
-        let found = super::asyncio::discover(&mem, &t.runtime, &t.layout, t.aio_debug.as_ref());
-        let Ok(Some(found)) = found else {
-            return;
-        };
-        // 3.14+ futures say who awaits them; before, a TaskGroup's place is learnt too.
-        t.aio_complete = found.taskgroup_type != 0 || found.fut_awaited_by != PY_ABSENT;
-        if !t.aio_found {
-            t.aio_found = true;
-            t.aio_wait = ASYNC_RECHECK;
-        }
-        if let Some(map) = self.map.as_mut()
-            && let Ok(mut entry) = map.get(&pid, 0)
-            && entry.aio != found
-        {
-            entry.aio = found;
-            let _ = map.insert(pid, entry, 0);
-        }
-    }
-
-    /// The name a task frame shows: the task's name, or its coroutine's qualified name for
-    /// an automatic `Task-N` (or a name not read).
-    fn task_frame(&mut self, pid: u32, name_obj: u64, code: u64) -> Option<PyFrameName> {
-        let t = self.procs.get_mut(&pid)?;
-        let mem = ProcessMemory::new(pid);
-        let read = Walker::new(&mem, &t.layout, &t.runtime).string(name_obj);
-        let given = match read {
-            Ok(name) if !super::asyncio::automatic_name(&name) => {
-                let name: Arc<str> = Arc::from(name.as_str());
-                if t.task_names.len() >= MAX_TASK_NAMES {
-                    t.task_names.clear();
-                }
-                t.task_names.insert((name_obj, code), name.clone());
-                Some(name)
-            }
-            Ok(_) => None,
-            // The process is gone (or the name changed under the read): the name read last.
-            Err(_) => t.task_names.get(&(name_obj, code)).cloned(),
-        };
-        let function = match given {
-            Some(name) => name,
-            None if code != 0 => {
-                let coro = RawPyFrame {
-                    code,
-                    addr: PY_ADDR_UNKNOWN,
-                    first_line: 0,
-                    entry: false,
-                    task_name: None,
-                };
-                self.resolve_code(pid, coro)?.function
-            }
-            None => Arc::from("Task"),
-        };
-        Some(PyFrameName {
-            function,
-            file: None,
-            line: None,
-            task: true,
-        })
     }
 
     /// Looks for the span table of a registered process that has none yet (backing off from
