@@ -61,6 +61,24 @@ pub fn denied(e: &Denied) -> Response {
     }
 }
 
+/// The gRPC answer to a refused call: `UNAUTHENTICATED` or `PERMISSION_DENIED`.
+pub fn denied_status(e: &Denied) -> tonic::Status {
+    if e.unauthenticated() {
+        tonic::Status::unauthenticated(e.message())
+    } else {
+        tonic::Status::permission_denied(e.message())
+    }
+}
+
+/// Whether a request is protobuf over gRPC (`application/grpc` or `application/grpc+proto`):
+/// what the hand-written gRPC services decode, and not a form a browser page can send.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == "application/grpc" || v.starts_with("application/grpc+proto"))
+}
+
 impl FromRequestParts<Arc<AppState>> for Reader {
     type Rejection = Response;
 

@@ -22,7 +22,7 @@ use pyrometer_proto::capture::{
 use pyrometer_proto::grpc::RawCodec;
 use tonic::Status;
 
-use crate::api::access::{authorize, denied};
+use crate::api::access::{authorize, denied, denied_status, is_grpc};
 use crate::api::error::ApiError;
 use crate::api::state::AppState;
 use crate::auth::{PeerCertificate, Role};
@@ -354,12 +354,7 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let (state, method) = (self.0.clone(), self.1);
         Box::pin(async move {
-            let grpc_content = req
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("application/grpc"));
-            if !grpc_content {
+            if !is_grpc(req.headers()) {
                 return Ok(
                     Status::invalid_argument("content-type must be application/grpc").into_http(),
                 );
@@ -371,10 +366,7 @@ where
             };
             let tenant = match authorize(&state, req.headers(), cert, role) {
                 Ok(t) => t,
-                Err(e) if e.unauthenticated() => {
-                    return Ok(Status::unauthenticated(e.message()).into_http());
-                }
-                Err(e) => return Ok(Status::permission_denied(e.message()).into_http()),
+                Err(e) => return Ok(denied_status(&e).into_http()),
             };
             let max = match method {
                 Method::Upload => MAX_RESULT_BYTES,

@@ -17,7 +17,7 @@ use pyrometer_proto::grpc::RawCodec;
 use pyrometer_proto::ingest::PushReply;
 use tonic::Status;
 
-use crate::api::access::authorize;
+use crate::api::access::{authorize, denied_status, is_grpc};
 use crate::api::params::now_s;
 use crate::api::state::AppState;
 use crate::auth::{PeerCertificate, Role};
@@ -61,14 +61,7 @@ where
         let state = self.0.clone();
         let format = self.1;
         Box::pin(async move {
-            let grpc_content = req
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| {
-                    v == "application/grpc" || v.starts_with("application/grpc+proto")
-                });
-            if !grpc_content {
+            if !is_grpc(req.headers()) {
                 state.metrics.pushes_refused.add("content_type");
                 let body = serde_json::json!({
                     "error": "pushes are gRPC: content-type must be application/grpc",
@@ -91,12 +84,7 @@ where
                     } else {
                         "forbidden"
                     });
-                    let status = if e.unauthenticated() {
-                        Status::unauthenticated(e.message())
-                    } else {
-                        Status::permission_denied(e.message())
-                    };
-                    return Ok(status.into_http());
+                    return Ok(denied_status(&e).into_http());
                 }
             };
             let max = state.tenants.limits(&tenant).max_push_bytes;
