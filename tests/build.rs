@@ -151,8 +151,41 @@ fn main() {
         );
     }
 
+    busynode(fixtures, &out);
+
     println!("cargo:rustc-env=FIXTURE_DIR={}", out.display());
     println!("cargo:rustc-env=FIXTURE_DEBUG_DIR={}", debug_dir.display());
+}
+
+/// The busy-node test's large program (`fixtures/busynode.cpp`): C++ at -O2 without frame
+/// pointers, stripped, its symbols in `busynode.debug` beside it (found by `.gnu_debuglink`, as
+/// a distribution's debug package is).
+fn busynode(fixtures: &Path, out: &Path) {
+    let full = out.join("busynode-full");
+    run(Command::new("g++")
+        .args([
+            "-O2",
+            "-fomit-frame-pointer",
+            "-std=c++17",
+            "-g",
+            "-Wl,--build-id",
+        ])
+        .arg(fixtures.join("busynode.cpp"))
+        .arg("-o")
+        .arg(&full));
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&full)
+        .arg(out.join("busynode.debug")));
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg(&full)
+        .arg("-o")
+        .arg(out.join("busynode")));
+    run(Command::new("objcopy")
+        .arg("--add-gnu-debuglink=busynode.debug")
+        .arg("busynode")
+        .current_dir(out));
 }
 
 /// The CUPTI stand-in (`fixtures/cupti_standin.c`) as CUPTI 13.5 and as CUPTI 13.0, each as

@@ -1,9 +1,12 @@
 //! On-demand captures and dumps: requests a client makes for one node, handed to that node's
 //! agent when it polls (the agent opens the channel, so no port is open on the node), and
-//! their results as the agent uploads them. Everything is in memory and bounded: requests
-//! running at once per node and per tenant, finished requests kept, the bytes of a result.
+//! their results as the agent uploads them. Everything is bounded: requests running at once
+//! per node and per tenant, finished requests kept, the bytes of a result. Finished requests
+//! are kept on disk too when the collector has a directory for them
+//! ([`crate::capture_files`]), within the same bounds and its retention.
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,6 +14,8 @@ use pyrometer_proto::capture::{
     CaptureRequest, CaptureStatus, Failure, Kind, MAX_DURATION_MS, MAX_FREQUENCY_HZ, MAX_PIDS,
     UploadRequest,
 };
+
+use crate::capture_files::{self, SavedCapture};
 use tokio::sync::Notify;
 
 /// An agent that has not polled for this long is offline: requests for its node are refused.
@@ -102,6 +107,9 @@ struct Inner {
     /// Ids in creation order, for listing and for dropping the oldest finished.
     order: VecDeque<String>,
     next: u64,
+    /// Where finished requests are kept across restarts, and for how long.
+    dir: Option<PathBuf>,
+    retention: Option<Duration>,
 }
 
 /// The requests and the agents that serve them.
@@ -119,6 +127,9 @@ pub struct Summary {
     pub kind: &'static str,
     pub node: String,
     pub pids: Vec<u32>,
+    /// The label query the request was made from, if any.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub query: String,
     pub duration_ms: u32,
     pub frequency_hz: u32,
     pub gil: bool,
@@ -137,113 +148,174 @@ pub struct Summary {
     /// A dump's text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// Every request made with this one (a query over several nodes makes one per node),
+    /// in the answer to its creation.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
 }
 
 impl Captures {
+    /// Requests that keep their results in `dir` (made if missing) for `retention`, with
+    /// those kept there before (stale or unreadable files are dropped and reported through
+    /// `warn`).
+    pub fn persistent(dir: PathBuf, retention: Duration, warn: &mut dyn FnMut(String)) -> Self {
+        let saved = capture_files::load(&dir, retention, MAX_RESULT_BYTES, warn);
+        let mut inner = Inner {
+            dir: Some(dir),
+            retention: Some(retention),
+            ..Inner::default()
+        };
+        for s in saved {
+            let Some(status) = s.status else { continue };
+            let Some(request) = status.request else {
+                continue;
+            };
+            let state = match status.state.as_str() {
+                "done" => State::Done,
+                _ => State::Failed,
+            };
+            // Ids are SECONDS-N: new ones count on from the largest kept.
+            if let Some(n) = request.id.rsplit('-').next().and_then(|n| n.parse().ok()) {
+                inner.next = inner.next.max(n);
+            }
+            let id = request.id.clone();
+            inner.entries.insert(
+                id.clone(),
+                Entry {
+                    tenant: s.tenant,
+                    request,
+                    state,
+                    reason: status.reason,
+                    failure: Failure::try_from(status.failure).unwrap_or(Failure::Internal),
+                    created: Instant::now(),
+                    created_wall: SystemTime::UNIX_EPOCH + Duration::from_secs(s.created_unix_s),
+                    taken: None,
+                    result: status.result,
+                },
+            );
+            inner.order.push_back(id);
+        }
+        inner.trim();
+        Self {
+            inner: Mutex::new(inner),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Writes finished request `id` to the directory of kept captures, if there is one. Call
+    /// off the async workers: a result may be tens of MiB.
+    pub fn save(&self, id: &str) -> std::io::Result<()> {
+        let (dir, saved) = {
+            let inner = self.inner.lock().expect("not poisoned");
+            let (Some(dir), Some(e)) = (inner.dir.clone(), inner.entries.get(id)) else {
+                return Ok(());
+            };
+            if !e.finished() {
+                return Ok(());
+            }
+            let saved = SavedCapture {
+                tenant: e.tenant.clone(),
+                created_unix_s: e
+                    .created_wall
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                status: Some(CaptureStatus {
+                    request: Some(e.request.clone()),
+                    state: e.state.name().into(),
+                    reason: e.reason.clone(),
+                    failure: e.failure as i32,
+                    result: e.result.clone(),
+                    members: Vec::new(),
+                }),
+            };
+            (dir, saved)
+        };
+        capture_files::save(&dir, &saved)?;
+        // Dropped from memory while it was written: its file goes too.
+        if !self
+            .inner
+            .lock()
+            .expect("not poisoned")
+            .entries
+            .contains_key(id)
+        {
+            capture_files::remove(&dir, id);
+        }
+        Ok(())
+    }
+
     /// Validates `request` and queues it for its node's agent; its id.
-    pub fn create(
+    pub fn create(&self, tenant: &str, request: CaptureRequest) -> Result<String, CaptureError> {
+        let target = (request.node.clone(), request.pids.clone());
+        let mut ids = self.create_many(tenant, request, vec![target])?;
+        Ok(ids.remove(0))
+    }
+
+    /// Validates `request` and queues one copy of it per `(node, pids)` target (what a label
+    /// query resolved to), each for its node's agent; their ids, in the targets' order. All
+    /// or none: a target that cannot take it refuses the whole request.
+    pub fn create_many(
         &self,
         tenant: &str,
-        mut request: CaptureRequest,
-    ) -> Result<String, CaptureError> {
+        request: CaptureRequest,
+        targets: Vec<(String, Vec<u32>)>,
+    ) -> Result<Vec<String>, CaptureError> {
         let dump = request.kind == Kind::Dump as i32;
-        if request.node.is_empty() || request.node.len() > 256 {
+        if targets.is_empty() {
             return Err(CaptureError::Input("name the node (--node NAME)".into()));
         }
-        if request.pids.is_empty() || request.pids.len() > MAX_PIDS {
-            return Err(CaptureError::Input(format!(
-                "name 1 to {MAX_PIDS} processes (--pid PID)"
-            )));
-        }
-        if request.pids.contains(&0) {
-            return Err(CaptureError::Input("pid 0 is not a process".into()));
+        for (node, pids) in &targets {
+            check_target(node, pids)?;
         }
         if !dump {
-            if request.duration_ms == 0 || request.duration_ms > MAX_DURATION_MS {
-                return Err(CaptureError::Input(format!(
-                    "a capture lasts 1 ms to {} s, not {} ms",
-                    MAX_DURATION_MS / 1000,
-                    request.duration_ms
-                )));
-            }
-            if request.frequency_hz == 0 || request.frequency_hz > MAX_FREQUENCY_HZ {
-                return Err(CaptureError::Input(format!(
-                    "a capture samples at 1 to {MAX_FREQUENCY_HZ} Hz, not {}",
-                    request.frequency_hz
-                )));
-            }
+            check_bounds(&request)?;
         }
         let mut inner = self.inner.lock().expect("not poisoned");
         let now = Instant::now();
         inner.expire(now);
-        let key = (tenant.to_string(), request.node.clone());
-        match inner.agents.get(&key) {
-            None => {
-                return Err(CaptureError::NotFound(format!(
-                    "no agent serves node '{}': check the name (the agent's --node) and that \
-                     its agent pushes to this collector",
-                    request.node
-                )));
-            }
-            Some(&(last, open)) if open == 0 && now.duration_since(last) > OFFLINE_AFTER => {
-                return Err(CaptureError::Offline(format!(
-                    "the agent of node '{}' is offline: no poll for {} s",
-                    request.node,
-                    now.duration_since(last).as_secs()
-                )));
-            }
-            Some(_) => {}
+        for (node, _) in &targets {
+            inner.check_agent(tenant, node, now)?;
         }
         if !dump {
-            let running = |pred: &dyn Fn(&Entry) -> bool| {
-                inner
-                    .entries
-                    .values()
-                    .filter(|e| !e.finished() && e.request.kind == Kind::Capture as i32)
-                    .filter(|e| pred(e))
-                    .count()
-            };
-            if running(&|e| e.tenant == tenant && e.request.node == request.node) >= MAX_PER_NODE {
-                return Err(CaptureError::Busy(format!(
-                    "node '{}' runs a capture already (at most {MAX_PER_NODE} at a time per \
-                     node): try again when it ends",
-                    request.node
-                )));
-            }
-            if running(&|e| e.tenant == tenant) >= MAX_PER_TENANT {
-                return Err(CaptureError::Busy(format!(
-                    "{MAX_PER_TENANT} captures of this tenant run already: try again when one ends"
-                )));
-            }
+            inner.check_room(tenant, targets.iter().map(|(n, _)| n.as_str()))?;
         }
-        inner.next += 1;
-        let id = format!(
-            "{}-{}",
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            inner.next
-        );
-        request.id = id.clone();
-        inner.entries.insert(
-            id.clone(),
-            Entry {
-                tenant: tenant.to_string(),
-                request,
-                state: State::Pending,
-                reason: String::new(),
-                failure: Failure::None,
-                created: now,
-                created_wall: SystemTime::now(),
-                taken: None,
-                result: None,
-            },
-        );
-        inner.order.push_back(id.clone());
+        let mut ids = Vec::with_capacity(targets.len());
+        for (node, pids) in targets {
+            inner.next += 1;
+            let id = format!(
+                "{}-{}",
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                inner.next
+            );
+            let request = CaptureRequest {
+                id: id.clone(),
+                node,
+                pids,
+                ..request.clone()
+            };
+            inner.entries.insert(
+                id.clone(),
+                Entry {
+                    tenant: tenant.to_string(),
+                    request,
+                    state: State::Pending,
+                    reason: String::new(),
+                    failure: Failure::None,
+                    created: now,
+                    created_wall: SystemTime::now(),
+                    taken: None,
+                    result: None,
+                },
+            );
+            inner.order.push_back(id.clone());
+            ids.push(id);
+        }
         inner.trim();
         drop(inner);
         self.changed.notify_waiters();
-        Ok(id)
+        Ok(ids)
     }
 
     /// An agent's poll: the requests waiting for its node, taken (running); waits up to
@@ -350,6 +422,7 @@ impl Captures {
                     state: e.state.name().into(),
                     reason: e.reason.clone(),
                     failure: e.failure as i32,
+                    members: Vec::new(),
                     result: e.result.as_ref().map(|r| {
                         if result {
                             r.clone()
@@ -432,7 +505,90 @@ impl Captures {
     }
 }
 
+/// A target's node and pids are named and within bounds.
+fn check_target(node: &str, pids: &[u32]) -> Result<(), CaptureError> {
+    if node.is_empty() || node.len() > 256 {
+        return Err(CaptureError::Input("name the node (--node NAME)".into()));
+    }
+    if pids.is_empty() || pids.len() > MAX_PIDS {
+        return Err(CaptureError::Input(format!(
+            "name 1 to {MAX_PIDS} processes (--pid PID)"
+        )));
+    }
+    if pids.contains(&0) {
+        return Err(CaptureError::Input("pid 0 is not a process".into()));
+    }
+    Ok(())
+}
+
+/// A capture's duration and frequency are within bounds.
+fn check_bounds(request: &CaptureRequest) -> Result<(), CaptureError> {
+    if request.duration_ms == 0 || request.duration_ms > MAX_DURATION_MS {
+        return Err(CaptureError::Input(format!(
+            "a capture lasts 1 ms to {} s, not {} ms",
+            MAX_DURATION_MS / 1000,
+            request.duration_ms
+        )));
+    }
+    if request.frequency_hz == 0 || request.frequency_hz > MAX_FREQUENCY_HZ {
+        return Err(CaptureError::Input(format!(
+            "a capture samples at 1 to {MAX_FREQUENCY_HZ} Hz, not {}",
+            request.frequency_hz
+        )));
+    }
+    Ok(())
+}
+
 impl Inner {
+    /// The node has an agent of the tenant that polls.
+    fn check_agent(&self, tenant: &str, node: &str, now: Instant) -> Result<(), CaptureError> {
+        match self.agents.get(&(tenant.to_string(), node.to_string())) {
+            None => Err(CaptureError::NotFound(format!(
+                "no agent serves node '{node}': check the name (the agent's --node) and that \
+                 its agent pushes to this collector"
+            ))),
+            Some(&(last, open)) if open == 0 && now.duration_since(last) > OFFLINE_AFTER => {
+                Err(CaptureError::Offline(format!(
+                    "the agent of node '{node}' is offline: no poll for {} s",
+                    now.duration_since(last).as_secs()
+                )))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// New captures on `nodes` stay within the per-node and per-tenant bounds.
+    fn check_room<'a>(
+        &self,
+        tenant: &str,
+        nodes: impl Iterator<Item = &'a str>,
+    ) -> Result<(), CaptureError> {
+        let running: Vec<&Entry> = self
+            .entries
+            .values()
+            .filter(|e| !e.finished() && e.request.kind == Kind::Capture as i32)
+            .filter(|e| e.tenant == tenant)
+            .collect();
+        let mut added = 0;
+        for node in nodes {
+            added += 1;
+            if running.iter().filter(|e| e.request.node == node).count() >= MAX_PER_NODE {
+                return Err(CaptureError::Busy(format!(
+                    "node '{node}' runs a capture already (at most {MAX_PER_NODE} at a time per \
+                     node): try again when it ends"
+                )));
+            }
+        }
+        if running.len() + added > MAX_PER_TENANT {
+            return Err(CaptureError::Busy(format!(
+                "{MAX_PER_TENANT} captures of this tenant run at once at most ({} run, {added} \
+                 asked for): try again when one ends, or narrow the query",
+                running.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Fails requests no agent took in time, or whose result is overdue.
     fn expire(&mut self, now: Instant) {
         for e in self.entries.values_mut() {
@@ -461,8 +617,25 @@ impl Inner {
         }
     }
 
-    /// Drops the oldest finished requests beyond the bounds.
+    /// Drops the oldest finished requests beyond the bounds, and those past the retention.
     fn trim(&mut self) {
+        if let Some(retention) = self.retention {
+            let now = SystemTime::now();
+            let stale: Vec<String> = self
+                .entries
+                .iter()
+                .filter(|(_, e)| {
+                    e.finished()
+                        && now
+                            .duration_since(e.created_wall)
+                            .is_ok_and(|age| age > retention)
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in stale {
+                self.drop_entry(&id);
+            }
+        }
         loop {
             let finished: Vec<&Entry> = self.entries.values().filter(|e| e.finished()).collect();
             let bytes: usize = finished.iter().map(|e| e.result_bytes()).sum();
@@ -483,9 +656,18 @@ impl Inner {
                 })
             });
             let Some(at) = victim else { return };
-            if let Some(id) = self.order.remove(at) {
-                self.entries.remove(&id);
+            if let Some(id) = self.order.get(at).cloned() {
+                self.drop_entry(&id);
             }
+        }
+    }
+
+    /// Forgets request `id`, and deletes its file.
+    fn drop_entry(&mut self, id: &str) {
+        self.entries.remove(id);
+        self.order.retain(|o| o != id);
+        if let Some(dir) = &self.dir {
+            capture_files::remove(dir, id);
         }
     }
 }
@@ -501,6 +683,7 @@ fn summary(e: &Entry) -> Summary {
         },
         node: r.node.clone(),
         pids: r.pids.clone(),
+        query: r.query.clone(),
         duration_ms: r.duration_ms,
         frequency_hz: r.frequency_hz,
         gil: r.gil,
@@ -520,141 +703,9 @@ fn summary(e: &Entry) -> Summary {
             .as_ref()
             .filter(|r| !r.text.is_empty())
             .map(|r| r.text.clone()),
+        members: Vec::new(),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(node: &str, pid: u32) -> CaptureRequest {
-        CaptureRequest {
-            node: node.into(),
-            pids: vec![pid],
-            duration_ms: 1000,
-            frequency_hz: 99,
-            ..Default::default()
-        }
-    }
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
-
-    /// A request reaches its node's agent only, runs once, and ends with the upload; the
-    /// other tenant neither sees nor answers it.
-    #[test]
-    fn a_request_goes_to_its_node_and_ends_with_the_upload() {
-        let rt = rt();
-        let c = Captures::default();
-        rt.block_on(c.poll("", "b", Duration::ZERO));
-        rt.block_on(c.poll("", "a", Duration::ZERO));
-        let id = c.create("", request("b", 42)).unwrap();
-        assert!(rt.block_on(c.poll("", "a", Duration::ZERO)).is_empty());
-        assert!(rt.block_on(c.poll("other", "b", Duration::ZERO)).is_empty());
-        let got = rt.block_on(c.poll("", "b", Duration::ZERO));
-        assert_eq!(got.len(), 1);
-        assert_eq!(
-            (got[0].id.as_str(), got[0].pids.as_slice()),
-            (id.as_str(), &[42][..])
-        );
-        assert!(
-            rt.block_on(c.poll("", "b", Duration::ZERO)).is_empty(),
-            "taken once"
-        );
-        assert_eq!(c.summary("", &id).unwrap().state, "running");
-        assert!(c.summary("other", &id).is_none());
-        let upload = UploadRequest {
-            id: id.clone(),
-            node: "b".into(),
-            pprof: vec![1, 2, 3],
-            samples: 7,
-            ..Default::default()
-        };
-        assert!(c.upload("other", upload.clone()).is_err());
-        assert!(
-            c.upload(
-                "",
-                UploadRequest {
-                    node: "a".into(),
-                    ..upload.clone()
-                }
-            )
-            .is_err(),
-            "another node's agent cannot answer it"
-        );
-        c.upload("", upload.clone()).unwrap();
-        assert_eq!(c.summary("", &id).unwrap().state, "done");
-        assert_eq!(c.result("", &id, false), Some(vec![1, 2, 3]));
-        assert!(c.upload("", upload).is_err(), "answered once");
-    }
-
-    /// A waiting poll is answered as soon as a request comes, not at its end.
-    #[test]
-    fn a_waiting_poll_is_answered_at_once() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let c = std::sync::Arc::new(Captures::default());
-        rt.block_on(c.poll("", "b", Duration::ZERO));
-        let poller = c.clone();
-        let started = Instant::now();
-        let polled = rt.spawn(async move { poller.poll("", "b", Duration::from_secs(10)).await });
-        std::thread::sleep(Duration::from_millis(100));
-        c.create("", request("b", 1)).unwrap();
-        let got = rt.block_on(polled).unwrap();
-        assert_eq!(got.len(), 1);
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
-    }
-
-    /// Bad requests, unknown nodes and busy nodes are refused with their reason.
-    #[test]
-    fn requests_are_bounded_and_refused_with_a_reason() {
-        let rt = rt();
-        let c = Captures::default();
-        rt.block_on(c.poll("", "b", Duration::ZERO));
-        let err = |r| c.create("", r).unwrap_err();
-        assert!(matches!(err(request("z", 1)), CaptureError::NotFound(m) if m.contains("'z'")));
-        assert!(matches!(
-            err(CaptureRequest { duration_ms: 61_000, ..request("b", 1) }),
-            CaptureError::Input(m) if m.contains("60 s")
-        ));
-        assert!(matches!(
-            err(CaptureRequest { frequency_hz: 1000, ..request("b", 1) }),
-            CaptureError::Input(m) if m.contains("999")
-        ));
-        assert!(matches!(err(request("b", 0)), CaptureError::Input(_)));
-        c.create("", request("b", 1)).unwrap();
-        assert!(matches!(err(request("b", 2)), CaptureError::Busy(m) if m.contains("at most 1")));
-        // A dump is not a capture: it passes beside one.
-        let dump = CaptureRequest {
-            kind: Kind::Dump as i32,
-            duration_ms: 0,
-            ..request("b", 2)
-        };
-        c.create("", dump).unwrap();
-    }
-
-    /// A request its agent never takes fails as offline.
-    #[test]
-    fn a_request_not_taken_fails_as_offline() {
-        let rt = rt();
-        let c = Captures::default();
-        rt.block_on(c.poll("", "b", Duration::ZERO));
-        let id = c.create("", request("b", 1)).unwrap();
-        let mut inner = c.inner.lock().unwrap();
-        inner.expire(Instant::now() + TAKE_WITHIN + Duration::from_secs(1));
-        let e = &inner.entries[&id];
-        assert_eq!((e.state, e.failure), (State::Failed, Failure::Offline));
-        assert!(e.reason.contains("offline"), "{}", e.reason);
-    }
-}
+mod tests;

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod capture_files;
 pub mod captures;
 pub mod clickhouse;
 pub mod config;

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use pyrometer_collector::api::{self, AppState};
 use pyrometer_collector::auth::Auth;
+use pyrometer_collector::captures::Captures;
 use pyrometer_collector::clickhouse::{ClickHouseStore, Location, read_credentials};
 use pyrometer_collector::config::Config;
 use pyrometer_collector::limits::LimitFlags;
@@ -183,12 +184,21 @@ fn run(args: Args) -> anyhow::Result<()> {
         flags.max_concurrent_queries.get_or_insert(1);
     }
     let config = Config::load(args.config.as_deref(), &flags)?;
-    let (store, store_name) = open_store(&args)?;
+    let (store, store_name, captures_dir) = open_store(&args)?;
+    // Finished captures are kept beside the embedded store; collectors sharing ClickHouse
+    // share no disk, so theirs stay in memory.
+    let captures = match captures_dir {
+        Some(dir) => Captures::persistent(dir, args.retention, &mut |w| {
+            eprintln!("pyrometer-collector: {w}")
+        }),
+        None => Captures::default(),
+    };
     let state = Arc::new(
         AppState::new(store.clone())
             .with_auth(auth)
             .with_config(config)
-            .with_retention(args.retention),
+            .with_retention(args.retention)
+            .with_captures(captures),
     );
     let options = serve::Options {
         max_connections: args
@@ -279,8 +289,9 @@ async fn reload_on_sighup(state: Arc<AppState>) {
     }
 }
 
-/// The store `--store` (or `--data-dir`) names, and how to name it in messages.
-fn open_store(args: &Args) -> anyhow::Result<(Arc<dyn Store>, String)> {
+/// The store `--store` (or `--data-dir`) names, how to name it in messages, and where
+/// finished captures are kept (beside an embedded store).
+fn open_store(args: &Args) -> anyhow::Result<(Arc<dyn Store>, String, Option<PathBuf>)> {
     let spec = args.store.clone().unwrap_or_default();
     if spec.starts_with("clickhouse://") || spec.starts_with("clickhouses://") {
         let mut location = Location::parse(&spec).map_err(anyhow::Error::msg)?;
@@ -295,7 +306,7 @@ fn open_store(args: &Args) -> anyhow::Result<(Arc<dyn Store>, String)> {
         };
         let store = ClickHouseStore::open(&location, credentials, args.store_timeout)
             .with_context(|| format!("opening the store {spec}"))?;
-        return Ok((Arc::new(store), spec));
+        return Ok((Arc::new(store), spec, None));
     }
     anyhow::ensure!(
         args.store_credentials.is_none(),
@@ -313,7 +324,11 @@ fn open_store(args: &Args) -> anyhow::Result<(Arc<dyn Store>, String)> {
     };
     let store = SqliteStore::open(&dir)
         .with_context(|| format!("opening the store in {}", dir.display()))?;
-    Ok((Arc::new(store), dir.display().to_string()))
+    Ok((
+        Arc::new(store),
+        dir.display().to_string(),
+        Some(dir.join("captures")),
+    ))
 }
 
 async fn shutdown() {

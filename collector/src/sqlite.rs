@@ -77,23 +77,39 @@ pub struct SqliteStore {
     /// Whether retention pruned since the store was opened.
     pruned_once: AtomicBool,
     checkpointer: Checkpointer,
+    /// Read connections taken from the pool and not yet given back: queries running.
+    reading: std::sync::atomic::AtomicUsize,
 }
 
-/// Copies the write-ahead log into the database on a connection and thread of its own, so
-/// that no push pays for it: after each push (at most every `CHECKPOINT_SPACING`) and every
-/// second; stopped when the store is dropped. Once a second only, a full-speed ingest grew the
-/// log to 150 MB between checkpoints, nine times the database it held.
+/// Copies the write-ahead log into the database on a connection and thread of its own, for
+/// what no push checkpointed (see [`SqliteStore::after_push`]): after a push that found
+/// queries reading (at most every `CHECKPOINT_SPACING`) and every second; stopped when the
+/// store is dropped.
 struct Checkpointer {
     stop: std::sync::Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// How often the journal is checkpointed with no push asking for it.
+/// How often the checkpointer runs with no push asking for it.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// The least time between two checkpoints: each ends in an fsync of the database.
 const CHECKPOINT_SPACING: std::time::Duration = std::time::Duration::from_millis(100);
 /// The size the log is cut back to once a checkpoint has emptied it.
 const JOURNAL_SIZE_LIMIT: u64 = 4 << 20;
+/// Pages of log (4 KiB each) past which the push that wrote them checkpoints it, when no
+/// query reads: half the size limit, so a log started again from its beginning is reused
+/// in place rather than cut back and extended again.
+const CHECKPOINT_PAGES: i32 = 512;
+
+thread_local! {
+    /// The pages in the log after this thread's last commit (SQLite's write-ahead log hook).
+    static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.set(pages);
+    Ok(())
+}
 
 impl Checkpointer {
     fn start(path: &Path) -> Result<Self, StoreError> {
@@ -151,9 +167,9 @@ impl SqliteStore {
         let path = dir.join("pyrometer.sqlite");
         let mut conn = Connection::open(&path)?;
         // FULL: a batch is acknowledged only after its commit is on disk, so an agent that
-        // deleted it from its spool cannot lose it to a power cut either. The journal is
-        // checkpointed by a thread of its own (see `Checkpointer`), not by the commit of
-        // whichever push crosses the threshold.
+        // deleted it from its spool cannot lose it to a power cut either. SQLite's own
+        // checkpoint at commit is off: it runs while queries hold snapshots too, where it
+        // cannot finish (see `after_push` and `Checkpointer`).
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;
              PRAGMA wal_autocheckpoint = 0;",
@@ -176,6 +192,7 @@ impl SqliteStore {
         if version < LAYOUT_VERSION {
             convert_samples(&mut conn)?;
         }
+        conn.wal_hook(Some(note_wal_pages));
         let cache = Cache::load(&conn)?;
         let checkpointer = Checkpointer::start(&path)?;
         Ok(Self {
@@ -186,6 +203,7 @@ impl SqliteStore {
             touched: Mutex::new(None),
             pruned_once: AtomicBool::new(false),
             checkpointer,
+            reading: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -344,10 +362,31 @@ fn convert_samples(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+impl SqliteStore {
+    /// Keeps the log small and in place. With no query reading, the push that filled it past
+    /// [`CHECKPOINT_PAGES`] checkpoints it: nothing writes meanwhile (it holds the writer), so
+    /// the checkpoint copies every frame and the next push starts the log again from its
+    /// beginning, in the same file. A checkpoint running beside a writer (the checkpointer's
+    /// thread, at full-speed ingest) never catches up, and the log grew to 227 MiB in the
+    /// store bench. With queries reading, their snapshots hold frames back: the checkpointer
+    /// copies them after the queries, off the push.
+    fn after_push(&self) {
+        if WAL_PAGES.get() < CHECKPOINT_PAGES {
+            return;
+        }
+        if self.reading.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            let conn = self.writer();
+            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        } else {
+            self.checkpointer.nudge();
+        }
+    }
+}
+
 impl Store for SqliteStore {
     fn ingest(&self, batch: &Batch) -> Result<Ingested, StoreError> {
         let ingested = self.write_batch(batch);
-        self.checkpointer.nudge();
+        self.after_push();
         ingested
     }
 

@@ -20,8 +20,13 @@ const PER_PUSH: u64 = 250_000;
 const LIMIT: usize = 100_000;
 
 async fn a_million_label_values_are_refused_past_the_limit(kind: Kind) {
-    let dir = std::env::temp_dir().join(format!("pyrometer-card-{kind:?}-{}", std::process::id()));
-    let mut server = tokio::task::spawn_blocking(move || Server::start(kind, &dir, &[], None))
+    // Removed with the store in it when the test ends (after the server, declared later).
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("pyrometer-card-{kind:?}-"))
+        .tempdir()
+        .unwrap();
+    let path = dir.path().to_path_buf();
+    let mut server = tokio::task::spawn_blocking(move || Server::start(kind, &path, &[], None))
         .await
         .unwrap();
     let rss0 = server.rss();

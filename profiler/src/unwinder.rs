@@ -9,9 +9,12 @@
 //! fit, tables that no live process maps any more are evicted, oldest first. Each table also
 //! gets a bucket index in `unwind_index` (one u64 per KiB of text, see
 //! `pyrometer_ebpf::bucket_index`), so the kernel searches a few rows a frame, not the table.
+//! Building is paid from a [`Budget`] of CPU time (node-wide in the agent, see `budget`).
+
+mod arrays;
+pub mod budget;
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +22,12 @@ use std::time::Duration;
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, ProcessUnwind, bucket_index};
 
+use crate::os::cpu_budget::thread_cpu;
 use crate::os::elfsyms::load_bias;
 use crate::os::procs::{Binary, BinaryKey, MappingKind, Process};
-use crate::os::workers::ProcessReads;
+use crate::os::workers::{OffLoop, ProcessReads};
+use arrays::{MmapArray, Ranges};
+pub use budget::Budget;
 
 /// Bytes per element of a BPF array: the kernel rounds each value up to 8 bytes, so a
 /// 12-byte row occupies 16 (1 Mi rows = 16 MiB of kernel memory).
@@ -89,129 +95,10 @@ pub struct UnwinderStats {
     /// Reads of a binary (its build-id, its CFI) that did not finish by their deadline: the
     /// process is left alone for a while and unwinds by frame pointer meanwhile.
     pub stalled_reads: u64,
-}
-
-/// A BPF_F_MMAPABLE array, mapped only while something is written into it: a mapping kept
-/// open holds all its pages in the agent's resident set, though the data lives in the map's
-/// kernel memory either way.
-struct MmapArray {
-    fd: OwnedFd,
-    /// Bytes per element (the kernel rounds values up to 8 bytes).
-    slot: usize,
-}
-
-impl MmapArray {
-    fn new(map: MapData, slot: usize) -> Result<Self, UnwinderError> {
-        // The duplicate keeps the map alive after `map` closes its own descriptor.
-        let fd = map
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(UnwinderError::Mmap)?;
-        drop(map);
-        let array = Self { fd, slot };
-        // Fails here, at load, if the array cannot be mapped at all.
-        array.window(0, 1)?;
-        Ok(array)
-    }
-
-    /// Elements `first..first + count`, mapped read-write until the window is dropped.
-    fn window(&self, first: u32, count: u32) -> Result<Window, UnwinderError> {
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let start = first as usize * self.slot;
-        let end = start + count as usize * self.slot;
-        let offset = start / page * page;
-        let len = end.div_ceil(page) * page - offset;
-        // SAFETY: maps pages of a BPF array created with BPF_F_MMAPABLE, within its size
-        // (the allocators only hand out elements below capacity); unmapped on drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(UnwinderError::Mmap(std::io::Error::last_os_error()));
-        }
-        Ok(Window {
-            base: base.cast(),
-            len,
-            skip: start - offset,
-            count: count as usize,
-            slot: self.slot,
-        })
-    }
-}
-
-/// Some elements of an [`MmapArray`], mapped.
-struct Window {
-    base: *mut u8,
-    len: usize,
-    /// Offset of the first element from `base` (the mapping starts on a page boundary).
-    skip: usize,
-    count: usize,
-    slot: usize,
-}
-
-impl Window {
-    /// Writes `values` into the window's elements, in order (at most its count).
-    fn write<T: Copy>(&self, values: &[T]) {
-        debug_assert!(size_of::<T>() <= self.slot);
-        for (i, &v) in values.iter().take(self.count).enumerate() {
-            // SAFETY: element i < count lies inside the window; elements are 8-byte aligned
-            // (the window starts on a page and slots are multiples of 8) and `slot` bytes
-            // long, at least size_of::<T>().
-            unsafe {
-                let at = self.base.add(self.skip + i * self.slot);
-                std::ptr::write(at.cast::<T>(), v);
-            }
-        }
-    }
-}
-
-impl Drop for Window {
-    fn drop(&mut self) {
-        // SAFETY: the region mapped in `MmapArray::window`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
-
-/// Free ranges of an array, (first, count) sorted by first; first fit.
-struct Ranges(Vec<(u32, u32)>);
-
-impl Ranges {
-    fn take(&mut self, count: u32) -> Option<u32> {
-        let i = self.0.iter().position(|&(_, len)| len >= count)?;
-        let (first, len) = self.0[i];
-        if len == count {
-            self.0.remove(i);
-        } else {
-            self.0[i] = (first + count, len - count);
-        }
-        Some(first)
-    }
-
-    fn give_back(&mut self, first: u32, count: u32) {
-        let i = self.0.partition_point(|&(f, _)| f < first);
-        self.0.insert(i, (first, count));
-        // Merge with neighbours so large tables can fit again.
-        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.0.len());
-        for &(f, l) in &self.0 {
-            if let Some(last) = merged.last_mut()
-                && last.0 + last.1 == f
-            {
-                last.1 += l;
-                continue;
-            }
-            merged.push((f, l));
-        }
-        self.0 = merged;
-    }
+    /// Table builds put off for want of budget (a waiting process counts at each sync).
+    pub builds_deferred: u64,
+    /// Processes waiting for a table now.
+    pub processes_waiting: u64,
 }
 
 pub struct Unwinder {
@@ -233,13 +120,36 @@ pub struct Unwinder {
     free: Ranges,
     index_free: Ranges,
     process_tables: HashMap<u32, Vec<TableKey>>,
+    /// The table key of each file whose build id was read (see [`Unwinder::has_table`]).
+    file_keys: HashMap<BinaryKey, TableKey>,
     clock: u64,
     stats: UnwinderStats,
     /// Where binaries are read and their tables built: a file that never answers (FUSE)
     /// holds a worker, not the sampling loop.
     reads: ProcessReads,
+    /// Build-ids and tables being read on a worker; the loop takes them on a later turn.
+    ids: OffLoop<BinaryKey, Option<String>>,
+    /// Build-ids of the files tables were built for before any process mapped them.
+    prewarmed: HashMap<BinaryKey, String>,
+    builds: OffLoop<TableKey, Option<ReadTable>>,
+    /// The CPU time tables may take to build, and the processes waiting for it.
+    budget: Budget,
 }
 
+/// What a worker reads of a binary for its table.
+struct ReadTable {
+    /// Its PT_LOAD segments.
+    loads: Vec<(u64, u64, u64)>,
+    /// The table built from its CFI (None: no usable CFI).
+    table: Option<pyrometer_unwind::UnwindTable>,
+    /// How long reading and building took, and the worker's CPU time for it (what the
+    /// table-building budget pays).
+    took: Duration,
+    cpu: Duration,
+}
+
+/// Files remembered for [`Unwinder::has_table`]; past it, the memory starts again.
+const MAX_FILE_KEYS: usize = 16_384;
 /// Threads reading binaries and building tables; each read stuck past its deadline holds one.
 const READ_WORKERS: usize = 2;
 /// How long reading a binary's CFI and building its table may take (a large library's
@@ -248,6 +158,14 @@ const READ_DEADLINE: Duration = Duration::from_secs(5);
 /// How long a process whose read overran is left alone, at least.
 const READ_BACKOFF: Duration = Duration::from_secs(60);
 
+/// Where a table is built from.
+enum Source {
+    /// A file no process maps yet, waited for up to the deadline (before sampling starts).
+    Wait(std::path::PathBuf),
+    /// A mapped binary, read on a worker and taken on a later sync.
+    Later(Arc<Binary>),
+}
+
 /// What building a table came to.
 enum Built {
     Loaded(LoadedTable),
@@ -255,7 +173,8 @@ enum Built {
     TooBig(u32),
     /// The file could not be read or has no usable unwind information.
     Failed,
-    /// The read did not finish in time or found no free worker: tried again later.
+    /// The read runs on a worker (or found none free, or its process is left alone for a
+    /// read that overran): frame pointers until it comes back.
     Deferred,
 }
 
@@ -280,8 +199,13 @@ impl Unwinder {
             free: Ranges(vec![(0, capacity)]),
             index_free: Ranges(vec![(0, index_capacity)]),
             process_tables: HashMap::new(),
+            file_keys: HashMap::new(),
             clock: 0,
             reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
+            ids: OffLoop::default(),
+            prewarmed: HashMap::new(),
+            builds: OffLoop::default(),
+            budget: Budget::unlimited(),
             stats: UnwinderStats {
                 rows_capacity: u64::from(capacity),
                 ..UnwinderStats::default()
@@ -290,7 +214,21 @@ impl Unwinder {
     }
 
     pub fn stats(&self) -> UnwinderStats {
-        self.stats
+        UnwinderStats {
+            processes_waiting: self.budget.waiting() as u64,
+            ..self.stats
+        }
+    }
+
+    /// Bounds the CPU time spent building tables (unlimited by default).
+    pub fn set_budget(&mut self, budget: Budget) {
+        self.budget = budget;
+    }
+
+    /// The oldest process waiting for a table, when the budget allows building it now: the
+    /// caller syncs it again ([`Unwinder::sync_process`]), which may make it wait again.
+    pub fn next_due(&mut self) -> Option<u32> {
+        self.budget.next_due()
     }
 
     /// (Re)writes the unwind information of a process from its current mappings, building
@@ -324,9 +262,15 @@ impl Unwinder {
                 n += 1;
                 continue;
             };
-            let path = binary.path().to_path_buf();
             let clock = self.clock;
-            let (first, count, index, bias) = match self.table_for(process.pid, &key, &path) {
+            let estimate = (m.end - m.start).saturating_mul(budget::NS_PER_TEXT_BYTE);
+            let found = self.table_for(
+                process.pid,
+                &key,
+                Source::Later(Arc::clone(binary)),
+                estimate,
+            );
+            let (first, count, index, bias) = match found {
                 Some(t) => {
                     t.last_used = clock;
                     let bias = load_bias(&t.loads, m.start, m.offset);
@@ -390,34 +334,60 @@ impl Unwinder {
         let Some(id) = crate::os::procs::read_build_id(path) else {
             return;
         };
+        // The process that maps it finds its build-id here rather than reading it again on a
+        // worker, and its table at once: its first samples unwind fully.
+        if let Ok(file) = BinaryKey::of_file(path) {
+            self.prewarmed.insert(file, id.clone());
+        }
         let key = TableKey::BuildId(id);
         self.clock += 1;
-        let _ = self.table_for(0, &key, path);
+        let _ = self.table_for(0, &key, Source::Wait(path.to_path_buf()), 0);
     }
 
     /// The key of a binary's table: its build-id, read on a worker the first time (None
-    /// while that read cannot be done in time), or its file's identity.
+    /// until that read comes back), or its file's identity.
     fn table_key(&mut self, pid: u32, binary: &Arc<Binary>) -> Option<TableKey> {
         let id = match binary.known_build_id() {
             Some(id) => id,
+            None if self.prewarmed.contains_key(binary.key()) => {
+                binary.set_build_id(self.prewarmed.get(binary.key()).cloned())
+            }
             None => {
-                let path = binary.path().to_path_buf();
-                let id = self
-                    .reads
-                    .run(pid, move || crate::os::procs::read_build_id(&path));
+                // Moved into the job: the binary holds the file its path names open.
+                let held = Arc::clone(binary);
+                let id = self.ids.poll(&mut self.reads, pid, binary.key(), move || {
+                    crate::os::procs::read_build_id(held.path())
+                });
                 self.stats.stalled_reads = self.reads.overran();
                 binary.set_build_id(id?)
             }
         };
-        Some(match id {
+        let key = match id {
             Some(id) => TableKey::BuildId(id.to_string()),
             None => TableKey::File(binary.key().clone()),
-        })
+        };
+        if !self.file_keys.contains_key(binary.key()) {
+            if self.file_keys.len() >= MAX_FILE_KEYS {
+                self.file_keys.clear();
+            }
+            self.file_keys.insert(binary.key().clone(), key.clone());
+        }
+        Some(key)
+    }
+
+    /// Whether the table of the file `key` is loaded: a process that exec'd it can be
+    /// registered before its first sample. A hint only (a file rewritten in place keeps its
+    /// inode): the registration itself reads the build id of what is mapped.
+    pub fn has_table(&self, key: &BinaryKey) -> bool {
+        self.file_keys
+            .get(key)
+            .is_some_and(|k| matches!(self.tables.get(k), Some(Some(_))))
     }
 
     /// Forgets a process that exited; its tables become evictable when nobody else maps them.
     pub fn remove_process(&mut self, pid: u32) {
         self.missing.remove(&pid);
+        self.budget.forget(pid);
         if let Some(keys) = self.process_tables.remove(&pid) {
             self.release(&keys);
             self.stats.processes = self.stats.processes.saturating_sub(1);
@@ -484,13 +454,50 @@ impl Unwinder {
         free.saturating_add(evictable)
     }
 
-    fn table_for(&mut self, pid: u32, key: &TableKey, path: &Path) -> Option<&mut LoadedTable> {
+    /// Where its reads run: the loop's turn, waiting and the CPU budget are set there.
+    pub fn reads(&mut self) -> &mut crate::os::workers::ProcessReads {
+        &mut self.reads
+    }
+
+    /// Processes whose build-id or table read came back since the last call: syncing them
+    /// again takes it (every turn of the capture loop).
+    pub fn ready_pids(&mut self) -> Vec<u32> {
+        let mut pids = self.ids.ready(&mut self.reads);
+        pids.extend(self.builds.ready(&mut self.reads));
+        self.stats.stalled_reads = self.reads.overran();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// Whether a read handed to a worker may come back soon (one past its deadline is not
+    /// waited for): the capture loop then looks again sooner.
+    pub fn reads_due(&self) -> bool {
+        self.ids.due_soon() || self.builds.due_soon()
+    }
+
+    /// The table for `key`, built the first time from `source` unless the budget says to
+    /// wait (`estimate_ns`: what building it would cost, roughly).
+    fn table_for(
+        &mut self,
+        pid: u32,
+        key: &TableKey,
+        source: Source,
+        estimate_ns: u64,
+    ) -> Option<&mut LoadedTable> {
         if !self.tables.contains_key(key) {
             let available = self.available_rows();
             if !self.worth_retrying(key, available) {
                 return None;
             }
-            match self.build(pid, path) {
+            // A build handed to a worker already was allowed when it started: its answer is
+            // taken whatever the bucket holds now (and paid for then).
+            if !self.builds.started(key) && !self.budget.allows(estimate_ns) {
+                self.stats.builds_deferred += 1;
+                self.budget.wait(pid);
+                return None;
+            }
+            match self.build(pid, key, source) {
                 Built::Loaded(t) => {
                     self.too_big.remove(key);
                     self.tables.insert(key.clone(), Some(t));
@@ -512,11 +519,17 @@ impl Unwinder {
         self.tables.get_mut(key).and_then(Option::as_mut)
     }
 
-    fn build(&mut self, pid: u32, path: &Path) -> Built {
-        let started = std::time::Instant::now();
-        let path = path.to_path_buf();
+    fn build(&mut self, pid: u32, key: &TableKey, source: Source) -> Built {
+        let (path, held, wait) = match source {
+            Source::Wait(path) => (path, None, true),
+            Source::Later(b) => (b.path().to_path_buf(), Some(b), false),
+        };
         // On a worker: a binary on a mount that never answers holds it, not the caller.
-        let read = self.reads.run(pid, move || {
+        let job = move || {
+            // The binary holds the file its path names open until the read is done.
+            let _held = held;
+            let started = std::time::Instant::now();
+            let cpu = thread_cpu();
             // A sparse copy in an anonymous mapping, not the heap (a copy of a large binary
             // there would keep the allocator's high-water mark long after the table is built)
             // and not a mapping of the file (which a process truncating it would turn into a
@@ -528,16 +541,38 @@ impl Unwinder {
             .and_then(|f| f.copy_elf_sections(&[".eh_frame", ".debug_frame"]))
             .ok()?;
             let loads = load_segments(&bytes);
-            Some((loads, pyrometer_unwind::build_table(&bytes).ok()))
-        });
+            let table = pyrometer_unwind::build_table(&bytes).ok();
+            Some(ReadTable {
+                loads,
+                table,
+                took: started.elapsed(),
+                cpu: thread_cpu().saturating_sub(cpu),
+            })
+        };
+        let read = if wait {
+            self.reads.run(pid, job)
+        } else {
+            self.builds.poll(&mut self.reads, pid, key, job)
+        };
         self.stats.stalled_reads = self.reads.overran();
         let Some(read) = read else {
             return Built::Deferred;
         };
-        let Some((loads, table)) = read else {
+        let Some(ReadTable {
+            loads,
+            table,
+            took,
+            cpu,
+        }) = read
+        else {
             return Built::Failed;
         };
-        self.stats.build_ns += started.elapsed().as_nanos() as u64;
+        // Paid once, by whichever process's sync took the answer: the node's bucket bounds
+        // all table building; the worker's CPU was charged to the process that started the
+        // read by its own budget (see `ProcessReads`), which bounds one process's share.
+        self.budget
+            .spend(cpu.as_nanos().min(u128::from(u64::MAX)) as u64);
+        self.stats.build_ns += took.as_nanos() as u64;
         let table = match table {
             Some(t) if !t.rows.is_empty() && !loads.is_empty() => t,
             _ => {

@@ -62,6 +62,10 @@ pub struct CaptureRequest {
     pub alloc: bool,
     #[prost(enumeration = "Kind", tag = "9")]
     pub kind: i32,
+    /// Label matchers (`{ray_actor="Trainer"}`) in place of `node` and `pids`: the collector
+    /// resolves them against recent pushes and makes one request per node that matches.
+    #[prost(string, tag = "10")]
+    pub query: String,
 }
 
 /// An agent's poll: the node it serves; the collector answers when a request for it comes,
@@ -124,6 +128,11 @@ pub struct UploadRequest {
     /// A dump's text.
     #[prost(string, tag = "10")]
     pub text: String,
+    /// The wall-clock time of the timeline's zero, ns since the Unix epoch: its
+    /// CLOCK_MONOTONIC origin plus the node's monotonic-to-wall offset, so timelines of
+    /// several nodes line up.
+    #[prost(uint64, tag = "11")]
+    pub origin_unix_ns: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
@@ -156,4 +165,8 @@ pub struct CaptureStatus {
     /// Present when done and asked for.
     #[prost(message, optional, tag = "5")]
     pub result: Option<UploadRequest>,
+    /// The ids of every request one `Create` made, this one first: a query matching
+    /// processes on several nodes makes one per node.
+    #[prost(string, repeated, tag = "6")]
+    pub members: Vec<String>,
 }

@@ -236,17 +236,22 @@ pub fn enc(s: &str) -> String {
         .collect()
 }
 
-/// Samples the collector holds for `pid` of node `node` in the last ten minutes (none while
-/// its store is empty: a 404).
-pub fn samples_of(collector: &Collector, node: &str, pid: u32) -> u64 {
-    let q = enc(&format!("{{node=\"{node}\",pid=\"{pid}\"}}"));
+/// The folded profile the collector holds from node `node` for the last ten minutes, its
+/// selector narrowed by `query` (`,pid="7"`; empty while the store holds none: a 404).
+pub fn collected(collector: &Collector, node: &str, query: &str) -> String {
+    let q = enc(&format!("{{node=\"{node}\"{query}}}"));
     let path = format!("/api/v1/profile?format=folded&query={q}&from=now-10m");
-    let folded = match http_get(collector.addr, &path) {
+    match http_get(collector.addr, &path) {
         Some((200, body)) => body,
         Some((404, _)) => String::new(),
         other => panic!("GET {path}: {other:?}"),
-    };
-    folded
+    }
+}
+
+/// Samples the collector holds for `pid` of node `node` in the last ten minutes (none while
+/// its store is empty: a 404).
+pub fn samples_of(collector: &Collector, node: &str, pid: u32) -> u64 {
+    collected(collector, node, &format!(",pid=\"{pid}\""))
         .lines()
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()

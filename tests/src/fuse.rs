@@ -3,6 +3,11 @@
 //! is the same regular file of 1 MiB; lookups, attributes, opens and the rest are answered,
 //! `READ` requests are taken and never answered. A reader of one of its files waits for good
 //! (past SIGKILL once the request is taken) until the file system goes away.
+//!
+//! [`StuckFs::serving`] answers reads with a real file's bytes (under that file's name only) until
+//! [`StuckFs::stall`]: a program can run from it, its pages cached, and a reader that opens
+//! the file after the stall (past the cache) waits for good. [`StuckFs::detach`] takes the
+//! mount out of every mount table while what is open or mapped from it stays.
 
 use std::fs::File;
 use std::io::Read;
@@ -28,20 +33,52 @@ const ACCESS: u32 = 34;
 const INTERRUPT: u32 = 36;
 const BATCH_FORGET: u32 = 42;
 
-/// The size every file shows.
+/// The size every file shows (unless it serves a file).
 pub const FILE_SIZE: u64 = 1 << 20;
+
+/// `fuse_open_out.open_flags`: read past the page cache; keep the cache at open.
+const FOPEN_DIRECT_IO: u32 = 1;
+const FOPEN_KEEP_CACHE: u32 = 2;
 
 /// A mounted stuck file system; unmounted (and every waiting reader released) when dropped.
 pub struct StuckFs {
     at: PathBuf,
     stop: Arc<AtomicBool>,
     reads: Arc<AtomicU64>,
+    stalled: Arc<AtomicBool>,
     server: Option<JoinHandle<()>>,
 }
 
 impl StuckFs {
     /// Mounts it at `at` (an existing directory).
     pub fn mount(at: &Path) -> StuckFs {
+        Self::mount_with(at, None)
+    }
+
+    /// Mounts it at `at` holding one file, `content` under its own name (its size, its
+    /// bytes) until [`stall`](Self::stall); other names are not there.
+    pub fn serving(at: &Path, content: &Path) -> StuckFs {
+        let file = File::open(content).unwrap_or_else(|e| panic!("{}: {e}", content.display()));
+        let name = content.file_name().unwrap().as_encoded_bytes().to_vec();
+        Self::mount_with(at, Some((file, name)))
+    }
+
+    /// From now on reads are taken and never answered, and files opened are read past the
+    /// page cache: what was cached before (a running program's pages) stays served from it.
+    pub fn stall(&self) {
+        self.stalled.store(true, Ordering::Release);
+    }
+
+    /// Takes the mount out of the mount table (a lazy unmount): `/proc/PID/mountinfo` no
+    /// longer shows it, while files open and mapped from it stay answered by it.
+    pub fn detach(&self) {
+        let target = std::ffi::CString::new(self.at.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        assert_eq!(rc, 0, "umount: {}", std::io::Error::last_os_error());
+    }
+
+    fn mount_with(at: &Path, content: Option<(File, Vec<u8>)>) -> StuckFs {
         // SAFETY: a NUL-terminated path; the descriptor is owned by the File below.
         let fd = unsafe {
             libc::open(
@@ -70,14 +107,22 @@ impl StuckFs {
         assert_eq!(rc, 0, "mount fuse: {}", std::io::Error::last_os_error());
         let stop = Arc::new(AtomicBool::new(false));
         let reads = Arc::new(AtomicU64::new(0));
+        // Without a file to serve, stalled from the start.
+        let stalled = Arc::new(AtomicBool::new(content.is_none()));
         let server = {
-            let (stop, reads) = (stop.clone(), reads.clone());
-            std::thread::spawn(move || serve(dev, &stop, &reads))
+            let state = State {
+                stop: stop.clone(),
+                reads: reads.clone(),
+                stalled: stalled.clone(),
+                content,
+            };
+            std::thread::spawn(move || serve(dev, &state))
         };
         StuckFs {
             at: at.to_path_buf(),
             stop,
             reads,
+            stalled,
             server: Some(server),
         }
     }
@@ -101,7 +146,59 @@ impl Drop for StuckFs {
     }
 }
 
-fn serve(mut dev: File, stop: &AtomicBool, reads: &AtomicU64) {
+struct State {
+    stop: Arc<AtomicBool>,
+    reads: Arc<AtomicU64>,
+    stalled: Arc<AtomicBool>,
+    /// The file served and its name; without one, every name is a file of `FILE_SIZE`.
+    content: Option<(File, Vec<u8>)>,
+}
+
+impl State {
+    fn size(&self) -> u64 {
+        self.content
+            .as_ref()
+            .map_or(FILE_SIZE, |(f, _)| f.metadata().unwrap().len())
+    }
+
+    /// The bytes a READ asks for, until the stall.
+    fn read(&self, offset: u64, len: u32) -> Option<Vec<u8>> {
+        if self.stalled.load(Ordering::Acquire) {
+            return None;
+        }
+        let (f, _) = self.content.as_ref()?;
+        let mut b = vec![0u8; len as usize];
+        let mut got = 0;
+        while got < b.len() {
+            match std::os::unix::fs::FileExt::read_at(f, &mut b[got..], offset + got as u64) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        b.truncate(got);
+        Some(b)
+    }
+
+    /// Whether the root holds `name` (NUL-terminated, as LOOKUP carries it).
+    fn has(&self, name: &[u8]) -> bool {
+        let name = name.split(|&b| b == 0).next().unwrap_or_default();
+        self.content.as_ref().is_none_or(|(_, own)| own == name)
+    }
+
+    fn open_flags(&self) -> u32 {
+        if self.stalled.load(Ordering::Acquire) {
+            FOPEN_DIRECT_IO | FOPEN_KEEP_CACHE
+        } else if self.content.is_some() {
+            FOPEN_KEEP_CACHE
+        } else {
+            0
+        }
+    }
+}
+
+fn serve(mut dev: File, state: &State) {
+    let (stop, reads) = (&state.stop, &state.reads);
+    let size = state.size();
     let mut buf = vec![0u8; 1 << 20];
     while !stop.load(Ordering::Acquire) {
         let mut pfd = libc::pollfd {
@@ -126,17 +223,27 @@ fn serve(mut dev: File, stop: &AtomicBool, reads: &AtomicU64) {
         let (opcode, unique, node) = (u32_at(4), u64_at(8), u64_at(16));
         let body: Option<Result<Vec<u8>, i32>> = match opcode {
             INIT => Some(Ok(init_out(u32_at(48)))),
-            LOOKUP if node == 1 => Some(Ok(entry_out())),
+            LOOKUP if node == 1 && state.has(&buf[40..n]) => Some(Ok(entry_out(size))),
             LOOKUP => Some(Err(libc::ENOENT)),
-            GETATTR => Some(Ok(attr_out(node))),
-            OPEN | OPENDIR => Some(Ok(vec![0u8; 16])),
+            GETATTR => Some(Ok(attr_out(node, size))),
+            OPEN => {
+                // fuse_open_out: fh, open_flags, padding.
+                let mut b = vec![0u8; 16];
+                b[8..12].copy_from_slice(&state.open_flags().to_le_bytes());
+                Some(Ok(b))
+            }
+            OPENDIR => Some(Ok(vec![0u8; 16])),
             READDIR => Some(Ok(Vec::new())),
             STATFS => Some(Ok(statfs_out())),
             RELEASE | RELEASEDIR | FLUSH | ACCESS => Some(Ok(Vec::new())),
-            READ => {
-                reads.fetch_add(1, Ordering::AcqRel);
-                None
-            }
+            // fuse_read_in after the 40-byte header: fh, offset, size.
+            READ => match state.read(u64_at(48), u32_at(56)) {
+                Some(bytes) => Some(Ok(bytes)),
+                None => {
+                    reads.fetch_add(1, Ordering::AcqRel);
+                    None
+                }
+            },
             FORGET | BATCH_FORGET | INTERRUPT => None,
             _ => Some(Err(libc::ENOSYS)),
         };
@@ -169,11 +276,11 @@ fn init_out(max_readahead: u32) -> Vec<u8> {
 }
 
 /// `fuse_attr`: the root directory (node 1) or the one file (any other node).
-fn attr(node: u64) -> Vec<u8> {
+fn attr(node: u64, file_size: u64) -> Vec<u8> {
     let (mode, size, nlink) = if node == 1 {
         (libc::S_IFDIR | 0o755, 0, 2)
     } else {
-        (libc::S_IFREG | 0o755, FILE_SIZE, 1)
+        (libc::S_IFREG | 0o755, file_size, 1)
     };
     let mut b = Vec::with_capacity(88);
     b.extend_from_slice(&node.to_le_bytes()); // ino
@@ -190,22 +297,22 @@ fn attr(node: u64) -> Vec<u8> {
     b
 }
 
-fn entry_out() -> Vec<u8> {
+fn entry_out(size: u64) -> Vec<u8> {
     let mut b = Vec::with_capacity(128);
     b.extend_from_slice(&2u64.to_le_bytes()); // nodeid
     b.extend_from_slice(&0u64.to_le_bytes()); // generation
     b.extend_from_slice(&60u64.to_le_bytes()); // entry_valid
     b.extend_from_slice(&60u64.to_le_bytes()); // attr_valid
     b.extend_from_slice(&[0u8; 8]); // their nanoseconds
-    b.extend_from_slice(&attr(2));
+    b.extend_from_slice(&attr(2, size));
     b
 }
 
-fn attr_out(node: u64) -> Vec<u8> {
+fn attr_out(node: u64, size: u64) -> Vec<u8> {
     let mut b = Vec::with_capacity(104);
     b.extend_from_slice(&60u64.to_le_bytes()); // attr_valid
     b.extend_from_slice(&[0u8; 8]); // nanoseconds, dummy
-    b.extend_from_slice(&attr(node));
+    b.extend_from_slice(&attr(node, size));
     b
 }
 

@@ -2,6 +2,7 @@
 //! privilege probe that records why a test is skipped, and readers for what `record` writes.
 
 pub mod alloc;
+pub mod captures;
 #[path = "../../collector/tests/common/certs.rs"]
 pub mod certs;
 #[path = "../../collector/tests/common/clickhouse_server.rs"]
@@ -147,12 +148,61 @@ pub fn privileged() -> bool {
     }
 }
 
-/// A fresh scratch directory for one test.
+/// A fresh scratch directory for one test, removed when the test process exits unless a test
+/// in it failed (kept for a look) or `PYROMETER_KEEP_SCRATCH` is set.
 pub fn scratch(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pyrometer-e2e-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create scratch dir");
+    scratch_cleanup::remove_at_exit(&dir);
     dir
+}
+
+/// Removal of passing tests' scratch directories at process exit: thousands of them
+/// accumulated in /tmp on a developer's machine.
+mod scratch_cleanup {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    static PANICKED: AtomicBool = AtomicBool::new(false);
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+
+    pub fn remove_at_exit(dir: &Path) {
+        INSTALLED.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                PANICKED.store(true, Ordering::Relaxed);
+                previous(info);
+            }));
+            // SAFETY: registers a plain function with no arguments to run at exit(3).
+            unsafe { libc::atexit(remove_all) };
+        });
+        DIRS.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(dir.to_path_buf());
+    }
+
+    extern "C" fn remove_all() {
+        if PANICKED.load(Ordering::Relaxed) || std::env::var_os("PYROMETER_KEEP_SCRATCH").is_some()
+        {
+            return;
+        }
+        // A file system a test left mounted inside (FUSE that never answers, a bind mount)
+        // would make the removal hang or reach outside: such a directory is left alone.
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+        for dir in dirs.iter() {
+            let under = mounts
+                .lines()
+                .filter_map(|l| l.split(' ').nth(4))
+                .any(|m| Path::new(m).starts_with(dir));
+            if !under {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
 }
 
 /// Runs `pyrometer ARGS`, returning its output; panics only if it cannot be started.
@@ -171,6 +221,22 @@ pub fn assert_ok(out: &Output) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Starts `cmd` with its standard output piped and waits for the first line it prints (a
+/// fixture's "ready"), returned trimmed.
+pub fn spawn_until_line(cmd: &mut std::process::Command) -> (std::process::Child, String) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("piped")),
+        &mut line,
+    )
+    .expect("read its first line");
+    (child, line.trim().to_string())
 }
 
 pub fn stderr(out: &Output) -> String {

@@ -33,11 +33,15 @@ fn spooled_samples(spool: &std::path::Path) -> HashMap<u32, i64> {
         return by_pid;
     };
     for e in entries.flatten() {
-        if e.path().extension().is_none_or(|x| x != "batch") {
+        // Written aside (`.tmp-NAME.batch`) and renamed: a batch under its own name is whole.
+        let aside = e.file_name().to_string_lossy().starts_with('.');
+        if aside || e.path().extension().is_none_or(|x| x != "batch") {
             continue;
         }
-        // Written aside and renamed: a batch in the directory is whole.
-        let bytes = std::fs::read(e.path()).unwrap();
+        // A full spool deletes its oldest batches: one listed may be gone by now.
+        let Ok(bytes) = std::fs::read(e.path()) else {
+            continue;
+        };
         let push = PushRequest::decode(&bytes[..]).expect("a spooled batch decodes");
         let profile = push.profile.expect("a batch holds a profile");
         let count = pprof_type(&profile, "samples");

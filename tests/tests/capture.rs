@@ -6,6 +6,9 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pyrometer_e2e::captures::{
+    Killed, gaps_against_sleeps, idle_gaps, numbers, one_line_failure, slices_of,
+};
 use pyrometer_e2e::cluster::{Agent, Collector, free_port, samples_of};
 use pyrometer_e2e::wait::wait_until;
 use pyrometer_e2e::{folded_counts, privileged, pyrometer, scratch, stderr};
@@ -27,19 +30,9 @@ while True:
     out.write('%.3f\\n' % ((time.perf_counter() - t) * 1000))
 ";
 
-/// A workload, killed when the test ends (or fails).
-struct Workload(Child);
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn py631(rounds: u32) -> Workload {
+fn py631(rounds: u32) -> Killed {
     let python = pyrometer_e2e::python::pyenv("3.11.7");
-    Workload(
+    Killed(
         Command::new(python)
             .arg(pyrometer_e2e::python::source("py631.py"))
             .arg(rounds.to_string())
@@ -69,18 +62,6 @@ fn kill(mut c: Child) {
     let _ = c.wait();
 }
 
-/// One line on stderr, and the exit code.
-fn one_line_failure(out: &std::process::Output, code: i32, says: &str) {
-    let err = stderr(out);
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| !l.starts_with("pyrometer: request "))
-        .collect();
-    assert_eq!(out.status.code(), Some(code), "{err}");
-    assert_eq!(lines.len(), 1, "one line: {err}");
-    assert!(lines[0].contains(says), "{err}");
-}
-
 #[test]
 fn capture_through_the_collector_on_another_node() {
     if !privileged() {
@@ -93,7 +74,7 @@ fn capture_through_the_collector_on_another_node() {
     let pid = work.0.id();
     let sleeper_py = dir.join("sleeps.py");
     std::fs::write(&sleeper_py, SLEEPS).unwrap();
-    let sleeper = Workload(
+    let sleeper = Killed(
         Command::new(pyrometer_e2e::python::pyenv("3.11.7"))
             .arg(&sleeper_py)
             .arg(dir.join("sleeps.txt"))
@@ -209,34 +190,15 @@ fn capture_through_the_collector_on_another_node() {
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a JSON trace");
-    let events = doc["traceEvents"].as_array().expect("traceEvents");
-    let mut slices: Vec<(f64, f64)> = events
+    let gaps: Vec<f64> = idle_gaps(&slices_of(&doc, sleeper.0.id()), 100.0)
         .iter()
-        .filter(|e| e["ph"] == "X" && e["pid"].as_i64() == Some(i64::from(sleeper.0.id())))
-        .map(|e| (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap_or(0.0)))
+        .map(|(a, b)| (b - a) / 1000.0)
         .collect();
-    slices.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let gaps: Vec<f64> = slices
-        .windows(2)
-        .map(|w| (w[1].0 - (w[0].0 + w[0].1)) / 1000.0)
-        .filter(|&ms| ms > 100.0)
-        .collect();
-    assert!(gaps.len() >= 3, "{} slices, gaps {gaps:?}", slices.len());
+    assert!(gaps.len() >= 3, "gaps {gaps:?}");
     // The capture's gaps are a run of the workload's own measured sleeps: aligned where
     // they agree best, each within 50 ms of its sleep.
-    let slept: Vec<f64> = std::fs::read_to_string(dir.join("sleeps.txt"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
-    let worst = (0..=slept.len().saturating_sub(gaps.len()))
-        .map(|k| {
-            gaps.iter()
-                .zip(&slept[k..])
-                .map(|(g, s)| (g - s).abs())
-                .fold(0.0, f64::max)
-        })
-        .fold(f64::INFINITY, f64::min);
+    let slept = numbers(&dir.join("sleeps.txt"));
+    let worst = gaps_against_sleeps(&gaps, &slept);
     assert!(
         worst <= 50.0,
         "idle gaps (ms) {gaps:?} against the sleeps {slept:?}: {worst:.1} ms apart at best"

@@ -568,13 +568,21 @@ fn a_server_that_never_answers_leaves_the_agents_pushes_and_rate_alone() {
         accepted.load(Ordering::SeqCst) >= 1,
         "the agent never asked"
     );
-    // Pushes per second of each workload's run (the helper's 1 s interval while it has
-    // samples), give or take the one a run's end may cut.
-    let pushes = |s: &Value, wall: f64| s["batches_pushed"].as_f64().unwrap() / wall;
-    let (pa, pb) = (pushes(&sa, wall_a), pushes(&sb, wall_b));
-    eprintln!("pushes a second: {pb:.2} with a silent server, {pa:.2} without");
-    assert!(
-        (pb - pa).abs() <= 0.1 * pa + 1.0 / wall_a.min(wall_b),
-        "{pb:.2} pushes a second with a silent server ({wall_b:.1} s), {pa:.2} without ({wall_a:.1} s)"
-    );
+    // Pushes of each workload's run, against the 1 s push interval: at least one per whole
+    // second the run lasted (an interval stretched by a wait on the server would lose one;
+    // the push at the agent's stop makes up for the first interval's phase), at most two
+    // more (that phase, the push at the stop, and the start-up's samples before the release).
+    // Counted per run rather than compared between the two: their phases differ, so two
+    // runs of the same length can differ by two pushes with nothing wrong.
+    for (agent, s, wall) in [
+        ("without a server", &sa, wall_a),
+        ("with a silent server", &sb, wall_b),
+    ] {
+        let pushes = s["batches_pushed"].as_f64().unwrap();
+        eprintln!("{agent}: {pushes} pushes over a {wall:.1} s run");
+        assert!(
+            pushes >= wall.floor() && pushes <= wall.ceil() + 2.0,
+            "{agent}: {pushes} pushes over a {wall:.1} s run, at a 1 s interval"
+        );
+    }
 }

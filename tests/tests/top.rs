@@ -4,6 +4,7 @@
 //! be as it was: the alternate screen left, the cursor shown, the tty settings (`stty -g`)
 //! unchanged. Sampling needs root; without it the tmux tests print `skipping: <reason>`.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -243,6 +244,41 @@ fn top_restores_the_terminal_on_ctrl_c() {
     watch_cpu631_and_quit("top-ctrl-c", "C-c");
 }
 
+/// A 6:3:1 Python fixture running (100,000 rounds: longer than any test) and its path,
+/// returned once the interpreter has started and compiled the script: samples of the start-up
+/// (imports, the parser), whose stacks have no Python frame yet and so keep their native and
+/// kernel frames in every view, stay out of the window.
+fn python_workload(
+    python: &pyrometer_e2e::python::Interpreter,
+    fixture: &str,
+) -> (Workload, PathBuf) {
+    let script = pyrometer_e2e::python::source(fixture);
+    // compile() keeps the script's file name and line numbers, so its frames read as they
+    // would under `python SCRIPT`.
+    let launcher = "import sys\n\
+        path = sys.argv[1]\n\
+        code = compile(open(path).read(), path, 'exec')\n\
+        sys.argv = sys.argv[1:]\n\
+        print('ready', flush=True)\n\
+        exec(code, {'__name__': '__main__', '__file__': path})\n";
+    let mut child = Command::new(&python.path)
+        .args(["-c", launcher])
+        .arg(&script)
+        .arg("100000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {fixture}: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let workload = Workload(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap_or_else(|e| panic!("read {fixture}'s first line: {e}"));
+    assert_eq!(line.trim(), "ready", "{fixture} did not start");
+    (workload, script)
+}
+
 /// Python functions, in the `python` view: py631.py's six(), three() and one() do 6:3:1 units
 /// of work in unit(), so their total shares split 6:3:1 and unit() has the own time; the
 /// view keeps no kernel or interpreter frames.
@@ -270,15 +306,7 @@ fn top_python(python: &pyrometer_e2e::python::Interpreter) {
     let Some(tmux) = Tmux::start(&dir) else {
         return;
     };
-    let script = pyrometer_e2e::python::source("py631.py");
-    let workload = Workload(
-        Command::new(&python.path)
-            .arg(&script)
-            .arg("100000")
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start py631.py"),
-    );
+    let (workload, script) = python_workload(python, "py631.py");
     tmux.type_line(&format!(
         "{} top --pid {} -F 499 --window 30s --frames python",
         pyrometer_bin().display(),
@@ -312,6 +340,66 @@ fn top_python(python: &pyrometer_e2e::python::Interpreter) {
         !screen.contains("[k]") && !screen.contains("_PyEval_EvalFrameDefault"),
         "the python view keeps Python frames only:\n{screen}"
     );
+    tmux.cmd(&["send-keys", "q"]);
+    drop(workload);
+}
+
+/// `top --async`: asyncio task frames are rows of their own (`[task] NAME`), whose totals
+/// split as the work their tasks do (fixtures/py_async631.py: 6:3:1 under six-task,
+/// three_worker and one-task), and the root task `main` is on every stack that runs a task.
+#[test]
+fn top_shows_asyncio_tasks() {
+    let python = pyrometer_e2e::python::Interpreter::pyenv(12);
+    if !privileged() || !python.present() {
+        return;
+    }
+    let dir = scratch("top-async");
+    let Some(tmux) = Tmux::start(&dir) else {
+        return;
+    };
+    let (workload, _) = python_workload(&python, "py_async631.py");
+    // A TaskGroup's place in a running process is found with a back-off after top starts
+    // (20 ms doubling, so seconds on a loaded machine); until then its tasks lack the root
+    // task above them. A 3 s window, sorted by total (task frames run no code of their own),
+    // is read until the root is over the tasks, for at most a minute.
+    tmux.type_line(&format!(
+        "{} top --pid {} -F 499 --window 3s --frames python --async",
+        pyrometer_bin().display(),
+        workload.0.id(),
+    ));
+    tmux.wait_for(Duration::from_secs(60), |s| header_samples(s) >= 400);
+    tmux.cmd(&["send-keys", "2"]);
+    let total = |screen: &str, task: &str| row(screen, &format!("[task] {task}")).map(|r| r.1);
+    let tasks = |screen: &str| -> Option<u64> {
+        Some(
+            total(screen, "six-task")?
+                + total(screen, "three_worker")?
+                + total(screen, "one-task")?,
+        )
+    };
+    let rooted = |s: &str| {
+        s.contains("sort: total")
+            && header_samples(s) >= 400
+            && tasks(s)
+                .zip(total(s, "main"))
+                .is_some_and(|(t, m)| m as f64 >= 0.95 * t as f64)
+    };
+    let screen = tmux.wait_for(Duration::from_secs(60), rooted);
+    assert!(
+        rooted(&screen),
+        "[task] main is not over the tasks' stacks (or too few samples):\n{screen}"
+    );
+    let of = |task: &str| total(&screen, task).expect("a task row");
+    let all = tasks(&screen).expect("task rows") as f64;
+    for (task, want) in [("six-task", 0.6), ("three_worker", 0.3), ("one-task", 0.1)] {
+        let got = of(task) as f64 / all;
+        assert!(
+            (got - want).abs() <= 0.10,
+            "{task}: {:.1} % of the tasks' samples, expected {:.0} % ± 10 pp:\n{screen}",
+            got * 100.0,
+            want * 100.0
+        );
+    }
     tmux.cmd(&["send-keys", "q"]);
     drop(workload);
 }

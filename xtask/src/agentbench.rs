@@ -61,20 +61,7 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(120);
-    let collector_bin = match std::env::var_os("BENCH_AGENT_COLLECTOR") {
-        Some(path) => std::path::PathBuf::from(path),
-        None => {
-            crate::run(crate::cargo().args([
-                "build",
-                "--release",
-                "-p",
-                "pyrometer-collector",
-                "--bin",
-                "pyrometer-collector",
-            ]))?;
-            pyrometer.with_file_name("pyrometer-collector")
-        }
-    };
+    let collector_bin = collector_bin(pyrometer)?;
     let dir = root.join("target/bench/agent");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -150,6 +137,24 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// BENCH_AGENT_COLLECTOR, else the release collector, built beside `pyrometer`.
+pub(crate) fn collector_bin(pyrometer: &Path) -> Result<PathBuf> {
+    Ok(match std::env::var_os("BENCH_AGENT_COLLECTOR") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            crate::run(crate::cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "pyrometer-collector",
+                "--bin",
+                "pyrometer-collector",
+            ]))?;
+            pyrometer.with_file_name("pyrometer-collector")
+        }
+    })
 }
 
 /// One line of what was run, one of the medians over the rounds (with each round's CPU
@@ -258,34 +263,11 @@ fn run_agent(
                 .context("starting the thread-churning Python process")?,
         );
     }
-    let mut agent = Command::new(pyrometer)
-        .args(["agent", "-F", "19", "--node-name", "bench", "--no-gpu"])
-        .args(extra)
-        .arg("--collector")
-        .arg(format!("http://127.0.0.1:{port}"))
-        .arg("--spool-dir")
-        .arg(dir.join("spool"))
-        .arg("--stats")
-        .arg(dir.join("stats.json"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the agent")?;
+    let mut args = vec!["-F", "19", "--node-name", "bench"];
+    args.extend_from_slice(extra);
+    let (agent, startup_s) = start_agent(pyrometer, &args, port, dir)?;
     let pid = agent.id();
-    let stderr = agent.stderr.take().expect("piped");
     children.0.push(agent);
-    // Start-up (BPF verification, the first scan) is over when it says where it pushes.
-    let mut lines = BufReader::new(stderr).lines();
-    let started = Instant::now();
-    loop {
-        let Some(line) = lines.next().transpose()? else {
-            bail!("the agent exited during start-up");
-        };
-        if line.contains("pushing every") {
-            break;
-        }
-    }
-    let startup_s = started.elapsed().as_secs_f64();
-    std::thread::spawn(move || lines.for_each(drop));
     let cpu0 = cpu_ns(pid)?;
     let t0 = Instant::now();
     let mut rss_kb = Vec::new();
@@ -331,9 +313,53 @@ fn run_agent(
     })
 }
 
+/// Starts `pyrometer agent --no-gpu ARGS` pushing to the collector on `port`, its spool and
+/// `--stats` file in `dir`, and waits until its start-up (BPF verification, the first scan) is
+/// over, when it says where it pushes; its stderr is drained from then on. Returns the agent
+/// and its start-up time in seconds.
+pub(crate) fn start_agent(
+    pyrometer: &Path,
+    args: &[&str],
+    port: u16,
+    dir: &Path,
+) -> Result<(Child, f64)> {
+    let mut agent = Command::new(pyrometer)
+        .args(["agent", "--no-gpu"])
+        .args(args)
+        .arg("--collector")
+        .arg(format!("http://127.0.0.1:{port}"))
+        .arg("--spool-dir")
+        .arg(dir.join("spool"))
+        .arg("--stats")
+        .arg(dir.join("stats.json"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the agent")?;
+    let stderr = agent.stderr.take().expect("piped");
+    let mut lines = BufReader::new(stderr).lines();
+    let started = Instant::now();
+    loop {
+        let line = match lines.next().transpose() {
+            Ok(Some(line)) => line,
+            failed => {
+                let _ = agent.kill();
+                let _ = agent.wait();
+                failed?;
+                bail!("the agent exited during start-up");
+            }
+        };
+        if line.contains("pushing every") {
+            break;
+        }
+    }
+    let startup_s = started.elapsed().as_secs_f64();
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok((agent, startup_s))
+}
+
 /// CPU time of every thread of `pid` (schedstat's on-CPU nanoseconds; the clock-tick
 /// counters of /proc/PID/stat are too coarse for a tenth of a percent over a minute).
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let text = std::fs::read_to_string(e?.path().join("schedstat")).unwrap_or_default();
@@ -346,7 +372,7 @@ fn cpu_ns(pid: u32) -> Result<u64> {
     Ok(total)
 }
 
-fn status_kb(pid: u32, key: &str) -> Result<u64> {
+pub(crate) fn status_kb(pid: u32, key: &str) -> Result<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("the agent (pid {pid}) is gone"))?;
     text.lines()

@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: whole-process overhead of `pyrometer record`, measured side by side,
 //! then the Python overhead against py-spy (pybench.rs) and CPython 3.15's own sampler
-//! (tachyonbench.rs), the allocation probes' cost
-//! (allocbench.rs), DWARF unwinding costs, the always-on agent's footprint (agentbench.rs) and
+//! (tachyonbench.rs), the allocation probes' cost (allocbench.rs), DWARF unwinding costs, the
+//! always-on agent's footprint (agentbench.rs), the agent on a busy node (busybench.rs) and
 //! the collector's ingest and query figures.
 //!
 //! The workload (tests/fixtures/cpu631.c) times its own work loop, so pyrometer's start-up
@@ -43,7 +43,7 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 /// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "cpu",
     "python",
     "tachyon",
@@ -51,6 +51,7 @@ const SECTIONS: [&str; 9] = [
     "unwind",
     "bpf",
     "agent",
+    "busy",
     "collector",
     "otel",
 ];
@@ -95,6 +96,9 @@ pub fn bench(root: &Path) -> Result<()> {
     }
     if wanted("agent") {
         crate::agentbench::bench(root, &pyrometer)?;
+    }
+    if wanted("busy") {
+        crate::busybench::bench(root, &pyrometer)?;
     }
     if wanted("collector") {
         collector_bench(root)?;

@@ -28,6 +28,7 @@ mod arch;
 mod bench;
 mod book;
 mod bpfcost;
+mod busybench;
 mod cformat;
 mod cpython;
 mod cuda;

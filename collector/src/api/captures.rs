@@ -23,6 +23,7 @@ use pyrometer_proto::grpc::RawCodec;
 use tonic::Status;
 
 use crate::api::access::{authorize, denied, denied_status, is_grpc};
+use crate::api::capture_query;
 use crate::api::error::ApiError;
 use crate::api::state::AppState;
 use crate::auth::{PeerCertificate, Role};
@@ -73,7 +74,13 @@ fn status_of(e: &CaptureError) -> Status {
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBody {
+    /// The node; with `query`, only narrows it.
+    #[serde(default)]
     pub node: String,
+    /// Label matchers in place of `node` and `pid`: one request per node where recent
+    /// pushes show matching processes.
+    #[serde(default)]
+    pub query: Option<String>,
     #[serde(default)]
     pub pid: Option<u32>,
     #[serde(default)]
@@ -124,8 +131,32 @@ impl CreateBody {
             off_cpu: self.off_cpu,
             alloc: self.alloc,
             kind: kind as i32,
+            query: self.query.unwrap_or_default(),
         })
     }
+}
+
+/// Makes `request`: for its node and pids, or for every node and process its query
+/// resolves to. The ids of the requests made.
+async fn make(
+    state: &Arc<AppState>,
+    tenant: &str,
+    request: CaptureRequest,
+) -> Result<Vec<String>, ApiError> {
+    if request.query.is_empty() {
+        return Ok(vec![state.captures.create(tenant, request)?]);
+    }
+    if !request.pids.is_empty() {
+        return Err(ApiError::bad_request(
+            "give a query or pids, not both (--query or --pid)",
+        ));
+    }
+    if request.query.len() > 4096 {
+        return Err(ApiError::bad_request("the query is longer than 4096 bytes"));
+    }
+    let node = Some(request.node.clone()).filter(|n| !n.is_empty());
+    let targets = capture_query::resolve(state, tenant, &request.query, node).await?;
+    Ok(state.captures.create_many(tenant, request, targets)?)
 }
 
 /// `POST /api/v1/captures`: 201 with the request's state, or why it cannot be made.
@@ -143,15 +174,20 @@ pub async fn create(
         Ok(Json(b)) => b,
         Err(e) => return ApiError::bad_request(e.body_text()).into_response(),
     };
-    let made = body
-        .request()
-        .and_then(|r| state.captures.create(&tenant, r).map_err(ApiError::from));
-    match made {
-        Ok(id) => match state.captures.summary(&tenant, &id) {
-            Some(s) => (StatusCode::CREATED, Json(s)).into_response(),
-            None => ApiError::internal("the request ended at once").into_response(),
-        },
-        Err(e) => e.into_response(),
+    let request = match body.request() {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let ids = match make(&state, &tenant, request).await {
+        Ok(ids) => ids,
+        Err(e) => return e.into_response(),
+    };
+    match state.captures.summary(&tenant, &ids[0]) {
+        Some(mut s) => {
+            s.members = ids;
+            (StatusCode::CREATED, Json(s)).into_response()
+        }
+        None => ApiError::internal("the request ended at once").into_response(),
     }
 }
 
@@ -400,23 +436,31 @@ impl tonic::server::UnaryService<Bytes> for Handler {
                 }
                 Method::Upload => {
                     let upload = UploadRequest::decode(bytes).map_err(bad)?;
+                    let id = upload.id.clone();
                     state
                         .captures
                         .upload(&tenant, upload)
                         .map_err(|e| status_of(&e))?;
+                    // Kept on disk before the agent hears back; a failure to keep it is the
+                    // collector's to report, the result stays in memory.
+                    let st = state.clone();
+                    let saved = tokio::task::spawn_blocking(move || st.captures.save(&id)).await;
+                    if let Ok(Err(e)) = saved {
+                        eprintln!("pyrometer-collector: cannot keep a capture on disk: {e}");
+                    }
                     UploadReply {}.encode_to_vec()
                 }
                 Method::Create => {
                     let create = CaptureRequest::decode(bytes).map_err(bad)?;
-                    let id = state
+                    let ids = make(&state, &tenant, create)
+                        .await
+                        .map_err(|e| e.to_status())?;
+                    let mut status = state
                         .captures
-                        .create(&tenant, create)
-                        .map_err(|e| status_of(&e))?;
-                    let status = state
-                        .captures
-                        .get(&tenant, &id, Duration::ZERO, false)
+                        .get(&tenant, &ids[0], Duration::ZERO, false)
                         .await
                         .map_err(|e| status_of(&e))?;
+                    status.members = ids;
                     status.encode_to_vec()
                 }
                 Method::Get => {

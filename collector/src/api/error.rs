@@ -70,6 +70,22 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The same error as a gRPC status, for the hand-written gRPC services.
+    pub(crate) fn to_status(&self) -> tonic::Status {
+        let m = self.message.clone();
+        match self.code {
+            StatusCode::BAD_REQUEST => tonic::Status::invalid_argument(m),
+            StatusCode::NOT_FOUND => tonic::Status::not_found(m),
+            StatusCode::SERVICE_UNAVAILABLE => tonic::Status::unavailable(m),
+            StatusCode::TOO_MANY_REQUESTS => tonic::Status::resource_exhausted(m),
+            StatusCode::UNAUTHORIZED => tonic::Status::unauthenticated(m),
+            StatusCode::FORBIDDEN => tonic::Status::permission_denied(m),
+            _ => tonic::Status::internal(m),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.message, "code": self.code.as_u16() });

@@ -4,6 +4,7 @@
 //! [`error`], [`params`] and [`state`].
 
 pub mod access;
+pub mod capture_query;
 pub mod captures;
 pub mod diff;
 pub mod error;

@@ -44,6 +44,11 @@ impl AppState {
         self
     }
 
+    pub fn with_captures(mut self, captures: Captures) -> Self {
+        self.captures = captures;
+        self
+    }
+
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self

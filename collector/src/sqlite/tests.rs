@@ -43,16 +43,18 @@ fn total(store: &SqliteStore, from: i64, to: i64) -> i64 {
         .sum()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pyrometer-store-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A private folder, removed with what is in it when dropped.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("pyrometer-store-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 #[test]
 fn replay_counts_once_and_survives_reopen() {
     let dir = tmp("replay");
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     let b = batch("a", 1, 1000, "n1", &["main", "work"], 7);
     assert!(!store.ingest(&b).unwrap().duplicate);
     assert!(store.ingest(&b).unwrap().duplicate);
@@ -61,7 +63,7 @@ fn replay_counts_once_and_survives_reopen() {
         .unwrap();
     assert_eq!(total(&store, 0, 2000), 12);
     drop(store);
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     assert!(store.ingest(&b).unwrap().duplicate);
     assert_eq!(total(&store, 0, 2000), 12);
     assert!(store.has_batch("a", 2).unwrap());
@@ -77,9 +79,9 @@ fn replay_counts_once_and_survives_reopen() {
 #[test]
 fn first_layout_is_converted() {
     let dir = tmp("convert");
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(dir.path()).unwrap();
     {
-        let conn = Connection::open(dir.join("pyrometer.sqlite")).unwrap();
+        let conn = Connection::open(dir.path().join("pyrometer.sqlite")).unwrap();
         conn.execute_batch(
             "CREATE TABLE batches (agent_id TEXT NOT NULL, sequence INTEGER NOT NULL,
                  bucket INTEGER NOT NULL, PRIMARY KEY (agent_id, sequence)) WITHOUT ROWID;
@@ -101,7 +103,7 @@ fn first_layout_is_converted() {
         conn.execute("INSERT INTO stacks VALUES (1, ?1)", [encode_stack(&[1, 2])])
             .unwrap();
     }
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     assert_eq!(total(&store, 0, 2000), 12);
     assert_eq!(total(&store, 1010, 2000), 5);
     assert!(
@@ -111,13 +113,14 @@ fn first_layout_is_converted() {
             .duplicate
     );
     drop(store);
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     assert_eq!(total(&store, 0, 2000), 12);
 }
 
 #[test]
 fn series_sums_stacks_per_step_and_label_set() {
-    let store = SqliteStore::open(&tmp("series")).unwrap();
+    let dir = tmp("series");
+    let store = SqliteStore::open(dir.path()).unwrap();
     // Two nodes; n1 has two stacks in the bucket at 1000 and one at 1010, n2 one at 1020.
     let mut b = batch("a", 1, 1000, "n1", &["main", "a"], 3);
     b.rows.push(Row {
@@ -178,7 +181,7 @@ fn series_sums_stacks_per_step_and_label_set() {
 #[test]
 fn compaction_keeps_totals_and_expiry_removes() {
     let dir = tmp("compact");
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     for i in 0..60 {
         store
             .ingest(&batch("a", i, 3000 + i as i64 * 10, "n1", &["x"], 1))
@@ -208,7 +211,7 @@ fn tenant_batch(seq: u64, time_s: i64, tenant: &str, pid: u64, stack: &[&str]) -
 #[test]
 fn label_sets_are_limited_per_tenant() {
     let dir = tmp("cardinality");
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     let limited = |b: Batch| Batch {
         max_label_sets: Some(3),
         ..b
@@ -234,7 +237,7 @@ fn label_sets_are_limited_per_tenant() {
         0
     );
     drop(store);
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     let r = store
         .ingest(&limited(tenant_batch(12, 1000, "ci", 7, &["main"])))
         .unwrap();
@@ -246,7 +249,7 @@ fn label_sets_are_limited_per_tenant() {
 #[test]
 fn expiry_prunes_what_no_sample_uses() {
     let dir = tmp("prune");
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     store
         .ingest(&tenant_batch(1, 1000, "", 1, &["main", "old_only"]))
         .unwrap();
@@ -258,7 +261,7 @@ fn expiry_prunes_what_no_sample_uses() {
     assert_eq!(store.interned().unwrap(), (1, 1, 2));
     assert_eq!(total(&store, 0, 10_000), 1);
     drop(store);
-    let store = SqliteStore::open(&dir).unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
     assert!(
         store.cache().stack_by_id.is_empty(),
         "no stack read at start"
@@ -301,7 +304,8 @@ fn expiry_prunes_what_no_sample_uses() {
 /// A query past its deadline stops with `Timeout`; a push meanwhile does not wait for it.
 #[test]
 fn queries_stop_at_their_deadline_and_never_block_pushes() {
-    let store = Arc::new(SqliteStore::open(&tmp("deadline")).unwrap());
+    let dir = tmp("deadline");
+    let store = Arc::new(SqliteStore::open(dir.path()).unwrap());
     for i in 0..200 {
         store
             .ingest(&tenant_batch(
@@ -343,43 +347,47 @@ fn queries_stop_at_their_deadline_and_never_block_pushes() {
     reader.execute_batch("COMMIT").unwrap();
 }
 
+/// A batch of 64 rows whose label set and stacks (64 down to 1 frame deep) no other `seq`
+/// uses: each push writes new pages.
+fn all_new_batch(seq: u64) -> Batch {
+    let mut b = batch("a", seq, 1000 + seq as i64 * 10, "n", &["main"], 1);
+    let labels: LabelSet = [("node".to_string(), format!("node-{seq}"))].into();
+    let labels = Arc::new(labels);
+    b.rows = (0..64)
+        .map(|i| Row {
+            labels: labels.clone(),
+            stack: Arc::new(
+                (i..64)
+                    .map(|f| crate::store::Frame::from(format!("function_{f:04}_{seq}").as_str()))
+                    .collect(),
+            ),
+            sample_type: 0,
+            value: 1,
+        })
+        .collect();
+    b
+}
+
 /// The log grows while a reader holds an old snapshot (no checkpoint can empty it then); once
 /// the reader is gone, the next pushes find it checkpointed and cut it back to its limit, so a
 /// burst of pushes does not leave the store's disk use at its high-water mark.
 #[test]
 fn write_ahead_log_is_cut_back_after_a_burst() {
     let dir = tmp("wal");
-    let store = SqliteStore::open(&dir).unwrap();
-    let wal = dir.join("pyrometer.sqlite-wal");
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let wal = dir.path().join("pyrometer.sqlite-wal");
     let wal_len = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
     store
         .ingest(&batch("a", 0, 1000, "n", &["main"], 1))
         .unwrap();
-    let reader = rusqlite::Connection::open(dir.join("pyrometer.sqlite")).unwrap();
+    let reader = rusqlite::Connection::open(dir.path().join("pyrometer.sqlite")).unwrap();
     reader
         .execute_batch("BEGIN; SELECT count(*) FROM sqlite_master;")
         .unwrap();
-    let frames: Vec<String> = (0..64).map(|i| format!("function_{i:04}")).collect();
     let mut seq = 1;
     while wal_len() <= 2 * JOURNAL_SIZE_LIMIT {
         assert!(seq < 100_000, "the log never grew: {} bytes", wal_len());
-        let mut b = batch("a", seq, 1000 + seq as i64 * 10, "n", &["main"], 1);
-        let labels: LabelSet = [("node".to_string(), format!("node-{seq}"))].into();
-        let labels = Arc::new(labels);
-        b.rows = (0..64)
-            .map(|i| Row {
-                labels: labels.clone(),
-                stack: Arc::new(
-                    frames[i..]
-                        .iter()
-                        .map(|f| crate::store::Frame::from(format!("{f}_{seq}").as_str()))
-                        .collect(),
-                ),
-                sample_type: 0,
-                value: 1,
-            })
-            .collect();
-        store.ingest(&b).unwrap();
+        store.ingest(&all_new_batch(seq)).unwrap();
         seq += 1;
     }
     reader.execute_batch("COMMIT").unwrap();
@@ -398,5 +406,32 @@ fn write_ahead_log_is_cut_back_after_a_burst() {
         seq += 1;
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Pushes one after another with no query reading keep the log within its size limit: the
+/// push that fills it past its threshold checkpoints it, and the next starts it again from
+/// its beginning. A checkpoint beside a writer that never pauses does not catch up (the
+/// store bench's log grew to 227 MiB that way).
+#[test]
+fn write_ahead_log_stays_within_its_limit_under_back_to_back_pushes() {
+    let dir = tmp("wal-busy");
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let db = dir.path().join("pyrometer.sqlite");
+    let wal = dir.path().join("pyrometer.sqlite-wal");
+    let len = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut largest = 0;
+    let mut seq = 0;
+    // Written in all: four times the limit, so the log was started again several times.
+    while len(&db) <= 4 * JOURNAL_SIZE_LIMIT {
+        seq += 1;
+        assert!(seq < 100_000, "the database never grew: {} bytes", len(&db));
+        store.ingest(&all_new_batch(seq)).unwrap();
+        largest = largest.max(len(&wal));
+    }
+    assert!(
+        largest <= JOURNAL_SIZE_LIMIT,
+        "the log reached {largest} bytes over {seq} pushes (limit {JOURNAL_SIZE_LIMIT}, \
+         database {} bytes)",
+        len(&db)
+    );
 }

@@ -1,7 +1,10 @@
 "use strict";
 // The "Capture…" panel: asks the collector for an on-demand capture (or a dump) of a process
 // on a node (POST /api/v1/captures), follows it, and shows its flame graph with downloads.
-// Node and pid come from the query's `node="…"` and `pid="…"` matchers when it has them.
+// Node and pid come from the query's `node="…"` and `pid="…"` matchers when it has them; a
+// query that picks processes by another label (a Ray job, task or actor from the label
+// picker) and names no pid becomes the request's label query, which the collector resolves
+// to the nodes and processes its agents pushed recently (one request per node).
 
 let capFlame = null;
 
@@ -46,9 +49,26 @@ async function openCapture() {
   }
   const pid = equalsValue("pid");
   if (pid !== null) $("cap-pid").value = pid;
+  const picked = matchers(state.query).filter((m) => m.label !== "node" && m.label !== "pid");
+  $("cap-query").value = pid === null && picked.length ? state.query.trim() : "";
+  capFields();
+}
+
+// A label query stands in for node and pid: they are greyed out while it is there.
+function capFields() {
+  const byLabels = $("cap-query").value.trim() !== "";
+  $("cap-node").disabled = $("cap-pid").disabled = byLabels;
 }
 
 function capRequest(kind) {
+  const query = $("cap-query").value.trim();
+  const common = {
+    kind,
+    duration_s: Number($("cap-duration").value) || 5,
+    frequency_hz: Number($("cap-hz").value) || 99,
+    off_cpu: $("cap-offcpu").checked,
+  };
+  if (query) return { ...common, query };
   const pid = Number($("cap-pid").value.trim());
   if (!Number.isInteger(pid) || pid <= 0) throw new Error("give the pid of a process on the node");
   return {
@@ -79,19 +99,32 @@ async function runCapture(kind) {
   try {
     const made = await send("/api/v1/captures", capRequest(kind));
     capStatus(`${made.state} on ${made.node}`);
-    const c = await follow(made.id, Date.now());
-    if (c.state === "failed") {
-      capStatus(c.reason, true);
+    // A label query makes one request per node: each is followed; the first that worked
+    // is drawn, the others are listed with their downloads.
+    const ids = made.members && made.members.length ? made.members : [made.id];
+    const started = Date.now();
+    const ended = [];
+    for (const id of ids) ended.push(await follow(id, started));
+    const done = ended.filter((e) => e.state === "done");
+    if (!done.length) {
+      capStatus(ended.map((e) => e.reason).join("; "), true);
       return;
     }
+    const c = done[0];
+    const others = ended.filter((e) => e !== c)
+      .map((e) => e.state === "done" ? `${e.samples} samples on ${e.node} (${e.id})` : e.reason);
+    const also = others.length ? `; also ${others.join("; ")}` : "";
     if (kind === "dump") {
-      capStatus(`dump of ${c.pids.join(", ")} on ${c.node}`);
-      $("cap-dump-text").textContent = dumpText(JSON.parse(c.text || "[]"));
+      capStatus(`dump of ${done.map((d) => `${d.pids.join(", ")} on ${d.node}`).join("; ")}`);
+      $("cap-dump-text").textContent = done
+        .map((d) => (done.length > 1 ? `Node ${d.node}\n\n` : "") + dumpText(JSON.parse(d.text || "[]")))
+        .join("\n");
       $("cap-dump-text").hidden = false;
       return;
     }
     const secs = ((c.ended_unix_ns - c.started_unix_ns) / 1e9).toFixed(1);
-    capStatus(`done: ${c.samples} samples in ${secs} s on ${c.node}`);
+    const who = c.query ? ` (${c.query}: pid ${c.pids.join(", ")})` : "";
+    capStatus(`done: ${c.samples} samples in ${secs} s on ${c.node}${who}${also}`);
     const base = `/api/v1/captures/${encodeURIComponent(c.id)}/result`;
     $("cap-dl-pprof").href = base + "?format=pprof";
     $("cap-dl-trace").href = base + "?format=chrome";
@@ -128,6 +161,7 @@ function wireCapture() {
   capFlame = new FlameGraph($("cap-flame"), {});
   $("capture-open").onclick = openCapture;
   $("cap-close").onclick = () => { $("capture").hidden = true; };
+  $("cap-query").oninput = capFields;
   $("cap-start").onclick = () => runCapture("capture");
   $("cap-dump").onclick = () => runCapture("dump");
 }

@@ -82,7 +82,21 @@ pub(super) struct Burst {
     burst_below: u64,
     started: Instant,
     started_unix_ns: u64,
+    /// CLOCK_MONOTONIC ns of the timeline's zero.
+    origin_ns: u64,
     last_scan: Instant,
+}
+
+/// Wall-clock minus CLOCK_MONOTONIC now, in ns: the monotonic reading between two wall
+/// readings, so the offset is off by at most half the (sub-microsecond) gap between them.
+fn monotonic_to_unix_ns() -> i64 {
+    let before = unix_now_ns();
+    let mono = monotonic_now_ns();
+    let after = unix_now_ns();
+    let wall = before / 2 + after / 2 + (before % 2 + after % 2) / 2;
+    i64::try_from(wall)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(i64::try_from(mono).unwrap_or(i64::MAX))
 }
 
 impl Burst {
@@ -140,11 +154,9 @@ impl Burst {
         }
         let period_ns = 1_000_000_000 / frequency.max(1);
         let always_on = 1_000_000_000 / sources.frequency_hz.max(1);
-        let mut capture = Capture::with_timeline(Timeline::new(
-            DEFAULT_TIMELINE_EVENTS,
-            monotonic_now_ns(),
-            period_ns,
-        ));
+        let origin_ns = monotonic_now_ns();
+        let mut capture =
+            Capture::with_timeline(Timeline::new(DEFAULT_TIMELINE_EVENTS, origin_ns, period_ns));
         capture.off_cpu = request.off_cpu;
         let mut burst = Self {
             node: node.to_string(),
@@ -155,6 +167,7 @@ impl Burst {
             burst_below: (period_ns + always_on) / 2,
             started: Instant::now(),
             started_unix_ns: unix_now_ns(),
+            origin_ns,
             last_scan: Instant::now(),
             request,
         };
@@ -234,6 +247,14 @@ impl Burst {
         symbolizer: &mut Symbolizer,
     ) -> UploadRequest {
         let ended = unix_now_ns();
+        // The offset as it is now: a wall clock stepped during the capture shifts the
+        // timeline with it, as a reader of the node's logs would expect.
+        let origin_unix_ns = u64::try_from(
+            i64::try_from(self.origin_ns)
+                .unwrap_or(i64::MAX)
+                .saturating_add(monotonic_to_unix_ns()),
+        )
+        .unwrap_or(0);
         let samples = self.capture.samples;
         let period = i64::try_from(self.period_ns).unwrap_or(i64::MAX);
         let (profile, timeline) =
@@ -267,6 +288,7 @@ impl Burst {
             chrome,
             started_unix_ns: self.started_unix_ns,
             ended_unix_ns: ended,
+            origin_unix_ns,
             samples,
             ..Default::default()
         }

@@ -32,6 +32,8 @@ pub struct AgentMetrics {
     /// Processes found over their budget (--process-budget-mb): user stacks of one
     /// `[budget]` frame.
     pub processes_over_budget: AtomicU64,
+    /// Times a process went over its CPU budget in an interval (--process-cpu-budget-ms).
+    pub processes_over_cpu_budget: AtomicU64,
     /// Files of profiled processes refused (a FIFO, a link, a device, over the cap).
     pub refused_files: AtomicU64,
     /// Reads of profiled processes' files that overran their deadline.
@@ -54,6 +56,10 @@ pub struct AgentMetrics {
     pub unwind_mappings_dropped: AtomicU64,
     pub unwind_rows_used: AtomicU64,
     pub unwind_rows_capacity: AtomicU64,
+    /// Table builds put off for want of the node-wide build budget, and the processes
+    /// waiting for one now (unwound by frame pointers meanwhile).
+    pub unwind_builds_deferred: AtomicU64,
+    pub unwind_processes_waiting: AtomicU64,
     /// The GPU poller's state, when GPUs are polled: rendered as the `pyrometer_gpu_*`
     /// gauges.
     pub gpu: OnceLock<Arc<Mutex<crate::gpu::GpuState>>>,
@@ -98,8 +104,10 @@ impl AgentMetrics {
             .store(symbols.processes_over_budget, Relaxed);
         self.refused_files.store(symbols.refused_files, Relaxed);
         let unwinder_stalled = unwinder.map_or(0, |u| u.stalled_reads);
-        self.stalled_reads
-            .store(symbols.stalled_reads + unwinder_stalled, Relaxed);
+        self.stalled_reads.store(
+            symbols.stalled_reads + unwinder_stalled + python.stalled_reads,
+            Relaxed,
+        );
         self.python_refused_unsupported
             .store(python.refused_unsupported, Relaxed);
         self.python_refused_invalid
@@ -235,9 +243,15 @@ impl AgentMetrics {
             self.processes_over_budget.load(Relaxed),
         );
         one(
+            "pyrometer_agent_processes_over_cpu_budget_total",
+            "counter",
+            "Times a process went over --process-cpu-budget-ms in a push interval: each of its user stacks is one [budget] frame until the interval ends.",
+            self.processes_over_cpu_budget.load(Relaxed),
+        );
+        one(
             "pyrometer_agent_refused_files_total",
             "counter",
-            "Files of profiled processes refused: a FIFO, a link, a device, or over the size cap.",
+            "Files of profiled processes refused: a FIFO, a link, a device, over the size cap, or replaced between their check and their reading.",
             self.refused_files.load(Relaxed),
         );
         one(
@@ -329,6 +343,18 @@ impl AgentMetrics {
             "gauge",
             "Rows of the unwind row array (--unwind-rows).",
             self.unwind_rows_capacity.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_unwind_builds_deferred_total",
+            "counter",
+            "Unwind table builds put off for want of the table-building budget (frame pointers meanwhile).",
+            self.unwind_builds_deferred.load(Relaxed),
+        );
+        one(
+            "pyrometer_agent_unwind_processes_waiting",
+            "gauge",
+            "Processes waiting for the table-building budget.",
+            self.unwind_processes_waiting.load(Relaxed),
         );
     }
 }
@@ -435,5 +461,11 @@ pub fn publish_counters(
             .store(t.mappings_dropped, Relaxed);
         metrics.unwind_rows_used.store(t.rows_used, Relaxed);
         metrics.unwind_rows_capacity.store(t.rows_capacity, Relaxed);
+        metrics
+            .unwind_builds_deferred
+            .store(t.builds_deferred, Relaxed);
+        metrics
+            .unwind_processes_waiting
+            .store(t.processes_waiting, Relaxed);
     }
 }

@@ -15,9 +15,9 @@ mod metrics_server;
 mod node;
 mod push;
 pub mod remote;
+pub mod remote_merge;
 mod spool;
 mod targets;
-mod young;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -85,6 +85,11 @@ pub struct AgentConfig {
     /// [`DEFAULT_PROCESS_BUDGET`]): a process over it has each of its user stacks named by
     /// one `[budget]` frame.
     pub process_budget_bytes: u64,
+    /// CPU time the agent may spend on one process per push interval (its files' reads,
+    /// tables, registration, symbol lookups; default [`DEFAULT_PROCESS_CPU_BUDGET`]): a
+    /// process over it is left as it is and has each of its user stacks named by one
+    /// `[budget]` frame until the interval ends.
+    pub process_cpu_budget: std::time::Duration,
     /// The shortest blocked interval counted, when off-CPU time is measured.
     pub off_cpu_min_ns: Option<u64>,
     /// CPython's garbage-collector pauses (`--gc`): the `gc` type and `/metrics` histograms.
@@ -127,6 +132,11 @@ pub const DEFAULT_RUN_AS: (u32, u32) = crate::os::privileges::UNPRIVILEGED;
 
 /// What the agent keeps for one process at most unless told otherwise: 24 MiB.
 pub const DEFAULT_PROCESS_BUDGET: u64 = crate::symbolize::DEFAULT_PROCESS_BUDGET;
+
+/// CPU time the agent spends on one process per push interval at most, by default: a fifth
+/// of a CPU over the default 10 s interval. Building the tables of a process that maps
+/// hundreds of libraries at once costs more; it is spread over intervals then.
+pub const DEFAULT_PROCESS_CPU_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the agent did, for its last line and `--stats`.
 #[derive(Debug, Serialize)]

@@ -13,7 +13,6 @@ use super::export::Exporter;
 use super::metrics::{self, AgentMetrics};
 use super::metrics_server;
 use super::targets::{Known, attach_own_library, scan};
-use super::young::Young;
 use super::{AgentConfig, Log};
 use crate::bpf::{AllocConfig, Feature, Filter, GpuKernelsConfig, SamplerConfig};
 use crate::capture::{AllocState, Capture, LiveBlock};
@@ -21,6 +20,7 @@ use crate::command::CommandError;
 use crate::gpu::kernels::probes::GpuProbes;
 use crate::gpu::{self, Poller};
 use crate::os::clock::monotonic_now_ns;
+use crate::os::cpu_budget::CpuBudget;
 use crate::os::{privileges, signals};
 use crate::profiler::Profiler;
 use crate::profiler::discover::{self, Discovery, Due};
@@ -65,7 +65,6 @@ pub(super) struct Node {
     pub(super) discovery: Discovery,
     known: Known,
     exited: Vec<u32>,
-    young: Young,
     capture: Capture,
     interval_start: Instant,
     interval_wall: SystemTime,
@@ -81,6 +80,8 @@ pub(super) struct Node {
     /// On-demand captures from the collector, and the one running.
     channel: Option<Channel>,
     burst: Option<Burst>,
+    /// CPU time spent on each process, bounded per push interval.
+    cpu: CpuBudget,
 }
 
 impl Node {
@@ -98,6 +99,15 @@ impl Node {
             .collect();
         let mut profiler =
             Profiler::open(&sampler_config(cfg, selective), &debug_dirs).map_err(|e| kernel(&e))?;
+        // Node-wide, every process is registered at its first sample and tables of binaries
+        // seen before are reused at once; building new ones is paid from a bounded budget.
+        // Processes the user chose get theirs at once, whatever they cost.
+        if !selective && let Some(u) = profiler.tables.unwinder.as_mut() {
+            u.set_budget(crate::unwinder::Budget::limited(
+                crate::unwinder::budget::NODE_RATE_NS_PER_S,
+                crate::unwinder::budget::NODE_BURST_NS,
+            ));
+        }
         // What the kernel refused is off from here on; each says so once, and /metrics says
         // which features the agent runs without.
         for refusal in profiler.refusals() {
@@ -106,6 +116,8 @@ impl Node {
         if let Some(re) = &cfg.exclude_cgroup {
             profiler.registry.set_opt_out(re.clone());
         }
+        let cpu = CpuBudget::new(cfg.process_cpu_budget);
+        profiler.tables.set_cpu_budget(cpu.clone());
         if profiler.refused(Feature::Alloc) {
             cfg.alloc = None;
         }
@@ -149,6 +161,7 @@ impl Node {
         let late_uprobes = profiler.tables.alloc.is_some() || cfg.gc || gpu_probes.is_some();
         let (metrics, symbolizer, poller) =
             Self::serve(cfg, &profiler, debug_dirs, late_uprobes, &log)?;
+        let symbolizer = symbolizer.with_cpu_budget(cpu.clone());
         let nvml_index = super::gpu::nvml_index(poller.as_ref());
         let gpu = gpu_probes.is_some().then_some(&nvml_index);
         let capture = new_capture(cfg, &profiler, selective, Default::default(), None, gpu);
@@ -163,7 +176,6 @@ impl Node {
             discovery,
             known,
             exited,
-            young: Young::default(),
             capture,
             interval_start: Instant::now(),
             interval_wall: SystemTime::now(),
@@ -176,6 +188,7 @@ impl Node {
             nvml_index,
             channel: None,
             burst: None,
+            cpu,
         })
     }
 
@@ -314,7 +327,10 @@ impl Node {
         // thread has none yet, `threading` may register it any moment, and a short thread
         // takes its name with it when it ends.
         let ray = self.ray_seen.is_some_and(|t| t.elapsed() < RAY_LINGER);
-        let wait = if ray || self.names_awaited || self.burst.is_some() {
+        // So are reads handed to the workers: a new process's tables and Python
+        // registration are taken on the turn after they come back.
+        let reads = self.profiler.tables.reads_due();
+        let wait = if ray || self.names_awaited || self.burst.is_some() || reads {
             SHORT_POLL
         } else {
             POLL
@@ -324,19 +340,15 @@ impl Node {
         // then in the last push (a signal taken after the read left out what came between).
         let stopping = signals::take().is_some();
         self.drain();
+        for pid in std::mem::take(&mut self.capture.execs) {
+            self.register_exec(pid);
+        }
         if std::mem::take(&mut self.capture.ray_seen) {
             self.ray_seen = Some(Instant::now());
         }
-        let proc_root = Path::new("/proc");
         self.names_awaited = self
             .capture
             .read_awaited_names(&mut self.profiler.tables.python);
-        for pid in self.capture.execs.drain(..) {
-            self.young.exec(pid);
-        }
-        if !self.selective {
-            self.young.filter(&mut self.capture.maps_changed, proc_root);
-        }
         // A process with its own copy of the GPU library (a container image's).
         if let Some(probes) = self.gpu_probes.as_mut() {
             super::gpu::attach_mapped(
@@ -365,6 +377,28 @@ impl Node {
                 .store(self.discovery.overflows, Relaxed);
         }
         stopping
+    }
+
+    /// Node-wide, an exec is read at the process's first sample, unless the program's table
+    /// is loaded already (it ran before): then it is registered now, so that its first
+    /// samples unwind from the loader on, and a short process (a shell pipeline's, a
+    /// compiler driver's) whose only sample is its first is complete too. At exec only the
+    /// program and the loader are mapped; the libraries come at the first sample that finds
+    /// one. Costs a read of one line of the maps for a program never seen.
+    fn register_exec(&mut self, pid: u32) {
+        let registry = &mut self.profiler.registry;
+        if registry.opted_out(pid) {
+            return;
+        }
+        let known = self
+            .profiler
+            .tables
+            .unwinder
+            .as_ref()
+            .is_some_and(|u| registry.exe_key(pid).is_some_and(|k| u.has_table(&k)));
+        if known && registry.exec(pid).is_ok() && self.capture.pids.insert(pid) {
+            self.capture.maps_changed.push(pid);
+        }
     }
 
     /// Reads the ring buffer into the interval's capture, and a running burst's samples into
@@ -573,10 +607,15 @@ impl Node {
         if let Some(d) = self.symbolizer.debuginfod() {
             *self.metrics.debuginfod.lock().expect("not poisoned") = Some(d.stats());
         }
+        self.metrics
+            .processes_over_cpu_budget
+            .store(self.cpu.went_over(), Relaxed);
+        // A new interval: the processes whose work was put off for their budget take it up.
+        let put_off = self.cpu.next_interval();
+        self.capture.maps_changed.extend(put_off);
         // The interval's samples are symbolized: processes gone since are not needed.
         self.profiler.registry.forget_exited();
         self.symbolizer.forget_exited(&self.profiler.registry);
-        self.young.forget_exited(Path::new("/proc"));
         // The interval's profile and symbolization scratch are freed now: hand the pages
         // back rather than keep the heap at its peak until the next push.
         // SAFETY: malloc_trim only releases free memory of the allocator.

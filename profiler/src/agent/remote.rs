@@ -62,12 +62,15 @@ fn refused(e: PushError) -> RemoteError {
     }
 }
 
-/// Sends `request` and waits for its result: the agent's upload (profile, timeline or dump).
+/// Sends `request` and waits for its results: the agents' uploads (profile, timeline or
+/// dump), one per node the request went to (a label query may reach several). A node whose
+/// request failed is told through `progress` when others answered; when none did, the first
+/// failure is the error.
 pub fn run(
     collector: &Collector<'_>,
     request: CaptureRequest,
     progress: &mut dyn FnMut(&str),
-) -> Result<UploadRequest, RemoteError> {
+) -> Result<Vec<UploadRequest>, RemoteError> {
     push::check_transport(
         collector.url,
         collector.token.is_some(),
@@ -95,15 +98,53 @@ pub fn run(
         .as_ref()
         .map(|r| r.id.clone())
         .ok_or_else(|| RemoteError::Other("the collector named no request".into()))?;
-    progress(&format!("request {id}: {}", status.state));
+    let mut members = status.members.clone();
+    if members.is_empty() {
+        members.push(id.clone());
+    }
+    if members.len() > 1 || !request.query.is_empty() {
+        progress(&format!(
+            "{} matches processes on {} node(s): request(s) {}",
+            request.query,
+            members.len(),
+            members.join(", ")
+        ));
+    } else {
+        progress(&format!("request {id}: {}", status.state));
+    }
     let mut get = client(GET_PATH)?;
     let deadline = Instant::now()
         + Duration::from_millis(u64::from(request.duration_ms))
         + Duration::from_secs(60);
-    let mut last = status.state;
+    let mut results = Vec::new();
+    let mut first_error = None;
+    for member in &members {
+        match wait(&mut get, member, deadline, progress) {
+            Ok(r) => results.push(r),
+            Err(e) if members.len() > 1 => {
+                progress(&format!("request {member}: {e}"));
+                first_error.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match first_error {
+        Some(e) if results.is_empty() => Err(e),
+        _ => Ok(results),
+    }
+}
+
+/// Waits for request `id` to end: its result, or why it has none.
+fn wait(
+    get: &mut PushClient,
+    id: &str,
+    deadline: Instant,
+    progress: &mut dyn FnMut(&str),
+) -> Result<UploadRequest, RemoteError> {
+    let mut last = String::new();
     loop {
         let body = GetRequest {
-            id: id.clone(),
+            id: id.to_string(),
             wait_ms: GET_WAIT.as_millis() as u32,
             result: true,
         };
@@ -111,10 +152,10 @@ pub fn run(
             .call(body.encode_to_vec())
             .map_err(refused)
             .and_then(|b| decode(&b))?;
-        if status.state != last {
+        if status.state != last && !last.is_empty() {
             progress(&format!("request {id}: {}", status.state));
-            last = status.state.clone();
         }
+        last = status.state.clone();
         match status.state.as_str() {
             "done" => {
                 return status

@@ -91,7 +91,11 @@ fn add_alloc_targets(
         };
         if let Some(probes) = tables.alloc.as_mut() {
             probes.choose(pid);
+            // Asked for by name or pid: its allocator is searched for now (up to the
+            // search's deadline), so the line below says whether it is sampled.
+            probes.reads().set_waiting(true);
             probes.sync(p, sampler);
+            probes.reads().set_waiting(false);
             if probes.has_allocator(pid) {
                 log(&format!(
                     "sampling the allocations of pid {pid} ({})",

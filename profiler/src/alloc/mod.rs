@@ -17,7 +17,17 @@ use std::sync::Arc;
 
 use crate::bpf::{ALLOC_ENTER, ALLOC_RETURN, Uprobes};
 use crate::os::procs::{BinaryKey, MappingKind, Process};
+use crate::os::workers::{OffLoop, ProcessReads};
 use sites::Sites;
+
+/// Threads searching binaries (and their debug files) for allocator sites, off the
+/// sampling loop; each search stuck past its deadline holds one until it returns.
+const READ_WORKERS: usize = 2;
+const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a process whose search overran is left alone, at least.
+const READ_BACKOFF: std::time::Duration = std::time::Duration::from_secs(60);
+
+type Found = Result<Arc<Sites>, String>;
 
 /// The weight of a sampled allocation of `size` bytes when samples are taken every `mean`
 /// bytes on average: it was sampled with probability 1 - exp(-size/mean), so it stands for
@@ -33,7 +43,11 @@ pub fn weight(size: u64, mean: u64) -> f64 {
 /// The allocation probes of the profiled processes.
 pub struct AllocProbes {
     debug_dirs: Vec<PathBuf>,
-    sites: HashMap<BinaryKey, Result<Arc<Sites>, String>>,
+    sites: HashMap<BinaryKey, Found>,
+    /// Searches running on a worker: a binary's probes are attached on the sync after its
+    /// search came back ([`AllocProbes::ready_pids`]).
+    reads: ProcessReads,
+    searches: OffLoop<BinaryKey, Found>,
     /// Binaries probed in each process.
     probed: HashMap<u32, HashSet<BinaryKey>>,
     /// Processes with a C allocator (`malloc`) among their probed binaries.
@@ -67,6 +81,8 @@ impl AllocProbes {
         Self {
             debug_dirs,
             sites: HashMap::new(),
+            reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
+            searches: OffLoop::default(),
             probed: HashMap::new(),
             with_malloc: HashSet::new(),
             failures: HashMap::new(),
@@ -177,18 +193,47 @@ impl AllocProbes {
             if self.probed.get(&pid).is_some_and(|p| p.contains(&key)) {
                 continue;
             }
-            // The process's own root's debug files first (a container's or chroot's).
-            let debug = |dirs: &[PathBuf]| {
-                crate::symbolize::separate_debug_file(
-                    binary.path(),
-                    binary.dir(),
-                    binary.seen_path(&m.path),
-                    binary.build_id(),
-                    &binary.debug_dirs(dirs),
-                )
-            };
-            self.probe(pid, key, binary.path(), debug, probes);
+            if !self.sites.contains_key(&key) {
+                // On a worker, holding the binary (and so the file its path names) open.
+                let held = Arc::clone(binary);
+                let seen = binary.seen_path(&m.path).to_string();
+                // The process's own root's debug files first (a container's or chroot's).
+                let dirs = binary.debug_dirs(&self.debug_dirs);
+                let search = move || {
+                    let debug = crate::symbolize::separate_debug_file(
+                        held.path(),
+                        held.dir(),
+                        &seen,
+                        held.build_id(),
+                        &dirs,
+                    );
+                    sites::find(held.path(), debug.as_ref()).map(Arc::new)
+                };
+                match self.searches.poll(&mut self.reads, pid, &key, search) {
+                    Some(found) => {
+                        self.sites.insert(key.clone(), found);
+                    }
+                    None => continue,
+                }
+            }
+            self.probe(pid, key, binary.path(), |_| None, probes);
         }
+    }
+
+    /// Where its reads run: the loop's turn, waiting and the CPU budget are set there.
+    pub fn reads(&mut self) -> &mut crate::os::workers::ProcessReads {
+        &mut self.reads
+    }
+
+    /// Processes whose allocator-site search came back since the last call: syncing them
+    /// again attaches their probes (every turn of the capture loop).
+    pub fn ready_pids(&mut self) -> Vec<u32> {
+        self.searches.ready(&mut self.reads)
+    }
+
+    /// Whether a search handed to a worker may come back soon.
+    pub fn reads_due(&self) -> bool {
+        self.searches.due_soon()
     }
 
     /// Probes the objects a command will map (its executable, the C library, a libpython)
@@ -216,7 +261,7 @@ impl AllocProbes {
         pid: u32,
         key: BinaryKey,
         path: &Path,
-        debug: impl FnOnce(&[PathBuf]) -> Option<PathBuf>,
+        debug: impl FnOnce(&[PathBuf]) -> Option<crate::os::elfsyms::DebugFile>,
         probes: &mut (dyn Uprobes + '_),
     ) {
         self.probed.entry(pid).or_default().insert(key.clone());
@@ -224,7 +269,7 @@ impl AllocProbes {
         let sites = self
             .sites
             .entry(key)
-            .or_insert_with(|| sites::find(path, debug(dirs).as_deref()).map(Arc::new))
+            .or_insert_with(|| sites::find(path, debug(dirs).as_ref()).map(Arc::new))
             .clone();
         let sites = match sites {
             Ok(s) => s,
@@ -322,37 +367,7 @@ impl AllocProbes {
 mod tests {
     use super::*;
 
-    /// Records the probes asked for (the selection logic, not the kernel, is under test).
-    #[derive(Default)]
-    struct Asked(Vec<(u32, u64)>);
-
-    impl Uprobes for Asked {
-        fn attach_uprobe(&mut self, _: &str, _: &Path, _: u64) -> Result<(), crate::bpf::BpfError> {
-            Ok(())
-        }
-        fn attach_uprobe_with(
-            &mut self,
-            _: &str,
-            _: &Path,
-            _: u64,
-            _: Option<u64>,
-            _: Option<u64>,
-        ) -> Result<(), crate::bpf::BpfError> {
-            Ok(())
-        }
-        fn attach_process_probe(
-            &mut self,
-            _: &'static str,
-            _: &Path,
-            offset: u64,
-            _: u64,
-            pid: u32,
-        ) -> Result<(), crate::bpf::BpfError> {
-            self.0.push((pid, offset));
-            Ok(())
-        }
-        fn detach_process_probes(&mut self, _: u32) {}
-    }
+    use crate::bpf::AskedProbes as Asked;
 
     #[test]
     fn only_chosen_processes_get_allocator_probes() {
@@ -361,28 +376,39 @@ mod tests {
         let process = registry.observe(me).unwrap();
         // This test binary maps libc (or defines malloc itself): something to probe.
         let mut every = AllocProbes::new(Vec::new());
+        // The sites are searched for on a worker; waited for here.
+        every.reads().set_waiting(true);
         let mut asked = Asked::default();
         every.sync(process, &mut asked);
         assert!(
-            !asked.0.is_empty() && every.has_allocator(me),
+            !asked.process.is_empty() && every.has_allocator(me),
             "record --alloc probes every synced process"
         );
 
         let mut chosen = AllocProbes::new(Vec::new()).only_chosen();
+        chosen.reads().set_waiting(true);
         let mut asked = Asked::default();
         chosen.sync(process, &mut asked);
-        assert!(asked.0.is_empty(), "not chosen: no probes, {:?}", asked.0);
+        assert!(
+            asked.process.is_empty(),
+            "not chosen: no probes, {:?}",
+            asked.process
+        );
         assert!(!chosen.has_allocator(me));
         chosen.choose(me);
         chosen.sync(process, &mut asked);
         assert!(
-            !asked.0.is_empty() && chosen.has_allocator(me),
+            !asked.process.is_empty() && chosen.has_allocator(me),
             "chosen: probed"
         );
         chosen.forget(me);
-        let before = asked.0.len();
+        let before = asked.process.len();
         chosen.sync(process, &mut asked);
-        assert_eq!(asked.0.len(), before, "forgotten: not chosen any more");
+        assert_eq!(
+            asked.process.len(),
+            before,
+            "forgotten: not chosen any more"
+        );
     }
 
     #[test]
@@ -394,7 +420,7 @@ mod tests {
         let mut asked = Asked::default();
         probes.sync(process, &mut asked);
         probes.sync(process, &mut asked);
-        assert!(asked.0.is_empty(), "no uprobes: {:?}", asked.0);
+        assert!(asked.process.is_empty(), "no uprobes: {:?}", asked.process);
         assert!(!probes.has_allocator(me));
         // This test binary is dynamically linked and its C library is mapped: it will not
         // load the library any more.

@@ -10,7 +10,7 @@ use std::path::Path;
 use object::{Object, ObjectSymbol, SymbolKind};
 use pyrometer_ebpf as shared;
 
-use crate::os::elfsyms::{file_offset, is_copy_of, loads};
+use crate::os::elfsyms::{DebugFile, file_offset, is_copy_of, loads};
 use crate::os::untrusted::{Copy as FileCopy, Kind, UntrustedError, UntrustedFile};
 
 /// The C allocator's public entry points.
@@ -48,14 +48,14 @@ pub struct Sites {
 
 /// Finds the allocator sites of the binary at `path`; `debug_file` is its separate debug
 /// file (for pymalloc's static symbols in a stripped interpreter).
-pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
+pub fn find(path: &Path, debug_file: Option<&DebugFile>) -> Result<Sites, String> {
     // A sparse copy of the symbol tables, not the whole file: a large library's debug file
     // is hundreds of MB, of which the symbol tables are a small part. Not a mapping of the
     // file either, which a process truncating it would turn into a SIGBUS here.
     let data = symbol_tables(path).map_err(|e| e.to_string())?;
     let obj = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
     let loads = loads(&obj);
-    let debug_data = debug_file.and_then(|p| symbol_tables(p).ok());
+    let debug_data = debug_file.and_then(|d| d.open(Kind::Elf).and_then(copy_symbol_tables).ok());
     let debug_obj = debug_data
         .as_deref()
         .and_then(|d| object::File::parse(d).ok());
@@ -87,8 +87,11 @@ pub fn find(path: &Path, debug_file: Option<&Path>) -> Result<Sites, String> {
 }
 
 fn symbol_tables(path: &Path) -> Result<FileCopy, UntrustedError> {
-    UntrustedFile::open_resolved(path, Kind::Elf)?
-        .copy_elf_sections(&[".symtab", ".strtab", ".dynsym", ".dynstr"])
+    copy_symbol_tables(UntrustedFile::open_resolved(path, Kind::Elf)?)
+}
+
+fn copy_symbol_tables(file: UntrustedFile) -> Result<FileCopy, UntrustedError> {
+    file.copy_elf_sections(&[".symtab", ".strtab", ".dynsym", ".dynstr"])
 }
 
 #[cfg(test)]

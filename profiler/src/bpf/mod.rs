@@ -22,6 +22,8 @@ pub mod verifier;
 pub use config::*;
 pub use counters::{AllocCounters, Counters, ProgramStats, PythonCounters, UnwindCounters};
 pub use load::{Feature, Refusal};
+#[cfg(test)]
+pub(crate) use uprobes::AskedProbes;
 pub use uprobes::{ProbedCopies, Uprobes};
 
 #[derive(Debug, thiserror::Error)]

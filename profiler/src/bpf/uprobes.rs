@@ -162,3 +162,44 @@ impl Uprobes for Sampler {
         }
     }
 }
+
+/// Records the probes asked for, for unit tests of what chooses them and when (the kernel's
+/// side is tested end to end).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct AskedProbes {
+    /// (program, offset) of the probes on a binary for every process.
+    pub binary: Vec<(String, u64)>,
+    /// (pid, offset) of the probes for one process.
+    pub process: Vec<(u32, u64)>,
+}
+
+#[cfg(test)]
+impl Uprobes for AskedProbes {
+    fn attach_uprobe(&mut self, program: &str, path: &Path, offset: u64) -> Result<(), BpfError> {
+        self.attach_uprobe_with(program, path, offset, None, None)
+    }
+    fn attach_uprobe_with(
+        &mut self,
+        program: &str,
+        _: &Path,
+        offset: u64,
+        _: Option<u64>,
+        _: Option<u64>,
+    ) -> Result<(), BpfError> {
+        self.binary.push((program.to_string(), offset));
+        Ok(())
+    }
+    fn attach_process_probe(
+        &mut self,
+        _: &'static str,
+        _: &Path,
+        offset: u64,
+        _: u64,
+        pid: u32,
+    ) -> Result<(), BpfError> {
+        self.process.push((pid, offset));
+        Ok(())
+    }
+    fn detach_process_probes(&mut self, _: u32) {}
+}

@@ -143,7 +143,8 @@ pub struct Capture {
     /// at its exec was most of the agent's work. `record` reads at once, so that a target's
     /// first samples after its exec already unwind and carry Python frames.
     pub exec_lazily: bool,
-    /// With `exec_lazily`: the pids that exec'd, for the caller to take.
+    /// With `exec_lazily`: the pids that exec'd, for the caller to take (and register at once
+    /// when their program's table is loaded).
     pub execs: Vec<u32>,
     /// Pids whose maps the caller read after their exec, and when (CLOCK_MONOTONIC ns):
     /// `record`'s start-up handshake with the sampler library. Their exec events from before

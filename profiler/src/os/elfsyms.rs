@@ -6,21 +6,60 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection, ObjectSegment};
 
-use super::untrusted::{Copy, Kind, UntrustedFile};
+use super::untrusted::{Copy, Kind, UntrustedError, UntrustedFile};
 
 /// A binary and, when it has one, its separate debug file, copied whole into the profiler's
 /// own memory (probe sites are found in their code), so a file truncated meanwhile is a parse
 /// error, not a SIGBUS. Errors are (the file, why).
 pub fn copy_with_debug(
     binary: &Path,
-    debug_file: Option<&Path>,
+    debug_file: Option<&DebugFile>,
 ) -> Result<(Copy, Option<Copy>), (String, String)> {
-    let read = |p: &Path| {
-        UntrustedFile::open_resolved(p, Kind::ElfWhole)
-            .and_then(|f| f.copy())
-            .map_err(|e| (p.display().to_string(), e.to_string()))
-    };
-    Ok((read(binary)?, debug_file.map(read).transpose()?))
+    let failed = |p: &Path, e: UntrustedError| (p.display().to_string(), e.to_string());
+    let binary = UntrustedFile::open_resolved(binary, Kind::ElfWhole)
+        .and_then(|f| f.copy())
+        .map_err(|e| failed(binary, e))?;
+    let debug = debug_file
+        .map(|d| {
+            d.open(Kind::ElfWhole)
+                .and_then(|f| f.copy())
+                .map_err(|e| failed(&d.path, e))
+        })
+        .transpose()?;
+    Ok((binary, debug))
+}
+
+/// A separate debug file as it was found (by build id or `.gnu_debuglink`, its contents
+/// checked): read only while the file at its path is still the one checked, not one renamed
+/// over it since.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebugFile {
+    pub path: PathBuf,
+    /// Device and inode when checked; None for a file named outright, with no check to hold
+    /// it to.
+    id: Option<(u64, u64)>,
+}
+
+impl DebugFile {
+    pub fn checked(path: PathBuf, id: (u64, u64)) -> Self {
+        Self { path, id: Some(id) }
+    }
+
+    #[cfg(test)]
+    pub fn named(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            id: None,
+        }
+    }
+
+    /// Opens it as `kind`: an error when the file now at its path is not the one checked.
+    pub fn open(&self, kind: Kind) -> Result<UntrustedFile, UntrustedError> {
+        match self.id {
+            Some(id) => UntrustedFile::open_identified(&self.path, kind, id),
+            None => UntrustedFile::open_resolved(&self.path, kind),
+        }
+    }
 }
 
 /// The DWARF sections of `obj`, decompressed; a missing one is empty.
@@ -233,6 +272,29 @@ mod tests {
             "{libs:?}"
         );
         assert!(names.contains(&"libc.so.6".to_string()), "{libs:?}");
+    }
+
+    /// The GIL's, the collector's and the allocator's site searches read a debug file only
+    /// while it is the file that was checked: one renamed over it since is an error.
+    #[test]
+    fn a_debug_file_replaced_since_its_check_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let debug = dir.path().join("x.debug");
+        std::fs::copy("/bin/true", &debug).unwrap();
+        let id = UntrustedFile::open_resolved(&debug, Kind::ElfWhole)
+            .unwrap()
+            .identity();
+        let checked = DebugFile::checked(debug.clone(), id);
+        assert!(copy_with_debug(Path::new("/bin/true"), Some(&checked)).is_ok());
+        let other = dir.path().join("other");
+        std::fs::copy("/bin/false", &other).unwrap();
+        std::fs::rename(&other, &debug).unwrap();
+        let err = copy_with_debug(Path::new("/bin/true"), Some(&checked))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.1.contains("replaced"), "{err:?}");
+        let named = DebugFile::named(&debug);
+        assert!(copy_with_debug(Path::new("/bin/true"), Some(&named)).is_ok());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! here too, so every layer above reads them the same bounded way.
 
 pub mod clock;
+pub mod cpu_budget;
 pub mod elfsyms;
 pub mod mounts;
 pub mod optout;

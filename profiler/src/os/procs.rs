@@ -416,6 +416,26 @@ impl ProcessRegistry {
         self.processes.get(&pid)?.find(addr)
     }
 
+    /// The file identity of the program `pid` runs, from the first line of its maps (the
+    /// program is mapped below its libraries and the loader): a look-up before the whole map
+    /// is read, which never opens the file (it may be on a mount that does not answer).
+    pub fn exe_key(&self, pid: u32) -> Option<BinaryKey> {
+        let path = self.proc_root.join(pid.to_string()).join("maps");
+        let mut key = None;
+        proctext::for_each_line(&path, 1, |line| {
+            key = parse_maps_line(line)
+                .map(|raw| raw.mapping)
+                .filter(|m| m.kind == MappingKind::File && m.inode != 0)
+                .map(|m| BinaryKey::Inode {
+                    major: m.major,
+                    minor: m.minor,
+                    inode: m.inode,
+                });
+        })
+        .ok()?;
+        key
+    }
+
     /// Whether some process the registry holds maps the binary `key`.
     pub fn maps_binary(&self, key: &BinaryKey) -> bool {
         self.binaries.contains_key(key)
@@ -718,7 +738,11 @@ pub(crate) fn parse_ns_pid(status: &str) -> Option<u32> {
 
 /// Reads an ELF file's GNU build-id (lowercase hex) without loading the whole file.
 pub fn read_build_id(path: &Path) -> Option<String> {
-    let file = UntrustedFile::open_resolved(path, Kind::Elf).ok()?;
+    build_id_of(&UntrustedFile::open_resolved(path, Kind::Elf).ok()?)
+}
+
+/// [`read_build_id`] of a file already opened.
+pub fn build_id_of(file: &UntrustedFile) -> Option<String> {
     let cache = object::read::ReadCache::new(file.reader());
     let obj = object::File::parse(&cache).ok()?;
     use object::Object as _;

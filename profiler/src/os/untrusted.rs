@@ -80,7 +80,7 @@ pub enum UntrustedError {
         cap: u64,
         kind: &'static str,
     },
-    #[error("{} is not the file the process mapped (replaced after it was mapped)", path.display())]
+    #[error("{} is not the file the process mapped or that was checked (replaced since)", path.display())]
     Replaced { path: PathBuf },
     #[error("cannot read {}: {source}", path.display())]
     Read {
@@ -208,6 +208,19 @@ impl UntrustedFile {
             return Err(open_error(path, io::Error::last_os_error()));
         }
         Self::checked(fd, path.to_path_buf(), kind)
+    }
+
+    /// [`open_resolved`](Self::open_resolved), held to a check made earlier: an error when the
+    /// file now at `path` is not the one with device and inode `id` (one renamed over it
+    /// since).
+    pub fn open_identified(
+        path: &Path,
+        kind: Kind,
+        id: (u64, u64),
+    ) -> Result<Self, UntrustedError> {
+        let file = Self::open_resolved(path, kind)?;
+        file.expect_identity(id.0, id.1)?;
+        Ok(file)
     }
 
     /// A `Read + Seek` over the file built on `pread`, for parsers that read what they need

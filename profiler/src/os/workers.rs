@@ -4,12 +4,19 @@
 //! kernel cannot be taken back) and the caller is told, so it can back off from that process.
 //! With every worker held by a stuck job, new jobs are refused at once: stuck reads cost at
 //! most [`Workers::new`]'s count of threads, never the caller.
+//!
+//! A loop that must not wait at all (the sampling loop) hands its reads off with
+//! [`OffLoop`] instead: the work is started, the loop goes on with what it has, and takes the
+//! answer on a later turn, once [`OffLoop::ready`] names the processes that asked.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::os::cpu_budget::CpuBudget;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -26,6 +33,10 @@ pub fn hold_threads() {
 /// Lets pools start their threads again.
 pub fn release_threads() {
     HELD.store(false, Ordering::Release);
+}
+
+fn held() -> bool {
+    HELD.load(Ordering::Acquire)
 }
 
 /// Why a job gave no answer.
@@ -65,7 +76,7 @@ impl Workers {
         deadline: Duration,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Refused> {
-        if HELD.load(Ordering::Acquire) {
+        if held() {
             return Ok(job());
         }
         let (tx, rx) = mpsc::channel();
@@ -89,7 +100,7 @@ impl Workers {
     /// download that answers through a channel). Refused at once when every worker is busy,
     /// and while threads are held: such work never runs on the caller's thread.
     pub fn submit(&self, job: impl FnOnce() + Send + 'static) -> Result<(), Refused> {
-        if HELD.load(Ordering::Acquire) {
+        if held() {
             return Err(Refused::Busy);
         }
         self.dispatch(move || {
@@ -180,6 +191,14 @@ pub struct ProcessReads {
     /// holding a worker has returned.
     stalled: HashMap<u32, (Instant, Arc<AtomicBool>)>,
     overran: u64,
+    /// [`OffLoop::poll`] waits for the answer (up to the deadline) rather than coming back
+    /// at once.
+    waits: bool,
+    /// CPU time each read costs its process; none is started for a process over it.
+    budget: Option<CpuBudget>,
+    /// Until when [`OffLoop::poll`] may wait for work it has just started (see
+    /// [`ProcessReads::begin_turn`]).
+    turn_until: Option<Instant>,
 }
 
 impl ProcessReads {
@@ -190,7 +209,35 @@ impl ProcessReads {
             backoff,
             stalled: HashMap::new(),
             overran: 0,
+            waits: false,
+            budget: None,
+            turn_until: None,
         }
+    }
+
+    /// A turn of the loop begins that may wait for work it starts until `until` in all:
+    /// most reads take milliseconds, and one taken in the turn that asked for it puts a new
+    /// process's tables in place before its first samples are read; a stuck read costs the
+    /// loop that much once, then is only looked at.
+    pub fn begin_turn(&mut self, until: Instant) {
+        self.turn_until = Some(until);
+    }
+
+    /// Charges each read's CPU time (on its worker) to its process's budget, and starts
+    /// none for a process over it.
+    pub fn set_budget(&mut self, budget: CpuBudget) {
+        self.budget = Some(budget);
+    }
+
+    fn over_budget(&self, pid: u32) -> bool {
+        self.budget.as_ref().is_some_and(|b| b.is_over(pid))
+    }
+
+    /// Makes [`OffLoop::poll`] wait for the answer, up to the deadline, until set off again:
+    /// for a process that does not run yet (a command held before its main), whose tables
+    /// should be in place when it starts.
+    pub fn set_waiting(&mut self, on: bool) {
+        self.waits = on;
     }
 
     /// Whether `pid` is being left alone.
@@ -208,9 +255,12 @@ impl ProcessReads {
         pid: u32,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        if self.is_stalled(pid) {
+        if self.is_stalled(pid) || self.over_budget(pid) {
             return None;
         }
+        // Its CPU time is charged to `pid` where it runs.
+        let budget = self.budget.clone();
+        let job = move || crate::os::cpu_budget::charged(budget.as_ref(), pid, job);
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
         let r = self.workers.run(self.deadline, move || {
@@ -230,6 +280,61 @@ impl ProcessReads {
         }
     }
 
+    /// Starts a read of `pid`'s files on a worker without waiting for it. Not started while
+    /// the process is being left alone or no worker is free; run here at once while threads
+    /// are held ([`hold_threads`]).
+    fn start<T: Send + 'static>(
+        &mut self,
+        pid: u32,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Started<T> {
+        if self.is_stalled(pid) || self.over_budget(pid) {
+            return Started::Not;
+        }
+        // Its CPU time is charged to `pid` where it runs.
+        let budget = self.budget.clone();
+        let job = move || crate::os::cpu_budget::charged(budget.as_ref(), pid, job);
+        if held() {
+            return Started::Now(job());
+        }
+        let (tx, rx) = mpsc::channel();
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        let dispatched = self.workers.dispatch(move || {
+            let answer = job();
+            flag.store(true, Ordering::Release);
+            move || {
+                let _ = tx.send(answer);
+            }
+        });
+        match dispatched {
+            Ok(()) => Started::Later(Ticket {
+                pid,
+                rx,
+                started: Instant::now(),
+                done,
+                late: false,
+                answer: None,
+                answered: None,
+                waiting: vec![pid],
+            }),
+            Err(_) => Started::Not,
+        }
+    }
+
+    /// A read of `pid`'s started at `started` and not done: past the deadline, the process
+    /// is left alone (once per read) while the read holds its worker.
+    fn check_late(&mut self, ticket: &mut Ticket<impl Sized>) {
+        if !ticket.late && ticket.started.elapsed() >= self.deadline {
+            ticket.late = true;
+            self.overran += 1;
+            self.stalled.insert(
+                ticket.pid,
+                (Instant::now() + self.backoff, ticket.done.clone()),
+            );
+        }
+    }
+
     /// Reads that overran their deadline so far.
     pub fn overran(&self) -> u64 {
         self.overran
@@ -239,6 +344,153 @@ impl ProcessReads {
     pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
         self.stalled
             .retain(|&pid, (_, done)| alive(pid) || !done.load(Ordering::Acquire));
+    }
+}
+
+enum Started<T> {
+    /// Run on the caller's thread (threads are held).
+    Now(T),
+    Later(Ticket<T>),
+    Not,
+}
+
+/// Work handed to a worker, and who waits for its answer.
+struct Ticket<T> {
+    /// The process it was started for (left alone if it overruns).
+    pid: u32,
+    rx: Receiver<T>,
+    started: Instant,
+    done: Arc<AtomicBool>,
+    late: bool,
+    answer: Option<T>,
+    answered: Option<Instant>,
+    /// Processes that asked for it and go on without it meanwhile.
+    waiting: Vec<u32>,
+}
+
+/// Processes waiting for one piece of work at most; past it the others learn of the answer
+/// when they ask again (on their next change of maps, or the next retry).
+const MAX_WAITING: usize = 1024;
+/// An answer nobody came back for (its processes exited) is dropped after this long.
+const UNCLAIMED: Duration = Duration::from_secs(30);
+
+/// Work for processes, keyed by what it reads (a binary), that a loop starts and never waits
+/// for: [`OffLoop::poll`] hands the answer over once the work is done, and starts it
+/// otherwise; [`OffLoop::ready`] names the processes whose answer came, for the loop to
+/// bring them up to date. A piece of work runs once however many processes ask for it.
+pub struct OffLoop<K, T> {
+    work: HashMap<K, Ticket<T>>,
+}
+
+impl<K, T> Default for OffLoop<K, T> {
+    fn default() -> Self {
+        Self {
+            work: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone, T: Send + 'static> OffLoop<K, T> {
+    /// The answer of the work for `key`, when it is done (it is then forgotten: the caller
+    /// keeps what it needs). Otherwise None, with the work started on `reads` for `pid`
+    /// unless it runs already, the process is being left alone, or no worker is free; `pid`
+    /// is then named by a later [`ready`](Self::ready).
+    /// While `reads` waits ([`ProcessReads::set_waiting`]), the answer is waited for up to
+    /// the deadline instead.
+    pub fn poll(
+        &mut self,
+        reads: &mut ProcessReads,
+        pid: u32,
+        key: &K,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        if !self.work.contains_key(key) {
+            match reads.start(pid, job) {
+                Started::Now(v) => return Some(v),
+                Started::Later(t) => {
+                    self.work.insert(key.clone(), t);
+                    return self.take(reads, pid, key, true);
+                }
+                Started::Not => return None,
+            }
+        }
+        self.take(reads, pid, key, false)
+    }
+
+    /// The answer of the work for `key` once it came back (work `fresh`ly started is waited
+    /// for what is left of the turn); else `pid` waits for it.
+    fn take(&mut self, reads: &mut ProcessReads, pid: u32, key: &K, fresh: bool) -> Option<T> {
+        let t = self.work.get_mut(key)?;
+        if t.answer.is_none() {
+            let turn_left = reads
+                .turn_until
+                .filter(|_| fresh)
+                .map(|until| until.saturating_duration_since(Instant::now()));
+            t.answer = if reads.waits && !t.late {
+                let left = reads.deadline.saturating_sub(t.started.elapsed());
+                t.rx.recv_timeout(left).ok()
+            } else if let Some(left) = turn_left.filter(|l| !l.is_zero()) {
+                t.rx.recv_timeout(left).ok()
+            } else {
+                t.rx.try_recv().ok()
+            };
+        }
+        if t.answer.is_some() {
+            return self.work.remove(key).and_then(|t| t.answer);
+        }
+        if !t.waiting.contains(&pid) && t.waiting.len() < MAX_WAITING {
+            t.waiting.push(pid);
+        }
+        reads.check_late(t);
+        None
+    }
+
+    /// The processes whose work has come back since the last call, for the caller to ask
+    /// again. Work past its deadline leaves its process alone for a while
+    /// ([`ProcessReads`]); work whose worker ended without an answer is forgotten.
+    pub fn ready(&mut self, reads: &mut ProcessReads) -> Vec<u32> {
+        let mut out = Vec::new();
+        self.work.retain(|_, t| {
+            if let Some(at) = t.answered {
+                return at.elapsed() < UNCLAIMED;
+            }
+            match t.rx.try_recv() {
+                Ok(v) => {
+                    t.answer = Some(v);
+                    t.answered = Some(Instant::now());
+                    out.append(&mut t.waiting);
+                    true
+                }
+                Err(mpsc::TryRecvError::Empty) => {
+                    reads.check_late(t);
+                    true
+                }
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    out.append(&mut t.waiting);
+                    false
+                }
+            }
+        });
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Whether work for `key` was started and its answer not taken yet.
+    pub fn started(&self, key: &K) -> bool {
+        self.work.contains_key(key)
+    }
+
+    /// Whether some work has not come back yet (stuck work included).
+    #[cfg(test)]
+    pub fn pending(&self) -> bool {
+        self.work.values().any(|t| t.answered.is_none())
+    }
+
+    /// Whether work that came back awaits its processes, or work is running that has not
+    /// overrun: the loop should look again soon.
+    pub fn due_soon(&self) -> bool {
+        self.work.values().any(|t| t.answered.is_some() || !t.late)
     }
 }
 
@@ -328,6 +580,116 @@ mod tests {
             std::thread::yield_now();
         }
         assert_eq!(reads.run(7, || 3), Some(3));
+    }
+
+    #[test]
+    fn work_handed_off_is_taken_on_a_later_turn_and_a_stuck_one_holds_one_worker() {
+        let mut reads = ProcessReads::new(2, Duration::from_millis(100), Duration::ZERO);
+        let mut work: OffLoop<&str, u32> = OffLoop::default();
+        // Started, not waited for: the caller goes on at once.
+        let (release, stuck) = mpsc::channel::<()>();
+        let started = Instant::now();
+        assert_eq!(
+            work.poll(&mut reads, 7, &"stuck", move || {
+                let _ = stuck.recv();
+                1
+            }),
+            None
+        );
+        let (go, gate) = mpsc::channel::<()>();
+        let quick = move || {
+            let _ = gate.recv();
+            2
+        };
+        assert_eq!(work.poll(&mut reads, 8, &"quick", quick), None);
+        // Another process asking for the same work waits with the first, without a second run.
+        assert_eq!(work.poll(&mut reads, 9, &"quick", || 99), None);
+        assert!(started.elapsed() < Duration::from_millis(100));
+        drop(go);
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut ready = Vec::new();
+        while ready.is_empty() {
+            assert!(Instant::now() < until, "the quick work never came back");
+            ready = work.ready(&mut reads);
+            std::thread::yield_now();
+        }
+        assert_eq!(ready, vec![8, 9]);
+        assert_eq!(work.poll(&mut reads, 8, &"quick", || 99), Some(2));
+        // Past its deadline, the stuck work leaves its process alone; others go on.
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(work.ready(&mut reads).is_empty());
+        assert!(reads.is_stalled(7));
+        assert_eq!(reads.overran(), 1);
+        assert!(work.pending() && !work.due_soon());
+        let mut other = work.poll(&mut reads, 8, &"other", || 3);
+        while other.is_none() {
+            assert!(Instant::now() < until, "the other work never came back");
+            std::thread::yield_now();
+            other = work.poll(&mut reads, 8, &"other", || 99);
+        }
+        assert_eq!(other, Some(3));
+        drop(release);
+        while work.ready(&mut reads).is_empty() {
+            assert!(Instant::now() < until, "the stuck work never came back");
+            std::thread::yield_now();
+        }
+        assert_eq!(work.poll(&mut reads, 7, &"stuck", || 99), Some(1));
+        assert!(!work.pending());
+    }
+
+    #[test]
+    fn a_waiting_poll_takes_the_answer_or_gives_up_at_the_deadline() {
+        let mut reads = ProcessReads::new(2, Duration::from_millis(200), Duration::ZERO);
+        let mut work: OffLoop<u8, u32> = OffLoop::default();
+        reads.set_waiting(true);
+        let slow = || {
+            std::thread::sleep(Duration::from_millis(20));
+            5
+        };
+        assert_eq!(work.poll(&mut reads, 1, &0, slow), Some(5));
+        let (release, stuck) = mpsc::channel::<()>();
+        let started = Instant::now();
+        let stuck_job = move || {
+            let _ = stuck.recv();
+            6
+        };
+        assert_eq!(work.poll(&mut reads, 2, &1, stuck_job), None);
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(reads.is_stalled(2));
+        // Once late, it is not waited for again.
+        let started = Instant::now();
+        assert_eq!(work.poll(&mut reads, 3, &1, || 7), None);
+        assert!(started.elapsed() < Duration::from_millis(100));
+        drop(release);
+    }
+
+    #[test]
+    fn reads_are_charged_to_their_process_and_none_starts_for_one_over_budget() {
+        let mut reads = ProcessReads::new(2, Duration::from_secs(5), Duration::ZERO);
+        let budget = CpuBudget::new(Duration::from_millis(5));
+        reads.set_budget(budget.clone());
+        let spin = || {
+            let start = crate::os::cpu_budget::thread_cpu();
+            while crate::os::cpu_budget::thread_cpu() - start < Duration::from_millis(20) {}
+            1
+        };
+        assert_eq!(reads.run(7, spin), Some(1));
+        assert!(budget.is_over(7));
+        assert_eq!(reads.run(7, || 2), None, "over budget: not started");
+        assert_eq!(reads.run(8, || 3), Some(3), "another process goes on");
+        budget.next_interval();
+        assert_eq!(reads.run(7, || 4), Some(4), "a new interval");
+    }
+
+    #[test]
+    fn while_threads_are_held_handed_off_work_runs_at_once() {
+        let mut reads = ProcessReads::new(1, Duration::from_secs(5), Duration::ZERO);
+        let mut work: OffLoop<u8, std::thread::ThreadId> = OffLoop::default();
+        hold_threads();
+        let ran_on = work.poll(&mut reads, 1, &0, || std::thread::current().id());
+        release_threads();
+        assert_eq!(ran_on, Some(std::thread::current().id()));
     }
 
     fn wait_idle(pool: &Workers) {

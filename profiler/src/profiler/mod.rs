@@ -126,13 +126,17 @@ impl Profiler {
         for &pid in &all {
             self.sampler.add_target(pid, subprocesses)?;
         }
+        // Before sampling starts: the reads are waited for (each up to its deadline).
         for pid in all {
-            self.sync_pid(pid);
+            if let Ok(p) = self.registry.observe(pid) {
+                self.tables.sync_process_waiting(p, &mut self.sampler);
+            }
         }
         Ok(())
     }
 
-    /// Reads process `pid` and brings its tables up to date now.
+    /// Reads process `pid` and brings its tables up to date: what is read of its files is
+    /// read on workers and taken on a later turn of the loop.
     pub fn sync_pid(&mut self, pid: u32) {
         if let Ok(p) = self.registry.observe(pid) {
             self.tables.sync_process(p, &mut self.sampler);

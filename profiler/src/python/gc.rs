@@ -17,7 +17,7 @@ use pyrometer_ebpf as shared;
 
 use super::probe_target::ProbeTarget;
 use crate::bpf::Uprobes;
-use crate::os::elfsyms::{copy_with_debug, dwarf_sections, file_offset, loads};
+use crate::os::elfsyms::{DebugFile, copy_with_debug, dwarf_sections, file_offset, loads};
 use crate::os::procs::BinaryKey;
 
 /// One probe site: a file offset of the binary, the cookie gc_start reads the generation
@@ -75,26 +75,23 @@ impl GcProbes {
         }
     }
 
-    /// Attaches the probes to `target` unless they are on already; its separate debug file is
-    /// looked for only when the binary has no USDT probes of its own.
-    pub(super) fn attach(
+    pub(super) fn is_attached(&self, key: &BinaryKey) -> bool {
+        self.attached.contains(key)
+    }
+
+    /// What the searches of binaries found (failures included), by binary.
+    pub(super) fn sites_mut(&mut self) -> &mut HashMap<BinaryKey, Result<GcSites, String>> {
+        &mut self.sites
+    }
+
+    /// Attaches the probes at `sites` to `target`.
+    pub(super) fn attach_sites(
         &mut self,
         target: &ProbeTarget,
+        sites: GcSites,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        if self.attached.contains(&target.key) {
-            return Ok(());
-        }
-        let (path, shown, dirs) = (&target.path, &target.seen, &self.debug_dirs);
-        let sites = self
-            .sites
-            .entry(target.key.clone())
-            .or_insert_with(|| {
-                find_sites(path, shown, None)
-                    .or_else(|_| find_sites(path, shown, target.debug_file(dirs).as_deref()))
-                    .map_err(|e| e.to_string())
-            })
-            .clone()?;
+        let path = &target.path;
         let [start, done, ret] = crate::bpf::GC_PROGRAMS;
         let mut attach = |program: &str, offset: u64, cookie: Option<u64>, semaphore| {
             probes
@@ -116,12 +113,25 @@ impl GcProbes {
     }
 }
 
+/// The probe sites of `target`; its separate debug file (in its own root, then in
+/// `debug_dirs`) is looked for only when the binary has no USDT probes of its own. Reads the
+/// binary (and the debug file): run on a worker.
+pub(super) fn find_target_sites(
+    target: &ProbeTarget,
+    debug_dirs: &[PathBuf],
+) -> Result<GcSites, String> {
+    let (path, shown) = (&target.path, &target.seen);
+    find_sites(path, shown, None)
+        .or_else(|_| find_sites(path, shown, target.debug_file(debug_dirs).as_ref()))
+        .map_err(|e| e.to_string())
+}
+
 /// Finds the probe sites of `binary` (`shown` is its path for messages); `debug_file` is its
 /// separate debug file, for the DWARF of a stripped build without USDT probes.
 pub fn find_sites(
     binary: &Path,
     shown: &str,
-    debug_file: Option<&Path>,
+    debug_file: Option<&DebugFile>,
 ) -> Result<GcSites, GcError> {
     let (data, debug_data) =
         copy_with_debug(binary, debug_file).map_err(|(f, e)| GcError::Read(f, e))?;

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSymbol};
 
-use crate::os::elfsyms::{copy_with_debug, dwarf_sections, file_offset, is_copy_of, loads};
+use crate::os::elfsyms::{
+    DebugFile, copy_with_debug, dwarf_sections, file_offset, is_copy_of, loads,
+};
 
 /// Probe sites of one interpreter binary, as file offsets of the binary (what uprobes take).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -45,7 +47,7 @@ pub enum GilError {
 pub fn find_sites(
     binary: &Path,
     shown: &str,
-    debug_file: Option<&Path>,
+    debug_file: Option<&DebugFile>,
 ) -> Result<GilSites, GilError> {
     let (data, debug_data) =
         copy_with_debug(binary, debug_file).map_err(|(f, e)| GilError::Read(f, e))?;
@@ -61,7 +63,9 @@ pub fn find_sites(
     };
     // The debug file's symbols are the binary's: same addresses.
     let (symbols, symbols_from) = match &debug_obj {
-        Some(d) if d.symbols().next().is_some() => (d, debug_file.unwrap_or(binary)),
+        Some(d) if d.symbols().next().is_some() => {
+            (d, debug_file.map_or(binary, |f| f.path.as_path()))
+        }
         _ => (&obj, binary),
     };
     let mut sites = GilSites {
@@ -267,7 +271,12 @@ mod tests {
             );
             return;
         }
-        let s = find_sites(debian, "/usr/bin/python3.11", Some(&debug)).unwrap();
+        let s = find_sites(
+            debian,
+            "/usr/bin/python3.11",
+            Some(&DebugFile::named(&debug)),
+        )
+        .unwrap();
         assert_eq!(s.take.len(), 1, "{s:?}");
         assert!(s.drop_inlined >= 1, "drop_gil's inlined copies: {s:?}");
         assert_eq!(s.take_inlined, 0);

@@ -98,6 +98,9 @@ pub enum PythonError {
     /// A cached failure, as its message.
     #[error("{0}")]
     Message(String),
+    /// The interpreter's binary is being read (off the sampling loop); asked again later.
+    #[error("the interpreter's binary is still being read")]
+    Pending,
 }
 
 /// The parenthesised part of an "is not supported" message: the reason, else the range.

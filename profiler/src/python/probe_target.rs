@@ -7,6 +7,7 @@ use super::version::PythonRuntime;
 use crate::os::procs::{BinaryKey, Process};
 
 /// An interpreter binary to probe.
+#[derive(Clone)]
 pub(super) struct ProbeTarget {
     pub key: BinaryKey,
     /// Openable from here.
@@ -36,7 +37,7 @@ impl ProbeTarget {
     }
 
     /// Its separate debug file: in the process's own root first, then in `debug_dirs`.
-    pub fn debug_file(&self, debug_dirs: &[PathBuf]) -> Option<PathBuf> {
+    pub fn debug_file(&self, debug_dirs: &[PathBuf]) -> Option<crate::os::elfsyms::DebugFile> {
         let mut dirs = self.root_debug_dirs.clone();
         dirs.extend_from_slice(debug_dirs);
         crate::symbolize::separate_debug_file(

@@ -253,6 +253,7 @@ pub(super) fn forky_debug_file(root: &Path, binary: &Path) -> PathBuf {
         &[root.join("usr/lib/debug")],
     )
     .unwrap_or_else(|| panic!("no debug file for {}", binary.display()))
+    .path
 }
 
 pub(super) fn forky_root() -> PathBuf {
@@ -431,6 +432,53 @@ fn line_tables_match_python() {
         }
         assert!(checked > 50, "{label}: only {checked} instructions checked");
         println!("{label}: {checked} instruction lines agree");
+    }
+}
+
+/// Starts `bin -c script` and returns it with the first line it printed: the script prints
+/// once it is ready, then waits to be killed (its stdin is a pipe the child holds).
+pub(super) fn start_python(bin: &Path, script: &str) -> (std::process::Child, String) {
+    let mut child = Command::new(bin)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("piped")),
+        &mut line,
+    )
+    .unwrap_or_else(|e| panic!("{}: no first line: {e}", bin.display()));
+    (child, line)
+}
+
+/// The version read from each interpreter's binary (`Py_Version`, else the `PY_VERSION`
+/// literal in its read-only data, from a sparse copy of its symbol tables and read-only data)
+/// is the one the interpreter reports itself.
+#[test]
+fn versions_read_from_the_binaries_are_the_interpreters_own() {
+    for (label, bin, minor) in interpreters() {
+        if !bin.exists() {
+            skip_ledger::skip(
+                &python_capability(&label, minor),
+                format!("{label}: {} is missing", bin.display()),
+            );
+            continue;
+        }
+        let (mut child, own) = start_python(
+            &bin,
+            "import sys, time\nprint('%d.%d.%d' % sys.version_info[:3], flush=True)\ntime.sleep(60)",
+        );
+        let mut registry = crate::os::procs::ProcessRegistry::new();
+        let read = registry
+            .observe(child.id())
+            .map_err(|e| e.to_string())
+            .and_then(|p| version::detect(p).map_err(|e| e.to_string()));
+        let _ = child.kill();
+        let _ = child.wait();
+        let rt = read.unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_eq!(rt.version.to_string(), own.trim(), "{label}");
     }
 }
 

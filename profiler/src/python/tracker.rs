@@ -35,9 +35,18 @@ use super::walk::{CodeObject, Walker};
 use crate::bpf::Uprobes;
 use crate::os::procs::BinaryKey;
 use crate::os::procs::Process;
+use crate::os::workers::{OffLoop, ProcessReads};
 
 mod probes;
 mod tasks;
+
+/// Threads reading interpreter binaries (version and symbols) off the sampling loop; each
+/// read stuck past its deadline holds one until it returns.
+const READ_WORKERS: usize = 2;
+/// How long reading an interpreter binary may take before its process is left alone.
+const READ_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a process whose read overran is left alone, at least.
+const READ_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Code objects cached per process; past this the process's cache starts over.
 const MAX_CODES_PER_PROCESS: usize = 65_536;
@@ -167,6 +176,8 @@ pub struct TrackerStats {
     /// The same, their interpreter's description of itself (`_Py_DebugOffsets`) read from
     /// their memory did not validate (a torn or crafted one).
     pub refused_invalid: u64,
+    /// Reads of interpreter binaries that overran their deadline (see `READ_DEADLINE`).
+    pub stalled_reads: u64,
 }
 
 impl TrackerStats {
@@ -196,6 +207,16 @@ pub struct PyTracker {
     /// The sites of every binary probed, for the summary.
     gil_binaries: Vec<GilSites>,
     binaries: BinaryCache,
+    /// Interpreter binaries being read on a worker: a process is registered on the turn
+    /// after its binary's read came back, and samples without Python frames until then.
+    reads: ProcessReads,
+    binary_reads: OffLoop<BinaryKey, version::Analyzed>,
+    /// The GIL's and the collector's probe sites of interpreter binaries, searched for on
+    /// the same workers (a whole copy of the binary, up to 256 MiB, and its debug file).
+    gil_reads: OffLoop<BinaryKey, Result<GilSites, String>>,
+    gc_reads: OffLoop<BinaryKey, Result<super::gc::GcSites, String>>,
+    /// Registered processes whose probes wait for their binary's sites.
+    probes_pending: HashSet<u32>,
     procs: HashMap<u32, Tracked>,
     /// One line each, for the user: processes whose Python cannot be walked, and why.
     notices: Vec<String>,
@@ -218,6 +239,11 @@ impl PyTracker {
             free_threaded: Default::default(),
             gil_binaries: Vec::new(),
             binaries: BinaryCache::default(),
+            reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
+            binary_reads: OffLoop::default(),
+            gil_reads: OffLoop::default(),
+            gc_reads: OffLoop::default(),
+            probes_pending: HashSet::new(),
             procs: HashMap::new(),
             notices: Vec::new(),
             noticed: HashSet::new(),
@@ -287,9 +313,15 @@ impl PyTracker {
     /// after an exec into another image); a process that stopped being Python is forgotten.
     pub fn sync(&mut self, process: &Process, probes: Option<&mut (dyn Uprobes + '_)>) {
         let pid = process.pid;
-        let detected = version::detect_named(process, &mut self.binaries);
+        let (reads, work) = (&mut self.reads, &mut self.binary_reads);
+        let detected = version::detect_named_with(process, &mut self.binaries, &mut |key, job| {
+            work.poll(reads, pid, key, job)
+        });
+        self.stats.stalled_reads = self.reads.overran();
         let runtime = match detected {
             Ok(rt) => rt,
+            // Read on a worker: registered once it comes back ([`PyTracker::ready_pids`]).
+            Err(PythonError::Pending) => return,
             Err(PythonError::NotPython { .. }) => {
                 self.remove(pid);
                 return;
@@ -318,6 +350,13 @@ impl PyTracker {
             && t.mapping_start == mapping_start
             && self.map.as_ref().is_none_or(|m| m.get(&pid, 0).is_ok())
         {
+            // Its probes wait for a search of its binary that has come back since.
+            if let Some(probes) = probes
+                && self.probes_pending.remove(&pid)
+            {
+                self.attach_gil(process, &runtime, probes);
+                self.attach_gc(process, &runtime, probes);
+            }
             return;
         }
         let layout = match debug_offsets::for_process(&ProcessMemory::new(pid), &runtime) {
@@ -406,6 +445,28 @@ impl PyTracker {
         self.refresh_async(pid);
     }
 
+    /// Where its reads run: the loop's turn, waiting and the CPU budget are set there.
+    pub fn reads(&mut self) -> &mut crate::os::workers::ProcessReads {
+        &mut self.reads
+    }
+
+    /// Processes whose interpreter binary's read came back since the last call: syncing
+    /// them again registers them (every turn of the capture loop).
+    pub fn ready_pids(&mut self) -> Vec<u32> {
+        let mut pids = self.binary_reads.ready(&mut self.reads);
+        pids.extend(self.gil_reads.ready(&mut self.reads));
+        pids.extend(self.gc_reads.ready(&mut self.reads));
+        pids.sort_unstable();
+        pids.dedup();
+        self.stats.stalled_reads = self.reads.overran();
+        pids
+    }
+
+    /// Whether a read handed to a worker may come back soon.
+    pub fn reads_due(&self) -> bool {
+        self.binary_reads.due_soon() || self.gil_reads.due_soon() || self.gc_reads.due_soon()
+    }
+
     /// Looks for the span table of a registered process that has none yet (backing off from
     /// `SPANS_RECHECK` to `SPANS_RECHECK_MAX`), and tells the kernel where it is once found.
     /// Called as its samples arrive, so an idle process costs nothing.
@@ -447,6 +508,7 @@ impl PyTracker {
 
     /// Forgets a process (exited, or no longer Python).
     pub fn remove(&mut self, pid: u32) {
+        self.probes_pending.remove(&pid);
         if self.procs.remove(&pid).is_some()
             && let Some(map) = self.map.as_mut()
         {

@@ -149,6 +149,30 @@ pub struct PyBinary {
     segments: Vec<(u64, u64, u64)>,
 }
 
+/// What reading an interpreter binary came to, as the cache keeps it.
+pub type Analyzed = Result<Arc<PyBinary>, Failure>;
+
+/// The read of an interpreter binary, for the caller to run where it chooses (a worker, off
+/// the sampling loop).
+pub type ReadJob = Box<dyn FnOnce() -> Analyzed + Send>;
+
+/// Runs the read at once.
+pub fn read_here(_: &crate::os::procs::BinaryKey, job: ReadJob) -> Option<Analyzed> {
+    Some(job())
+}
+
+impl From<PythonError> for Failure {
+    fn from(e: PythonError) -> Self {
+        match e {
+            PythonError::NotPython { .. } => Failure::NotPython,
+            PythonError::Unsupported { version, reason } => {
+                Failure::Unsupported { version, reason }
+            }
+            e => Failure::Other(e.to_string()),
+        }
+    }
+}
+
 /// Interpreter binaries already looked at, by the binary's identity.
 #[derive(Debug, Default)]
 pub struct BinaryCache {
@@ -158,7 +182,7 @@ pub struct BinaryCache {
 
 /// Why a binary is not usable, kept in the cache (errors themselves are not `Clone`).
 #[derive(Debug, Clone)]
-enum Failure {
+pub enum Failure {
     NotPython,
     Unsupported { version: String, reason: String },
     Other(String),
@@ -220,23 +244,27 @@ pub fn detect_cached(
     process: &Process,
     cache: &mut BinaryCache,
 ) -> Result<PythonRuntime, PythonError> {
-    detect_with(process, cache, true)
+    detect_with(process, cache, true, &mut read_here)
 }
 
 /// Like [`detect_cached`], but an executable is only read when its name says Python
 /// (`python3.11`) or a `libpython` is mapped: for a node-wide capture, where every process's
-/// executable would otherwise be read in full to look for `_PyRuntime`.
-pub fn detect_named(
+/// executable would otherwise be read in full to look for `_PyRuntime`. A binary not in the
+/// cache is read by `read`, which may run it elsewhere (a worker) and answer None until it is
+/// done ([`PythonError::Pending`] then).
+pub fn detect_named_with(
     process: &Process,
     cache: &mut BinaryCache,
+    read: &mut dyn FnMut(&crate::os::procs::BinaryKey, ReadJob) -> Option<Analyzed>,
 ) -> Result<PythonRuntime, PythonError> {
-    detect_with(process, cache, false)
+    detect_with(process, cache, false, read)
 }
 
 fn detect_with(
     process: &Process,
     cache: &mut BinaryCache,
     read_unnamed: bool,
+    read: &mut dyn FnMut(&crate::os::procs::BinaryKey, ReadJob) -> Option<Analyzed>,
 ) -> Result<PythonRuntime, PythonError> {
     let not_python = || PythonError::NotPython {
         pid: process.pid,
@@ -251,15 +279,18 @@ fn detect_with(
     let analyzed = match cache.binaries.get(binary.key()) {
         Some(r) => r.clone(),
         None => {
-            let r = analyze(binary.path(), &mapping.path, is_libpython, name_version)
-                .map(Arc::new)
-                .map_err(|e| match e {
-                    PythonError::NotPython { .. } => Failure::NotPython,
-                    PythonError::Unsupported { version, reason } => {
-                        Failure::Unsupported { version, reason }
-                    }
-                    e => Failure::Other(e.to_string()),
-                });
+            // The binary is moved into the job: it holds the file that its path names
+            // (`/proc/self/fd/N`) open until the read is done.
+            let held = Arc::clone(binary);
+            let shown = mapping.path.clone();
+            let name = mapping.basename().to_string();
+            let job: ReadJob = Box::new(move || {
+                let name_version = version_in_name(&name, is_libpython);
+                analyze(held.path(), &shown, is_libpython, name_version)
+                    .map(Arc::new)
+                    .map_err(Failure::from)
+            });
+            let r = read(binary.key(), job).ok_or(PythonError::Pending)?;
             cache.binaries.insert(binary.key().clone(), r.clone());
             r
         }
@@ -326,6 +357,9 @@ const WANTED: [&str; 12] = [
     "PyFunction_Type",
 ];
 
+/// The sections of an interpreter binary read for its version and symbols.
+const INTERPRETER_SECTIONS: [&str; 5] = [".dynsym", ".dynstr", ".symtab", ".strtab", ".rodata"];
+
 /// Reads an interpreter binary's version and symbols. `shown` is the path for messages.
 fn analyze(
     path: &Path,
@@ -339,9 +373,10 @@ fn analyze(
             reason: "refused: not the regular file mapped, or over the size cap".to_string(),
         });
     }
-    // Copied whole: the version literal is searched for in the read-only data.
-    let data = UntrustedFile::open_resolved(path, Kind::ElfWhole)
-        .and_then(|f| f.copy())
+    // Only the symbol tables and the read-only data (where `Py_Version` and the version
+    // literal are), read with `pread` into a sparse copy: the rest costs no memory.
+    let data = UntrustedFile::open_resolved(path, Kind::Elf)
+        .and_then(|f| f.copy_elf_sections(&INTERPRETER_SECTIONS))
         .map_err(|e| PythonError::Elf {
             path: shown.to_string(),
             reason: e.to_string(),
@@ -480,8 +515,8 @@ pub fn interpreter_binary(exe: &Path) -> Option<std::path::PathBuf> {
     {
         return Some(lib);
     }
-    let data = UntrustedFile::open(&exe, Kind::ElfWhole)
-        .and_then(|f| f.copy())
+    let data = UntrustedFile::open(&exe, Kind::Elf)
+        .and_then(|f| f.copy_elf_sections(&INTERPRETER_SECTIONS))
         .ok()?;
     let obj = object::File::parse(&*data).ok()?;
     let has_runtime = obj

@@ -217,7 +217,7 @@ impl Recording {
             if let Ok(p) = self.profiler.registry.exec(pid) {
                 self.profiler
                     .tables
-                    .sync_process(p, &mut self.profiler.sampler);
+                    .sync_process_waiting(p, &mut self.profiler.sampler);
                 self.held_maps_read = Some((pid, read_at));
             }
             hold.release();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use crate::os::procs::read_build_id;
+use crate::os::procs::build_id_of;
 use crate::os::untrusted::{Kind, UntrustedFile};
 
 /// A PT_LOAD segment: `filesz` bytes at file `offset` are mapped at `vaddr`.
@@ -45,6 +45,9 @@ pub(crate) struct ElfInfo {
     loads: Vec<Load>,
     /// The file blazesym reads symbols (and DWARF) from.
     pub source: PathBuf,
+    /// Its device and inode when it was checked (its build id, its debuglink CRC): the file
+    /// opened later to be read must be that one, not one put at its path since.
+    pub source_id: (u64, u64),
     /// Whether blazesym should look at DWARF in `source`. Off for a stripped object without a
     /// debug file, so blazesym does not go searching (and fail) on its own.
     pub debug_syms: bool,
@@ -82,6 +85,7 @@ impl ElfInfo {
                 symtab,
                 loads,
                 source: path.to_path_buf(),
+                source_id: file.identity(),
                 debug_syms: true,
                 build_id,
                 cost: FileCost::of_object(&obj, size),
@@ -101,24 +105,35 @@ impl ElfInfo {
             seen_dir,
             debug_dirs,
         );
-        let cost = match &debug {
-            Some(d) => FileCost::of(d),
-            None => FileCost::of_object(&obj, size),
+        let debug_syms = debug.is_some();
+        let (source, source_id, cost) = match debug {
+            Some((d, f)) => (d, f.identity(), FileCost::of_file(&f)),
+            None => (
+                path.to_path_buf(),
+                file.identity(),
+                FileCost::of_object(&obj, size),
+            ),
         };
         Some(ElfInfo {
             symtab,
             loads,
-            debug_syms: debug.is_some(),
-            source: debug.unwrap_or_else(|| path.to_path_buf()),
+            debug_syms,
+            source,
+            source_id,
             build_id,
             cost,
         })
     }
 
-    /// The same binary named from `debug`, a debug file found elsewhere (fetched by build id).
+    /// The same binary named from `debug`, a debug file found elsewhere (fetched by build id);
+    /// unchanged when that cannot be opened.
     pub fn with_debug_file(self, debug: PathBuf) -> ElfInfo {
+        let Ok(file) = UntrustedFile::open_resolved(&debug, Kind::Elf) else {
+            return self;
+        };
         ElfInfo {
-            cost: FileCost::of(&debug),
+            cost: FileCost::of_file(&file),
+            source_id: file.identity(),
             source: debug,
             debug_syms: true,
             ..self
@@ -145,6 +160,7 @@ pub(crate) struct FileCost {
 impl FileCost {
     /// Reads the section headers only (a few KB of a file of any size). A file that cannot
     /// be read as ELF costs its size and has no DWARF.
+    #[cfg(test)]
     pub fn of(path: &Path) -> FileCost {
         let Ok(file) = UntrustedFile::open_resolved(path, Kind::Elf) else {
             return FileCost {
@@ -152,6 +168,11 @@ impl FileCost {
                 ..FileCost::default()
             };
         };
+        FileCost::of_file(&file)
+    }
+
+    /// [`FileCost::of`] an opened file.
+    pub fn of_file(file: &UntrustedFile) -> FileCost {
         let size = file.size();
         let cache = object::read::ReadCache::new(file.reader());
         match object::File::parse(&cache) {
@@ -198,7 +219,8 @@ impl FileCost {
 /// debuglink next to the binary, in its `.debug/` subdir, and under each debug dir plus the
 /// binary's directory. Debuglink candidates must match the link's CRC32. Every candidate is
 /// opened through the untrusted-file layer: a directory of a process's root is resolved
-/// inside that root, and a link, a FIFO or a device planted there is refused.
+/// inside that root, and a link, a FIFO or a device planted there is refused. Returns the
+/// file as it was checked, opened: what is read later must have its device and inode.
 pub(crate) fn find_debug_file(
     binary: &Path,
     build_id: Option<&str>,
@@ -206,15 +228,18 @@ pub(crate) fn find_debug_file(
     dir: Option<&Path>,
     seen_dir: Option<&Path>,
     debug_dirs: &[PathBuf],
-) -> Option<PathBuf> {
+) -> Option<(PathBuf, UntrustedFile)> {
     if let Some(id) = build_id.filter(|id| id.len() > 2) {
         for d in debug_dirs {
             let cand = d
                 .join(".build-id")
                 .join(&id[..2])
                 .join(format!("{}.debug", &id[2..]));
-            if read_build_id(&cand).as_deref() == Some(id) {
-                return Some(cand);
+            let Ok(f) = UntrustedFile::open_resolved(&cand, Kind::Elf) else {
+                continue;
+            };
+            if build_id_of(&f).as_deref() == Some(id) {
+                return Some((cand, f));
             }
         }
     }
@@ -229,12 +254,11 @@ pub(crate) fn find_debug_file(
         cands.extend(debug_dirs.iter().map(|d| d.join(rel).join(name)));
     }
     let binary_id = same_file_id(binary);
-    cands.into_iter().find(|c| {
-        let Ok(f) = UntrustedFile::open_resolved(c, Kind::Elf) else {
-            return false;
-        };
-        (binary_id.is_none() || Some(f.identity()) != binary_id)
-            && crc32(&mut f.reader()).is_ok_and(|v| v == crc)
+    cands.into_iter().find_map(|c| {
+        let f = UntrustedFile::open_resolved(&c, Kind::Elf).ok()?;
+        ((binary_id.is_none() || Some(f.identity()) != binary_id)
+            && crc32(&mut f.reader()).is_ok_and(|v| v == crc))
+        .then_some((c, f))
     })
 }
 

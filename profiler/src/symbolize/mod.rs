@@ -26,7 +26,7 @@ use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
 use crate::os::procs::{Binary, BinaryKey, Mapping, MappingKind, ProcessRegistry};
-use crate::os::untrusted::{Kind, UntrustedFile};
+use crate::os::untrusted::{Kind, UntrustedError, UntrustedFile};
 use crate::os::workers::ProcessReads;
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
@@ -58,9 +58,10 @@ pub fn separate_debug_file(
     seen: &str,
     build_id: Option<&str>,
     debug_dirs: &[PathBuf],
-) -> Option<PathBuf> {
+) -> Option<crate::os::elfsyms::DebugFile> {
     let info = ElfInfo::load(path, dir, seen, build_id, debug_dirs)?;
-    (info.debug_syms && info.source != path).then_some(info.source)
+    (info.debug_syms && info.source != path)
+        .then(|| crate::os::elfsyms::DebugFile::checked(info.source, info.source_id))
 }
 
 /// Counts of input addresses (not output frames: inlining expands one address into several).
@@ -78,7 +79,8 @@ pub struct SymbolizerStats {
     /// in [`Symbolizer::with_dwarf_budget`]: its frames have no lines or inlined functions.
     pub dwarf_skipped_files: u64,
     /// Files a process controls that were refused (a FIFO, a link, a device, over the cap):
-    /// perf maps, so far.
+    /// perf maps, and binaries or debug files found replaced between their check (build id,
+    /// debuglink CRC) and their reading (their frames stay unnamed).
     pub refused_files: u64,
     /// Reads that did not finish by their deadline (a file on a mount that does not answer):
     /// the process is left alone for a while, the read keeps one worker.
@@ -182,6 +184,8 @@ pub struct Symbolizer {
     /// What may be kept for one process, and the processes found over it.
     process_budget: u64,
     over_budget: std::collections::HashSet<u32>,
+    /// CPU time spent on each process, bounded per interval (the agent's).
+    cpu: Option<crate::os::cpu_budget::CpuBudget>,
     kallsyms: Option<Kallsyms>,
     vdso: Option<Option<Vdso>>,
     stats: SymbolizerStats,
@@ -224,6 +228,7 @@ impl Symbolizer {
             reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
             process_budget: DEFAULT_PROCESS_BUDGET,
             over_budget: Default::default(),
+            cpu: None,
             kallsyms: None,
             vdso: None,
             stats: SymbolizerStats::default(),
@@ -252,6 +257,15 @@ impl Symbolizer {
     /// bounds of their own.
     pub fn with_process_budget(mut self, bytes: u64) -> Self {
         self.process_budget = bytes;
+        self
+    }
+
+    /// Charges the CPU time spent symbolizing each process (its reads on workers, its
+    /// lookups) to `budget`; a process over it has each of its user stacks as one `[budget]`
+    /// frame until the interval ends.
+    pub fn with_cpu_budget(mut self, budget: crate::os::cpu_budget::CpuBudget) -> Self {
+        self.reads.set_budget(budget.clone());
+        self.cpu = Some(budget);
         self
     }
 
@@ -351,7 +365,7 @@ impl Symbolizer {
             // An unknown pid just yields `[unknown]` frames.
             let _ = registry.observe(pid);
         }
-        if self.over(registry, pid) {
+        if self.over(registry, pid) || self.cpu.as_ref().is_some_and(|b| b.is_over(pid)) {
             self.stats.unsymbolized += addrs.len() as u64;
             return vec![Frame::named(OVER_BUDGET, FrameKind::Budget)];
         }
@@ -565,10 +579,12 @@ impl Symbolizer {
             return r.clone();
         }
         self.stats.cache_misses += 1;
-        let r = match info(self).ok()? {
-            Some(i) => self.resolve(pid, &i, lookup_offset).ok()?,
-            None => None,
-        };
+        let budget = self.cpu.clone();
+        let r =
+            crate::os::cpu_budget::charged(budget.as_ref(), pid, || match info(self).ok()? {
+                Some(i) => self.resolve(pid, &i, lookup_offset).ok(),
+                None => Some(None),
+            })?;
         if self.results.len() >= MAX_RESULTS {
             self.results.clear();
         }
@@ -596,15 +612,20 @@ impl Symbolizer {
                     self.stats.dwarf_skipped_files += 1;
                 }
             }
-            let source = info.source.clone();
+            let (source, id) = (info.source.clone(), info.source_id);
             let copy = self
                 .off_loop(pid, move || {
-                    UntrustedFile::open_resolved(&source, Kind::Elf)
+                    UntrustedFile::open_identified(&source, Kind::Elf, id)
                         .and_then(|f| f.copy_elf_to_memfd(|name| blaze_section(name, dwarf)))
                 })
                 .ok_or(Deferred)?;
-            let Ok(copy) = copy else {
-                return Ok(None);
+            let copy = match copy {
+                Ok(copy) => copy,
+                Err(UntrustedError::Replaced { .. }) => {
+                    self.stats.refused_files += 1;
+                    return Ok(None);
+                }
+                Err(_) => return Ok(None),
             };
             self.open.insert(
                 info.source.clone(),

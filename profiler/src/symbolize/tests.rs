@@ -197,15 +197,24 @@ fn stripped_fixture(tmp: &TempDir) -> (PathBuf, PathBuf, u64) {
     (stripped, debug, off)
 }
 
+/// Puts a copy of `debug` where a debug dir under `tmp` holds it for `stripped`'s build id:
+/// (that debug dir, the copy).
+fn place_by_build_id(tmp: &TempDir, stripped: &Path, debug: &Path) -> (PathBuf, PathBuf) {
+    let id = read_build_id(stripped).expect("build-id");
+    let debug_dir = tmp.path().join("debug");
+    let by_id = debug_dir.join(".build-id").join(&id[..2]);
+    fs::create_dir_all(&by_id).unwrap();
+    let placed = by_id.join(format!("{}.debug", &id[2..]));
+    fs::copy(debug, &placed).unwrap();
+    (debug_dir, placed)
+}
+
 #[test]
 fn stripped_binary_uses_debug_file_found_by_build_id() {
     let tmp = TempDir::new("sym-buildid");
     let (stripped, debug, off) = stripped_fixture(&tmp);
     let id = read_build_id(&stripped).expect("build-id");
-    let debug_dir = tmp.path().join("debug");
-    let dst = debug_dir.join(".build-id").join(&id[..2]);
-    fs::create_dir_all(&dst).unwrap();
-    fs::copy(&debug, dst.join(format!("{}.debug", &id[2..]))).unwrap();
+    let (debug_dir, _) = place_by_build_id(&tmp, &stripped, &debug);
 
     let mut without = Symbolizer::new().with_debug_dirs(vec![]);
     assert_eq!(
@@ -258,6 +267,55 @@ fn stripped_binary_uses_debuglink_with_matching_crc() {
         name(&mut Symbolizer::new().with_debug_dirs(vec![debug_dir])),
         format!("linked+0x{off:x}")
     );
+}
+
+/// A debug file is read for its symbols only if it is the file whose build id was checked:
+/// one renamed over it after the check (a program whose function at the same offset is
+/// `canary_static`) is refused and counted, and the frame keeps its module and offset.
+#[test]
+fn a_debug_file_replaced_after_its_check_is_not_read() {
+    let tmp = TempDir::new("sym-replaced");
+    let (stripped, debug, off) = stripped_fixture(&tmp);
+    let (debug_dir, placed) = place_by_build_id(&tmp, &stripped, &debug);
+    let canary = compile_c(
+        &tmp,
+        "canary",
+        &PROG.replace("hidden_static", "canary_static"),
+        &["-O0", "-g", "-Wl,--build-id"],
+    );
+    assert_eq!(
+        symbol(&canary, "canary_static", false).0,
+        off,
+        "the canary's function must sit where hidden_static does, for its name to show if read"
+    );
+    let canary_debug = tmp.path().join("canary.debug");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&canary)
+        .arg(&canary_debug));
+
+    let mut control = Symbolizer::new().with_debug_dirs(vec![debug_dir.clone()]);
+    assert_eq!(
+        control.symbolize_elf(&stripped, off)[0].function,
+        "hidden_static"
+    );
+
+    let mut s = Symbolizer::new().with_debug_dirs(vec![debug_dir]);
+    let key = BinaryKey::Path(stripped.clone());
+    let seen = stripped.to_string_lossy().to_string();
+    let info = s
+        .elf_info(0, &key, &stripped, stripped.parent(), &seen, None, None)
+        .ok()
+        .flatten()
+        .expect("the stripped binary's layout");
+    assert_eq!(info.source, placed, "found by build id");
+    fs::rename(&canary_debug, &placed).unwrap();
+    let resolved = s.resolve(0, &info, off).ok().flatten();
+    assert!(
+        resolved.is_none(),
+        "read the file put there since: {resolved:?}"
+    );
+    assert_eq!(s.stats().refused_files, 1);
 }
 
 #[test]

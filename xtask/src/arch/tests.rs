@@ -1,13 +1,15 @@
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::*;
 
 /// A crate written into a fresh folder: (path under src/, contents).
-fn write_crate(name: &str, files: &[(&str, &str)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xtask-arch-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn write_crate(name: &str, files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("xtask-arch-{name}-"))
+        .tempdir()
+        .unwrap();
     for (path, text) in files {
-        let p = dir.join("src").join(path);
+        let p = dir.path().join("src").join(path);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     }
@@ -36,7 +38,7 @@ fn an_inline_path_closes_a_cycle() {
             ("c.rs", "use crate::a::A;\n"),
         ],
     );
-    let graph = Graph::load(&dir.join("src/lib.rs")).unwrap();
+    let graph = Graph::load(&dir.path().join("src/lib.rs")).unwrap();
     let found = cycles::cycles(&graph);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
@@ -73,7 +75,7 @@ fn paths_in_macros_super_and_aliases_count_and_tests_do_not() {
             ),
         ],
     );
-    let graph = Graph::load(&dir.join("src/lib.rs")).unwrap();
+    let graph = Graph::load(&dir.path().join("src/lib.rs")).unwrap();
     assert!(
         cycles::cycles(&graph).is_empty(),
         "a's test module does not count"
@@ -99,7 +101,7 @@ fn paths_in_macros_super_and_aliases_count_and_tests_do_not() {
             ("p/b.rs", "use super::A;\npub fn g() {}\n"),
         ],
     );
-    let graph = Graph::load(&dir.join("src/lib.rs")).unwrap();
+    let graph = Graph::load(&dir.path().join("src/lib.rs")).unwrap();
     let found = cycles::cycles(&graph);
     // b's `super::A` is a's, re-exported by p: the facade hides no cycle.
     assert_eq!(found.len(), 1, "a → b → (p's re-export of) a: {found:?}");
@@ -129,7 +131,7 @@ fn imports_from_a_higher_layer_are_refused() {
             ("stray.rs", "\n"),
         ],
     );
-    let graph = Graph::load(&dir.join("src/lib.rs")).unwrap();
+    let graph = Graph::load(&dir.path().join("src/lib.rs")).unwrap();
     let found = layer_violations(&graph);
     assert_eq!(found.len(), 2, "{found:?}");
     assert!(found[0].contains("stray is in no layer"), "{}", found[0]);
@@ -149,7 +151,7 @@ fn the_binary_is_held_to_the_public_api() {
             "use pyrometer::output::write;\nuse pyrometer::bpf;\nfn main() { let _ = bpf::Sampler::load(); let _ = pyrometer_ebpf::MAX_SLOTS; pyrometer::Profiler::open(); }\n",
         )],
     );
-    let graph = Graph::load(&dir.join("src/main.rs")).unwrap();
+    let graph = Graph::load(&dir.path().join("src/main.rs")).unwrap();
     let public = vec!["output".to_string(), "bpf".to_string()];
     let found = public_api_violations(&graph, &public);
     let text = found.join("\n");
@@ -174,7 +176,7 @@ fn long_files_and_functions_are_found_and_tests_are_not() {
     let long_fn = format!("fn long() {{\n{body}}}\n");
     let test_fn = format!("#[test]\nfn long_test() {{\n{body}}}\n");
     let dir = write_crate("sizes", &[("a.rs", &format!("{long_fn}{test_fn}"))]);
-    let found = sizes::check_file(&dir.join("src/a.rs")).unwrap();
+    let found = sizes::check_file(&dir.path().join("src/a.rs")).unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
         found[0].contains("a.rs:1: fn long is 162 lines"),
@@ -184,9 +186,14 @@ fn long_files_and_functions_are_found_and_tests_are_not() {
 
     let many = "const X: u32 = 1;\n".repeat(801);
     let dir = write_crate("lines", &[("big.rs", &many), ("tests.rs", &many)]);
-    assert_eq!(sizes::check_file(&dir.join("src/big.rs")).unwrap().len(), 1);
+    assert_eq!(
+        sizes::check_file(&dir.path().join("src/big.rs"))
+            .unwrap()
+            .len(),
+        1
+    );
     assert!(
-        sizes::check_file(&dir.join("src/tests.rs"))
+        sizes::check_file(&dir.path().join("src/tests.rs"))
             .unwrap()
             .is_empty()
     );

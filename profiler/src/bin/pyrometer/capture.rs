@@ -2,13 +2,14 @@
 //! through the collector and that node's agent; the result is written like `record`'s.
 //! `pyrometer dump --collector URL --node N --pid P` uses the same channel.
 
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use pyrometer::agent::remote::{self, CaptureRequest, Collector, Kind, RemoteError};
+use pyrometer::agent::remote_merge;
 use pyrometer::output::{self, OutputFormat};
 
 use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error, parse_duration, resolve_format};
@@ -22,6 +23,10 @@ pub struct CollectorArgs {
     /// The node whose agent runs the request (the agent's --node).
     #[arg(long, value_name = "NAME")]
     pub node: Option<String>,
+    /// Processes by label instead of --node and --pid, e.g. '{ray_actor="Trainer"}': the
+    /// collector finds them in its agents' recent pushes, on every node (--node narrows it).
+    #[arg(long, value_name = "MATCHERS")]
+    pub query: Option<String>,
     /// A file holding a token with the `capture` role.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
@@ -40,9 +45,6 @@ pub struct CaptureArgs {
     /// The process to capture, on --node (repeatable).
     #[arg(short, long, value_name = "PID")]
     pid: Vec<u32>,
-    /// Processes by label, e.g. '{ray_actor="Trainer"}' (not supported yet: give --node and --pid).
-    #[arg(long, value_name = "MATCHERS")]
-    query: Option<String>,
     /// How long to sample (at most 60s).
     #[arg(short, long, value_parser = parse_duration, default_value = "5s")]
     duration: Duration,
@@ -90,11 +92,11 @@ fn exit_of(e: RemoteError) -> anyhow::Error {
     exit_error(code, e.to_string())
 }
 
-/// Runs `request` through the collector of `args`.
+/// Runs `request` through the collector of `args`: one result per node it went to.
 pub fn send(
     args: &CollectorArgs,
     request: CaptureRequest,
-) -> anyhow::Result<remote::UploadRequest> {
+) -> anyhow::Result<Vec<remote::UploadRequest>> {
     let token = token(args)?;
     let url = args.collector.as_deref().expect("checked by the caller");
     let collector = Collector {
@@ -109,25 +111,41 @@ pub fn send(
     .map_err(exit_of)
 }
 
+/// The node and query of a request from `args`, checked: `--node` with `--pid`, or
+/// `--query` (with `--node` to narrow it) without.
+pub fn target(args: &CollectorArgs, pids: &[u32]) -> anyhow::Result<(String, String)> {
+    if args.collector.is_none() {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "give --collector URL, and --node NAME with --pid PID or --query MATCHERS",
+        ));
+    }
+    match (&args.query, &args.node) {
+        (Some(_), _) if !pids.is_empty() => {
+            Err(exit_error(EXIT_INPUT, "give --query or --pid, not both"))
+        }
+        (Some(q), node) if q.trim().is_empty() => Err(exit_error(
+            EXIT_INPUT,
+            format!(
+                "--query '{q}': give label matchers, e.g. '{{ray_actor=\"Trainer\"}}'{}",
+                node.as_ref().map_or("", |_| " (or --pid with --node)")
+            ),
+        )),
+        (Some(q), node) => Ok((node.clone().unwrap_or_default(), q.clone())),
+        (None, Some(_)) if pids.is_empty() => Err(exit_error(
+            EXIT_INPUT,
+            "give --pid PID (the process on --node), or --query MATCHERS",
+        )),
+        (None, Some(node)) => Ok((node.clone(), String::new())),
+        (None, None) => Err(exit_error(
+            EXIT_INPUT,
+            "give --node NAME and --pid PID, or --query MATCHERS",
+        )),
+    }
+}
+
 pub fn run(args: CaptureArgs) -> anyhow::Result<u8> {
-    if args.query.is_some() {
-        return Err(exit_error(
-            EXIT_INPUT,
-            "--query is not supported yet: give --node NAME and --pid PID",
-        ));
-    }
-    let (Some(_), Some(node)) = (&args.collector.collector, &args.collector.node) else {
-        return Err(exit_error(
-            EXIT_INPUT,
-            "give --collector URL, --node NAME and --pid PID",
-        ));
-    };
-    if args.pid.is_empty() {
-        return Err(exit_error(
-            EXIT_INPUT,
-            "give --pid PID (the process on --node)",
-        ));
-    }
+    let (node, query) = target(&args.collector, &args.pid)?;
     let ms = args.duration.as_millis();
     if ms == 0 || ms > u128::from(remote::MAX_DURATION_MS) {
         return Err(exit_error(
@@ -149,7 +167,8 @@ pub fn run(args: CaptureArgs) -> anyhow::Result<u8> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("pyrometer-capture{}", format.extension())));
     let request = CaptureRequest {
-        node: node.clone(),
+        node,
+        query,
         pids: args.pid.clone(),
         duration_ms: ms as u32,
         frequency_hz: args.frequency,
@@ -159,32 +178,35 @@ pub fn run(args: CaptureArgs) -> anyhow::Result<u8> {
         kind: Kind::Capture as i32,
         ..Default::default()
     };
-    let result = send(&args.collector, request)?;
-    write(&result, format, &output)?;
-    eprintln!(
-        "pyrometer: {} samples from node {} in {:.1} s; wrote {}",
-        result.samples,
-        node,
-        result.ended_unix_ns.saturating_sub(result.started_unix_ns) as f64 / 1e9,
-        output.display()
-    );
+    let results = send(&args.collector, request)?;
+    write(&results, format, &output)?;
+    for r in &results {
+        eprintln!(
+            "pyrometer: {} samples from node {} in {:.1} s",
+            r.samples,
+            r.node,
+            r.ended_unix_ns.saturating_sub(r.started_unix_ns) as f64 / 1e9,
+        );
+    }
+    eprintln!("pyrometer: wrote {}", output.display());
     Ok(0)
 }
 
-fn write(result: &remote::UploadRequest, format: OutputFormat, path: &Path) -> anyhow::Result<()> {
+fn write(
+    results: &[remote::UploadRequest],
+    format: OutputFormat,
+    path: &Path,
+) -> anyhow::Result<()> {
     let file = std::fs::File::create(path)
         .map_err(|e| exit_error(EXIT_INPUT, format!("cannot write {}: {e}", path.display())))?;
     let mut w = BufWriter::new(file);
+    let nodes: Vec<&str> = results.iter().map(|r| r.node.as_str()).collect();
     if format == OutputFormat::ChromeTrace {
-        let mut json = Vec::new();
-        flate2::read::GzDecoder::new(&result.chrome[..])
-            .read_to_end(&mut json)
-            .context("the agent's timeline is not gzip")?;
-        w.write_all(&json)?;
+        let doc = remote_merge::timelines(results)?;
+        serde_json::to_writer(&mut w, &doc)?;
     } else {
-        let profile = pyrometer::input::parse_profile(&result.pprof, "the capture")
-            .context("reading the agent's profile")?;
-        let title = format!("pyrometer capture on {}", result.node);
+        let profile = remote_merge::profiles(results)?;
+        let title = format!("pyrometer capture on {}", nodes.join(", "));
         output::write(
             &profile,
             format,

@@ -12,9 +12,9 @@ use crate::{EXIT_INPUT, EXIT_PRIVILEGES, exit_error};
 
 #[derive(Args)]
 pub struct DumpArgs {
-    /// The Python process to dump.
+    /// The Python process to dump (on --node with --collector; or give --query there).
     #[arg(long)]
-    pid: u32,
+    pid: Option<u32>,
     /// `text` (default) or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
@@ -36,7 +36,19 @@ pub fn run(args: DumpArgs) -> Result<u8> {
     if args.remote.collector.is_some() {
         return remote(&args);
     }
-    let dump = dump::dump(&args.proc_root, args.pid, args.native).map_err(|e| {
+    if args.remote.query.is_some() || args.remote.node.is_some() {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "--node and --query dump through the collector: give --collector URL",
+        ));
+    }
+    let Some(pid) = args.pid else {
+        return Err(exit_error(
+            EXIT_INPUT,
+            "give --pid PID (the process to dump)",
+        ));
+    };
+    let dump = dump::dump(&args.proc_root, pid, args.native).map_err(|e| {
         let code = match e {
             PythonError::Permission(_) => EXIT_PRIVILEGES,
             _ => EXIT_INPUT,
@@ -55,11 +67,11 @@ pub fn run(args: DumpArgs) -> Result<u8> {
     }
 }
 
-/// The dump of `--pid` on `--node`, made by that node's agent.
+/// The dump of `--pid` on `--node` (or of what `--query` matches), made by that node's
+/// agent.
 fn remote(args: &DumpArgs) -> Result<u8> {
-    let Some(node) = args.remote.node.clone() else {
-        return Err(exit_error(EXIT_INPUT, "--collector needs --node NAME"));
-    };
+    let pids: Vec<u32> = args.pid.into_iter().collect();
+    let (node, query) = crate::capture::target(&args.remote, &pids)?;
     if args.native {
         return Err(exit_error(
             EXIT_INPUT,
@@ -68,19 +80,25 @@ fn remote(args: &DumpArgs) -> Result<u8> {
     }
     let request = pyrometer::agent::remote::CaptureRequest {
         node,
-        pids: vec![args.pid],
+        query,
+        pids,
         kind: pyrometer::agent::remote::Kind::Dump as i32,
         ..Default::default()
     };
-    let result = crate::capture::send(&args.remote, request)?;
-    let dumps: Vec<ProcessDump> = serde_json::from_str(&result.text)
-        .map_err(|e| exit_error(EXIT_INPUT, format!("the agent's dump is unreadable: {e}")))?;
+    let results = crate::capture::send(&args.remote, request)?;
     let mut text = String::new();
-    for d in &dumps {
-        if args.format == "json" {
-            text += &(serde_json::to_string_pretty(d)? + "\n");
-        } else {
-            text += &render_text(d);
+    for result in &results {
+        let dumps: Vec<ProcessDump> = serde_json::from_str(&result.text)
+            .map_err(|e| exit_error(EXIT_INPUT, format!("the agent's dump is unreadable: {e}")))?;
+        if results.len() > 1 && args.format != "json" {
+            text += &format!("Node {}\n\n", result.node);
+        }
+        for d in &dumps {
+            if args.format == "json" {
+                text += &(serde_json::to_string_pretty(d)? + "\n");
+            } else {
+                text += &render_text(d);
+            }
         }
     }
     match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {

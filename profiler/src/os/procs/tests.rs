@@ -299,3 +299,23 @@ fn a_binary_replaced_after_mapping_is_not_read() {
     let (m, _) = reg.find(9, 0x1010).unwrap();
     assert_eq!(m.build_id(), None);
 }
+
+#[test]
+fn exe_key_is_the_running_program_without_reading_the_whole_map() {
+    let reg = ProcessRegistry::new();
+    let exe = std::env::current_exe().unwrap();
+    assert_eq!(
+        reg.exe_key(std::process::id()),
+        Some(BinaryKey::of_file(&exe).unwrap())
+    );
+    // Only the first line is read: a map whose first mapping is anonymous names nothing.
+    let tmp = TempDir::new("exe-key");
+    let root = fake_proc(
+        &tmp,
+        7,
+        "7f0000000000-7f0000001000 rw-p 00000000 00:00 0 \n\
+         55d000000000-55d000001000 r-xp 00000000 08:01 42 /usr/bin/prog\n",
+    );
+    assert_eq!(ProcessRegistry::with_proc_root(&root).exe_key(7), None);
+    assert_eq!(ProcessRegistry::with_proc_root(&root).exe_key(8), None);
+}

@@ -3,8 +3,17 @@
 
 use super::*;
 
+/// Whether a binary's probes are on (or need not be), or wait for its probe sites, which a
+/// worker is finding.
+pub(super) enum Attached {
+    Done,
+    Pending,
+}
+
 impl PyTracker {
-    /// Attaches the GIL probes to the interpreter binary of `process` (once per binary).
+    /// Attaches the GIL probes to the interpreter binary of `process` (once per binary). The
+    /// binary is searched for its sites on a worker; a process whose binary's search has not
+    /// come back is attached when it does ([`PyTracker::ready_pids`] names it).
     pub(super) fn attach_gil(
         &mut self,
         process: &Process,
@@ -18,9 +27,12 @@ impl PyTracker {
         let Some(target) = interpreter_target(process, rt) else {
             return;
         };
-        match self.attach_gil_binary(&target, probes) {
-            Ok(()) => {
+        match self.attach_gil_binary(Some(pid), &target, probes) {
+            Ok(Attached::Done) => {
                 self.gil_unavailable.remove(&pid);
+            }
+            Ok(Attached::Pending) => {
+                self.probes_pending.insert(pid);
             }
             Err(reason) => {
                 self.notices.push(format!(
@@ -33,34 +45,42 @@ impl PyTracker {
     }
 
     /// Attaches the GIL probes to an interpreter binary no process maps yet (the command
-    /// `record` is about to start), so its first GIL acquisitions are seen.
+    /// `record` is about to start), so its first GIL acquisitions are seen. The binary is the
+    /// user's own command's: searched here, before it starts.
     pub fn prepare_gil(
         &mut self,
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
         let target = ProbeTarget::of_file(path)?;
-        self.attach_gil_binary(&target, probes)
+        self.attach_gil_binary(None, &target, probes).map(|_| ())
     }
 
     /// Attaches the garbage-collector probes to the interpreter binary of `process` (once per
-    /// binary).
+    /// binary), its sites found on a worker as the GIL's are.
     pub(super) fn attach_gc(
         &mut self,
         process: &Process,
         rt: &PythonRuntime,
         probes: &mut (dyn Uprobes + '_),
     ) {
-        let Some(gc) = self.gc.as_mut() else {
+        if self.gc.is_none() {
             return;
-        };
+        }
         let Some(target) = interpreter_target(process, rt) else {
             return;
         };
         let pid = process.pid;
-        match gc.attach(&target, probes) {
-            Ok(()) => {
+        let outcome = self.attach_gc_binary(Some(pid), &target, probes);
+        let Some(gc) = self.gc.as_mut() else {
+            return;
+        };
+        match outcome {
+            Ok(Attached::Done) => {
                 gc.unavailable.remove(&pid);
+            }
+            Ok(Attached::Pending) => {
+                self.probes_pending.insert(pid);
             }
             Err(reason) => {
                 self.notices.push(format!(
@@ -79,32 +99,34 @@ impl PyTracker {
         path: &Path,
         probes: &mut (dyn Uprobes + '_),
     ) -> Result<(), String> {
-        let Some(gc) = self.gc.as_mut() else {
-            return Ok(());
-        };
-        gc.attach(&ProbeTarget::of_file(path)?, probes)
+        let target = ProbeTarget::of_file(path)?;
+        self.attach_gc_binary(None, &target, probes).map(|_| ())
     }
 
+    /// `pid`: the process the search is for, which a search that overruns leaves alone for a
+    /// while; None searches here, at once.
     pub(super) fn attach_gil_binary(
         &mut self,
+        pid: Option<u32>,
         target: &ProbeTarget,
         probes: &mut (dyn Uprobes + '_),
-    ) -> Result<(), String> {
+    ) -> Result<Attached, String> {
         let Some(gil) = self.gil.as_mut() else {
-            return Ok(());
+            return Ok(Attached::Done);
         };
         if gil.attached.contains(&target.key) {
-            return Ok(());
+            return Ok(Attached::Done);
         }
-        let sites = gil
-            .sites
-            .entry(target.key.clone())
-            .or_insert_with(|| {
-                let debug = target.debug_file(&gil.debug_dirs);
-                gil::find_sites(&target.path, &target.seen, debug.as_deref())
-                    .map_err(|e| e.to_string())
-            })
-            .clone()?;
+        let (t, dirs) = (target.clone(), gil.debug_dirs.clone());
+        let find = move || {
+            let debug = t.debug_file(&dirs);
+            gil::find_sites(&t.path, &t.seen, debug.as_ref()).map_err(|e| e.to_string())
+        };
+        let searches = (&mut self.gil_reads, &mut self.reads);
+        let Some(sites) = sites_for(&mut gil.sites, searches, pid, &target.key, find) else {
+            return Ok(Attached::Pending);
+        };
+        let sites = sites?;
         let [enter, ret, drop] = crate::bpf::GIL_PROGRAMS;
         let mut attach = |program: &str, offset: u64| {
             probes
@@ -120,6 +142,123 @@ impl PyTracker {
         }
         gil.attached.insert(target.key.clone());
         self.gil_binaries.push(sites);
-        Ok(())
+        Ok(Attached::Done)
+    }
+
+    /// Like [`PyTracker::attach_gil_binary`], for the garbage-collector probes.
+    fn attach_gc_binary(
+        &mut self,
+        pid: Option<u32>,
+        target: &ProbeTarget,
+        probes: &mut (dyn Uprobes + '_),
+    ) -> Result<Attached, String> {
+        let Some(gc) = self.gc.as_mut() else {
+            return Ok(Attached::Done);
+        };
+        if gc.is_attached(&target.key) {
+            return Ok(Attached::Done);
+        }
+        let (t, dirs) = (target.clone(), gc.debug_dirs.clone());
+        let find = move || super::super::gc::find_target_sites(&t, &dirs);
+        let searches = (&mut self.gc_reads, &mut self.reads);
+        let Some(sites) = sites_for(gc.sites_mut(), searches, pid, &target.key, find) else {
+            return Ok(Attached::Pending);
+        };
+        gc.attach_sites(target, sites?, probes)?;
+        Ok(Attached::Done)
+    }
+}
+
+/// A binary's probe sites (or why it has none): as found before, else searched for by `find`,
+/// on a worker for `pid` (None while that search runs: `pid` is named by the worker's
+/// `ready` once it is back), or here at once without a pid (the user's own command, before
+/// it starts). What a search finds is kept.
+fn sites_for<T: Clone + Send + 'static>(
+    found: &mut HashMap<BinaryKey, Result<T, String>>,
+    (searches, reads): (
+        &mut OffLoop<BinaryKey, Result<T, String>>,
+        &mut ProcessReads,
+    ),
+    pid: Option<u32>,
+    key: &BinaryKey,
+    find: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Option<Result<T, String>> {
+    if let Some(known) = found.get(key) {
+        return Some(known.clone());
+    }
+    let result = match pid {
+        Some(pid) => searches.poll(reads, pid, key, find)?,
+        None => find(),
+    };
+    found.insert(key.clone(), result.clone());
+    Some(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::bpf::{AskedProbes, GC_PROGRAMS, GIL_PROGRAMS};
+    use crate::os::procs::ProcessRegistry;
+
+    /// The GIL's and the collector's probe sites (a whole copy of the interpreter binary) are
+    /// searched for on a worker: the sync that registers a Python process asks for no probe
+    /// while the search runs, and a sync after [`PyTracker::ready_pids`] named the process
+    /// attaches them. Turns here wait for nothing, as a turn whose grace has run out.
+    #[test]
+    fn probe_sites_are_searched_on_a_worker_and_attached_once_found() {
+        let python = crate::python::tests::pyenv_root().join("3.11.7/bin/python3.11");
+        if !python.exists() {
+            skip_ledger::skip(
+                "python:3.11",
+                format!("3.11: {} is missing", python.display()),
+            );
+            return;
+        }
+        let (mut child, line) = crate::python::tests::start_python(
+            &python,
+            "import sys\nprint('up', flush=True)\nsys.stdin.read()",
+        );
+        assert_eq!(line.trim(), "up");
+        let pid = child.id();
+        let mut registry = ProcessRegistry::new();
+        let mut tracker = PyTracker::new(None);
+        tracker.enable_gil(Vec::new());
+        tracker.enable_gc(Vec::new());
+        let mut asked = AskedProbes::default();
+        // The collector's ends are USDT probes or its function's returns, as the build has.
+        let [gc_start, gc_done, gc_return] = GC_PROGRAMS;
+        let all_on = |asked: &AskedProbes| {
+            let on = |p: &str| asked.binary.iter().any(|(q, _)| q == p);
+            GIL_PROGRAMS.iter().all(|p| on(p)) && on(gc_start) && (on(gc_done) || on(gc_return))
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut registered_before_probes = false;
+        loop {
+            tracker.reads().begin_turn(Instant::now());
+            let process = registry.observe(pid).expect("the child runs");
+            tracker.sync(process, Some(&mut asked));
+            registered_before_probes |= tracker.pids().contains(&pid) && asked.binary.is_empty();
+            if all_on(&asked) {
+                break;
+            }
+            // The next sync comes when a read the last one started has come back.
+            while !tracker.ready_pids().contains(&pid) {
+                assert!(
+                    Instant::now() < deadline,
+                    "probes asked for: {:?}; notices: {:?}",
+                    asked.binary,
+                    tracker.take_notices()
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        assert!(
+            registered_before_probes,
+            "the registering sync waited for the probe sites"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

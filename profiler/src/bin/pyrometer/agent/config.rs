@@ -99,7 +99,7 @@ pub struct AgentArgs {
     #[arg(long)]
     pub(super) gc: bool,
     /// Also show asyncio task stacks (as `record --async`): `[task] NAME` frames above the
-    /// coroutines they ran and the `asyncio_task` label (CPython 3.11-3.13).
+    /// coroutines they ran and the `asyncio_task` label (CPython 3.11-3.15).
     #[arg(long = "async")]
     pub(super) asyncio: bool,
     /// Shortest blocked interval counted with --off-cpu (default 1ms).
@@ -121,6 +121,11 @@ pub struct AgentArgs {
     /// (default 24).
     #[arg(long, value_name = "MIB")]
     pub(super) process_budget_mb: Option<u64>,
+    /// CPU time the agent may spend on one process per push interval, in milliseconds
+    /// (reading its files, its tables, symbol lookups); a process over it is degraded until
+    /// the interval ends: each of its user stacks is one `[budget]` frame (default 2000).
+    #[arg(long, value_name = "MS")]
+    pub(super) process_cpu_budget_ms: Option<u64>,
     /// Do not poll the GPUs. By default the agent polls them whenever NVML loads (and says
     /// "GPU source off" once when it does not): gauges on /metrics, and `gpu` and
     /// `gpu_memory` labels on the samples of processes that use a GPU.
@@ -176,6 +181,7 @@ struct FileConfig {
     unwind_rows: Option<u32>,
     dwarf_mb: Option<u64>,
     process_budget_mb: Option<u64>,
+    process_cpu_budget_ms: Option<u64>,
     off_cpu: Option<bool>,
     off_cpu_min: Option<String>,
     gc: Option<bool>,
@@ -205,6 +211,14 @@ fn budget_bytes(mib: Option<u64>) -> u64 {
     mib.map_or(pyrometer::agent::DEFAULT_PROCESS_BUDGET, |mb| {
         mb.saturating_mul(1 << 20)
     })
+}
+
+/// `--process-cpu-budget-ms` as a duration; its default when not given.
+fn cpu_budget(ms: Option<u64>) -> Duration {
+    ms.map_or(
+        pyrometer::agent::DEFAULT_PROCESS_CPU_BUDGET,
+        Duration::from_millis,
+    )
 }
 
 pub(super) fn input(msg: impl Into<String>) -> anyhow::Error {
@@ -242,6 +256,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         None => FileConfig::default(),
     };
     let debuginfod = debuginfod(&args.debuginfod, &mut file)?;
+    let off_cpu_min_ns = off_cpu_min_ns(args, &file)?;
     let pids = if args.pids.is_empty() {
         file.pid.unwrap_or_default()
     } else {
@@ -367,19 +382,22 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
         gc: args.gc || file.gc == Some(true),
         asyncio: args.asyncio || file.asyncio == Some(true),
         process_budget_bytes: budget_bytes(args.process_budget_mb.or(file.process_budget_mb)),
-        off_cpu_min_ns: if args.off_cpu || file.off_cpu == Some(true) {
-            let min = match (args.off_cpu_min, file.off_cpu_min) {
-                (Some(d), _) => d,
-                (None, Some(s)) => {
-                    parse_duration(&s).map_err(|e| input(format!("off-cpu-min: {e}")))?
-                }
-                (None, None) => pyrometer::command::DEFAULT_OFF_CPU_MIN,
-            };
-            Some(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX))
-        } else {
-            None
-        },
+        process_cpu_budget: cpu_budget(args.process_cpu_budget_ms.or(file.process_cpu_budget_ms)),
+        off_cpu_min_ns,
     })
+}
+
+/// The shortest blocked interval counted, when off-CPU time is measured (flags, else file).
+fn off_cpu_min_ns(args: &AgentArgs, file: &FileConfig) -> anyhow::Result<Option<u64>> {
+    if !(args.off_cpu || file.off_cpu == Some(true)) {
+        return Ok(None);
+    }
+    let min = match (args.off_cpu_min, &file.off_cpu_min) {
+        (Some(d), _) => d,
+        (None, Some(s)) => parse_duration(s).map_err(|e| input(format!("off-cpu-min: {e}")))?,
+        (None, None) => pyrometer::command::DEFAULT_OFF_CPU_MIN,
+    };
+    Ok(Some(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)))
 }
 
 fn exclude_cgroup(pattern: Option<String>) -> anyhow::Result<Option<Regex>> {
@@ -469,9 +487,11 @@ mod tests {
     }
 
     fn resolve_with(config: &str, flags: &[&str]) -> anyhow::Result<Config> {
-        let dir = std::env::temp_dir().join(format!("pyrometer-agent-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{}.toml", flags.len() + config.len()));
+        let dir = tempfile::Builder::new()
+            .prefix("pyrometer-agent-cfg-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("agent.toml");
         std::fs::write(&path, format!("collector = \"http://c:4040\"\n{config}")).unwrap();
         let mut argv = vec!["agent", "--config", path.to_str().unwrap()];
         argv.extend_from_slice(flags);

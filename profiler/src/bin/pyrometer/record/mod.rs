@@ -123,7 +123,7 @@ pub struct RecordArgs {
     /// collector function.
     #[arg(long)]
     gc: bool,
-    /// Also show asyncio task stacks (CPython 3.11-3.13): a sample in a coroutine gets the
+    /// Also show asyncio task stacks (CPython 3.11-3.15): a sample in a coroutine gets the
     /// chain of tasks awaiting it, root first (through await, gather and TaskGroup), each a
     /// `[task] NAME` frame above the coroutine frames it ran, read in the kernel with the
     /// frames; samples carry an `asyncio_task` label, the innermost task's name (its

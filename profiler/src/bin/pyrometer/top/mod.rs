@@ -47,7 +47,7 @@ pub struct TopArgs {
     /// Extra directory of separate debug files; repeatable.
     #[arg(long = "debug-dir", value_name = "DIR")]
     debug_dirs: Vec<PathBuf>,
-    /// Show asyncio task stacks, as `record --async` does (CPython 3.11-3.13).
+    /// Show asyncio task stacks, as `record --async` does (CPython 3.11-3.15).
     #[arg(long = "async")]
     asyncio: bool,
 }

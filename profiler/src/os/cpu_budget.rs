@@ -1,0 +1,174 @@
+//! CPU time spent on behalf of each profiled process, bounded per interval (the agent's push
+//! interval): reads of its files and what is built from them (on workers, timed there),
+//! bringing its tables up to date, symbol lookups. A process found over the budget is
+//! degraded until the interval ends: no more work is started for it, and its user stacks
+//! are one `[budget]` frame. The next interval starts it afresh.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The calling thread's CPU time so far.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    limit: Duration,
+    spent: HashMap<u32, Duration>,
+    over: HashSet<u32>,
+    /// Times a process went over, all intervals together.
+    went_over: u64,
+}
+
+/// A budget shared by every part of the agent that works for a process (cloning shares it).
+#[derive(Debug, Clone)]
+pub struct CpuBudget(Arc<Mutex<Inner>>);
+
+impl CpuBudget {
+    /// At most `limit` of CPU time per process per interval.
+    pub fn new(limit: Duration) -> Self {
+        Self(Arc::new(Mutex::new(Inner {
+            limit,
+            ..Inner::default()
+        })))
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts `spent` against `pid`'s budget; true when it is over it (now or before).
+    pub fn charge(&self, pid: u32, spent: Duration) -> bool {
+        let mut b = self.inner();
+        let limit = b.limit;
+        let total = b.spent.entry(pid).or_default();
+        *total = total.saturating_add(spent);
+        let over = *total > limit;
+        if over && b.over.insert(pid) {
+            b.went_over += 1;
+        }
+        over
+    }
+
+    /// Whether `pid` went over its budget in this interval.
+    pub fn is_over(&self, pid: u32) -> bool {
+        self.inner().over.contains(&pid)
+    }
+
+    /// Starts a new interval: every process's spending starts from zero. Returns the
+    /// processes that were over, whose work was put off: theirs to bring up to date now.
+    pub fn next_interval(&self) -> Vec<u32> {
+        let mut b = self.inner();
+        b.spent.clear();
+        b.over.drain().collect()
+    }
+
+    /// Times a process went over its budget, all intervals together.
+    pub fn went_over(&self) -> u64 {
+        self.inner().went_over
+    }
+}
+
+thread_local! {
+    /// Whether this thread is inside [`charged`] now.
+    static CHARGING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `work` for `pid` on this thread, charging its CPU time to `budget` (when there is one).
+/// Work charged inside other charged work on the same thread (a worker's read run on the
+/// caller's thread while threads are held) is paid by the outer charge alone, not twice.
+pub fn charged<T>(budget: Option<&CpuBudget>, pid: u32, work: impl FnOnce() -> T) -> T {
+    let Some(budget) = budget else {
+        return work();
+    };
+    if CHARGING.with(|c| c.replace(true)) {
+        return work();
+    }
+    // Cleared however `work` ends.
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            CHARGING.with(|c| c.set(false));
+        }
+    }
+    let _clear = Clear;
+    let start = thread_cpu();
+    let v = work();
+    budget.charge(pid, thread_cpu().saturating_sub(start));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_over_its_budget_is_degraded_until_the_interval_ends() {
+        let b = CpuBudget::new(Duration::from_millis(10));
+        let shared = b.clone();
+        assert!(!b.charge(1, Duration::from_millis(6)));
+        assert!(!b.charge(2, Duration::from_millis(9)));
+        assert!(shared.charge(1, Duration::from_millis(6)), "12 ms > 10 ms");
+        assert!(b.is_over(1) && !b.is_over(2));
+        assert!(b.charge(1, Duration::ZERO), "stays over");
+        assert_eq!(b.went_over(), 1, "counted once per interval");
+        assert_eq!(b.next_interval(), vec![1]);
+        assert!(!b.is_over(1));
+        assert!(b.charge(1, Duration::from_millis(11)));
+        assert_eq!(b.went_over(), 2);
+    }
+
+    #[test]
+    fn work_is_charged_its_thread_cpu_time() {
+        let b = CpuBudget::new(Duration::from_millis(5));
+        let spin = || {
+            let start = thread_cpu();
+            let mut x = 0u64;
+            while thread_cpu() - start < Duration::from_millis(20) {
+                x = x.wrapping_add(1);
+            }
+            x
+        };
+        charged(Some(&b), 3, spin);
+        assert!(b.is_over(3));
+        // Sleeping costs no CPU.
+        charged(Some(&b), 4, || {
+            std::thread::sleep(Duration::from_millis(20))
+        });
+        assert!(!b.is_over(4));
+    }
+
+    #[test]
+    fn nested_charges_on_one_thread_count_once() {
+        let b = CpuBudget::new(Duration::from_secs(3600));
+        let spin = |ms| {
+            let start = thread_cpu();
+            while thread_cpu() - start < Duration::from_millis(ms) {
+                std::hint::spin_loop();
+            }
+        };
+        charged(Some(&b), 5, || {
+            spin(10);
+            charged(Some(&b), 5, || spin(30));
+        });
+        let spent = b.inner().spent[&5];
+        assert!(
+            spent >= Duration::from_millis(40) && spent < Duration::from_millis(70),
+            "{spent:?}: the inner 30 ms counted once"
+        );
+        // The flag is cleared: a later charge counts again.
+        charged(Some(&b), 6, || spin(5));
+        assert!(b.inner().spent[&6] >= Duration::from_millis(5));
+    }
+}
