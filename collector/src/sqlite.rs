@@ -88,6 +88,10 @@ pub struct SqliteStore {
 struct Checkpointer {
     stop: std::sync::Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Held through every checkpoint, the thread's and a push's: SQLite runs one checkpoint
+    /// at a time and a passive one that finds another running gives up at once, so a push
+    /// that found the thread's under way would leave the log to grow past its limit.
+    running: std::sync::Arc<Mutex<()>>,
 }
 
 /// How often the checkpointer runs with no push asking for it.
@@ -117,13 +121,14 @@ impl Checkpointer {
         conn.execute_batch("PRAGMA busy_timeout = 5000;")?;
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let running = std::sync::Arc::new(Mutex::new(()));
+        let held = running.clone();
         let thread = std::thread::Builder::new()
             .name("sqlite-checkpoint".into())
             .spawn(move || {
                 while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::park_timeout(CHECKPOINT_EVERY);
-                    // Passive: copies what no reader still needs, waits for nobody.
-                    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                    passive_checkpoint(&conn, &held);
                     std::thread::sleep(CHECKPOINT_SPACING);
                 }
             })
@@ -134,8 +139,16 @@ impl Checkpointer {
         Ok(Self {
             stop,
             thread: Some(thread),
+            running,
         })
     }
+}
+
+/// Copies what no reader still needs into the database and waits for no reader, only for a
+/// checkpoint already running (bounded by its copy and fsync).
+fn passive_checkpoint(conn: &Connection, running: &Mutex<()>) {
+    let _one_at_a_time = running.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
 }
 
 impl Checkpointer {
@@ -375,8 +388,7 @@ impl SqliteStore {
             return;
         }
         if self.reading.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            let conn = self.writer();
-            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+            passive_checkpoint(&self.writer(), &self.checkpointer.running);
         } else {
             self.checkpointer.nudge();
         }
