@@ -12,9 +12,12 @@ use pyrometer_e2e::*;
 
 const FUNCTIONS: [&str; 4] = ["make_200", "make_600", "zeroed_200", "grow_200"];
 
-/// At the default rate (a sample every 512 KiB), each function's estimated bytes are within
-/// ±15 % of what it allocated (200 MB is ~400 samples), counting calloc's n * size and
-/// realloc's new size; everything was freed, so almost nothing is in use at the end.
+/// At the default rate (a sample every 512 KiB on average), each function's estimated bytes
+/// are within four standard deviations of what it allocated, counting calloc's n * size and
+/// realloc's new size: blocks far smaller than the mean make the sample count Poisson, so a
+/// function's spread is 1/sqrt(samples) (200 MB is ~380 samples: ±20 %; 600 MB ±12 %; at
+/// three deviations the suite failed about once in 100 runs). Everything was freed, so almost
+/// nothing is in use at the end.
 #[test]
 fn totals_at_the_default_rate() {
     if !privileged() {
@@ -30,9 +33,11 @@ fn totals_at_the_default_rate() {
     for f in FUNCTIONS {
         let want = truth[f].1;
         let got = by_function(&samples, space, f);
+        let spread = 1.0 / (want / (512.0 * 1024.0)).sqrt();
         assert!(
-            (got - want).abs() <= 0.15 * want,
-            "{f}: estimated {got:.0} bytes, allocated {want:.0}\n{err}"
+            (got - want).abs() <= 4.0 * spread * want,
+            "{f}: estimated {got:.0} bytes, allocated {want:.0} (spread {:.1} %)\n{err}",
+            100.0 * spread
         );
         total += want;
         println!("{f}: estimated {got:.0} of {want:.0} bytes");
