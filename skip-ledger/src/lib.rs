@@ -53,21 +53,29 @@ pub fn skip(capability: &str, reason: impl Display) {
     let Some(path) = std::env::var_os(LEDGER_ENV) else {
         return;
     };
-    let line = format!("{}\n", entry.to_json());
-    // One write of the whole line to a file opened for appending: lines of tests running in
-    // parallel processes do not interleave.
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
     // A skip that cannot be recorded must not pass quietly.
-    if let Err(e) = written {
+    if let Err(e) = append_line(std::path::Path::new(&path), &entry.to_json()) {
         panic!(
             "cannot record the skip in {}: {e}",
             std::path::Path::new(&path).display()
         );
     }
+}
+
+/// Appends `line` and a newline to `path` in one write to a file opened for appending, so
+/// that lines of tests running in parallel processes do not interleave.
+pub fn append_line(path: &std::path::Path, line: &str) -> std::io::Result<()> {
+    let line = format!("{line}\n");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+}
+
+/// The calling test's binary and name, as a ledger line names them.
+pub fn current_test() -> (String, String) {
+    (binary(), test_name())
 }
 
 /// True when the run is CI's (`CI=true`, as CI services set it, or `CI=1`): set-up that

@@ -8,6 +8,7 @@ pub mod certs;
 #[path = "../../collector/tests/common/clickhouse_server.rs"]
 pub mod clickhouse_server;
 pub mod cluster;
+pub mod frame_tally;
 pub mod fuse;
 pub mod gpu_kernels;
 pub mod kernels;
@@ -330,7 +331,9 @@ pub fn relative_shares(stacks: &[FoldedStack], functions: &[&str]) -> HashMap<St
 /// Decodes a (gzipped) pprof file with the proto crate.
 pub fn read_pprof(path: &Path) -> pyrometer_proto::Profile {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    pyrometer_proto::decode(&bytes).expect("valid pprof")
+    let p = pyrometer_proto::decode(&bytes).expect("valid pprof");
+    frame_tally::tally(&p);
+    p
 }
 
 /// One pprof sample as the tests look at it: its labels (numbers as text), its function

@@ -405,6 +405,8 @@ pub fn durations_table(cases: &[Case]) -> String {
 pub struct RunFiles {
     pub ledger: PathBuf,
     pub junit: PathBuf,
+    /// The Python frames of the profiles the tests read ([`crate::frame_tally`]).
+    pub frames: PathBuf,
 }
 
 impl RunFiles {
@@ -412,6 +414,7 @@ impl RunFiles {
         RunFiles {
             ledger: target.join("skip-ledger.jsonl"),
             junit: target.join("nextest/default/junit.xml"),
+            frames: target.join("python-frames.jsonl"),
         }
     }
 }
@@ -428,6 +431,10 @@ pub fn report(root: &Path, files: &RunFiles, listed: &Listed, ci: bool) -> Resul
     let cases = parse_junit(&junit);
     println!("\n{}", durations_table(&cases));
     println!("{}", ledger_table(&skips, &allowed));
+    println!(
+        "{}\n",
+        crate::frame_tally::summary(&crate::frame_tally::read(&files.frames)?)
+    );
     let findings = Findings::of(&skips, &allowed, &manifest, listed, &cases);
     if findings.clean() {
         println!(

@@ -7,7 +7,8 @@
 //!   CPU-bound workload, write a flame graph
 //! - `test`  the tests' set-up (setup.rs), fmt check, clippy `-D warnings`, the book, the man
 //!   pages into `man/`, the whole suite with nextest, then the skip ledger and per-test times,
-//!   checked under CI against tests/allowed-skips.toml and tests/manifest.txt (ledger.rs)
+//!   checked under CI against tests/allowed-skips.toml and tests/manifest.txt (ledger.rs),
+//!   and the share of unreadable Python frames in the profiles the tests read (frame_tally.rs)
 //! - `manifest` rewrite tests/manifest.txt from `cargo nextest list`
 //! - `ledger [FILTER...]` the ledger and checks of the last nextest run (with its filter)
 //! - `arch`  the architecture rules: no import cycles, layers downward, the binary on the
@@ -33,6 +34,7 @@ mod cformat;
 mod cpython;
 mod cuda;
 mod forky;
+mod frame_tally;
 mod kernels;
 mod ledger;
 mod man;
@@ -362,6 +364,7 @@ fn test(extra: &[String]) -> Result<()> {
     let files = ledger::RunFiles::under(&build_dir());
     let _ = std::fs::remove_file(&files.ledger);
     let _ = std::fs::remove_file(&files.junit);
+    let _ = std::fs::remove_file(&files.frames);
     // Listed before the run, from the build the run then uses: the `cargo install` test
     // builds into the same build directory with the installed package's own features, after
     // which a list would rebuild much of the workspace (5 to 6 minutes on two cores).
@@ -371,6 +374,7 @@ fn test(extra: &[String]) -> Result<()> {
             .args(["nextest", "run", "--workspace", "--no-fail-fast"])
             .args(extra)
             .env(skip_ledger::LEDGER_ENV, &files.ledger)
+            .env("PYROMETER_FRAME_TALLY", &files.frames)
             // record honours it, as perf does: a developer's (Debian sets one for login
             // shells) would send every recording's stripped binaries to that server.
             .env_remove("DEBUGINFOD_URLS")))
