@@ -733,6 +733,7 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
     fs.stall();
     fs.detach();
 
+    let life_cpu_from = cpu_time(steady.id()).unwrap();
     let (agent, metrics) = agent_for(&dir, &collector, "beside", "steady-wl|stuckpy");
     let mut run = StuckRun {
         fs: Some(fs),
@@ -764,7 +765,12 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
         .agent
         .wait_for_metric(metrics, "pyrometer_agent_stalled_reads_total", 1.0);
     let stats = run.agent.stop();
+    // Over the agent's whole life (start-up included), every push in: a check on the
+    // window's figure, which a lagging push could lower.
+    let life_cpu = cpu_time(steady.id()).unwrap() - life_cpu_from;
     drop(run);
+    let life = pyrometer_e2e::cluster::samples_of(&collector, "beside", steady.id()) as f64
+        / life_cpu.as_secs_f64();
     let stuck_profile = collected(&collector, "beside", &format!(",pid=\"{stuck_pid}\""));
     let _ = steady.kill();
     let _ = steady.wait();
@@ -777,8 +783,8 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
             .join(", ")
     };
     eprintln!(
-        "steady samples per CPU second: {alone:.1} alone, {beside:.1} beside a stuck read; \
-         at the first stall: {}; at the end: {}; agent: {} samples, {} pushed, {} left in the \
+        "steady samples per CPU second: {alone:.1} alone, {beside:.1} beside a stuck read \
+         ({life:.1} over the agent's life); at the first stall: {}; at the end: {}; agent: {} samples, {} pushed, {} left in the \
          spool, {} dropped, {} push errors",
         counters(&page),
         counters(&end),
@@ -810,12 +816,14 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
         counters(&end)
     );
     // The kernel's cpu-clock samples of the steady process, beside a second process spinning
-    // on the other core of this two-core machine, vary from run to run between about 55 %
-    // and 100 % of its rate alone, the spinning process's too, with every sample the
-    // sampler emitted received and pushed (the check above); within 10 % in most runs. The
-    // bound is what the agent alone can be held to: sampling goes on.
+    // on the other core of this two-core machine, vary from run to run between about 22 %
+    // and 100 % of its rate alone (the spinning process's too), with its CPU time full and
+    // every sample the sampler emitted received and pushed (the checks above); the same
+    // over the agent's whole life, so no push lag explains it. Within 10 % in most runs;
+    // in some series of back-to-back runs two of three fell below half. The agent's own
+    // part (its pace, nothing lost) is held above; here only that sampling goes on.
     assert!(
-        beside >= 0.5 * alone,
+        beside >= 0.1 * alone,
         "steady samples per CPU second: {alone:.1} alone, {beside:.1} beside a stuck read"
     );
     assert!(
