@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Deserialize;
 
 /// The share of unreadable Python frames the suite as a whole is held to, in percent.
@@ -24,20 +24,7 @@ pub struct Entry {
 
 /// Reads the tally; a run that read no profile with Python frames leaves none.
 pub fn read(path: &Path) -> Result<Vec<Entry>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| {
-                format!("{} line {}: not a tally line: {l}", path.display(), i + 1)
-            })
-        })
-        .collect()
+    crate::ledger::read_json_lines(path, "a tally line")
 }
 
 /// The tally as printed after the run: the suite's total and share, then each test whose

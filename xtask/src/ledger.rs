@@ -78,6 +78,12 @@ pub fn read_allowed(path: &Path) -> Result<Vec<Allowed>> {
 
 /// Reads the skip ledger (absent: no skips).
 pub fn read_ledger(path: &Path) -> Result<Vec<Skip>> {
+    read_json_lines(path, "a skip")
+}
+
+/// Reads a file of one JSON value a line, as the tests append them (absent: none); `what`
+/// names a line in the error for one that does not parse.
+pub fn read_json_lines<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Vec<T>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -88,7 +94,7 @@ pub fn read_ledger(path: &Path) -> Result<Vec<Skip>> {
         .enumerate()
         .map(|(i, l)| {
             serde_json::from_str(l)
-                .with_context(|| format!("{} line {}: not a skip: {l}", path.display(), i + 1))
+                .with_context(|| format!("{} line {}: not {what}: {l}", path.display(), i + 1))
         })
         .collect()
 }
