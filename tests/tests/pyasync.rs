@@ -386,6 +386,8 @@ fn the_agent_pushes_task_chains_and_labels() {
     let stacks = read_folded(&path);
     let mut under_chain: HashMap<&str, u64> = HashMap::new();
     let mut all: HashMap<&str, u64> = HashMap::new();
+    // The chains the leaves were under otherwise, for the failure message.
+    let mut elsewhere: HashMap<(&str, Vec<&str>), u64> = HashMap::new();
     for s in &stacks {
         let Some((leaf, _, chain)) = CHAINS
             .iter()
@@ -401,9 +403,13 @@ fn the_agent_pushes_task_chains_and_labels() {
             .collect();
         if names == *chain {
             *under_chain.entry(leaf).or_default() += s.count;
+        } else {
+            *elsewhere.entry((leaf, names)).or_default() += s.count;
         }
     }
-    assert_split("agent", &under_chain, &all, &format!("agent stats {stats}"));
+    println!("agent: leaves under other chains: {elsewhere:?}");
+    let context = format!("agent stats {stats}\nunder other chains: {elsewhere:?}");
+    assert_split("agent", &under_chain, &all, &context);
     let names: Vec<&str> = CHAINS.iter().map(|(l, _, _)| *l).collect();
     for (leaf, _, chain) in CHAINS {
         let under = under_chain.get(leaf).copied().unwrap_or(0);

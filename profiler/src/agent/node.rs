@@ -330,11 +330,17 @@ impl Node {
         // So are reads handed to the workers: a new process's tables and Python
         // registration are taken on the turn after they come back.
         let reads = self.profiler.tables.reads_due();
-        let wait = if ray || self.names_awaited || self.burst.is_some() || reads {
+        let mut wait = if ray || self.names_awaited || self.burst.is_some() || reads {
             SHORT_POLL
         } else {
             POLL
         };
+        // So is a look at a process's asyncio objects, on its back-off: the samples taken
+        // before it have no task chain.
+        if let Some(at) = self.profiler.tables.python.next_async_look() {
+            let until = at.saturating_duration_since(Instant::now());
+            wait = wait.min(until.clamp(SHORT_POLL, POLL));
+        }
         self.profiler.wait(wait);
         // Taken before the ring buffer is read: what the kernel wrote before the signal is
         // then in the last push (a signal taken after the read left out what came between).

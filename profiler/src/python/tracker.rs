@@ -108,6 +108,9 @@ struct Tracked {
     aio_found: bool,
     aio_checked: Instant,
     aio_wait: Duration,
+    /// When a sample last asked for a look: a process not sampled lately does not keep the
+    /// sampling loop waking for it.
+    aio_asked: Instant,
     /// 3.14+: the `_asyncio` module's description, once found.
     aio_debug: Option<super::asyncio::AsyncioDebug>,
     task_names: HashMap<(u64, u64), Arc<str>>,
@@ -120,6 +123,9 @@ struct Tracked {
 /// are found.
 const ASYNC_RECHECK: Duration = Duration::from_millis(20);
 const ASYNC_RECHECK_MAX: Duration = Duration::from_secs(10);
+/// Looks due sooner than this after the last one are waited for by a sampling loop that
+/// reads in batches (see [`PyTracker::next_async_look`]).
+const ASYNC_PROMPT: Duration = Duration::from_secs(1);
 /// The function asyncio's event loop runs each task step under (3.11+ qualified name).
 const ASYNCIO_STEP: &str = "Handle._run";
 /// Task names remembered per process.
@@ -438,6 +444,7 @@ impl PyTracker {
                 aio_found: false,
                 aio_checked: Instant::now(),
                 aio_wait: Duration::ZERO,
+                aio_asked: Instant::now(),
                 aio_debug: None,
                 task_names: HashMap::new(),
             },

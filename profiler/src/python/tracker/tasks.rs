@@ -14,6 +14,10 @@ impl PyTracker {
         let Some(t) = self.procs.get_mut(&pid) else {
             return;
         };
+        if t.aio_complete {
+            return;
+        }
+        t.aio_asked = Instant::now();
         let since = t.aio_checked.elapsed();
         let due =
             since >= t.aio_wait || (t.aio_loop_seen && !t.aio_found && since >= ASYNC_RECHECK);
@@ -48,6 +52,32 @@ impl PyTracker {
             entry.aio = found;
             let _ = map.insert(pid, entry, 0);
         }
+    }
+
+    /// When a sampling loop that reads in batches should read again so that a look at a
+    /// process's asyncio objects is not late: the earliest look due within `ASYNC_PROMPT` of
+    /// the last, at a process sampled within `ASYNC_PROMPT`. Samples taken before the look
+    /// have no task chain (or, 3.11–3.13, none above a TaskGroup's tasks), and a look
+    /// waiting for a one-second batch cost a second of them; the back-off bounds the extra
+    /// reads to a few for each process.
+    pub fn next_async_look(&self) -> Option<Instant> {
+        if !self.asyncio {
+            return None;
+        }
+        self.procs
+            .values()
+            .filter(|t| {
+                !t.aio_complete && t.aio_wait < ASYNC_PROMPT && t.aio_asked.elapsed() < ASYNC_PROMPT
+            })
+            .map(|t| {
+                let wait = if t.aio_loop_seen && !t.aio_found {
+                    t.aio_wait.min(ASYNC_RECHECK)
+                } else {
+                    t.aio_wait
+                };
+                t.aio_checked + wait
+            })
+            .min()
     }
 
     /// The name a task frame shows: the task's name, or its coroutine's qualified name for
