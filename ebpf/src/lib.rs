@@ -385,6 +385,10 @@ unsafe impl aya::Pod for OffCpuRecord {}
 unsafe impl aya::Pod for PyProcess {}
 // SAFETY: two u32s, then u64s: no padding.
 unsafe impl aya::Pod for GilThread {}
+// SAFETY: a u64 and two u32s: no padding.
+unsafe impl aya::Pod for PyBodyKey {}
+// SAFETY: two u32s, then pairs of u64s: no padding.
+unsafe impl aya::Pod for PyBody {}
 
 #[cfg(test)]
 mod tests {

@@ -245,11 +245,9 @@ static __always_inline __u64 py_find_tstate(struct py_process *p, struct py_fram
 #define PY_CODE_LINES 256
 #define PY_CODE_LINE_TTL_NS 100000000ULL
 struct py_code_line {
-	__u64 code;
+	struct py_body_key key; // the code object, its process, its first line
 	__u64 globals;
 	__u64 read_ns;
-	__u32 tgid;
-	__u32 firstline;
 };
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -257,6 +255,53 @@ struct {
 	__type(key, __u32);
 	__type(value, struct py_code_line);
 } py_code_lines SEC(".maps");
+
+// Module bodies by address (shared.h, struct py_body): written when py_code_lines misses one,
+// which is once per body and CPU in the TTL, so a sample's cost is unchanged elsewhere.
+#define PY_BODIES 4096
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, PY_BODIES);
+	__type(key, struct py_body_key);
+	__type(value, struct py_body);
+} py_bodies SEC(".maps");
+
+// A new py_bodies entry is made here (per CPU: too big for the stack).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_body);
+} py_body_new SEC(".maps");
+
+// Adds the read the py_code_lines miss `e` made of a module body to its address's history
+// when the body is another module's than the last one read there: the history is of
+// changes, so a long-lived body (the script's) keeps one entry however often it is read.
+// Its key and the new entry are map memory: no stack (6.1 counts this frame's bytes with its
+// callers').
+static __always_inline void py_keep_body(struct py_code_line *e)
+{
+	struct py_body *b = bpf_map_lookup_elem(&py_bodies, &e->key);
+	if (b) {
+		__u32 last = (b->next - 1) & (PY_BODY_HISTORY - 1);
+		if (b->reads[last].globals == e->globals)
+			return;
+		__u32 i = b->next & (PY_BODY_HISTORY - 1);
+		b->reads[i].globals = e->globals;
+		b->reads[i].read_ns = e->read_ns;
+		b->next = i + 1;
+		return;
+	}
+	__u32 zero = 0;
+	b = bpf_map_lookup_elem(&py_body_new, &zero);
+	if (!b)
+		return;
+	__builtin_memset(b, 0, sizeof(*b));
+	b->next = 1;
+	b->reads[0].globals = e->globals;
+	b->reads[0].read_ns = e->read_ns;
+	bpf_map_update_elem(&py_bodies, &e->key, b, BPF_NOEXIST);
+}
 
 struct py_walk {
 	__u64 frame;
@@ -287,7 +332,7 @@ struct py_walk {
 	__u64 last_code;
 	__u32 last_firstline;
 	__u32 tgid;
-	__u64 now; // when the walk started, for py_code_lines
+	__u64 now; // the record's timestamp, for py_code_lines and py_bodies
 	// --async (pyasync.h): the future a task chain's walk is at (the rest of the task walk's
 	// state is in py_task_states: 6.1 counts every byte of this stack frame towards its
 	// 512 bytes of combined stack, which the allocation probes' walks had no room left in).
@@ -314,19 +359,22 @@ static __always_inline __u32 py_code_firstline(struct py_walk *w, __u64 code, __
 	__u32 slot = ((code >> 4) ^ (code >> 12)) & (PY_CODE_LINES - 1);
 	__u32 key = (w->which & 3) * PY_CODE_LINES + slot;
 	struct py_code_line *e = bpf_map_lookup_elem(&py_code_lines, &key);
-	if (e && e->code == code && e->globals == globals && e->tgid == w->tgid &&
+	if (e && e->key.code == code && e->globals == globals && e->key.tgid == w->tgid &&
 	    w->now - e->read_ns < PY_CODE_LINE_TTL_NS)
-		return e->firstline;
+		return e->key.firstline;
 	__u32 firstline = 0;
 	if (bpf_probe_read_user(&firstline, sizeof(firstline),
 				(void *)(code + w->code_firstlineno)))
 		return 0;
 	if (e) {
-		e->code = code;
+		e->key.code = code;
+		e->key.tgid = w->tgid;
+		e->key.firstline = firstline;
 		e->globals = globals;
 		e->read_ns = w->now;
-		e->tgid = w->tgid;
-		e->firstline = firstline;
+		// A module body: kept for user space in case it is freed before it is read.
+		if (firstline == 1)
+			py_keep_body(e);
 	}
 	return firstline;
 }
@@ -514,6 +562,7 @@ struct py_walk_args {
 	__u32 used;       // out: slot pairs written
 	__u32 flags;      // out: SAMPLE_PY_*
 	__u32 registered; // out: 1 when the process is a registered Python process
+	__u64 now;        // the record's timestamp
 };
 
 // Walks the current thread's Python frames into the scratch record `a->which` names, after
@@ -569,7 +618,7 @@ __attribute__((noinline)) int py_walk(struct py_walk_args *a)
 		.frame_globals = p->off.frame_globals,
 		.win = { .which = a->which },
 		.tgid = tgid,
-		.now = start,
+		.now = a->now,
 	};
 	struct py_task_state *ts = bpf_map_lookup_elem(&py_task_states, &which);
 	if (!ts)
@@ -615,6 +664,7 @@ static __always_inline int py_walk_current(__u32 tgid, __u32 tid, struct sample_
 		.tid = tid,
 		.which = which,
 		.base = hdr->user_frames,
+		.now = hdr->timestamp_ns,
 	};
 	py_walk(&a);
 	hdr->py_frames = a.used;

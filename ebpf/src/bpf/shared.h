@@ -223,6 +223,28 @@ struct sample_header {
 // before it (innermost side) is the outermost of its eval call.
 #define PY_SHIM_MARK 0x5348494dULL
 
+// The module bodies (code objects whose co_firstlineno is 1) the kernel last met at an address
+// of a process (python.h, py_bodies): each change of module (globals) there, from when it was
+// first read. A body is freed after its one run, often before user space reads the samples
+// taken in it, and bodies of the same size take its address one after another; the module's
+// dict, its globals, lives on with the module. So user space names a sample's body by the
+// `__file__` of the last change at or before the sample.
+#define PY_BODY_HISTORY 8
+struct py_body_key {
+	__u64 code;
+	__u32 tgid;
+	__u32 firstline; // 1 in py_bodies
+};
+struct py_body_read {
+	__u64 globals; // the frame's globals (its module's dict)
+	__u64 read_ns; // the timestamp of the record whose walk read it; 0: an unused slot
+};
+struct py_body {
+	__u32 next; // the slot of reads the next read goes to (modulo PY_BODY_HISTORY)
+	__u32 reserved;
+	struct py_body_read reads[PY_BODY_HISTORY];
+};
+
 struct sample_record {
 	struct sample_header hdr;
 	__u64 user[MAX_SLOTS];           // native frames leaf first, then Python frame pairs

@@ -62,6 +62,9 @@ pub struct UnwindMaps {
 /// The Python frame walker's process map: pid → where its interpreter keeps its state.
 pub type PyProcs = BpfHashMap<MapData, u32, shared::PyProcess>;
 
+/// The module bodies the Python frame walker last read, by address (`py_bodies`).
+pub type PyBodies = BpfHashMap<MapData, shared::PyBodyKey, shared::PyBody>;
+
 /// The loaded and attached sampler. Dropping it detaches everything.
 pub struct Sampler {
     ebpf: Ebpf,
@@ -77,6 +80,7 @@ pub struct Sampler {
     )>,
     unwind_rows: u32,
     py_procs: Option<BpfHashMap<MapData, u32, shared::PyProcess>>,
+    py_bodies: Option<PyBodies>,
     /// With `--gil`: per-thread GIL state and sums.
     gil_threads: Option<BpfHashMap<MapData, u32, shared::GilThread>>,
     /// The agent's allocation targets.
@@ -176,6 +180,7 @@ impl Sampler {
         };
         let procs = take_as(&mut ebpf, "unwind_procs")?;
         let py_procs = take_as(&mut ebpf, "py_procs")?;
+        let py_bodies = take_as(&mut ebpf, "py_bodies")?;
         let alloc_targets =
             if enabled.contains(&Feature::Alloc) && config.alloc.is_some_and(|a| a.own_targets) {
                 Some(take_as(&mut ebpf, "alloc_targets")?)
@@ -203,6 +208,7 @@ impl Sampler {
             unwind_maps: Some((rows, index, procs)),
             unwind_rows: config.unwind_rows.max(1),
             py_procs: Some(py_procs),
+            py_bodies: Some(py_bodies),
             gil_threads,
             alloc_targets,
             pid_probes: std::collections::HashMap::new(),
@@ -250,6 +256,14 @@ impl Sampler {
         self.py_procs
             .take()
             .ok_or_else(|| BpfError::Map("py_procs", "already taken".into()))
+    }
+
+    /// Hands out the Python frame walker's module bodies (once), for the tracker that names
+    /// the frames of bodies freed before it read them.
+    pub fn take_py_bodies(&mut self) -> Result<PyBodies, BpfError> {
+        self.py_bodies
+            .take()
+            .ok_or_else(|| BpfError::Map("py_bodies", "already taken".into()))
     }
 
     /// Adds a process to the agent's allocation targets.

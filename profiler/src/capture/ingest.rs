@@ -36,7 +36,7 @@ impl Capture {
         let mut out = Vec::with_capacity(frames.len());
         for f in frames {
             self.py_frames_seen += 1;
-            let Some(name) = python.resolve(pid, f) else {
+            let Some(name) = python.resolve(pid, f, sample.header.timestamp_ns) else {
                 self.py_unresolved += 1;
                 continue;
             };

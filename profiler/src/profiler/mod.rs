@@ -59,6 +59,7 @@ impl Profiler {
             None
         };
         let mut python = PyTracker::new(Some(sampler.take_py_procs()?));
+        python.set_bodies(sampler.take_py_bodies()?);
         if config.gil && !sampler.refused(Feature::Gil) {
             python.enable_gil(debug_dirs.to_vec());
         }

@@ -37,6 +37,7 @@ use crate::os::procs::BinaryKey;
 use crate::os::procs::Process;
 use crate::os::workers::{OffLoop, ProcessReads};
 
+mod bodies;
 mod probes;
 mod tasks;
 
@@ -114,6 +115,8 @@ struct Tracked {
     /// 3.14+: the `_asyncio` module's description, once found.
     aio_debug: Option<super::asyncio::AsyncioDebug>,
     task_names: HashMap<(u64, u64), Arc<str>>,
+    /// Module bodies as the kernel met them (see `bodies`).
+    bodies: bodies::Bodies,
 }
 
 /// A registered process whose asyncio objects are not all known yet (`asyncio` not imported,
@@ -174,6 +177,9 @@ pub struct TrackerStats {
     pub bad_codes: u64,
     /// Registrations the kernel map refused (full).
     pub map_full: u64,
+    /// Frames of module bodies whose code object was freed (or another body's) when read,
+    /// named from the module the kernel met them in (`py_bodies`).
+    pub freed_bodies: u64,
     /// Span tables (pyrometer-otel) found, at registration or later.
     pub span_tables: u64,
     /// Python processes walked for native frames only, once each: their interpreter is a
@@ -202,6 +208,9 @@ struct GilProbes {
 
 pub struct PyTracker {
     map: Option<BpfHashMap<MapData, u32, PyProcess>>,
+    /// The kernel walker's module bodies (`py_bodies`), for frames whose code object was
+    /// freed before it was read.
+    bodies: Option<crate::bpf::PyBodies>,
     gil: Option<GilProbes>,
     /// `--gc`: the garbage-collector probes.
     gc: Option<GcProbes>,
@@ -239,6 +248,7 @@ impl PyTracker {
     pub fn new(map: Option<BpfHashMap<MapData, u32, PyProcess>>) -> Self {
         Self {
             map,
+            bodies: None,
             gil: None,
             gc: None,
             gil_unavailable: HashMap::new(),
@@ -447,6 +457,7 @@ impl PyTracker {
                 aio_asked: Instant::now(),
                 aio_debug: None,
                 task_names: HashMap::new(),
+                bodies: bodies::Bodies::default(),
             },
         );
         self.refresh_async(pid);
@@ -533,11 +544,15 @@ impl PyTracker {
         self.procs.get(&pid).map(|t| t.module.clone())
     }
 
-    /// Names one frame of `pid` the kernel recorded. `None` when the process is not (or no
-    /// longer) registered.
-    pub fn resolve(&mut self, pid: u32, frame: RawPyFrame) -> Option<PyFrameName> {
+    /// Names one frame of `pid` the kernel recorded in a sample taken at `sample_ns`
+    /// (CLOCK_MONOTONIC). `None` when the process is not (or no longer) registered.
+    pub fn resolve(&mut self, pid: u32, frame: RawPyFrame, sample_ns: u64) -> Option<PyFrameName> {
         match frame.task_name {
             Some(name) => self.task_frame(pid, name, frame.code),
+            None if frame.first_line == 1 => match self.resolve_body(pid, frame, sample_ns) {
+                Some(name) => Some(name),
+                None => self.resolve_code(pid, frame),
+            },
             None => self.resolve_code(pid, frame),
         }
     }
@@ -737,7 +752,7 @@ impl PyTracker {
 /// The name of a frame whose code object could not be read.
 pub const UNREADABLE: &str = "<unreadable frame>";
 
-fn unreadable() -> PyFrameName {
+pub(super) fn unreadable() -> PyFrameName {
     PyFrameName {
         function: Arc::from(UNREADABLE),
         file: None,
