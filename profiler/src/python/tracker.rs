@@ -549,10 +549,9 @@ impl PyTracker {
     pub fn resolve(&mut self, pid: u32, frame: RawPyFrame, sample_ns: u64) -> Option<PyFrameName> {
         match frame.task_name {
             Some(name) => self.task_frame(pid, name, frame.code),
-            None if frame.first_line == 1 => match self.resolve_body(pid, frame, sample_ns) {
-                Some(name) => Some(name),
-                None => self.resolve_code(pid, frame),
-            },
+            None if frame.first_line == 1 => self
+                .resolve_body(pid, frame, sample_ns)
+                .or_else(|| self.resolve_code(pid, frame)),
             None => self.resolve_code(pid, frame),
         }
     }
@@ -752,7 +751,7 @@ impl PyTracker {
 /// The name of a frame whose code object could not be read.
 pub const UNREADABLE: &str = "<unreadable frame>";
 
-pub(super) fn unreadable() -> PyFrameName {
+fn unreadable() -> PyFrameName {
     PyFrameName {
         function: Arc::from(UNREADABLE),
         file: None,

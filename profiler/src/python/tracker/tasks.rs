@@ -21,7 +21,7 @@ impl PyTracker {
         let since = t.aio_checked.elapsed();
         let due =
             since >= t.aio_wait || (t.aio_loop_seen && !t.aio_found && since >= ASYNC_RECHECK);
-        if t.aio_complete || !due {
+        if !due {
             return;
         }
         if crate::python::asyncio::unsupported(&t.runtime, &t.layout).is_some() {
