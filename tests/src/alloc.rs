@@ -27,6 +27,14 @@ pub fn by_function(samples: &[PprofSample], index: usize, function: &str) -> f64
         .sum()
 }
 
+/// The standard deviation, as a share of the truth, of a byte total estimated from samples
+/// taken every `rate` bytes on average: about 1/sqrt(samples expected). Bounds of four of
+/// these hold in all but about one run in 15,000 per total checked; fixed percentages either
+/// cannot fail at large totals or fail now and then at small ones.
+pub fn sampling_spread(bytes: f64, rate: f64) -> f64 {
+    1.0 / (bytes / rate).sqrt()
+}
+
 /// The lines of `record --leaks`'s report, the largest site first.
 pub fn leak_report(stderr: &str) -> Vec<&str> {
     stderr

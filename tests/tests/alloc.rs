@@ -5,7 +5,7 @@
 //! paths around it (tests/alloc_preload.rs has the library's own cases). Needs root (BPF).
 
 use pyrometer_e2e::alloc::{
-    by_function, fixture_totals, install_preload, leak_report, record_allocs,
+    by_function, fixture_totals, install_preload, leak_report, record_allocs, sampling_spread,
 };
 use pyrometer_e2e::python::{Interpreter, line_of, source};
 use pyrometer_e2e::*;
@@ -33,7 +33,7 @@ fn totals_at_the_default_rate() {
     for f in FUNCTIONS {
         let want = truth[f].1;
         let got = by_function(&samples, space, f);
-        let spread = 1.0 / (want / (512.0 * 1024.0)).sqrt();
+        let spread = sampling_spread(want, 512.0 * 1024.0);
         assert!(
             (got - want).abs() <= 4.0 * spread * want,
             "{f}: estimated {got:.0} bytes, allocated {want:.0} (spread {:.1} %)\n{err}",
@@ -275,7 +275,8 @@ fn no_allocator_is_a_clear_error() {
 
 /// A preloaded jemalloc or tcmalloc serves the program's calls instead of glibc: record puts
 /// its sampler library before it in LD_PRELOAD, which forwards to it (the next definition),
-/// and the estimates still match what each function allocated.
+/// and the estimates still match what each function allocated (within four standard deviations
+/// of the sampling: 100 MB is ~190 samples, ±29 %; a fixed ±20 % failed about once in 50 runs).
 #[test]
 fn preloaded_allocators_are_probed() {
     if !privileged() {
@@ -309,9 +310,11 @@ fn preloaded_allocators_are_probed() {
         for f in ["make_200", "make_600"] {
             let want = truth[f].1;
             let got = by_function(&samples, space, f);
+            let spread = sampling_spread(want, 512.0 * 1024.0);
             assert!(
-                (got - want).abs() <= 0.2 * want,
-                "{name}: {f}: estimated {got:.0} bytes, allocated {want:.0}\n{}",
+                (got - want).abs() <= 4.0 * spread * want,
+                "{name}: {f}: estimated {got:.0} bytes, allocated {want:.0} (spread {:.1} %)\n{}",
+                100.0 * spread,
                 stderr(&result)
             );
         }
