@@ -84,12 +84,24 @@ struct Tally {
     /// Samples of the first 100 ms of CPU (the warm-up functions), and those complete.
     early: u64,
     early_complete: u64,
-    /// Incomplete stacks, a few for the failure message.
+    /// Incomplete stacks, a few of the first 100 ms and a few of the rest, for the failure
+    /// message.
     bad: Vec<String>,
+    bad_later: Vec<String>,
+    /// Incomplete samples after the first 100 ms, by process: one run's start or all runs.
+    later_incomplete_by_pid: BTreeMap<u32, u64>,
 }
 
 impl Tally {
-    fn add(&mut self, frames: &[String], n: u64, counted: bool, complete: bool, early: bool) {
+    fn add(
+        &mut self,
+        pid: u32,
+        frames: &[String],
+        n: u64,
+        counted: bool,
+        complete: bool,
+        early: bool,
+    ) {
         if !counted {
             return;
         }
@@ -102,8 +114,18 @@ impl Tally {
             if early {
                 self.early_complete += n;
             }
-        } else if self.bad.len() < 8 {
-            self.bad.push(format!("{} {n}", frames.join(";")));
+        } else {
+            if !early {
+                *self.later_incomplete_by_pid.entry(pid).or_default() += n;
+            }
+            let bad = if early {
+                &mut self.bad
+            } else {
+                &mut self.bad_later
+            };
+            if bad.len() < 8 {
+                bad.push(format!("{} {n}", frames.join(";")));
+            }
         }
     }
 
@@ -120,8 +142,10 @@ impl Tally {
         );
         assert!(
             later_complete as f64 >= 0.99 * later as f64,
-            "{kind}: {later_complete} of {later} samples after the first 100 ms complete; incomplete:\n{}",
-            self.bad.join("\n")
+            "{kind}: {later_complete} of {later} samples after the first 100 ms complete; incomplete \
+             by pid {:?}:\n{}",
+            self.later_incomplete_by_pid,
+            self.bad_later.join("\n")
         );
         assert!(
             self.early_complete as f64 >= early * self.early as f64,
@@ -267,6 +291,7 @@ fn new_processes_are_complete_from_their_first_samples() {
             let early = frames.iter().any(|f| f == "warmup" || f == "warm_leaf");
             let later = frames.iter().any(|f| f == "spin" || f.starts_with("stage"));
             native_tally.add(
+                pid,
                 frames,
                 *count,
                 early || later,
@@ -290,6 +315,7 @@ fn new_processes_are_complete_from_their_first_samples() {
             // shut-down) at the outermost native one.
             let module = frames.iter().any(|f| f.starts_with("<module> ("));
             python_all.add(
+                pid,
                 frames,
                 *count,
                 true,
@@ -301,18 +327,18 @@ fn new_processes_are_complete_from_their_first_samples() {
             let running = frames
                 .iter()
                 .any(|f| f == "pymain_run_python" || f.contains("busy_node.py"));
-            python_frames.add(frames, *count, running, module, early);
+            python_frames.add(pid, frames, *count, running, module, early);
         }
         counts.insert(pid, (n, cpu_ns));
     }
     let mut short_tally = Tally::default();
     for (frames, count) in folded(&collector, "comm=\"busyshort\"") {
-        short_tally.add(&frames, count, true, native_complete(&frames), false);
+        short_tally.add(0, &frames, count, true, native_complete(&frames), false);
     }
     let mut idle_tally = Tally::default();
     for pid in idle_pids {
         for (frames, count) in folded(&collector, &format!("pid=\"{pid}\"")) {
-            idle_tally.add(&frames, count, true, native_complete(&frames), false);
+            idle_tally.add(pid, &frames, count, true, native_complete(&frames), false);
         }
     }
     let summary = format!(
