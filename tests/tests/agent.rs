@@ -554,6 +554,19 @@ fn gc_pauses_on_metrics_and_pushed() {
     // and the few of its start-up (before its callback was installed).
     let page = agent.wait_for_metric(metrics, &count, pauses.len() as f64);
     pyrometer_e2e::cluster::promtool_check("agent /metrics", &page);
+    // The Python tracker's own counters: the fixture registered, its code objects read.
+    let tracker = |name: &str| {
+        metric(&page, name).unwrap_or_else(|| panic!("no {name} on /metrics:\n{page}"))
+    };
+    assert!(
+        tracker("pyrometer_agent_python_processes_total") >= 1.0,
+        "{page}"
+    );
+    assert!(
+        tracker("pyrometer_agent_python_code_reads_total") >= 1.0,
+        "{page}"
+    );
+    tracker("pyrometer_agent_python_unreadable_frames_total");
     let n = metric(&page, &count).unwrap();
     let sum = metric(
         &page,

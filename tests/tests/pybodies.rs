@@ -33,10 +33,11 @@ fn body_kind(frame: &str) -> Option<&'static str> {
     KINDS.iter().map(|(k, _)| *k).find(|k| *k == kind)
 }
 
-/// `pyrometer record -F 499 --frames python -o OUT -- PYTHON fixtures/SCRIPT`, which must
-/// succeed; its stderr.
+/// `pyrometer record -F 499 --frames python -o OUT --stats OUT.json -- PYTHON
+/// fixtures/SCRIPT`, which must succeed; its stderr.
 fn record(python: &Interpreter, script: &str, out: &Path) -> String {
     let script = source(script);
+    let stats = out.with_extension("json");
     let result = pyrometer(&[
         "record",
         "-F",
@@ -45,6 +46,8 @@ fn record(python: &Interpreter, script: &str, out: &Path) -> String {
         "python",
         "-o",
         out.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
         "--",
         python.path.to_str().unwrap(),
         script.to_str().unwrap(),
@@ -66,6 +69,8 @@ fn check_bodies(python: &Interpreter) {
     let out = dir.join("bodies.folded");
     let said = record(python, "py_bodies.py", &out);
     let stacks = read_folded(&out);
+    let stats = pyrometer_e2e::alloc::read_stats(&out.with_extension("json"));
+    check_counters(label, &stacks, &stats, &said);
     let mut bodies: HashMap<&str, u64> = HashMap::new();
     let mut unreadable = 0;
     let mut without_line = 0;
@@ -112,6 +117,48 @@ fn check_bodies(python: &Interpreter) {
             share * 100.0
         );
     }
+}
+
+/// The run's counters own up to what its profile shows: every `<unreadable frame>` in it is
+/// counted in `--stats` (and said in a line when there are any), and each body named from its
+/// module (`<module> (FILE)`, no line) is counted as one.
+fn check_counters(label: &str, stacks: &[FoldedStack], stats: &serde_json::Value, said: &str) {
+    let counter = |name: &str| {
+        stats[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{label}: no {name} in --stats: {stats}"))
+    };
+    let frames = |pred: &dyn Fn(&str) -> bool| -> u64 {
+        stacks
+            .iter()
+            .map(|s| s.count * s.frames.iter().filter(|f| pred(f)).count() as u64)
+            .sum()
+    };
+    let unreadable = frames(&|f| f.starts_with("<unreadable frame>"));
+    let named = frames(&|f| body_kind(f).is_some() && !f.contains(".py:"));
+    let (counted_unreadable, counted_named) = (
+        counter("python_unreadable_frames"),
+        counter("python_module_bodies_named"),
+    );
+    println!(
+        "{label}: counters: {counted_unreadable} unreadable (profile {unreadable}), {counted_named} bodies named from their module (profile {named}), {} code objects read",
+        counter("python_code_reads")
+    );
+    assert!(counter("python_processes") >= 1, "{label}: {stats}");
+    assert!(counter("python_code_reads") > 0, "{label}: {stats}");
+    assert!(
+        counted_unreadable >= unreadable,
+        "{label}: {unreadable} unreadable frames in the profile, {counted_unreadable} counted"
+    );
+    assert!(
+        counted_named >= named,
+        "{label}: {named} bodies named from their module in the profile, {counted_named} counted"
+    );
+    assert_eq!(
+        said.contains("pyrometer: Python: ") && said.contains("frames unreadable"),
+        counted_unreadable > 0,
+        "{label}: the summary and the counter disagree:\n{said}"
+    );
 }
 
 #[test]

@@ -42,6 +42,9 @@ pub struct AgentMetrics {
     /// layout, and one whose description of itself did not validate.
     pub python_refused_unsupported: AtomicU64,
     pub python_refused_invalid: AtomicU64,
+    /// The Python tracker's counters (code objects read, unreadable frames, ...), as of the
+    /// last push.
+    pub python: Mutex<crate::python::tracker::TrackerStats>,
     /// In-kernel DWARF walks, and those that stopped before the outermost frame, by reason
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
@@ -112,12 +115,14 @@ impl AgentMetrics {
             .store(python.refused_unsupported, Relaxed);
         self.python_refused_invalid
             .store(python.refused_invalid, Relaxed);
+        *self.python.lock().unwrap_or_else(|e| e.into_inner()) = *python;
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut o = String::new();
         self.render_totals(&mut o);
+        self.render_python(&mut o);
         if let Some(refused) = self.refused.get() {
             let _ = write!(
                 o,
@@ -210,6 +215,53 @@ impl AgentMetrics {
 }
 
 impl AgentMetrics {
+    /// The Python tracker's counters, as of the last push.
+    fn render_python(&self, out: &mut String) {
+        let py = *self.python.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, help, v) in [
+            (
+                "pyrometer_agent_python_processes_total",
+                "Python processes registered with the kernel's frame walker.",
+                py.processes,
+            ),
+            (
+                "pyrometer_agent_python_processes_not_registered_total",
+                "Python processes left with native frames only because the walker's process table was full.",
+                py.map_full,
+            ),
+            (
+                "pyrometer_agent_python_code_reads_total",
+                "Code objects read from profiled processes (each is cached after its read).",
+                py.code_reads,
+            ),
+            (
+                "pyrometer_agent_python_bad_code_objects_total",
+                "Code objects that did not validate when read: freed, torn, or replaced by another.",
+                py.bad_codes,
+            ),
+            (
+                "pyrometer_agent_python_unreadable_frames_total",
+                "Python frames pushed as <unreadable frame>: their code object could not be read.",
+                py.unreadable_frames,
+            ),
+            (
+                "pyrometer_agent_python_module_bodies_named_total",
+                "Frames of module bodies freed before their read, named from the module the kernel met them in.",
+                py.freed_bodies,
+            ),
+            (
+                "pyrometer_agent_python_span_tables_total",
+                "Span tables (pyrometer-otel) found in Python processes.",
+                py.span_tables,
+            ),
+        ] {
+            let _ = write!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+            );
+        }
+    }
+
     /// The metrics without labels: one HELP, TYPE and value each.
     fn render_totals(&self, out: &mut String) {
         let mut one = |name: &str, kind: &str, help: &str, v: u64| {

@@ -180,6 +180,9 @@ pub struct TrackerStats {
     /// Frames of module bodies whose code object was freed (or another body's) when read,
     /// named from the module the kernel met them in (`py_bodies`).
     pub freed_bodies: u64,
+    /// Frames named `<unreadable frame>`: their code object could not be read, or the
+    /// address held another one by the time it was read and the kernel kept no module for it.
+    pub unreadable_frames: u64,
     /// Span tables (pyrometer-otel) found, at registration or later.
     pub span_tables: u64,
     /// Python processes walked for native frames only, once each: their interpreter is a
@@ -190,13 +193,6 @@ pub struct TrackerStats {
     pub refused_invalid: u64,
     /// Reads of interpreter binaries that overran their deadline (see `READ_DEADLINE`).
     pub stalled_reads: u64,
-}
-
-impl TrackerStats {
-    /// Python processes walked for native frames only: (unsupported, invalid).
-    pub fn refused(&self) -> (u64, u64) {
-        (self.refused_unsupported, self.refused_invalid)
-    }
 }
 
 /// `--gil`: the probe sites of each interpreter binary, and which are attached.
@@ -547,13 +543,17 @@ impl PyTracker {
     /// Names one frame of `pid` the kernel recorded in a sample taken at `sample_ns`
     /// (CLOCK_MONOTONIC). `None` when the process is not (or no longer) registered.
     pub fn resolve(&mut self, pid: u32, frame: RawPyFrame, sample_ns: u64) -> Option<PyFrameName> {
-        match frame.task_name {
+        let name = match frame.task_name {
             Some(name) => self.task_frame(pid, name, frame.code),
             None if frame.first_line == 1 => self
                 .resolve_body(pid, frame, sample_ns)
                 .or_else(|| self.resolve_code(pid, frame)),
             None => self.resolve_code(pid, frame),
+        };
+        if name.as_ref().is_some_and(|n| &*n.function == UNREADABLE) {
+            self.stats.unreadable_frames += 1;
         }
+        name
     }
 
     fn resolve_code(&mut self, pid: u32, frame: RawPyFrame) -> Option<PyFrameName> {

@@ -42,9 +42,10 @@ pub struct RunReport {
     pub py_frames: (u64, u64),
     /// The unwind tables' figures (all zero with `--unwind fp`).
     pub unwinder: UnwinderStats,
-    /// Python processes walked for native frames only: (unsupported version, a description
-    /// of itself that did not validate).
-    pub python_refused: (u64, u64),
+    /// The Python tracker's counters: processes walked for native frames only (an
+    /// unsupported version, a description of itself that did not validate), code objects
+    /// read, unreadable frames.
+    pub python: crate::python::tracker::TrackerStats,
     /// The sampler program's run time and count, when `kernel.bpf_stats_enabled` was on.
     pub bpf: Option<ProgramStats>,
     /// CPU time pyrometer spent while sampling.
@@ -242,8 +243,16 @@ impl RunReport {
         json["bpf_python_ns"] = c.python_ns.into();
         json["unwind_tables_too_big"] = unwinder.tables_too_big.into();
         json["unwind_mappings_dropped"] = unwinder.mappings_dropped.into();
-        json["python_processes_unsupported"] = self.python_refused.0.into();
-        json["python_processes_invalid"] = self.python_refused.1.into();
+        let py = &self.python;
+        json["python_processes_unsupported"] = py.refused_unsupported.into();
+        json["python_processes_invalid"] = py.refused_invalid.into();
+        json["python_processes"] = py.processes.into();
+        json["python_processes_not_registered"] = py.map_full.into();
+        json["python_code_reads"] = py.code_reads.into();
+        json["python_bad_code_objects"] = py.bad_codes.into();
+        json["python_unreadable_frames"] = py.unreadable_frames.into();
+        json["python_module_bodies_named"] = py.freed_bodies.into();
+        json["python_span_tables"] = py.span_tables.into();
         if let Some(a) = &self.alloc {
             json["alloc_samples"] = a.samples.into();
             json["alloc_frees"] = a.frees.into();

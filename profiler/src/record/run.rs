@@ -322,7 +322,7 @@ impl Recording {
             gc,
             alloc,
             py_frames,
-            python_refused: tables.python.stats().refused(),
+            python: tables.python.stats(),
             unwinder: tables.unwinder_stats(),
             bpf,
             capture_cpu_ns,

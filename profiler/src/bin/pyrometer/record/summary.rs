@@ -99,6 +99,24 @@ impl Print for RunReport {
         if let Some(a) = &self.alloc {
             self.print_alloc(a);
         }
+        let py = &self.python;
+        if py.unreadable_frames + py.map_full > 0 {
+            let mut parts = Vec::new();
+            if py.unreadable_frames > 0 {
+                parts.push(format!(
+                    "{} of {} frames unreadable (their code object freed or torn before its read)",
+                    py.unreadable_frames, self.py_frames.0
+                ));
+            }
+            if py.map_full > 0 {
+                parts.push(format!(
+                    "{} process{} with native frames only (the walker's process table was full)",
+                    py.map_full,
+                    if py.map_full == 1 { "" } else { "es" }
+                ));
+            }
+            eprintln!("pyrometer: Python: {}", parts.join("; "));
+        }
         if c.user_stack_errors + c.kernel_stack_errors + c.targets_full > 0 {
             eprintln!(
                 "pyrometer: stack errors: {} user, {} kernel",
