@@ -43,9 +43,10 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 /// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "cpu",
     "python",
+    "quick",
     "tachyon",
     "alloc",
     "unwind",
@@ -81,6 +82,9 @@ pub fn bench(root: &Path) -> Result<()> {
     }
     if wanted("python") {
         crate::pybench::bench(root, &pyrometer, pairs)?;
+    }
+    if wanted("quick") {
+        crate::quickbench::bench(root, &pyrometer, pairs)?;
     }
     if wanted("tachyon") {
         crate::tachyonbench::bench(root, &pyrometer, pairs)?;

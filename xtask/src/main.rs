@@ -41,6 +41,7 @@ mod man;
 mod otel;
 mod otelbench;
 mod pybench;
+mod quickbench;
 mod setup;
 mod tachyonbench;
 
