@@ -208,7 +208,10 @@ impl Node {
             })?),
             None => None,
         };
+        // Read whole while root, before the capability drop: a later read of an address the
+        // kept file does not cover would see zeros, and one read a run costs nothing here.
         let mut symbolizer = Symbolizer::new()
+            .without_kallsyms_cache()
             .with_debug_dirs(debug_dirs)
             .with_dwarf_budget(cfg.dwarf_budget_bytes)
             .with_process_budget(cfg.process_budget_bytes);

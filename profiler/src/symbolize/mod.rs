@@ -10,6 +10,7 @@ mod elf;
 mod fetched;
 mod jit;
 mod kallsyms;
+mod kernel;
 mod perfmap;
 #[cfg(test)]
 mod tests;
@@ -174,6 +175,9 @@ pub struct Symbolizer {
     period: u64,
     debug_dirs: Vec<PathBuf>,
     kallsyms_path: PathBuf,
+    /// Where the kernel's symbols are kept between runs: None for no such file (tests, or
+    /// not root); the default decides at the first kernel frame.
+    kallsyms_cache: Option<Option<kallsyms::CacheSpec>>,
     perf_map_interval: Duration,
     elves: crate::FastMap<BinaryKey, Option<Rc<ElfInfo>>>,
     /// Innermost-first functions at (module, lookup file offset); `None`: nothing found.
@@ -221,6 +225,7 @@ impl Symbolizer {
             period: 0,
             debug_dirs: DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect(),
             kallsyms_path: PathBuf::from("/proc/kallsyms"),
+            kallsyms_cache: None,
             perf_map_interval: crate::os::procs::DEFAULT_REFRESH_INTERVAL,
             elves: Default::default(),
             results: Default::default(),
@@ -280,6 +285,7 @@ impl Symbolizer {
     pub fn with_kallsyms(mut self, path: impl Into<PathBuf>) -> Self {
         self.kallsyms_path = path.into();
         self.kallsyms = None;
+        self.kallsyms_cache = Some(None);
         self
     }
 
@@ -695,54 +701,6 @@ impl Symbolizer {
             inlined: false,
         });
         name.is_some()
-    }
-
-    /// Whether kernel symbols are readable (kallsyms present and not hidden by kptr_restrict).
-    pub fn kernel_available(&mut self) -> bool {
-        !self.kallsyms().is_empty()
-    }
-
-    /// Kallsyms listed symbols but every address read as 0 (kptr_restrict, or no
-    /// CAP_SYSLOG): say so rather than leaving kernel frames silently unnamed.
-    pub fn kernel_restricted(&mut self) -> bool {
-        self.kallsyms().restricted
-    }
-
-    fn kallsyms(&mut self) -> &Kallsyms {
-        self.kallsyms
-            .get_or_insert_with(|| Kallsyms::load(&self.kallsyms_path))
-    }
-
-    /// Symbolizes a kernel stack (leaf first, the first the sampled IP, the rest return
-    /// addresses). Frame addresses are the absolute addresses given.
-    pub fn kernel(&mut self, addrs: &[u64]) -> Vec<Frame> {
-        let k = self.kallsyms();
-        let frames: Vec<Frame> = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, &addr)| {
-                let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
-                let name = k.lookup(lookup);
-                Frame {
-                    function: name.unwrap_or(UNKNOWN).to_string(),
-                    file: None,
-                    line: None,
-                    module: Some(KERNEL_MODULE.to_string()),
-                    build_id: None,
-                    address: addr,
-                    kind: if name.is_some() {
-                        FrameKind::Kernel
-                    } else {
-                        FrameKind::Unknown
-                    },
-                    inlined: false,
-                }
-            })
-            .collect();
-        for f in &frames {
-            self.count(f.kind != FrameKind::Unknown);
-        }
-        frames
     }
 }
 
