@@ -350,8 +350,8 @@ pub fn open(
     let gpu_all = u32::from(config.gpu_kernels.is_some_and(|g| g.all));
     // A quarter of the ring buffer waiting wakes the agent; below that it polls.
     let wakeup_bytes = u64::from(config.ring_buffer_bytes / 4);
-    EbpfLoader::new()
-        .btf(Some(btf))
+    // Not `new()`, which parses the kernel's BTF again before `.btf` replaces it.
+    EbpfLoader::with_btf(Some(btf))
         .override_global("filter_mode", &filter_mode, true)
         .override_global("self_tgid", &self_tgid, true)
         .override_global("debug_reject", &config.debug_reject, true)

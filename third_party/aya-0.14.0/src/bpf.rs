@@ -171,6 +171,22 @@ impl<'a> EbpfLoader<'a> {
         }
     }
 
+    /// Creates a new loader instance with the given target [BTF](Btf) info, without reading
+    /// the kernel's own as [`EbpfLoader::new`] does (pyrometer's patch: a caller that has
+    /// parsed it already pays for the parse, and holds the parsed types, once).
+    pub fn with_btf(btf: Option<&'a Btf>) -> Self {
+        Self {
+            btf: btf.map(Cow::Borrowed),
+            default_map_pin_directory: None,
+            globals: HashMap::new(),
+            max_entries: HashMap::new(),
+            map_pin_path_by_name: HashMap::new(),
+            extensions: HashSet::new(),
+            verifier_log_level: VerifierLogLevel::default(),
+            allow_unsupported_maps: false,
+        }
+    }
+
     /// Sets the target [BTF](Btf) info.
     ///
     /// The loader defaults to loading `BTF` info using [`Btf::from_sys_fs`].
