@@ -48,13 +48,22 @@ fn record_with(bin: &Path, dir: &Path, cache: &Path) -> (std::process::Output, s
     (result, stats)
 }
 
-/// The one library file in the cache directory `cache` (`HASH/libpyrometer_alloc.so`).
+/// The one library file in the cache directory `cache` (`HASH/libpyrometer_alloc.so`); beside
+/// it only `kallsyms` (the kernel's symbols a root run keeps).
 fn cached_library(cache: &Path) -> PathBuf {
-    let dirs: Vec<PathBuf> = std::fs::read_dir(cache)
+    let (dirs, others): (Vec<PathBuf>, Vec<PathBuf>) = std::fs::read_dir(cache)
         .unwrap_or_else(|e| panic!("{}: {e}", cache.display()))
         .map(|e| e.unwrap().path())
-        .collect();
+        .partition(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.len() == 16 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        });
     assert_eq!(dirs.len(), 1, "one directory per library: {dirs:?}");
+    assert!(
+        others.iter().all(|p| p.ends_with("kallsyms")),
+        "nothing else in the cache: {others:?}"
+    );
     dirs[0].join("libpyrometer_alloc.so")
 }
 

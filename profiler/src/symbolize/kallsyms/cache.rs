@@ -11,7 +11,7 @@
 use std::fs::{self, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 
 use super::Table;
@@ -119,10 +119,28 @@ impl CacheSpec {
     /// Writes `table` (code symbols of the core kernel and the modules) for this spec,
     /// replacing the file of an earlier boot.
     pub(super) fn write(&self, table: &Table, core: (u64, u64)) -> std::io::Result<()> {
+        // The cache root is shared (the allocation sampler's library in it must be reachable
+        // by every user): 0755 as that code makes it; this directory root's alone.
+        if let Some(parent) = self.dir.parent()
+            && !parent.exists()
+        {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)?;
+            // Whatever the umask took.
+            fs::set_permissions(parent, fs::Permissions::from_mode(0o755))?;
+        }
         fs::DirBuilder::new()
-            .recursive(true)
             .mode(0o700)
-            .create(&self.dir)?;
+            .create(&self.dir)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })?;
         if check_private(&fs::symlink_metadata(&self.dir)?, true).is_none() {
             return Err(std::io::Error::other("cache directory not private"));
         }

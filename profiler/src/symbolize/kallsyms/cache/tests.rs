@@ -32,7 +32,7 @@ fn setup(name: &str) -> (Dir, PathBuf, CacheSpec) {
     fs::create_dir_all(&dir).unwrap();
     let text = dir.join("kallsyms");
     fs::write(&text, TEXT).unwrap();
-    let spec = CacheSpec::new(dir.join("cache"), "0a1b-2c3d", "6.18.0", MODULES).unwrap();
+    let spec = CacheSpec::new(dir.join("root/cache"), "0a1b-2c3d", "6.18.0", MODULES).unwrap();
     (Dir(dir), text, spec)
 }
 
@@ -50,6 +50,10 @@ fn the_second_run_reads_the_file_and_the_text_only_outside_what_it_covers() {
     let first = Kallsyms::load(&text, Some(&spec));
     assert!(!first.came_from_cache());
     assert!(spec.path().exists(), "the file is written");
+    // The cache root is shared with what other users must reach; this directory is root's.
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(spec.dir.parent().unwrap()), 0o755);
+    assert_eq!(mode(&spec.dir), 0o700);
 
     let k = Kallsyms::load(&text, Some(&spec));
     assert!(k.came_from_cache());
@@ -83,7 +87,7 @@ fn the_second_run_reads_the_file_and_the_text_only_outside_what_it_covers() {
 fn another_module_set_release_or_boot_reads_the_text() {
     let (dir, text, spec) = setup("key");
     Kallsyms::load(&text, Some(&spec));
-    let cache = dir.0.join("cache");
+    let cache = dir.0.join("root/cache");
     let others = [
         CacheSpec::new(cache.clone(), "0a1b-2c3d", "6.18.0", "").unwrap(),
         CacheSpec::new(
