@@ -48,10 +48,11 @@ impl Table {
     }
 }
 
-/// What a parse of the text found besides the table.
-struct Parsed {
-    table: Table,
-    /// Any line at all, and the core text's bounds (`_stext`, `_etext`) when listed.
+/// Code symbols of the text as (address, name, module), sorted by address, aliases in the
+/// order listed; whether it had any line at all, and the core text's bounds (`_stext`,
+/// `_etext`) when listed.
+struct Parsed<'a> {
+    syms: Vec<(u64, &'a str, Option<&'a str>)>,
     any: bool,
     core: Option<(u64, u64)>,
 }
@@ -62,7 +63,7 @@ fn dynamic_module(module: &str) -> bool {
     module == "[bpf]" || module.starts_with("[__builtin")
 }
 
-fn parse_text(text: &str, keep_dynamic: bool) -> Parsed {
+fn parse_text(text: &str) -> Parsed<'_> {
     let (mut any, mut stext, mut etext) = (false, None, None);
     let mut syms: Vec<(u64, &str, Option<&str>)> = Vec::with_capacity(text.len() / 40);
     for line in text.lines() {
@@ -83,35 +84,36 @@ fn parse_text(text: &str, keep_dynamic: bool) -> Parsed {
         if !matches!(ty, "t" | "T" | "w" | "W") || addr == 0 {
             continue;
         }
-        let module = parts.next();
-        if !keep_dynamic && module.is_some_and(dynamic_module) {
-            continue;
-        }
-        syms.push((addr, name, module));
+        syms.push((addr, name, parts.next()));
     }
     // Stable: aliases share an address, and the first listed is the one the kernel prints.
     syms.sort_by_key(|s| s.0);
-    syms.dedup_by_key(|s| s.0);
-    let mut table = Table {
-        addrs: Vec::with_capacity(syms.len()),
-        ends: Vec::with_capacity(syms.len()),
-        names: String::with_capacity(syms.iter().map(|s| s.1.len() + 1).sum()),
-    };
-    for (addr, name, module) in syms {
-        table.addrs.push(addr);
-        table.names.push_str(name);
-        if let Some(m) = module {
-            table.names.push(' ');
-            table.names.push_str(m);
-        }
-        table
-            .ends
-            .push(u32::try_from(table.names.len()).unwrap_or(u32::MAX));
-    }
     Parsed {
-        table,
+        syms,
         any,
         core: stext.zip(etext).filter(|(s, e)| s < e),
+    }
+}
+
+impl Table {
+    /// The table of `syms` (sorted by address), the first of each address's aliases.
+    fn build<'a>(syms: impl Iterator<Item = &'a (u64, &'a str, Option<&'a str>)>) -> Table {
+        let mut table = Table::default();
+        for &(addr, name, module) in syms {
+            if table.addrs.last() == Some(&addr) {
+                continue;
+            }
+            table.addrs.push(addr);
+            table.names.push_str(name);
+            if let Some(m) = module {
+                table.names.push(' ');
+                table.names.push_str(m);
+            }
+            table
+                .ends
+                .push(u32::try_from(table.names.len()).unwrap_or(u32::MAX));
+        }
+        table
     }
 }
 
@@ -152,24 +154,32 @@ impl Kallsyms {
         let Ok(text) = std::fs::read_to_string(path) else {
             return Kallsyms::default();
         };
-        let k = Self::parse(&text);
+        let parsed = parse_text(&text);
+        let k = Self::from_parsed(&parsed);
         if let Some(spec) = cache
             && !k.restricted
+            && let Some(core) = parsed.core
         {
-            let kept = parse_text(&text, false);
-            if let Some(core) = kept.core {
-                // Best effort: a read-only cache directory leaves every run reading the file.
-                let _ = spec.write(&kept.table, core);
-            }
+            let kept = parsed
+                .syms
+                .iter()
+                .filter(|s| !s.2.is_some_and(dynamic_module));
+            // Best effort: a read-only cache directory leaves every run reading the file.
+            let _ = spec.write(&Table::build(kept), core);
         }
         k
     }
 
+    #[cfg(test)]
     pub fn parse(text: &str) -> Kallsyms {
-        let parsed = parse_text(text, true);
+        Self::from_parsed(&parse_text(text))
+    }
+
+    fn from_parsed(parsed: &Parsed<'_>) -> Kallsyms {
+        let table = Table::build(parsed.syms.iter());
         Kallsyms {
-            restricted: parsed.any && parsed.table.len() == 0,
-            table: parsed.table,
+            restricted: parsed.any && table.len() == 0,
+            table,
             cached: None,
         }
     }
@@ -187,7 +197,7 @@ impl Kallsyms {
         }
         let full = c.full.get_or_init(|| {
             std::fs::read_to_string(&c.path)
-                .map(|t| parse_text(&t, true).table)
+                .map(|t| Table::build(parse_text(&t).syms.iter()))
                 .unwrap_or_default()
         });
         full.lookup(addr).map(|(_, name)| name)
