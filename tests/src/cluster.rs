@@ -257,6 +257,28 @@ pub fn samples_of(collector: &Collector, node: &str, pid: u32) -> u64 {
         .sum()
 }
 
+/// Waits for `count` (what the collector holds of process `pid` from a node) to change — a
+/// push has reached the collector — and reads the process's CPU time at once: (the new
+/// count, that CPU time). A window between two such reads counts the samples and the CPU time
+/// of the same span, up to the push's delay, which is alike at both ends. Polled every 20 ms
+/// rather than at `wait_for`'s pace: the lag of the CPU read is the window's error.
+pub fn at_next_push(what: &str, pid: u32, mut count: impl FnMut() -> u64) -> (u64, Duration) {
+    let last = count();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = count();
+        if n != last {
+            let cpu = crate::wait::cpu_time(pid).unwrap_or_else(|| panic!("process {pid} is gone"));
+            return (n, cpu);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no push of {what} in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Starts the cpu631 fixture under another name (its comm), running for `seconds`.
 pub fn workload(dir: &Path, name: &str, seconds: u32) -> Child {
     workload_of("cpu631", dir, name, seconds)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pyrometer_e2e::captures::{
     Killed, gaps_against_sleeps, idle_gaps, numbers, one_line_failure, slices_of,
 };
-use pyrometer_e2e::cluster::{Agent, Collector, free_port, samples_of};
+use pyrometer_e2e::cluster::{Agent, Collector, at_next_push, free_port, samples_of};
 use pyrometer_e2e::wait::wait_until;
 use pyrometer_e2e::{folded_counts, privileged, pyrometer, scratch, stderr};
 
@@ -57,26 +57,6 @@ fn ticks_per_second() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }
 
-/// Waits for the next push of `pid`'s always-on samples to reach the collector (its count
-/// there changes) and reads the process's CPU time at once: (samples, CPU ticks).
-/// Read so, a window between two pushes counts the samples and the CPU time of the same span,
-/// up to the push's delay, which is alike at both ends.
-fn at_next_push(collector: &Collector, node: &str, pid: u32) -> (u64, u64) {
-    let last = samples_of(collector, node, pid);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n = samples_of(collector, node, pid);
-        if n != last {
-            return (n, cpu_ticks(pid));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no push of pid {pid} from {node} in 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn kill(mut c: Child) {
     let _ = c.kill();
     let _ = c.wait();
@@ -120,9 +100,13 @@ fn capture_through_the_collector_on_another_node() {
     );
     // The always-on samples per CPU second of the workload over 20 s of pushes before the
     // capture (the rate against its CPU time: on a busy machine it gets less than a core).
-    let (before0, cpu0) = at_next_push(&collector, "node-b", pid);
+    let (before0, cpu0) = at_next_push("node-b's always-on samples of the workload", pid, || {
+        samples_of(&collector, "node-b", pid)
+    });
     std::thread::sleep(Duration::from_secs(20));
-    let (before1, cpu1) = at_next_push(&collector, "node-b", pid);
+    let (before1, cpu1) = at_next_push("node-b's always-on samples of the workload", pid, || {
+        samples_of(&collector, "node-b", pid)
+    });
 
     let folded = dir.join("capture.folded");
     let cpu_before = cpu_ticks(pid);
@@ -151,7 +135,9 @@ fn capture_through_the_collector_on_another_node() {
     );
     // The same from the push before the capture to one at least 3 s after its end.
     std::thread::sleep(Duration::from_secs(3));
-    let (during, cpu2) = at_next_push(&collector, "node-b", pid);
+    let (during, cpu2) = at_next_push("node-b's always-on samples of the workload", pid, || {
+        samples_of(&collector, "node-b", pid)
+    });
 
     let text = std::fs::read_to_string(&folded).unwrap();
     let total: u64 = text
@@ -182,8 +168,7 @@ fn capture_through_the_collector_on_another_node() {
     // The always-on profile during the capture is as before it, within ±5 %: samples the
     // capture took from it would lower its rate, the capture's 999 Hz samples leaking into it
     // would raise it fifty-fold.
-    let per_cpu_s =
-        |samples: u64, ticks: u64| samples as f64 / (ticks.max(1) as f64 / ticks_per_second());
+    let per_cpu_s = |samples: u64, cpu: Duration| samples as f64 / cpu.as_secs_f64().max(1e-3);
     let rate_before = per_cpu_s(before1 - before0, cpu1 - cpu0);
     let rate_during = per_cpu_s(during - before1, cpu2 - cpu1);
     eprintln!(
@@ -191,8 +176,8 @@ fn capture_through_the_collector_on_another_node() {
     );
     assert!(
         (rate_during - rate_before).abs() <= 0.05 * rate_before,
-        "always-on samples per CPU second: {rate_before:.2} before ({} samples in {} ticks), \
-         {rate_during:.2} over the capture ({} samples in {} ticks)",
+        "always-on samples per CPU second: {rate_before:.2} before ({} samples in {:?}), \
+         {rate_during:.2} over the capture ({} samples in {:?})",
         before1 - before0,
         cpu1 - cpu0,
         during - before1,

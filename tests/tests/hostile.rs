@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pyrometer_e2e::cluster::{Agent, Collector, collected, free_port, metric, workload};
+use pyrometer_e2e::cluster::{
+    Agent, Collector, at_next_push, collected, free_port, metric, workload,
+};
 use pyrometer_e2e::fuse::StuckFs;
 use pyrometer_e2e::wait::{cpu_time, cpu_used};
 use pyrometer_e2e::*;
@@ -452,9 +454,11 @@ fn agent_for(
 /// agent's start-up (sampling before its metrics answer) and whatever it does after the
 /// window stay out of the figure, and each end lags its push by the same loop turn.
 fn measure(collector: &Collector, node: &str, agent: &Agent, steady: u32) -> (f64, u64) {
-    let (samples_from, cpu_from) = at_push(collector, node, steady);
+    let what = format!("the steady process's samples from {node}");
+    let (samples_from, cpu_from) =
+        at_next_push(&what, steady, || symbolized(collector, node, steady));
     cpu_used(steady, Duration::from_secs(6), Duration::from_secs(60));
-    let (samples_to, cpu_to) = at_push(collector, node, steady);
+    let (samples_to, cpu_to) = at_next_push(&what, steady, || symbolized(collector, node, steady));
     let status = std::fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
     let hwm_kb: u64 = status
         .lines()
@@ -463,24 +467,6 @@ fn measure(collector: &Collector, node: &str, agent: &Agent, steady: u32) -> (f6
         .unwrap();
     let rate = (samples_to - samples_from) as f64 / (cpu_to - cpu_from).as_secs_f64();
     (rate, hwm_kb * 1024)
-}
-
-/// The steady process's symbolized samples from `node` at the collector and its CPU time,
-/// read as soon as a push from `node` has changed that count.
-fn at_push(collector: &Collector, node: &str, steady: u32) -> (u64, Duration) {
-    let before = symbolized(collector, node, steady);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = symbolized(collector, node, steady);
-        if now != before {
-            return (now, cpu_time(steady).unwrap());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no push from {node} with the steady process's samples in 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The steady process's samples from `node` at the collector whose stack reached its
