@@ -5,7 +5,7 @@
 //! process's (with waited-for children) minus the CPU the workload reports for itself.
 //! Nothing passes or fails: it prints medians of the paired ratios.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
@@ -63,23 +63,27 @@ pub(crate) fn run_timed(cmd: &mut Command) -> Result<Run> {
     })
 }
 
-pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
+/// pyenv's 3.11 and py-spy (from the Python registry, in `target/bench-venv`) for the
+/// section `section`; None, with the section's skip line printed, when either is missing.
+pub(crate) fn python_and_pyspy(root: &Path, section: &str) -> Option<(PathBuf, PathBuf)> {
     let python = crate::pyenv_python();
     if !python.exists() {
-        println!(
-            "\nPython overhead: skipped ({} is missing)",
-            python.display()
-        );
-        return Ok(());
+        println!("\n{section}: skipped ({} is missing)", python.display());
+        return None;
     }
-    let venv = match crate::python_venv(root, "bench-venv", PYSPY_PACKAGES) {
-        Ok(v) => v,
+    match crate::python_venv(root, "bench-venv", PYSPY_PACKAGES) {
+        Ok(venv) => Some((python, venv.join("bin/py-spy"))),
         Err(e) => {
-            println!("\nPython overhead: skipped (py-spy could not be installed: {e:#})");
-            return Ok(());
+            println!("\n{section}: skipped (py-spy could not be installed: {e:#})");
+            None
         }
+    }
+}
+
+pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
+    let Some((python, pyspy)) = python_and_pyspy(root, "Python overhead") else {
+        return Ok(());
     };
-    let pyspy = venv.join("bin/py-spy");
     let script = root.join("tests/fixtures/py631.py");
     let dir = root.join("target/bench");
 

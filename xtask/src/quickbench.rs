@@ -14,9 +14,6 @@ use anyhow::{Context, Result, bail};
 
 use crate::bench::median;
 
-/// py-spy from the Python registry, pinned (the same venv as the Python overhead section).
-const PYSPY_PACKAGES: &[&str] = &["py-spy==0.4.3"];
-
 /// One capture: seconds from its start to its exit and to its "sampling" line, CPU seconds
 /// (its own and its waited-for children's), peak RSS in MiB.
 struct Quick {
@@ -96,19 +93,9 @@ impl Drop for Workload {
 }
 
 pub fn bench(root: &Path, pyrometer: &Path, pairs: usize) -> Result<()> {
-    let python = crate::pyenv_python();
-    if !python.exists() {
-        println!("\nQuick capture: skipped ({} is missing)", python.display());
+    let Some((python, pyspy)) = crate::pybench::python_and_pyspy(root, "Quick capture") else {
         return Ok(());
-    }
-    let venv = match crate::python_venv(root, "bench-venv", PYSPY_PACKAGES) {
-        Ok(v) => v,
-        Err(e) => {
-            println!("\nQuick capture: skipped (py-spy could not be installed: {e:#})");
-            return Ok(());
-        }
     };
-    let pyspy = venv.join("bin/py-spy");
     let dir = root.join("target/bench");
     let workload = Workload(
         Command::new(&python)
