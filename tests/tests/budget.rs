@@ -1,7 +1,9 @@
 //! The agent's CPU budget per process (`--process-cpu-budget-ms`): a process whose files cost
-//! the agent more CPU time in a push interval than the budget is degraded until the interval
-//! ends (its user stacks one `[budget]` frame) and counted on `/metrics`, while a process
-//! beside it that costs the agent next to nothing is served as ever.
+//! the agent more CPU time in a push interval than the budget is degraded until later
+//! intervals' budgets have paid off what it spent over (its user stacks one `[budget]` frame)
+//! and counted on `/metrics`, while a process beside it that costs the agent next to nothing
+//! is served as ever. The costly process has one stack, named at the push in which its read
+//! is charged: only the carried overspending can degrade it, in the intervals after.
 
 use std::process::Command;
 use std::time::Duration;
@@ -13,8 +15,7 @@ use pyrometer_e2e::*;
 /// A perf map of some 4 MB that does not name the anonymous memory `hostile` spins in
 /// (fixtures/hostile.c): each miss there has the agent read and parse it again (at most every
 /// 500 ms), some 50 ms of CPU in a debug build. Not larger: a read past the symbolizer's 2 s
-/// deadline (a 15 MB map on a loaded 2-core machine) leaves the process alone for a minute,
-/// and the read's cost, charged when it ends, may land after the interval's stacks were named.
+/// deadline (a 15 MB map on a loaded 2-core machine) leaves the process alone for a minute.
 fn costly_perf_map(pid: u32) -> std::path::PathBuf {
     let path = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
     let mut text = String::with_capacity(4 << 20);

@@ -297,7 +297,7 @@ impl AgentMetrics {
         one(
             "pyrometer_agent_processes_over_cpu_budget_total",
             "counter",
-            "Times a process went over --process-cpu-budget-ms in a push interval: each of its user stacks is one [budget] frame until the interval ends.",
+            "Times a process went over --process-cpu-budget-ms in a push interval: each of its user stacks is one [budget] frame until later intervals' budgets pay off what it spent over.",
             self.processes_over_cpu_budget.load(Relaxed),
         );
         one(

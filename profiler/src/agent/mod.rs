@@ -88,7 +88,7 @@ pub struct AgentConfig {
     /// CPU time the agent may spend on one process per push interval (its files' reads,
     /// tables, registration, symbol lookups; default [`DEFAULT_PROCESS_CPU_BUDGET`]): a
     /// process over it is left as it is and has each of its user stacks named by one
-    /// `[budget]` frame until the interval ends.
+    /// `[budget]` frame until later intervals' budgets have paid off what it spent over.
     pub process_cpu_budget: std::time::Duration,
     /// The shortest blocked interval counted, when off-CPU time is measured.
     pub off_cpu_min_ns: Option<u64>,

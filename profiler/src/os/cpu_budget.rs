@@ -1,8 +1,12 @@
 //! CPU time spent on behalf of each profiled process, bounded per interval (the agent's push
 //! interval): reads of its files and what is built from them (on workers, timed there),
 //! bringing its tables up to date, symbol lookups. A process found over the budget is
-//! degraded until the interval ends: no more work is started for it, and its user stacks
-//! are one `[budget]` frame. The next interval starts it afresh.
+//! degraded: no more work is started for it, and its user stacks are one `[budget]` frame.
+//! What it spent over the budget is carried into the next intervals and paid from their
+//! budgets (at most [`MAX_DEBT_INTERVALS`] of them): it stays degraded until it is paid off.
+//! Without the carry, a process whose one read costs more than the budget would have that
+//! read every interval, the budget bounding nothing, and a read charged as the interval's
+//! stacks are named would degrade none of them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -21,6 +25,10 @@ pub fn thread_cpu() -> Duration {
         ts.tv_nsec.clamp(0, 999_999_999) as u32,
     )
 }
+
+/// The most intervals a process's overspending keeps it degraded after the one it went over
+/// in: one costly read (a huge binary) is not held against it for ever.
+pub const MAX_DEBT_INTERVALS: u32 = 6;
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -61,17 +69,35 @@ impl CpuBudget {
         over
     }
 
-    /// Whether `pid` went over its budget in this interval.
+    /// Whether `pid` is over its budget: it went over in this interval, or is still paying
+    /// off what it spent over in earlier ones.
     pub fn is_over(&self, pid: u32) -> bool {
         self.inner().over.contains(&pid)
     }
 
-    /// Starts a new interval: every process's spending starts from zero. Returns the
-    /// processes that were over, whose work was put off: theirs to bring up to date now.
+    /// Starts a new interval: each process's spending starts from what it spent over the
+    /// budget (at most [`MAX_DEBT_INTERVALS`] budgets), which this interval's budget pays
+    /// first; one still over after that stays degraded. Returns the processes that were over
+    /// and no longer are, whose work was put off: theirs to bring up to date now.
     pub fn next_interval(&self) -> Vec<u32> {
         let mut b = self.inner();
-        b.spent.clear();
-        b.over.drain().collect()
+        let limit = b.limit;
+        let cap = limit.saturating_mul(MAX_DEBT_INTERVALS + 1);
+        b.spent.retain(|_, spent| {
+            *spent = (*spent).min(cap).saturating_sub(limit);
+            !spent.is_zero()
+        });
+        let Inner { spent, over, .. } = &mut *b;
+        let mut paid_off = Vec::new();
+        over.retain(|pid| {
+            let still = spent.get(pid).is_some_and(|s| *s > limit);
+            if !still {
+                paid_off.push(*pid);
+            }
+            still
+        });
+        paid_off.sort_unstable();
+        paid_off
     }
 
     /// Times a process went over its budget, all intervals together.
@@ -123,10 +149,49 @@ mod tests {
         assert!(b.is_over(1) && !b.is_over(2));
         assert!(b.charge(1, Duration::ZERO), "stays over");
         assert_eq!(b.went_over(), 1, "counted once per interval");
-        assert_eq!(b.next_interval(), vec![1]);
+        assert_eq!(b.next_interval(), vec![1], "2 ms carried: paid at once");
         assert!(!b.is_over(1));
-        assert!(b.charge(1, Duration::from_millis(11)));
+        assert!(
+            !b.charge(1, Duration::from_millis(8)),
+            "2 + 8 ms is the budget"
+        );
+        assert!(b.charge(1, Duration::from_millis(1)));
         assert_eq!(b.went_over(), 2);
+        assert!(!b.is_over(2), "9 ms were not carried");
+        assert!(!b.charge(2, Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn overspending_is_paid_off_by_later_intervals() {
+        // One read of 50 ms against 20 ms an interval: the next interval is degraded whole,
+        // and over many intervals such reads cost the budget on average.
+        let b = CpuBudget::new(Duration::from_millis(20));
+        let mut degraded = 0;
+        let mut spent = Duration::ZERO;
+        for _ in 0..100 {
+            if b.is_over(1) {
+                degraded += 1;
+            } else {
+                b.charge(1, Duration::from_millis(50));
+                spent += Duration::from_millis(50);
+            }
+            b.next_interval();
+        }
+        assert!(degraded >= 55, "{degraded} of 100 intervals degraded");
+        assert!(
+            spent <= Duration::from_millis(20 * 100 + 50),
+            "{spent:?} over 100 intervals of 20 ms"
+        );
+        // A read worth a thousand intervals degrades the process for MAX_DEBT_INTERVALS.
+        let b = CpuBudget::new(Duration::from_millis(20));
+        assert!(b.charge(2, Duration::from_secs(20)));
+        let mut intervals = 0;
+        while b.is_over(2) {
+            assert_eq!(b.next_interval().is_empty(), b.is_over(2));
+            intervals += 1;
+        }
+        assert_eq!(intervals, MAX_DEBT_INTERVALS);
+        assert_eq!(b.went_over(), 1, "one episode");
     }
 
     #[test]

@@ -678,8 +678,14 @@ mod tests {
         assert!(budget.is_over(7));
         assert_eq!(reads.run(7, || 2), None, "over budget: not started");
         assert_eq!(reads.run(8, || 3), Some(3), "another process goes on");
+        // 20 ms against 5 ms an interval: three intervals pay it off.
+        for _ in 0..3 {
+            budget.next_interval();
+        }
+        assert!(budget.is_over(7), "15 ms carried, 10 still to pay");
+        assert_eq!(reads.run(7, || 4), None);
         budget.next_interval();
-        assert_eq!(reads.run(7, || 4), Some(4), "a new interval");
+        assert_eq!(reads.run(7, || 5), Some(5), "paid off");
     }
 
     #[test]

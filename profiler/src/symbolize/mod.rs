@@ -267,7 +267,7 @@ impl Symbolizer {
 
     /// Charges the CPU time spent symbolizing each process (its reads on workers, its
     /// lookups) to `budget`; a process over it has each of its user stacks as one `[budget]`
-    /// frame until the interval ends.
+    /// frame until it is within the budget again (see [`crate::os::cpu_budget`]).
     pub fn with_cpu_budget(mut self, budget: crate::os::cpu_budget::CpuBudget) -> Self {
         self.reads.set_budget(budget.clone());
         self.cpu = Some(budget);
