@@ -10,7 +10,7 @@ use pyrometer_e2e::captures::{
     Killed, gaps_against_sleeps, idle_gaps, numbers, one_line_failure, slices_of,
 };
 use pyrometer_e2e::cluster::{Agent, Collector, at_next_push, free_port, samples_of};
-use pyrometer_e2e::wait::wait_until;
+use pyrometer_e2e::wait::{cpu_time, wait_until};
 use pyrometer_e2e::{folded_counts, privileged, pyrometer, scratch, stderr};
 
 /// Spins half a second in `spin`, sleeps a quarter, for ever; writes how long each sleep
@@ -44,19 +44,6 @@ fn py631(rounds: u32) -> Killed {
 }
 
 /// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after_comm.split(' ').collect();
-    // Fields 14 and 15 of stat(5), counted from the state (field 3).
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf only reads a constant.
-    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
-}
-
 fn kill(mut c: Child) {
     let _ = c.kill();
     let _ = c.wait();
@@ -109,7 +96,7 @@ fn capture_through_the_collector_on_another_node() {
     });
 
     let folded = dir.join("capture.folded");
-    let cpu_before = cpu_ticks(pid);
+    let cpu_before = cpu_time(pid).expect("the workload runs");
     let started = Instant::now();
     let out = pyrometer(&[
         "capture",
@@ -127,7 +114,7 @@ fn capture_through_the_collector_on_another_node() {
         folded.to_str().unwrap(),
     ]);
     let took = started.elapsed();
-    let cpu_after = cpu_ticks(pid);
+    let cpu_after = cpu_time(pid).expect("the workload runs");
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         took < Duration::from_secs(15),
@@ -146,7 +133,7 @@ fn capture_through_the_collector_on_another_node() {
         .sum();
     // One CPU-bound thread, 999 Hz, 5 s: some 5000 samples on a quiet machine, as many as the
     // CPU time it gets on a busy one (a quarter of a CPU was seen), never more.
-    let cpu_s = cpu_after.saturating_sub(cpu_before) as f64 / ticks_per_second();
+    let cpu_s = cpu_after.saturating_sub(cpu_before).as_secs_f64();
     assert!(total > 400, "{total} samples in a 5 s capture at 999 Hz");
     assert!(
         total as f64 <= 999.0 * cpu_s * 1.1,

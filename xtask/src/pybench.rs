@@ -40,14 +40,10 @@ pub(crate) fn run_timed(cmd: &mut Command) -> Result<Run> {
         }
         text
     });
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the child spawned above, which nothing else waits for.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let exit = wait_with_usage(pid);
     let err = reader.join().unwrap_or_default();
-    if r != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("benchmark command failed ({status}): {err}");
+    if !exit.succeeded {
+        bail!("benchmark command failed ({}): {err}", exit.status);
     }
     let field = |key: &str| -> Result<f64> {
         err.lines()
@@ -55,12 +51,43 @@ pub(crate) fn run_timed(cmd: &mut Command) -> Result<Run> {
             .and_then(|v| v.trim().parse().ok())
             .with_context(|| format!("no {key}in output: {err}"))
     };
-    let ns = |t: libc::timeval| t.tv_sec as f64 * 1e9 + t.tv_usec as f64 * 1e3;
     Ok(Run {
         elapsed_ns: field("elapsed_ns ")?,
         workload_cpu_ns: field("cpu_ns ")?,
-        total_cpu_ns: ns(usage.ru_utime) + ns(usage.ru_stime),
+        total_cpu_ns: exit.cpu_s() * 1e9,
     })
+}
+
+/// How a child ended, with the CPU time and memory of it and everything it waited for.
+pub(crate) struct Exited {
+    pub(crate) succeeded: bool,
+    pub(crate) status: i32,
+    usage: libc::rusage,
+}
+
+impl Exited {
+    pub(crate) fn cpu_s(&self) -> f64 {
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        secs(self.usage.ru_utime) + secs(self.usage.ru_stime)
+    }
+
+    pub(crate) fn peak_rss_mib(&self) -> f64 {
+        self.usage.ru_maxrss as f64 / 1024.0
+    }
+}
+
+/// Waits for our own child `pid`, which nothing else waits for.
+pub(crate) fn wait_with_usage(pid: libc::pid_t) -> Exited {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for a child of this process, which nothing else waits for.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    Exited {
+        succeeded: r == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        status,
+        usage,
+    }
 }
 
 /// pyenv's 3.11 and py-spy (from the Python registry, in `target/bench-venv`) for the

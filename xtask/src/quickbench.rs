@@ -56,11 +56,7 @@ fn run_quick(cmd: &mut Command, started: &str) -> Result<Quick> {
     let pid = child.id() as libc::pid_t;
     let out = watch(child.stdout.take().context("stdout")?, started, t0);
     let err = watch(child.stderr.take().context("stderr")?, started, t0);
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the child spawned above, which nothing else waits for.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let exit = crate::pybench::wait_with_usage(pid);
     let wall = t0.elapsed();
     let (at_out, out) = out.join().unwrap_or_default();
     let (at_err, err) = err.join().unwrap_or_default();
@@ -69,16 +65,15 @@ fn run_quick(cmd: &mut Command, started: &str) -> Result<Quick> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    if r != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("capture command failed ({status}): {text}");
+    if !exit.succeeded {
+        bail!("capture command failed ({}): {text}", exit.status);
     }
     let at: Duration = at.with_context(|| format!("no line with '{started}' in: {text}"))?;
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     Ok(Quick {
         wall_s: wall.as_secs_f64(),
         started_s: at.as_secs_f64(),
-        cpu_s: secs(usage.ru_utime) + secs(usage.ru_stime),
-        rss_mib: usage.ru_maxrss as f64 / 1024.0,
+        cpu_s: exit.cpu_s(),
+        rss_mib: exit.peak_rss_mib(),
     })
 }
 

@@ -16,6 +16,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::os::owned::check_owner_and_mode;
+
 /// The allocation sampler's file name: a process that maps a file of this name loads it.
 pub const LIBRARY: &str = "libpyrometer_alloc.so";
 
@@ -211,25 +213,6 @@ fn ensure_private_dir(dir: &Path) -> Result<(), EmbeddedError> {
     // The umask may have taken bits a process running as another user needs to reach it.
     if meta.mode() & 0o755 != 0o755 {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(io(dir))?;
-    }
-    Ok(())
-}
-
-/// Owned by this user and writable by nobody else; the reason when not.
-fn check_owner_and_mode(meta: &fs::Metadata) -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(format!(
-            "owned by uid {}, not by this user ({me})",
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "writable by group or others (mode {:o})",
-            meta.mode() & 0o7777
-        ));
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ pub mod cpu_budget;
 pub mod elfsyms;
 pub mod mounts;
 pub mod optout;
+pub mod owned;
 pub mod pids;
 pub mod privileges;
 pub mod procevents;

@@ -15,6 +15,17 @@ use std::path::{Path, PathBuf};
 
 pub(crate) use cache::{CacheSpec, default_dir};
 
+/// Where a symbolizer keeps the kernel's symbols between runs.
+#[derive(Debug)]
+pub(crate) enum KeptFile {
+    /// Decided at the first kernel frame: the default file for a root run on the host's
+    /// kallsyms, none otherwise.
+    Default,
+    /// No such file: kallsyms is read whole (tests, a long-lived agent, not root).
+    None,
+    At(CacheSpec),
+}
+
 /// Kallsyms gives no sizes: a symbol ends where the next begins. Past the last symbol of a
 /// region (the end of core text before module space) that rule would name arbitrarily far
 /// addresses, so stop at a distance no real kernel function reaches.

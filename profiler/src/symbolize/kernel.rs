@@ -10,7 +10,7 @@ impl Symbolizer {
     /// Reads `/proc/kallsyms` whole rather than the symbols kept from an earlier run (see
     /// `kallsyms`): for a long-lived process that cannot read it later.
     pub fn without_kallsyms_cache(mut self) -> Self {
-        self.kallsyms_cache = Some(None);
+        self.kallsyms_cache = kallsyms::KeptFile::None;
         self
     }
 
@@ -27,15 +27,17 @@ impl Symbolizer {
 
     fn kallsyms(&mut self) -> &Kallsyms {
         if self.kallsyms.is_none() {
-            let host = self.kallsyms_path == Path::new("/proc/kallsyms");
-            let spec = self
-                .kallsyms_cache
-                .get_or_insert_with(|| {
-                    kallsyms::default_dir()
-                        .filter(|_| host)
-                        .and_then(kallsyms::CacheSpec::of_host)
-                })
-                .as_ref();
+            if matches!(self.kallsyms_cache, kallsyms::KeptFile::Default) {
+                let host = self.kallsyms_path == Path::new("/proc/kallsyms");
+                self.kallsyms_cache = kallsyms::default_dir()
+                    .filter(|_| host)
+                    .and_then(kallsyms::CacheSpec::of_host)
+                    .map_or(kallsyms::KeptFile::None, kallsyms::KeptFile::At);
+            }
+            let spec = match &self.kallsyms_cache {
+                kallsyms::KeptFile::At(spec) => Some(spec),
+                _ => None,
+            };
             self.kallsyms = Some(Kallsyms::load(&self.kallsyms_path, spec));
         }
         self.kallsyms.get_or_insert_default()

@@ -175,9 +175,8 @@ pub struct Symbolizer {
     period: u64,
     debug_dirs: Vec<PathBuf>,
     kallsyms_path: PathBuf,
-    /// Where the kernel's symbols are kept between runs: None for no such file (tests, or
-    /// not root); the default decides at the first kernel frame.
-    kallsyms_cache: Option<Option<kallsyms::CacheSpec>>,
+    /// Where the kernel's symbols are kept between runs.
+    kallsyms_cache: kallsyms::KeptFile,
     perf_map_interval: Duration,
     elves: crate::FastMap<BinaryKey, Option<Rc<ElfInfo>>>,
     /// Innermost-first functions at (module, lookup file offset); `None`: nothing found.
@@ -225,7 +224,7 @@ impl Symbolizer {
             period: 0,
             debug_dirs: DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect(),
             kallsyms_path: PathBuf::from("/proc/kallsyms"),
-            kallsyms_cache: None,
+            kallsyms_cache: kallsyms::KeptFile::Default,
             perf_map_interval: crate::os::procs::DEFAULT_REFRESH_INTERVAL,
             elves: Default::default(),
             results: Default::default(),
@@ -285,7 +284,7 @@ impl Symbolizer {
     pub fn with_kallsyms(mut self, path: impl Into<PathBuf>) -> Self {
         self.kallsyms_path = path.into();
         self.kallsyms = None;
-        self.kallsyms_cache = Some(None);
+        self.kallsyms_cache = kallsyms::KeptFile::None;
         self
     }
 

@@ -11,7 +11,7 @@
 use std::fs::{self, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 
 use super::Table;
@@ -190,10 +190,8 @@ impl Hasher for Fnv {
 
 /// Owned by this user and writable by nobody else (and, for `dir`, a directory; else a file).
 fn check_private(meta: &fs::Metadata, dir: bool) -> Option<()> {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
     let kind = if dir { meta.is_dir() } else { meta.is_file() };
-    (kind && meta.uid() == me && meta.mode() & 0o022 == 0).then_some(())
+    (kind && crate::os::owned::check_owner_and_mode(meta).is_ok()).then_some(())
 }
 
 fn encode(table: &Table, covered: &[(u64, u64)], key: &str) -> Vec<u8> {
