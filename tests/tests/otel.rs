@@ -94,9 +94,53 @@ fn span_labels_split_two_threads_two_to_one() {
     let Some(python) = otel::python() else {
         return;
     };
-    let dir = scratch("otel-split");
+    span_labels_split(&python, "otel-split");
+}
+
+/// On a free-threaded build the two spans' threads run in parallel, and the package's slots
+/// are written by its pure-Python path (its C fast path refuses such a build): the same
+/// labels and split, and loading the package and the SDK leaves the GIL off.
+fn span_labels_free_threaded(minor: u32) {
+    if !privileged() {
+        return;
+    }
+    let Some(python) = otel::free_threaded_python(minor) else {
+        return;
+    };
+    let gil = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import sys, opentelemetry.sdk.trace, pyrometer_otel.processor as p; \
+             print(sys._is_gil_enabled(), p.FAST)",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&gil.stdout).trim(),
+        "False False",
+        "the GIL and the fast path after loading the package on 3.{minor}t: {}",
+        String::from_utf8_lossy(&gil.stderr)
+    );
+    span_labels_split(&python, &format!("otel-split-3.{minor}t"));
+}
+
+#[test]
+fn span_labels_split_two_threads_two_to_one_3_13t() {
+    span_labels_free_threaded(13);
+}
+
+#[test]
+fn span_labels_split_two_threads_two_to_one_3_14t() {
+    span_labels_free_threaded(14);
+}
+
+/// heavy() and light() in two spans on two threads: each span's samples match its thread's
+/// CPU, `--split-by span` writes one file a span, each function carries its innermost span,
+/// and samples outside any span carry none.
+fn span_labels_split(python: &Path, name: &str) {
+    let dir = scratch(name);
     let out = dir.join("spans.pb.gz");
-    let ids = record_spans(&out, &python, &[]);
+    let ids = record_spans(&out, python, &[]);
     let profile = read_pprof(&out);
     let count = pprof_type(&profile, "samples");
     let samples = pprof_samples(&profile);

@@ -248,8 +248,18 @@ pub(crate) fn pyenv_python() -> PathBuf {
 /// A virtual environment under `target/` with `packages` from the Python registry, made once
 /// (a marker file records what was installed). A `target/NAME` that is a link (a worktree
 /// sharing the main checkout's venvs) is used as it is and never remade: `venv --clear`
-/// through the link would empty the other checkout's venv.
+/// through the link would empty the other checkout's venv. Made with pyenv's 3.11.
 pub fn python_venv(root: &Path, name: &str, packages: &[&str]) -> Result<PathBuf> {
+    python_venv_of(&pyenv_python(), root, name, packages)
+}
+
+/// [`python_venv`] made with the interpreter `python`.
+pub fn python_venv_of(
+    python: &Path,
+    root: &Path,
+    name: &str,
+    packages: &[&str],
+) -> Result<PathBuf> {
     let venv = root.join("target").join(name);
     let marker = venv.join(".pyrometer-installed");
     let want = packages.join(" ");
@@ -273,7 +283,6 @@ pub fn python_venv(root: &Path, name: &str, packages: &[&str]) -> Result<PathBuf
             to.display()
         );
     }
-    let python = pyenv_python();
     if !python.exists() {
         bail!(
             "{} is missing: cannot make {} ({want})",
@@ -281,7 +290,7 @@ pub fn python_venv(root: &Path, name: &str, packages: &[&str]) -> Result<PathBuf
             venv.display()
         );
     }
-    run(Command::new(&python)
+    run(Command::new(python)
         .args(["-m", "venv", "--clear"])
         .arg(&venv))
     .and_then(|()| {
@@ -316,7 +325,10 @@ fn test(extra: &[String]) -> Result<()> {
     steps.needed("forky root", || forky::ensure(&root));
     // Before any build: the GPU-kernel library and its stand-in libcupti build against them.
     steps.needed("CUDA headers (target/cuda-headers)", || cuda::ensure(&root));
-    steps.needed("free-threaded CPython builds", cpython::ensure_all);
+    let free_threaded = steps.needed("free-threaded CPython builds", cpython::ensure_all);
+    steps.needed("OpenTelemetry venvs (free-threaded)", || {
+        otel::free_threaded_venvs(&root, free_threaded.as_deref().unwrap_or_default())
+    });
     steps.needed("kernel matrix qemu (target/qemu)", || {
         apt::matrix_tools(&build_dir())
     });

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 /// The pinned OpenTelemetry packages (`opentelemetry-proto` 1.45.2 ships the
 /// `profiles/v1development` messages the collector's vendored protos match).
@@ -49,6 +49,30 @@ pub fn venv(root: &Path) -> Result<PathBuf> {
     }
     Ok(venv)
 }
+
+/// The SDK and this repository's package for each free-threaded interpreter in
+/// `interpreters` (`…/bin/python3.13t`): `target/otel-venv-3.13t`. No gRPC or proto
+/// packages: the span-label tests on these builds need the SDK alone. The package's C fast
+/// path refuses to load there (its calls assume the GIL), so no build of it is attempted.
+pub fn free_threaded_venvs(root: &Path, interpreters: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let packages = absolute(root, FREE_THREADED_PACKAGES);
+    let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
+    interpreters
+        .iter()
+        .map(|python| {
+            let label = python
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("python"))
+                .context("a free-threaded interpreter named python3.Nt")?;
+            crate::python_venv_of(python, root, &format!("otel-venv-{label}"), &packages)
+        })
+        .collect()
+}
+
+/// What [`free_threaded_venvs`] installs.
+const FREE_THREADED_PACKAGES: &[&str] =
+    &["opentelemetry-sdk==1.45.2", "-e", "python/pyrometer-otel"];
 
 /// Rebuilds the package's C extension (`_fastslot`, built in place next to its source by an
 /// editable install) when it is missing or older than its source, as in a venv made before
