@@ -38,6 +38,8 @@ pub struct AgentMetrics {
     pub refused_files: AtomicU64,
     /// Reads of profiled processes' files that overran their deadline.
     pub stalled_reads: AtomicU64,
+    /// The symbolizer's reads still running when a push stopped waiting for them.
+    pub deferred_reads: AtomicU64,
     /// Python processes walked for native frames only: an interpreter without a known
     /// layout, and one whose description of itself did not validate.
     pub python_refused_unsupported: AtomicU64,
@@ -106,6 +108,7 @@ impl AgentMetrics {
         self.processes_over_budget
             .store(symbols.processes_over_budget, Relaxed);
         self.refused_files.store(symbols.refused_files, Relaxed);
+        self.deferred_reads.store(symbols.deferred_reads, Relaxed);
         let unwinder_stalled = unwinder.map_or(0, |u| u.stalled_reads);
         self.stalled_reads.store(
             symbols.stalled_reads + unwinder_stalled + python.stalled_reads,
@@ -122,6 +125,7 @@ impl AgentMetrics {
     pub fn render(&self) -> String {
         let mut o = String::new();
         self.render_totals(&mut o);
+        self.render_readers(&mut o);
         self.render_python(&mut o);
         if let Some(refused) = self.refused.get() {
             let _ = write!(
@@ -262,147 +266,176 @@ impl AgentMetrics {
         }
     }
 
-    /// The metrics without labels: one HELP, TYPE and value each.
-    fn render_totals(&self, out: &mut String) {
-        let mut one = |name: &str, kind: &str, help: &str, v: u64| {
-            let _ = write!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            );
-        };
+    /// What reading profiled processes' files cost and met: files read without their DWARF,
+    /// processes over their budgets, files refused, reads past their deadline or not waited for.
+    fn render_readers(&self, out: &mut String) {
         one(
-            "pyrometer_agent_samples_total",
-            "counter",
-            "Samples read from the kernel.",
-            self.samples.load(Relaxed),
-        );
-        one(
-            "pyrometer_agent_process_event_overflows_total",
-            "counter",
-            "Times the kernel dropped process events (its socket buffer was full) and every process was read again to find those chosen by name.",
-            self.process_event_overflows.load(Relaxed),
-        );
-        one(
+            out,
             "pyrometer_agent_symbolized_without_dwarf_total",
             "counter",
             "Times a binary was opened for its symbol table only, its DWARF not fitting in --dwarf-mb (frames without lines or inlined functions).",
             self.dwarf_skipped_files.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_processes_over_budget_total",
             "counter",
             "Processes found over --process-budget-mb: each of their user stacks is one [budget] frame from then on.",
             self.processes_over_budget.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_processes_over_cpu_budget_total",
             "counter",
             "Times a process went over --process-cpu-budget-ms in a push interval: each of its user stacks is one [budget] frame until later intervals' budgets pay off what it spent over.",
             self.processes_over_cpu_budget.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_refused_files_total",
             "counter",
             "Files of profiled processes refused: a FIFO, a link, a device, over the size cap, or replaced between their check and their reading.",
             self.refused_files.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_stalled_reads_total",
             "counter",
             "Reads of profiled processes' files that did not finish by their deadline (the process is left alone for a while).",
             self.stalled_reads.load(Relaxed),
         );
         one(
+            out,
+            "pyrometer_agent_deferred_reads_total",
+            "counter",
+            "Reads for naming frames still running when a push or capture stopped waiting for them: their frames are module and offset there, and the answer is used from the next push on.",
+            self.deferred_reads.load(Relaxed),
+        );
+    }
+
+    /// The metrics without labels: one HELP, TYPE and value each.
+    fn render_totals(&self, out: &mut String) {
+        one(
+            out,
+            "pyrometer_agent_samples_total",
+            "counter",
+            "Samples read from the kernel.",
+            self.samples.load(Relaxed),
+        );
+        one(
+            out,
+            "pyrometer_agent_process_event_overflows_total",
+            "counter",
+            "Times the kernel dropped process events (its socket buffer was full) and every process was read again to find those chosen by name.",
+            self.process_event_overflows.load(Relaxed),
+        );
+        one(
+            out,
             "pyrometer_agent_batches_spooled_total",
             "counter",
             "Batches written to the spool (every batch is, before its push).",
             self.batches_spooled.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_batches_pushed_total",
             "counter",
             "Batches the collector acknowledged.",
             self.batches_pushed.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_samples_pushed_total",
             "counter",
             "Samples in acknowledged batches.",
             self.samples_pushed.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_batches_dropped_total",
             "counter",
             "Batches deleted unsent: the oldest when the spool was full, or refused as invalid.",
             self.batches_dropped.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_samples_dropped_total",
             "counter",
             "Samples in dropped batches.",
             self.samples_dropped.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_push_errors_total",
             "counter",
             "Push attempts that failed (the batch stays spooled).",
             self.push_errors.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_spool_batches",
             "gauge",
             "Batches waiting in the spool.",
             self.spool_batches.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_opted_out_samples_total",
             "counter",
             "Samples of processes opted out by --exclude-cgroup, dropped unread.",
             self.opted_out_samples.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_spool_size_bytes",
             "gauge",
             "Bytes waiting in the spool.",
             self.spool_bytes.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_unwind_walks_total",
             "counter",
             "User stacks walked by the in-kernel DWARF unwinder.",
             self.unwind_walks.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_unwind_tables_too_big_total",
             "counter",
             "Executables whose unwind tables did not fit in --unwind-rows (walked by frame pointers).",
             self.unwind_tables_too_big.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_unwind_mappings_dropped_total",
             "counter",
             "Executable mappings beyond 128 in one process, left to frame pointers.",
             self.unwind_mappings_dropped.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_unwind_rows_used",
             "gauge",
             "Rows of the unwind row array in use.",
             self.unwind_rows_used.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_unwind_rows_capacity",
             "gauge",
             "Rows of the unwind row array (--unwind-rows).",
             self.unwind_rows_capacity.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_unwind_builds_deferred_total",
             "counter",
             "Unwind table builds put off for want of the table-building budget (frame pointers meanwhile).",
             self.unwind_builds_deferred.load(Relaxed),
         );
         one(
+            out,
             "pyrometer_agent_unwind_processes_waiting",
             "gauge",
             "Processes waiting for the table-building budget.",
@@ -520,4 +553,12 @@ pub fn publish_counters(
             .unwind_processes_waiting
             .store(t.processes_waiting, Relaxed);
     }
+}
+
+/// One metric without labels: its HELP, TYPE and value.
+fn one(out: &mut String, name: &str, kind: &str, help: &str, v: u64) {
+    let _ = write!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+    );
 }

@@ -41,6 +41,18 @@ const RAY_LINGER: Duration = Duration::from_secs(5);
 /// scrapes every 15-60 s).
 const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 
+/// How long naming a push's (or a capture's) frames waits for reads of the processes' files
+/// in all, at most: reads that answer slowly (a FUSE mount a process serves) cannot hold a
+/// push back longer, however many files there are. A read still running goes on; what it
+/// names is used from the next push on.
+const READS_WAIT: Duration = Duration::from_secs(1);
+
+/// When naming frames that starts now stops waiting for reads: [`READS_WAIT`], or the push
+/// interval when that is shorter.
+fn reads_wait_until(cfg: &AgentConfig) -> Instant {
+    Instant::now() + READS_WAIT.min(cfg.interval)
+}
+
 /// The ring buffer, sized by CPU count: 128 KiB a CPU, 1 to 8 MiB. At 19 Hz that holds
 /// seconds of samples, against a read every 200 ms (and a wake-up when a quarter is filled,
 /// as in a burst of off-CPU records). Its pages count in the agent's resident set (mapped
@@ -446,6 +458,7 @@ impl Node {
             let mut b = self.burst.take().expect("checked above");
             b.capture
                 .name_late_threads(&mut self.profiler.tables.python);
+            self.symbolizer.wait_for_reads_until(reads_wait_until(cfg));
             let result = b.finish(&mut self.profiler, &mut self.symbolizer);
             (self.log)(&format!(
                 "capture {} done: {} samples",
@@ -591,6 +604,7 @@ impl Node {
         {
             let period_ns = self.profiler.period_ns();
             self.symbolizer.take_debug_files();
+            self.symbolizer.wait_for_reads_until(reads_wait_until(cfg));
             let mut profile =
                 taken.into_profile(&mut self.profiler.registry, &mut self.symbolizer, period_ns);
             if let Some(usage) = &gpu_usage {

@@ -64,7 +64,8 @@ impl Symbolizer {
             );
             pm.last_read = Some(Instant::now());
             // On a worker: a file on a mount that never answers holds the worker, not this.
-            let read = self.off_loop(pid, move || perfmap::read(&candidates));
+            let key = super::reads::ReadKey::PerfMap(pid);
+            let read = self.off_loop(pid, key, move || perfmap::read(&candidates));
             let pm = self.perf_maps.entry(pid).or_default();
             match read {
                 Some(perfmap::Read::Entries(e)) => pm.entries = e,

@@ -12,6 +12,7 @@ mod jit;
 mod kallsyms;
 mod kernel;
 mod perfmap;
+mod reads;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -26,12 +27,13 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input};
 
 use crate::model::{Frame, FrameKind};
-use crate::os::procs::{Binary, BinaryKey, Mapping, MappingKind, ProcessRegistry};
+use crate::os::procs::{BinaryKey, Mapping, MappingKind, ProcessRegistry};
 use crate::os::untrusted::{Kind, UntrustedError, UntrustedFile};
-use crate::os::workers::ProcessReads;
+use crate::os::workers::{OffLoop, ProcessReads};
 use elf::{ElfInfo, Vdso};
 use kallsyms::Kallsyms;
 use perfmap::PerfMap;
+use reads::{Answer, ReadKey};
 use std::os::fd::AsRawFd;
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
@@ -86,6 +88,11 @@ pub struct SymbolizerStats {
     /// Reads that did not finish by their deadline (a file on a mount that does not answer):
     /// the process is left alone for a while, the read keeps one worker.
     pub stalled_reads: u64,
+    /// Reads still running when their caller stopped waiting (the push's share of waiting,
+    /// [`Symbolizer::wait_for_reads_until`], ran out, or the read's deadline passed): what
+    /// they would have named stayed module and offset then, and an answer that comes is
+    /// used when next asked for.
+    pub deferred_reads: u64,
     /// Processes found over their budget ([`Symbolizer::with_process_budget`]): their user
     /// stacks are one `[budget]` frame from then on.
     pub processes_over_budget: u64,
@@ -134,16 +141,6 @@ struct OpenFile {
     dwarf: Option<u64>,
 }
 
-/// Threads reading a process's files (perf maps, build-ids, ELF layouts, the copies blazesym
-/// reads); each read stuck past its deadline holds one until it returns.
-const READ_WORKERS: usize = 4;
-/// How long a read may take (a 16 MiB perf map read and parsed, a debug file's symbol
-/// tables and DWARF copied, on a busy machine).
-const READ_DEADLINE: Duration = Duration::from_secs(2);
-/// How long a process whose read overran is left alone, at least: no read of its files is
-/// tried again before then, nor while the stuck one still holds its worker.
-const READ_BACKOFF: Duration = Duration::from_secs(60);
-
 /// The sections blazesym reads from an ELF object: symbol tables and their names, and (when
 /// asked) DWARF. The copy handed to it holds these only; its code and data read as zeros.
 fn blaze_section(name: &[u8], dwarf: bool) -> bool {
@@ -184,6 +181,8 @@ pub struct Symbolizer {
     perf_maps: HashMap<u32, PerfMap>,
     /// Where files a process controls are read, with deadlines.
     reads: ProcessReads,
+    /// Reads started and not yet answered (or answered after their caller stopped waiting).
+    pending: OffLoop<ReadKey, Answer>,
     /// What may be kept for one process, and the processes found over it.
     process_budget: u64,
     over_budget: std::collections::HashSet<u32>,
@@ -229,7 +228,8 @@ impl Symbolizer {
             elves: Default::default(),
             results: Default::default(),
             perf_maps: HashMap::new(),
-            reads: ProcessReads::new(READ_WORKERS, READ_DEADLINE, READ_BACKOFF),
+            reads: reads::pool(),
+            pending: OffLoop::default(),
             process_budget: DEFAULT_PROCESS_BUDGET,
             over_budget: Default::default(),
             cpu: None,
@@ -310,6 +310,9 @@ impl Symbolizer {
     /// A later miss opens a released file again.
     pub fn release_files(&mut self) {
         self.ask_again_for_debug_files();
+        // Answers nobody came back for are let go after a while; reads past their deadline
+        // leave their process alone.
+        self.pending.ready(&mut self.reads);
         let period = self.period;
         let mut used: Vec<(u64, u64, u64, PathBuf)> = self
             .open
@@ -482,27 +485,6 @@ impl Symbolizer {
         )
     }
 
-    /// The binary's build-id, read on a worker the first time; None while it cannot be
-    /// read in time (the process is then left alone for a while).
-    fn build_id(&mut self, pid: u32, b: &std::sync::Arc<Binary>) -> Option<Option<String>> {
-        if let Some(id) = b.known_build_id() {
-            return Some(id.map(str::to_string));
-        }
-        let path = b.path().to_path_buf();
-        let id = self.off_loop(pid, move || crate::os::procs::read_build_id(&path))?;
-        Some(b.set_build_id(id).map(str::to_string))
-    }
-
-    fn off_loop<T: Send + 'static>(
-        &mut self,
-        pid: u32,
-        job: impl FnOnce() -> T + Send + 'static,
-    ) -> Option<T> {
-        let r = self.reads.run(pid, job);
-        self.stats.stalled_reads = self.reads.overran();
-        r
-    }
-
     /// Symbolizes one exact file offset of an ELF file on disk (no return-address
     /// adjustment): for offline symbolization by path. Frames innermost first.
     #[cfg(test)]
@@ -555,7 +537,7 @@ impl Symbolizer {
         );
         let build_id = build_id.map(str::to_string);
         let info = self
-            .off_loop(pid, move || {
+            .off_loop(pid, ReadKey::Layout(key.clone()), move || {
                 let info = ElfInfo::load(&path, dir.as_deref(), &seen, build_id.as_deref(), &dirs)?;
                 // Without a debug file on the machine, one fetched earlier may be cached.
                 let id = info.build_id.as_deref().filter(|_| !info.debug_syms);
@@ -618,8 +600,9 @@ impl Symbolizer {
                 }
             }
             let (source, id) = (info.source.clone(), info.source_id);
+            let key = ReadKey::Copy(source.clone(), dwarf);
             let copy = self
-                .off_loop(pid, move || {
+                .off_loop(pid, key, move || {
                     UntrustedFile::open_identified(&source, Kind::Elf, id)
                         .and_then(|f| f.copy_elf_to_memfd(|name| blaze_section(name, dwarf)))
                 })

@@ -152,6 +152,40 @@ fn the_dwarf_budget_is_shared_by_the_files_open_at_once() {
     assert_eq!(s.stats().dwarf_skipped_files, 1);
 }
 
+/// A read still running when the wait for reads ran out leaves its frame unnamed for now and
+/// counted; its answer is kept and names the frame when asked again, without reading again.
+#[test]
+fn a_read_past_the_wait_names_its_frame_when_asked_again() {
+    let tmp = TempDir::new("sym-deferred");
+    let prog = compile_c(&tmp, "prog", PROG, &["-O0", "-g"]);
+    let (off, _) = symbol(&prog, "known_function", false);
+    let mut s = Symbolizer::new().with_debug_dirs(vec![]);
+    // No time left to wait: the layout read is started and not waited for.
+    s.wait_for_reads_until(std::time::Instant::now());
+    let first = &s.symbolize_elf(&prog, off + 4)[0];
+    assert_ne!(first.function, "known_function", "{first:?}");
+    assert_eq!(s.stats().deferred_reads, 1);
+    // Asked again with time to wait: the layout's answer (kept meanwhile) and the copy's.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let named = loop {
+        s.wait_for_reads_until(until);
+        let f = s.symbolize_elf(&prog, off + 4)[0].clone();
+        if f.function == "known_function" || std::time::Instant::now() > until {
+            break f;
+        }
+    };
+    assert_eq!(
+        (named.function.as_str(), named.line),
+        ("known_function", Some(5))
+    );
+    assert_eq!(s.stats().stalled_reads, 0);
+    assert!(
+        s.stats().deferred_reads <= 2,
+        "the layout read once, the copy at most once: {:?}",
+        s.stats()
+    );
+}
+
 #[test]
 fn inlined_function_yields_two_frames_with_lines() {
     let tmp = TempDir::new("sym-inline");
