@@ -116,7 +116,9 @@ impl Tables {
         self.set_waiting(false);
     }
 
-    fn set_waiting(&mut self, on: bool) {
+    /// Makes syncs wait for what is read on workers (each read up to its deadline), until
+    /// set off again: [`Tables::sync_process_waiting`] for several processes at once.
+    pub(crate) fn set_waiting(&mut self, on: bool) {
         self.each_reads(|r| r.set_waiting(on));
     }
 

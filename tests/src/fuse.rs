@@ -327,3 +327,30 @@ fn statfs_out() -> Vec<u8> {
     b.resize(80, 0);
     b
 }
+
+/// `python` (Debian's python3.11) run with `script` from a [`StuckFs`] mounted under
+/// `dir/mnt` (`PYTHONHOME=/usr`, stdin piped), once it printed its first line (returned):
+/// every page of the binary in the cache first, so it keeps running from there after the
+/// file system stalls and is taken out of the mount table, both done before this returns.
+pub fn stuck_python(
+    dir: &Path,
+    python: &Path,
+    script: &str,
+) -> (StuckFs, std::process::Child, String) {
+    std::fs::create_dir_all(dir.join("mnt")).unwrap();
+    let fs = StuckFs::serving(&dir.join("mnt"), python);
+    let exe = dir.join("mnt").join(python.file_name().unwrap());
+    assert_eq!(
+        std::fs::read(&exe).unwrap().len() as u64,
+        std::fs::metadata(python).unwrap().len()
+    );
+    let (child, line) = crate::spawn_until_line(
+        std::process::Command::new(&exe)
+            .args(["-c", script])
+            .env("PYTHONHOME", "/usr")
+            .stdin(std::process::Stdio::piped()),
+    );
+    fs.stall();
+    fs.detach();
+    (fs, child, line)
+}

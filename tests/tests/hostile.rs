@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use pyrometer_e2e::cluster::{
     Agent, Collector, at_next_push, collected, free_port, metric, workload,
 };
-use pyrometer_e2e::fuse::StuckFs;
+use pyrometer_e2e::fuse::{StuckFs, stuck_python};
 use pyrometer_e2e::wait::{cpu_time, cpu_used};
 use pyrometer_e2e::*;
 
@@ -693,14 +693,6 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
     let mut steady = workload(&dir, "steady-wl", 600);
     let (alone, _) = agent_run(&dir, &collector, "alone", steady.id());
 
-    std::fs::create_dir_all(dir.join("mnt")).unwrap();
-    let fs = StuckFs::serving(&dir.join("mnt"), &py.path);
-    let exe = dir.join("mnt/python3.11");
-    // Every page in the cache: the interpreter keeps running from it after the stall.
-    assert_eq!(
-        std::fs::read(&exe).unwrap().len() as u64,
-        std::fs::metadata(&py.path).unwrap().len()
-    );
     // Renamed only once the agent runs: the agent meets it with its mount gone.
     let script = "import ctypes, sys\n\
         libc = ctypes.CDLL(None)\n\
@@ -709,15 +701,8 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
         libc.prctl(15, b'stuckpy', 0, 0, 0)\n\
         def stuck_spin():\n    while True:\n        pass\n\
         stuck_spin()\n";
-    let (child, line) = spawn_until_line(
-        Command::new(&exe)
-            .args(["-c", script])
-            .env("PYTHONHOME", "/usr")
-            .stdin(Stdio::piped()),
-    );
+    let (fs, child, line) = stuck_python(&dir, &py.path, script);
     assert_eq!(line.trim(), "loaded");
-    fs.stall();
-    fs.detach();
 
     let life_cpu_from = cpu_time(steady.id()).unwrap();
     let (agent, metrics) = agent_for(&dir, &collector, "beside", "steady-wl|stuckpy");

@@ -101,8 +101,8 @@ impl Node {
     /// starts the GPU poller, and drops every capability the loop does not need.
     pub(super) fn open(cfg: &mut AgentConfig, log: Log) -> Result<Self, CommandError> {
         let kernel = |e: &dyn std::fmt::Display| CommandError::Kernel(e.to_string());
-        // No thread before the privilege drop (they are per thread): reads of processes'
-        // files found at start-up run here until then (FUSE files are never opened).
+        // No thread before the privilege drop (credentials and capabilities are per thread):
+        // the chosen processes' files are read after it, on the workers, with their deadlines.
         crate::os::workers::hold_threads();
         let selective = !cfg.pids.is_empty() || cfg.comm.is_some();
         let debug_dirs: Vec<PathBuf> = crate::symbolize::DEFAULT_DEBUG_DIRS
@@ -161,18 +161,24 @@ impl Node {
         let mut discovery = Discovery::new(events);
         let mut exited = Vec::new();
         let due = discovery.due(&mut exited);
-        scan(&mut profiler, cfg, &mut known, &due, &log);
-        // Tables for the processes already known, so their first samples unwind fully; with
-        // neither --pid nor --comm, new processes get theirs when their first sample arrives.
-        for &pid in &cfg.pids {
-            profiler.sync_pid(pid);
-        }
-        profiler.start().map_err(|e| kernel(&e))?;
         // Allocation probes (the preloaded library's copies, --alloc-comm), --gc and GPU kernel
         // probes attach uprobes to processes and libraries seen after the drop.
         let late_uprobes = profiler.tables.alloc.is_some() || cfg.gc || gpu_probes.is_some();
         let (metrics, symbolizer, poller) =
             Self::serve(cfg, &profiler, debug_dirs, late_uprobes, &log)?;
+        // The processes chosen now, read on the workers: a file that never answers (a FUSE
+        // mount a process serves, out of the mount table) holds one worker up to the read's
+        // deadline, not the agent's start. Tables for the processes already known before
+        // sampling starts, so their first samples unwind fully (each read waited for up to
+        // its deadline); with neither --pid nor --comm, new processes get theirs when their
+        // first sample arrives.
+        profiler.tables.set_waiting(true);
+        scan(&mut profiler, cfg, &mut known, &due, &log);
+        for &pid in &cfg.pids {
+            profiler.sync_pid(pid);
+        }
+        profiler.tables.set_waiting(false);
+        profiler.start().map_err(|e| kernel(&e))?;
         let symbolizer = symbolizer.with_cpu_budget(cpu.clone());
         let nvml_index = super::gpu::nvml_index(poller.as_ref());
         let gpu = gpu_probes.is_some().then_some(&nvml_index);
