@@ -375,6 +375,12 @@ impl Unwinder {
         Some(key)
     }
 
+    /// Whether `path` was prewarmed ([`Unwinder::prewarm`]).
+    #[cfg(test)]
+    pub(crate) fn is_prewarmed(&self, path: &Path) -> bool {
+        BinaryKey::of_file(path).is_ok_and(|k| self.prewarmed.contains_key(&k))
+    }
+
     /// Whether the table of the file `key` is loaded: a process that exec'd it can be
     /// registered before its first sample. A hint only (a file rewritten in place keeps its
     /// inode): the registration itself reads the build id of what is mapped.

@@ -121,12 +121,17 @@ fn join(pids: &[u32]) -> String {
         .join(", ")
 }
 
-/// Builds the unwind tables a command will need first: its executable, and the dynamic
+/// Builds the unwind tables a command will need first: its executable, the libraries it
+/// names (found as the dynamic loader would: a shared libpython runs the interpreter's first
+/// imports, and their first collections, before a later sync could catch up), and the dynamic
 /// loader and C library (the ones pyrometer itself maps, which a dynamically linked command on
 /// this system maps too).
 pub(crate) fn prewarm_command(unwinder: &mut crate::unwinder::Unwinder, exe: Option<&Path>) {
     if let Some(exe) = exe {
         unwinder.prewarm(exe);
+        for lib in crate::os::elfsyms::needed_libraries(exe) {
+            unwinder.prewarm(&lib);
+        }
     }
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut seen = std::collections::HashSet::new();
@@ -151,5 +156,45 @@ pub(crate) fn command_path(program: &str) -> Option<PathBuf> {
                 .map(|d| d.join(program))
                 .find(|p| p.is_file())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// pyenv's interpreter names its libpython (found along its RUNPATH): its table is built
+    /// before the command runs, with the executable's.
+    #[test]
+    fn a_commands_needed_libraries_are_prewarmed() {
+        let ok = crate::os::privileges::check(
+            crate::os::privileges::SAMPLING,
+            crate::os::privileges::effective(),
+        )
+        .is_ok();
+        if !ok {
+            skip_ledger::skip("root", "needs CAP_BPF and CAP_PERFMON (run as root)");
+            return;
+        }
+        let Some(libpython) = crate::python::pyenv_libpython("3.11.7", 11) else {
+            return;
+        };
+        let exe = libpython
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("bin/python3.11");
+        let mut sampler = crate::bpf::Sampler::load(&crate::bpf::SamplerConfig::default())
+            .expect("load the sampler");
+        let maps = sampler.take_unwind_maps().expect("unwind maps");
+        let mut unwinder = crate::unwinder::Unwinder::new(maps).expect("unwinder");
+        prewarm_command(&mut unwinder, Some(&exe));
+        assert!(unwinder.is_prewarmed(&exe));
+        assert!(
+            unwinder.is_prewarmed(&libpython),
+            "{} not prewarmed",
+            libpython.display()
+        );
     }
 }
