@@ -540,21 +540,6 @@ mod kernel_tests {
     use std::process::{Child, Command};
     use std::time::Instant;
 
-    fn privileged() -> bool {
-        let ok = crate::os::privileges::check(
-            crate::os::privileges::SAMPLING,
-            crate::os::privileges::effective(),
-        )
-        .is_ok();
-        if !ok {
-            skip_ledger::skip(
-                "root",
-                "needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (run as root)",
-            );
-        }
-        ok
-    }
-
     fn spinner() -> Child {
         Command::new("sh")
             .args(["-c", "while :; do :; done"])
@@ -564,7 +549,7 @@ mod kernel_tests {
 
     #[test]
     fn samples_only_the_targets_with_stacks() {
-        if !privileged() {
+        if !crate::os::privileges::may_sample() {
             return;
         }
         let mut target = spinner();

@@ -55,6 +55,20 @@ fn parse_cap_eff(status: &str) -> Option<u64> {
     u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
 }
 
+/// For tests that load the sampler: whether this process may ([`SAMPLING`]); when not, the
+/// skip is recorded in the ledger with the reason.
+#[cfg(test)]
+pub(crate) fn may_sample() -> bool {
+    let ok = check(SAMPLING, effective()).is_ok();
+    if !ok {
+        skip_ledger::skip(
+            "root",
+            "needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (run as root)",
+        );
+    }
+    ok
+}
+
 /// Fails naming every capability in `needed` that `effective` lacks. Kernels before 5.8 had
 /// no CAP_BPF/CAP_PERFMON; there CAP_SYS_ADMIN grants both, so it is accepted for them.
 pub fn check(needed: &[Capability], effective: u64) -> Result<(), MissingPrivileges> {
