@@ -354,3 +354,33 @@ pub fn stuck_python(
     fs.detach();
     (fs, child, line)
 }
+
+/// A stuck process, its file system and the agent beside them (once started), ended in that
+/// order (on a failed assertion too): until the file system's connection ends, the agent's
+/// stuck reads, and so its exit, wait for good.
+pub struct StuckRun {
+    pub fs: Option<StuckFs>,
+    pub child: std::process::Child,
+    pub agent: Option<crate::cluster::Agent>,
+}
+
+impl StuckRun {
+    /// Ends the stuck process and the file system: the agent's stuck reads fail.
+    pub fn release(&mut self) {
+        self.child.kill().ok();
+        self.fs.take();
+        self.child.wait().ok();
+    }
+
+    /// The agent, once started.
+    pub fn agent(&mut self) -> &mut crate::cluster::Agent {
+        self.agent.as_mut().expect("the agent was started")
+    }
+}
+
+impl Drop for StuckRun {
+    fn drop(&mut self) {
+        // The agent, a field, goes after this.
+        self.release();
+    }
+}

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use pyrometer_e2e::cluster::{
     Agent, Collector, at_next_push, collected, free_port, metric, workload,
 };
-use pyrometer_e2e::fuse::{StuckFs, stuck_python};
+use pyrometer_e2e::fuse::{StuckFs, StuckRun, stuck_python};
 use pyrometer_e2e::wait::{cpu_time, cpu_used};
 use pyrometer_e2e::*;
 
@@ -709,7 +709,7 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
     let mut run = StuckRun {
         fs: Some(fs),
         child,
-        agent,
+        agent: Some(agent),
     };
     std::io::Write::write_all(run.child.stdin.as_mut().unwrap(), b"go\n").unwrap();
     // The agent read the stalled binary, and its reads overran their deadline: the Python
@@ -717,14 +717,14 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
     // unwinder's (its tables). Measured once all three have: each holds back the turn that
     // started it by up to its deadline, once, which would shift the window's ends by that.
     let page = run
-        .agent
+        .agent()
         .wait_for_metric(metrics, "pyrometer_agent_stalled_reads_total", 3.0);
     let pushed_from = metric(&page, "pyrometer_agent_batches_pushed_total").unwrap_or(0.0);
     let window = Instant::now();
-    let (beside, _) = measure(&collector, "beside", &run.agent, steady.id());
+    let (beside, _) = measure(&collector, "beside", run.agent(), steady.id());
     let window = window.elapsed();
     let pushed = run
-        .agent
+        .agent()
         .wait_for_metric(metrics, "pyrometer_agent_batches_pushed_total", 0.0);
     let pushed =
         metric(&pushed, "pyrometer_agent_batches_pushed_total").unwrap_or(0.0) - pushed_from;
@@ -733,9 +733,9 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
     let stuck_pid = run.child.id();
     run.release();
     let end = run
-        .agent
+        .agent()
         .wait_for_metric(metrics, "pyrometer_agent_stalled_reads_total", 1.0);
-    let stats = run.agent.stop();
+    let stats = run.agent().stop();
     // Over the agent's whole life (start-up included), every push in: a check on the
     // window's figure, which a lagging push could lower.
     let life_cpu = cpu_time(steady.id()).unwrap() - life_cpu_from;
@@ -802,28 +802,4 @@ fn a_stuck_read_of_a_python_binary_holds_a_worker_not_the_agent() {
         "the stuck process was not sampled"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The stuck Python process, its file system and the agent, ended in that order (on a failed
-/// assertion too): until the file system's connection ends, the agent's stuck reads, and so
-/// its exit, wait for good.
-struct StuckRun {
-    fs: Option<StuckFs>,
-    child: Child,
-    agent: Agent,
-}
-
-impl StuckRun {
-    /// Ends the stuck process and the file system: the agent's stuck reads fail.
-    fn release(&mut self) {
-        self.child.kill().ok();
-        self.fs.take();
-        self.child.wait().ok();
-    }
-}
-
-impl Drop for StuckRun {
-    fn drop(&mut self) {
-        self.release();
-    }
 }

@@ -7,33 +7,12 @@
 //! and counts the stuck reads. Read on the agent's own thread, the first read of the stuck
 //! binary would hold its start for good.
 
-use std::process::Child;
 use std::time::Duration;
 
 use pyrometer_e2e::cluster::{Agent, Collector, collected, free_port, metric, workload};
-use pyrometer_e2e::fuse::{StuckFs, stuck_python};
+use pyrometer_e2e::fuse::{StuckFs, StuckRun, stuck_python};
 use pyrometer_e2e::wait::wait_until;
 use pyrometer_e2e::*;
-
-/// The stuck process, its file system and the agent, ended in that order (on a failed
-/// assertion too): until the file system's connection ends, the agent's stuck reads, and so
-/// its exit, wait for good.
-struct StuckStart {
-    fs: Option<StuckFs>,
-    child: Child,
-    agent: Option<Agent>,
-}
-
-impl Drop for StuckStart {
-    fn drop(&mut self) {
-        self.child.kill().ok();
-        self.fs.take();
-        self.child.wait().ok();
-        if let Some(mut agent) = self.agent.take() {
-            agent.stop();
-        }
-    }
-}
 
 #[test]
 fn a_process_found_at_start_with_a_stuck_binary_does_not_hold_the_agents_start() {
@@ -56,7 +35,7 @@ fn a_process_found_at_start_with_a_stuck_binary_does_not_hold_the_agents_start()
         stuck_spin()\n";
     let (fs, child, line) = stuck_python(&dir, &py.path, script);
     assert_eq!(line.trim(), "named");
-    let mut run = StuckStart {
+    let mut run = StuckRun {
         fs: Some(fs),
         child,
         agent: None,
