@@ -80,6 +80,16 @@ impl PyTracker {
             && &*read.function != MODULE_BODY
             && !read.function.starts_with('<');
         if own || exec_function {
+            // The module's own body read without a line for the sample's instruction: its
+            // line table was read as the address changed hands (torn). What is shown is the
+            // module's `<module>` without a line, as for a freed body, and counted as one.
+            if own
+                && read.line.is_none()
+                && &*read.function == MODULE_BODY
+                && frame.addr != pyrometer_ebpf::PY_ADDR_UNKNOWN
+            {
+                self.stats.freed_bodies += 1;
+            }
             return Some(read);
         }
         self.stats.freed_bodies += 1;
