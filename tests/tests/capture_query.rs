@@ -135,6 +135,7 @@ fn capture_and_dump_a_ray_actor_by_its_label() {
     let text = std::fs::read_to_string(&folded).unwrap();
     let counts = folded_counts(&text, &["work_six", "work_three", "work_one"]);
     let sum: u64 = counts.iter().sum();
+    println!("the CLI's capture: {counts:?}");
     assert!(sum > 300, "{counts:?} samples of the work in a 5 s capture");
     for (i, (f, want)) in [("work_six", 0.6), ("work_three", 0.3), ("work_one", 0.1)]
         .into_iter()
@@ -194,7 +195,9 @@ fn capture_and_dump_a_ray_actor_by_its_label() {
     );
 
     // The same from the web UI: the page's query (the label picker's Ray actor) becomes the
-    // capture panel's label query; the capture's flame graph keeps the split.
+    // capture panel's label query; the capture's flame graph keeps the split. 5 s, as above:
+    // a window cuts rounds (work, then a 250 ms sleep) at both ends, and in 3 s on a slow
+    // machine (six rounds) one extra `work_six` alone moves the split by 4 points.
     let mut page =
         chromium::Chromium::launch(&format!("{url}/?query={}", enc(query)), &dir, 1400, 900);
     page.wait_for(
@@ -207,7 +210,7 @@ fn capture_and_dump_a_ray_actor_by_its_label() {
         r#"document.getElementById("cap-query").value.includes("Loader") ? true : null"#,
     );
     page.eval(
-        r#"document.getElementById("cap-duration").value = "3";
+        r#"document.getElementById("cap-duration").value = "5";
            document.getElementById("cap-start").click()"#,
     );
     let v = page.wait_for("the capture's flame graph", WIDTHS);
@@ -215,6 +218,7 @@ fn capture_and_dump_a_ray_actor_by_its_label() {
     std::fs::create_dir_all(&shots).unwrap();
     page.screenshot(&shots.join("ray-actor.png"));
     println!("screenshot: {}", shots.join("ray-actor.png").display());
+    println!("the web UI's capture: {v}");
     assert!(v["failed"].is_null(), "the capture failed: {v}");
     assert!(
         v["status"]
