@@ -4,4 +4,4 @@
 
 pub use crate::python::threads::ThreadState;
 pub use crate::python::walk::PyFrame;
-pub use crate::python::{ProcessDump, PythonError, ThreadDump, dump};
+pub use crate::python::{BINARY_DEADLINE, ProcessDump, PythonError, ThreadDump, dump, dump_with};

@@ -15,6 +15,7 @@ use pyrometer_proto::capture::{
 use super::push::PushClient;
 use super::{AgentConfig, Log};
 use crate::command::CommandError;
+use crate::os::workers::ProcessReads;
 
 /// How long the collector holds a poll open (it answers at once when a request comes).
 const POLL_WAIT: Duration = Duration::from_secs(10);
@@ -97,6 +98,10 @@ fn poller(
     }
     .encode_to_vec();
     let mut told = false;
+    // Dumps read each process's interpreter binary here, within a deadline: a process whose
+    // read overran is left alone for a minute, and reads that never answer hold two
+    // threads at most.
+    let mut reads = ProcessReads::new(2, crate::dump::BINARY_DEADLINE, DUMP_BACKOFF);
     loop {
         let reply = match client.call(body.clone()) {
             Ok(bytes) => {
@@ -118,7 +123,7 @@ fn poller(
         };
         for request in reply.requests {
             if request.kind == Kind::Dump as i32 {
-                let _ = uploads.try_send(dump(&request, node));
+                let _ = uploads.try_send(dump(&request, node, &mut reads));
                 continue;
             }
             match requests.try_send(request) {
@@ -132,13 +137,16 @@ fn poller(
     }
 }
 
+/// How long a process whose interpreter binary was not read in time is left alone by dumps.
+const DUMP_BACKOFF: Duration = Duration::from_secs(60);
+
 /// Every thread's Python stack of the request's processes, as JSON (one `ProcessDump` each).
 /// Native frames need ptrace, which the agent's system-call filter does not allow.
-fn dump(request: &CaptureRequest, node: &str) -> UploadRequest {
+fn dump(request: &CaptureRequest, node: &str, reads: &mut ProcessReads) -> UploadRequest {
     let now = unix_now_ns();
     let mut dumps = Vec::new();
     for &pid in &request.pids {
-        match crate::dump::dump(std::path::Path::new("/proc"), pid, false) {
+        match crate::dump::dump_with(std::path::Path::new("/proc"), pid, false, reads) {
             Ok(d) => dumps.push(d),
             Err(e) => {
                 let failure = match e {

@@ -30,6 +30,7 @@ use std::io;
 use std::path::Path;
 
 use crate::os::procs::{ProcError, ProcessRegistry};
+use crate::os::workers::ProcessReads;
 use memory::ProcessMemory;
 use threads::ThreadState;
 use walk::PyFrame;
@@ -101,7 +102,19 @@ pub enum PythonError {
     /// The interpreter's binary is being read (off the sampling loop); asked again later.
     #[error("the interpreter's binary is still being read")]
     Pending,
+    /// A read of the interpreter's binary did not finish within its deadline.
+    #[error(
+        "pid {pid}'s interpreter binary was not read within {} s: the file system it is on does not answer",
+        BINARY_DEADLINE.as_secs()
+    )]
+    Stalled {
+        /// The process.
+        pid: u32,
+    },
 }
+
+/// How long `dump` waits for a read of a process's interpreter binary.
+pub const BINARY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The parenthesised part of an "is not supported" message: the reason, else the range.
 pub fn unsupported_detail(reason: &str) -> String {
@@ -158,6 +171,20 @@ pub struct ProcessDump {
 /// marked unreadable. With `native`, each thread's native frames are spliced in (its
 /// registers are read under a ptrace stop that lasts only for the read; see [`native`]).
 pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump, PythonError> {
+    let mut reads = ProcessReads::new(1, BINARY_DEADLINE, std::time::Duration::from_secs(3600));
+    dump_with(proc_root, pid, with_native, &mut reads)
+}
+
+/// Like [`dump`], the interpreter's binary read on `reads`' workers within their deadline. A
+/// caller that dumps again and again (the agent) keeps one: a process whose read overran is
+/// then left alone for its backoff, and its workers bound the threads held by reads that
+/// never answer.
+pub fn dump_with(
+    proc_root: &Path,
+    pid: u32,
+    with_native: bool,
+    reads: &mut ProcessReads,
+) -> Result<ProcessDump, PythonError> {
     let mut registry = ProcessRegistry::with_proc_root(proc_root);
     let process = registry.observe(pid).map_err(|e| match e {
         // Another user's maps are unreadable without ptrace access, like its memory.
@@ -166,7 +193,17 @@ pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump
         }
         e => PythonError::Proc(e),
     })?;
-    let runtime = version::detect(process)?;
+    // Read on a worker: a binary on a file system that does not answer fails the dump in
+    // one line rather than holding it (and the agent's capture requests) for good.
+    let detected = version::detect_reading(process, &mut |_, job| reads.run(pid, job));
+    let runtime = detected.map_err(|e| match e {
+        PythonError::Pending if reads.is_stalled(pid) => PythonError::Stalled { pid },
+        PythonError::Pending => PythonError::Message(
+            "no reader is free: reads of other processes' files that do not answer hold them"
+                .into(),
+        ),
+        e => e,
+    })?;
     let mem = ProcessMemory::new(pid);
     let layout = debug_offsets::for_process(&mem, &runtime)?;
     let snapshot = walk::Walker::new(&mem, &layout, &runtime).snapshot()?;
@@ -255,6 +292,13 @@ fn add_native_frames(
                 ),
                 None => (Vec::new(), false),
             };
+            if !complete && tables.gave_up_on(pid) {
+                t.native_error = Some(format!(
+                    "past the frames shown: an object's unwind table was not read within {} s \
+                     (its file system does not answer)",
+                    native::TABLE_DEADLINE.as_secs()
+                ));
+            }
             let natives = symbolizer.user(registry, pid, &addrs);
             let python: Vec<(Frame, bool)> = t
                 .frames

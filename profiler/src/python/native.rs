@@ -5,18 +5,26 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use pyrometer_unwind::{Regs, Step, UnwindRow, lookup, step};
 
 use crate::os::elfsyms::loads;
 use crate::os::procs::{BinaryKey, Process};
+use crate::os::workers::ProcessReads;
 
 /// Frames walked at most, as the kernel unwinder.
 pub const MAX_NATIVE_FRAMES: usize = 256;
 
+/// How long a thread is given to stop for its registers to be read. A thread in a wait the
+/// interrupt cannot end (a read from a file system that does not answer) stops only when
+/// that wait ends, perhaps never: it is given up on and stays seized, so when the wait ends
+/// it stops until this process exits and the kernel detaches it (`dump` exits at once).
+pub const STOP_WAIT: Duration = Duration::from_millis(500);
+
 /// A thread's user registers, read while it is stopped for the read alone. Fails (with the
 /// OS error) when the thread cannot be traced: gone, already traced by a debugger, or no
-/// permission.
+/// permission; and when it does not stop within [`STOP_WAIT`].
 pub fn thread_registers(tid: u32) -> std::io::Result<Regs> {
     let tid = tid as libc::pid_t;
     let last = std::io::Error::last_os_error;
@@ -31,10 +39,7 @@ pub fn thread_registers(tid: u32) -> std::io::Result<Regs> {
             if libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {
                 return Err(last());
             }
-            let mut status = 0;
-            if libc::waitpid(tid, &mut status, libc::__WALL) != tid {
-                return Err(last());
-            }
+            let status = wait_stopped(tid)?;
             if !libc::WIFSTOPPED(status) {
                 return Err(std::io::Error::other("the thread exited"));
             }
@@ -58,6 +63,30 @@ pub fn thread_registers(tid: u32) -> std::io::Result<Regs> {
     }
 }
 
+/// Waits up to [`STOP_WAIT`] for seized thread `tid` to report a stop; its wait status.
+fn wait_stopped(tid: libc::pid_t) -> std::io::Result<i32> {
+    let until = Instant::now() + STOP_WAIT;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on a thread this process traces, with a valid pointer.
+        match unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) } {
+            r if r == tid => return Ok(status),
+            0 if Instant::now() < until => std::thread::sleep(Duration::from_millis(1)),
+            0 => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "it did not stop within {} ms (in a wait that cannot be interrupted, \
+                         such as a read from a file system that does not answer)",
+                        STOP_WAIT.as_millis()
+                    ),
+                ));
+            }
+            _ => return Err(std::io::Error::last_os_error()),
+        }
+    }
+}
+
 /// An object's unwind rows and the segments that turn file offsets into its addresses.
 struct Table {
     rows: Vec<UnwindRow>,
@@ -65,33 +94,44 @@ struct Table {
     loads: Vec<(u64, u64, u64)>,
 }
 
-/// Unwind tables of the objects walked through, built once each.
-#[derive(Default)]
+/// How long building one object's unwind table may take (a file on a file system that does
+/// not answer); past it the object is given up on, and the process's other objects too.
+pub const TABLE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Unwind tables of the objects walked through, built once each, on a worker within
+/// [`TABLE_DEADLINE`].
 pub struct NativeTables {
     tables: HashMap<BinaryKey, Option<Arc<Table>>>,
+    reads: ProcessReads,
+}
+
+impl Default for NativeTables {
+    fn default() -> Self {
+        // A process whose read overran is left alone for the rest of the dump.
+        let backoff = Duration::from_secs(3600);
+        Self {
+            tables: HashMap::new(),
+            reads: ProcessReads::new(1, TABLE_DEADLINE, backoff),
+        }
+    }
 }
 
 impl NativeTables {
+    /// Whether a read of `pid`'s objects overran its deadline (its walks stop there).
+    pub fn gave_up_on(&self, pid: u32) -> bool {
+        self.reads.is_stalled(pid)
+    }
+
     fn get(&mut self, process: &Process, addr: u64) -> Option<(Arc<Table>, u64)> {
         let (m, offset) = process.find(addr)?;
         let binary = m.binary()?;
+        let reads = &mut self.reads;
         let table = self
             .tables
             .entry(binary.key().clone())
             .or_insert_with(|| {
-                let bytes = crate::os::untrusted::UntrustedFile::open_resolved(
-                    binary.path(),
-                    crate::os::untrusted::Kind::Elf,
-                )
-                .and_then(|f| f.copy_elf_sections(&[".eh_frame", ".debug_frame"]))
-                .ok()?;
-                let obj = object::File::parse(&*bytes).ok()?;
-                let loads = loads(&obj);
-                let table = pyrometer_unwind::build_table(&bytes).ok()?;
-                Some(Arc::new(Table {
-                    rows: table.rows,
-                    loads,
-                }))
+                let path = binary.path().to_path_buf();
+                reads.run(process.pid, move || build(&path)).flatten()
             })
             .clone()?;
         let vaddr = table
@@ -101,6 +141,21 @@ impl NativeTables {
             .map(|&(vaddr, off, _)| offset - off + vaddr)?;
         Some((table, vaddr))
     }
+}
+
+/// The unwind table of the object at `path` and its PT_LOAD segments.
+fn build(path: &std::path::Path) -> Option<Arc<Table>> {
+    let bytes =
+        crate::os::untrusted::UntrustedFile::open_resolved(path, crate::os::untrusted::Kind::Elf)
+            .and_then(|f| f.copy_elf_sections(&[".eh_frame", ".debug_frame"]))
+            .ok()?;
+    let obj = object::File::parse(&*bytes).ok()?;
+    let loads = loads(&obj);
+    let table = pyrometer_unwind::build_table(&bytes).ok()?;
+    Some(Arc::new(Table {
+        rows: table.rows,
+        loads,
+    }))
 }
 
 /// The user stack of a thread of `process` stopped at `regs`, innermost first (the first

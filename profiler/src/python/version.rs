@@ -156,11 +156,6 @@ pub type Analyzed = Result<Arc<PyBinary>, Failure>;
 /// the sampling loop).
 pub type ReadJob = Box<dyn FnOnce() -> Analyzed + Send>;
 
-/// Runs the read at once.
-pub fn read_here(_: &crate::os::procs::BinaryKey, job: ReadJob) -> Option<Analyzed> {
-    Some(job())
-}
-
 impl From<PythonError> for Failure {
     fn from(e: PythonError) -> Self {
         match e {
@@ -211,9 +206,11 @@ impl BinaryCache {
     }
 }
 
-/// Locates the interpreter of `process` and reads its version and symbols.
+/// Locates the interpreter of `process` and reads its version and symbols, here and without
+/// a deadline (tests).
+#[cfg(test)]
 pub fn detect(process: &Process) -> Result<PythonRuntime, PythonError> {
-    detect_cached(process, &mut BinaryCache::default())
+    detect_reading(process, &mut |_, job| Some(job()))
 }
 
 /// The interpreter's mapping in `process`: `libpython3.X.so`, else the executable.
@@ -239,15 +236,17 @@ fn interpreter_mapping(process: &Process) -> Result<(&Mapping, bool), PythonErro
     Ok((m, false))
 }
 
-/// Like [`detect`], parsing each interpreter binary once per cache.
-pub fn detect_cached(
+/// Locates the interpreter of `process` and reads its version and symbols, the binary read
+/// by `read` (on a worker, within a deadline: None when it did not answer,
+/// [`PythonError::Pending`] then).
+pub fn detect_reading(
     process: &Process,
-    cache: &mut BinaryCache,
+    read: &mut dyn FnMut(&crate::os::procs::BinaryKey, ReadJob) -> Option<Analyzed>,
 ) -> Result<PythonRuntime, PythonError> {
-    detect_with(process, cache, true, &mut read_here)
+    detect_with(process, &mut BinaryCache::default(), true, read)
 }
 
-/// Like [`detect_cached`], but an executable is only read when its name says Python
+/// Like [`detect_reading`] with a cache, but an executable is only read when its name says Python
 /// (`python3.11`) or a `libpython` is mapped: for a node-wide capture, where every process's
 /// executable would otherwise be read in full to look for `_PyRuntime`. A binary not in the
 /// cache is read by `read`, which may run it elsewhere (a worker) and answer None until it is
