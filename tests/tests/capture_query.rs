@@ -38,6 +38,63 @@ const WIDTHS: &str = r##"(() => {
         status: st.textContent };
 })()"##;
 
+/// The capture panel's flame graph over two nodes: each node frame's width and the
+/// processes under it, once both are drawn.
+const NODE_WIDTHS: &str = r##"(() => {
+    const st = document.getElementById("cap-status");
+    if (st.className === "failed") return { failed: st.textContent };
+    const root = capFlame.root;
+    const nodes = ["node-a", "node-b"];
+    if (!root || !nodes.every(n => root.children.has(n))) return null;
+    const out = { status: st.textContent };
+    for (const n of nodes) {
+        let width = 0;
+        for (const b of document.querySelectorAll("#cap-flame .frame")) {
+            if (b.dataset.name === n) width += b.getBoundingClientRect().width;
+        }
+        if (!width) return null;
+        out[n] = { width, processes: [...root.children.get(n).children.keys()] };
+    }
+    return out;
+})()"##;
+
+/// A capture from the web UI's panel, the page opened on `query` (which the panel takes as its
+/// label query), lasting `seconds`: the page and what `drawn` (a JavaScript expression)
+/// answered once the flame graph was there; a screenshot in `target/tmp/capture-query/SHOT`.
+fn panel_capture(
+    url: &str,
+    query: &str,
+    dir: &Path,
+    seconds: u32,
+    drawn: &str,
+    shot: &str,
+) -> (chromium::Chromium, serde_json::Value) {
+    let mut page =
+        chromium::Chromium::launch(&format!("{url}/?query={}", enc(query)), dir, 1400, 900);
+    page.wait_for(
+        "the capture panel's script",
+        r#"(typeof capFlame !== "undefined" && capFlame) ? true : null"#,
+    );
+    page.eval(r#"document.getElementById("capture-open").click()"#);
+    page.wait_for(
+        "the panel with the page's query",
+        &format!(
+            r#"document.getElementById("cap-query").value === {} ? true : null"#,
+            serde_json::Value::from(query)
+        ),
+    );
+    page.eval(&format!(
+        r#"document.getElementById("cap-duration").value = "{seconds}";
+           document.getElementById("cap-start").click()"#
+    ));
+    let v = page.wait_for("the capture's flame graph", drawn);
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capture-query");
+    std::fs::create_dir_all(&shots).unwrap();
+    page.screenshot(&shots.join(shot));
+    println!("screenshot: {}", shots.join(shot).display());
+    (page, v)
+}
+
 fn fixture(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
@@ -198,26 +255,7 @@ fn capture_and_dump_a_ray_actor_by_its_label() {
     // capture panel's label query; the capture's flame graph keeps the split. 5 s, as above:
     // a window cuts rounds (work, then a 250 ms sleep) at both ends, and in 3 s on a slow
     // machine (six rounds) one extra `work_six` alone moves the split by 4 points.
-    let mut page =
-        chromium::Chromium::launch(&format!("{url}/?query={}", enc(query)), &dir, 1400, 900);
-    page.wait_for(
-        "the capture panel's script",
-        r#"(typeof capFlame !== "undefined" && capFlame) ? true : null"#,
-    );
-    page.eval(r#"document.getElementById("capture-open").click()"#);
-    page.wait_for(
-        "the panel with the query's labels",
-        r#"document.getElementById("cap-query").value.includes("Loader") ? true : null"#,
-    );
-    page.eval(
-        r#"document.getElementById("cap-duration").value = "5";
-           document.getElementById("cap-start").click()"#,
-    );
-    let v = page.wait_for("the capture's flame graph", WIDTHS);
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capture-query");
-    std::fs::create_dir_all(&shots).unwrap();
-    page.screenshot(&shots.join("ray-actor.png"));
-    println!("screenshot: {}", shots.join("ray-actor.png").display());
+    let (page, v) = panel_capture(&url, query, &dir, 5, WIDTHS, "ray-actor.png");
     println!("the web UI's capture: {v}");
     assert!(v["failed"].is_null(), "the capture failed: {v}");
     assert!(
@@ -380,6 +418,37 @@ fn a_query_over_two_nodes_gives_one_timeline_on_the_wall_clock_kept_across_a_res
             ))
         })
         .collect();
+
+    // The same query from the web UI: one flame graph, each node's capture under its name
+    // with its own process, in equal parts (both run the same spin and sleep; a 3 s window
+    // cuts their 0.5 s rounds at both ends, hence ±15 points).
+    let query = r#"{comm=~"stamp-.*"}"#;
+    let (page, v) = panel_capture(&url, query, &dir, 3, NODE_WIDTHS, "two-nodes.png");
+    println!("the web UI's capture over two nodes: {v}");
+    assert!(v["failed"].is_null(), "the capture failed: {v}");
+    let status = v["status"].as_str().unwrap_or_default();
+    assert!(
+        status.starts_with("done: ") && status.contains(" on 2 nodes "),
+        "{v}"
+    );
+    for (node, process) in [("node-a", "stamp-one"), ("node-b", "stamp-two")] {
+        let under = v[node]["processes"].as_array().unwrap();
+        assert!(
+            under.len() == 1 && under[0].as_str().unwrap().contains(process),
+            "{node}: processes {under:?}"
+        );
+    }
+    let (a, b) = (
+        v["node-a"]["width"].as_f64().unwrap(),
+        v["node-b"]["width"].as_f64().unwrap(),
+    );
+    assert!(
+        (a / (a + b) - 0.5).abs() <= 0.15,
+        "node-a has {a:.0} px of {:.0}: {v}",
+        a + b
+    );
+    drop(page);
+
     collector.restart();
     for (id, result) in ids.iter().zip(&results) {
         let c = collector.get_json(&format!("/api/v1/captures/{}", enc(id)));

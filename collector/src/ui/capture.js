@@ -4,7 +4,9 @@
 // Node and pid come from the query's `node="…"` and `pid="…"` matchers when it has them; a
 // query that picks processes by another label (a Ray job, task or actor from the label
 // picker) and names no pid becomes the request's label query, which the collector resolves
-// to the nodes and processes its agents pushed recently (one request per node).
+// to the nodes and processes its agents pushed recently (one request per node); their flame
+// graphs are drawn as one, each node's under its name (the downloads are the first node's;
+// the status line names every request).
 
 let capFlame = null;
 
@@ -111,9 +113,8 @@ async function runCapture(kind) {
       return;
     }
     const c = done[0];
-    const others = ended.filter((e) => e !== c)
-      .map((e) => e.state === "done" ? `${e.samples} samples on ${e.node} (${e.id})` : e.reason);
-    const also = others.length ? `; also ${others.join("; ")}` : "";
+    const failures = ended.filter((e) => e.state !== "done").map((e) => e.reason);
+    const also = failures.length ? `; ${failures.join("; ")}` : "";
     if (kind === "dump") {
       capStatus(`dump of ${done.map((d) => `${d.pids.join(", ")} on ${d.node}`).join("; ")}`);
       $("cap-dump-text").textContent = done
@@ -123,17 +124,30 @@ async function runCapture(kind) {
       return;
     }
     const secs = ((c.ended_unix_ns - c.started_unix_ns) / 1e9).toFixed(1);
-    const who = c.query ? ` (${c.query}: pid ${c.pids.join(", ")})` : "";
-    capStatus(`done: ${c.samples} samples in ${secs} s on ${c.node}${who}${also}`);
+    if (done.length === 1) {
+      const who = c.query ? ` (${c.query}: pid ${c.pids.join(", ")})` : "";
+      capStatus(`done: ${c.samples} samples in ${secs} s on ${c.node}${who}${also}`);
+    } else {
+      // One request per node: their flame graphs are drawn as one, a node's under its name.
+      const total = done.reduce((n, d) => n + d.samples, 0);
+      const each = done.map((d) => `${d.node}: ${d.samples}, pid ${d.pids.join(", ")} (${d.id})`);
+      capStatus(`done: ${total} samples in ${secs} s on ${done.length} nodes (${c.query}: ${each.join("; ")})${also}`);
+    }
     const base = `/api/v1/captures/${encodeURIComponent(c.id)}/result`;
     $("cap-dl-pprof").href = base + "?format=pprof";
     $("cap-dl-trace").href = base + "?format=chrome";
     download($("cap-dl-pprof"), `capture-${c.id}.pb.gz`);
     download($("cap-dl-trace"), `capture-${c.id}.trace.json`);
     $("cap-result").hidden = false;
-    const p = await json(base + "?format=flame");
-    capFlame.opts.unit = p.unit;
-    capFlame.setData(treeOf(p));
+    const root = newNode("all", null, "root");
+    for (const d of done) {
+      const p = await json(`/api/v1/captures/${encodeURIComponent(d.id)}/result?format=flame`);
+      capFlame.opts.unit = p.unit;
+      const under = done.length > 1 ? childOf(root, d.node, true) : root;
+      treeOf(p, {}, under);
+      if (under !== root) root.value += under.value;
+    }
+    capFlame.setData(root);
   } catch (e) {
     capStatus(e.message, true);
   } finally {
