@@ -45,7 +45,7 @@ while True:
 "#;
 
 /// Kills and reaps the children it holds when dropped, on error paths too.
-struct Children(Vec<Child>);
+pub(crate) struct Children(pub(crate) Vec<Child>);
 
 impl Drop for Children {
     fn drop(&mut self) {
@@ -231,21 +231,10 @@ fn run_agent(
 ) -> Result<Footprint> {
     let _ = std::fs::remove_dir_all(dir.join("collector"));
     let _ = std::fs::remove_dir_all(dir.join("spool"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
     let mut children = Children(Vec::new());
-    children.0.push(
-        Command::new(collector_bin)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--data-dir")
-            .arg(dir.join("collector"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", collector_bin.display()))?,
-    );
+    let (collector, port) =
+        crate::agentbench::start_collector(collector_bin, &dir.join("collector"))?;
+    children.0.push(collector);
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     for _ in 0..cpus {
         children.0.push(
@@ -311,6 +300,24 @@ fn run_agent(
         steady_kb,
         stats,
     })
+}
+
+/// Starts `collector_bin` on a free loopback port with its store in `data_dir` (its output
+/// dropped); the collector and the port.
+pub(crate) fn start_collector(collector_bin: &Path, data_dir: &Path) -> Result<(Child, u16)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(collector_bin)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", collector_bin.display()))?;
+    Ok((child, port))
 }
 
 /// Starts `pyrometer agent --no-gpu ARGS` pushing to the collector on `port`, its spool and

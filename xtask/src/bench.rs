@@ -43,7 +43,7 @@ fn elapsed_ns(cmd: &mut Command) -> Result<f64> {
 }
 
 /// The parts of the benchmark, in the order they run; `BENCH_ONLY=python,alloc` picks some.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "cpu",
     "python",
     "quick",
@@ -52,6 +52,7 @@ const SECTIONS: [&str; 11] = [
     "unwind",
     "bpf",
     "agent",
+    "capture",
     "busy",
     "collector",
     "otel",
@@ -100,6 +101,9 @@ pub fn bench(root: &Path) -> Result<()> {
     }
     if wanted("agent") {
         crate::agentbench::bench(root, &pyrometer)?;
+    }
+    if wanted("capture") {
+        crate::capturebench::bench(root, &pyrometer, &workload, pairs)?;
     }
     if wanted("busy") {
         crate::busybench::bench(root, &pyrometer)?;

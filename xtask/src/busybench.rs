@@ -84,21 +84,10 @@ pub fn bench(root: &Path, pyrometer: &Path) -> Result<()> {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .context("no /usr/bin/python3 for the busy-node bench")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
     let mut children = Children(Vec::new());
-    children.0.push(
-        Command::new(&collector_bin)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--data-dir")
-            .arg(dir.join("collector"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", collector_bin.display()))?,
-    );
+    let (collector, port) =
+        crate::agentbench::start_collector(&collector_bin, &dir.join("collector"))?;
+    children.0.push(collector);
     children.0.push(shell(
         "while :; do gcc -O2 -c gen.c -o gen.o; sleep 1; done",
         &dir,

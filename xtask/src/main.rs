@@ -30,6 +30,7 @@ mod bench;
 mod book;
 mod bpfcost;
 mod busybench;
+mod capturebench;
 mod cformat;
 mod cpython;
 mod cuda;
