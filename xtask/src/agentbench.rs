@@ -232,8 +232,7 @@ fn run_agent(
     let _ = std::fs::remove_dir_all(dir.join("collector"));
     let _ = std::fs::remove_dir_all(dir.join("spool"));
     let mut children = Children(Vec::new());
-    let (collector, port) =
-        crate::agentbench::start_collector(collector_bin, &dir.join("collector"))?;
+    let (collector, port) = start_collector(collector_bin, &dir.join("collector"))?;
     children.0.push(collector);
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     for _ in 0..cpus {

@@ -125,7 +125,7 @@ fn poller(
             if request.kind == Kind::Dump as i32 {
                 let _ = uploads.try_send(dump(&request, node, &mut reads));
                 // What is kept of processes left alone stays bounded by the live ones.
-                reads.retain(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+                reads.retain(crate::os::pids::exists);
                 continue;
             }
             match requests.try_send(request) {

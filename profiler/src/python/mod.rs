@@ -116,6 +116,10 @@ pub enum PythonError {
 /// How long `dump` waits for a read of a process's interpreter binary.
 pub const BINARY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a one-shot `dump` leaves a process alone once one of its reads overran: for the
+/// rest of the dump.
+const REST_OF_DUMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The parenthesised part of an "is not supported" message: the reason, else the range.
 pub fn unsupported_detail(reason: &str) -> String {
     if reason.is_empty() {
@@ -171,7 +175,7 @@ pub struct ProcessDump {
 /// marked unreadable. With `native`, each thread's native frames are spliced in (its
 /// registers are read under a ptrace stop that lasts only for the read; see [`native`]).
 pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump, PythonError> {
-    let mut reads = ProcessReads::new(1, BINARY_DEADLINE, std::time::Duration::from_secs(3600));
+    let mut reads = ProcessReads::new(1, BINARY_DEADLINE, REST_OF_DUMP);
     dump_with(proc_root, pid, with_native, &mut reads)
 }
 

@@ -107,11 +107,9 @@ pub struct NativeTables {
 
 impl Default for NativeTables {
     fn default() -> Self {
-        // A process whose read overran is left alone for the rest of the dump.
-        let backoff = Duration::from_secs(3600);
         Self {
             tables: HashMap::new(),
-            reads: ProcessReads::new(1, TABLE_DEADLINE, backoff),
+            reads: ProcessReads::new(1, TABLE_DEADLINE, super::REST_OF_DUMP),
         }
     }
 }
