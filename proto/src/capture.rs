@@ -125,7 +125,7 @@ pub struct UploadRequest {
     /// On-CPU samples of the burst.
     #[prost(uint64, tag = "9")]
     pub samples: u64,
-    /// A dump's text.
+    /// A dump's text (JSON), or a capture's GIL table (`--gil`).
     #[prost(string, tag = "10")]
     pub text: String,
     /// The wall-clock time of the timeline's zero, ns since the Unix epoch: its

@@ -10,6 +10,7 @@ pub mod clickhouse_server;
 pub mod cluster;
 pub mod frame_tally;
 pub mod fuse;
+pub mod gil_table;
 pub mod gpu_kernels;
 pub mod kernels;
 pub mod otel;

@@ -71,12 +71,7 @@ fn panel_capture(
 ) -> (chromium::Chromium, serde_json::Value) {
     let mut page =
         chromium::Chromium::launch(&format!("{url}/?query={}", enc(query)), dir, 1400, 900);
-    page.wait_for(
-        "the capture panel's script",
-        r#"(typeof capFlame !== "undefined" && capFlame) ? true : null"#,
-    );
-    page.eval(r#"document.getElementById("capture-open").click()"#);
-    page.wait_for(
+    page.open_capture_panel(
         "the panel with the page's query",
         &format!(
             r#"document.getElementById("cap-query").value === {} ? true : null"#,

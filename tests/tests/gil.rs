@@ -3,60 +3,11 @@
 //! each hold the GIL about a quarter of their time and wait for it the rest; threads in
 //! `time.sleep` are off-CPU, not waiting for the GIL. Needs root (uprobes, BPF).
 
-use std::collections::HashMap;
 use std::path::Path;
 
+use pyrometer_e2e::gil_table::table;
 use pyrometer_e2e::python::{Interpreter, debian, forky, source};
 use pyrometer_e2e::*;
-
-/// One line of the GIL table.
-#[derive(Debug, Clone)]
-struct Row {
-    /// The thread's time in seconds (its first GIL event to its last).
-    time: f64,
-    on_cpu: f64,
-    holds: f64,
-    waits: f64,
-    /// Runnable but not running; None when the scheduler's statistics were not readable.
-    preempted: Option<f64>,
-}
-
-/// The table's thread lines:
-/// `name tid time on-CPU% holds% waits% preempted% contended/acquisitions`.
-fn table(stderr: &str) -> HashMap<String, Row> {
-    let mut rows = HashMap::new();
-    let mut inside = false;
-    for line in stderr.lines() {
-        if line.starts_with("pyrometer: GIL over") {
-            inside = true;
-            continue;
-        }
-        if !inside || !line.starts_with("    ") || line.trim_start().starts_with("thread ") {
-            if inside && !line.starts_with("  ") {
-                inside = false;
-            }
-            continue;
-        }
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let n = fields.len();
-        if n < 8 {
-            continue;
-        }
-        let pct = |s: &str| s.trim_end_matches('%').parse::<f64>().unwrap();
-        let name = fields[..n - 7].join(" ");
-        rows.insert(
-            name,
-            Row {
-                time: fields[n - 6].trim_end_matches('s').parse().unwrap(),
-                on_cpu: pct(fields[n - 5]),
-                holds: pct(fields[n - 4]),
-                waits: pct(fields[n - 3]),
-                preempted: (fields[n - 2] != "-").then(|| pct(fields[n - 2])),
-            },
-        );
-    }
-    rows
-}
 
 fn record_gil(python: &Interpreter, mode: &str, out: &Path, extra: &[&str]) -> String {
     let script = source("gil_threads.py");

@@ -65,12 +65,7 @@ fn a_capture_and_a_dump_from_the_web_ui() {
         1400,
         900,
     );
-    page.wait_for(
-        "the capture panel's script",
-        r#"(typeof capFlame !== "undefined" && capFlame) ? true : null"#,
-    );
-    page.eval(r#"document.getElementById("capture-open").click()"#);
-    page.wait_for(
+    page.open_capture_panel(
         "the panel with the query's node and pid",
         &format!(
             r#"(document.getElementById("cap-node").value === "ui-node" &&

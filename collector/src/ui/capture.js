@@ -6,7 +6,8 @@
 // picker) and names no pid becomes the request's label query, which the collector resolves
 // to the nodes and processes its agents pushed recently (one request per node); their flame
 // graphs are drawn as one, each node's under its name (the downloads are the first node's;
-// the status line names every request).
+// the status line names every request). A capture with the GIL view shows each node's GIL
+// table below its flame graph.
 
 let capFlame = null;
 
@@ -68,19 +69,13 @@ function capRequest(kind) {
     kind,
     duration_s: Number($("cap-duration").value) || 5,
     frequency_hz: Number($("cap-hz").value) || 99,
+    gil: $("cap-gil").checked,
     off_cpu: $("cap-offcpu").checked,
   };
   if (query) return { ...common, query };
   const pid = Number($("cap-pid").value.trim());
   if (!Number.isInteger(pid) || pid <= 0) throw new Error("give the pid of a process on the node");
-  return {
-    kind,
-    node: $("cap-node").value,
-    pid,
-    duration_s: Number($("cap-duration").value) || 5,
-    frequency_hz: Number($("cap-hz").value) || 99,
-    off_cpu: $("cap-offcpu").checked,
-  };
+  return { ...common, node: $("cap-node").value, pid };
 }
 
 // Follows request `id` until it ends; its last state.
@@ -148,6 +143,14 @@ async function runCapture(kind) {
       if (under !== root) root.value += under.value;
     }
     capFlame.setData(root);
+    // With the GIL view: each node's GIL table, as `pyrometer capture --gil` prints it.
+    const tables = done.filter((d) => d.text);
+    if (tables.length) {
+      $("cap-dump-text").textContent = tables
+        .map((d) => (done.length > 1 ? `Node ${d.node}\n\n` : "") + d.text)
+        .join("\n");
+      $("cap-dump-text").hidden = false;
+    }
   } catch (e) {
     capStatus(e.message, true);
   } finally {

@@ -259,6 +259,18 @@ impl Chromium {
         }
     }
 
+    /// Opens the web UI's capture panel once its script is up, and waits until `filled` (a
+    /// JavaScript expression) is true: the panel holds what the page's query gave it.
+    #[allow(dead_code)] // the collector's own page tests have no capture panel to open
+    pub fn open_capture_panel(&mut self, what: &str, filled: &str) {
+        self.wait_for(
+            "the capture panel's script",
+            r#"(typeof capFlame !== "undefined" && capFlame) ? true : null"#,
+        );
+        self.eval(r#"document.getElementById("capture-open").click()"#);
+        self.wait_for(what, filled);
+    }
+
     /// Writes a PNG of the page as it is drawn now.
     pub fn screenshot(&mut self, path: &Path) {
         let r = self.call("Page.captureScreenshot", json!({ "format": "png" }), true);

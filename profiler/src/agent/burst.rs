@@ -16,6 +16,8 @@ use crate::capture::{Capture, DEFAULT_TIMELINE_EVENTS, Timeline};
 use crate::os::clock::monotonic_now_ns;
 use crate::output::{self, OutputFormat};
 use crate::profiler::{Profiler, Route};
+use crate::python::run_delay::RunDelays;
+use crate::python::tracker::Attached;
 use crate::symbolize::Symbolizer;
 
 /// How often the target's threads are listed again, for threads started during the burst.
@@ -35,6 +37,8 @@ const NOT_ON_CPU: u32 = pyrometer_ebpf::SAMPLE_OFFCPU
 
 /// What the agent samples, for checking a request's options.
 pub(super) struct Sources {
+    /// The GIL probes are loaded (`agent --gil`).
+    pub gil: bool,
     pub off_cpu: bool,
     pub alloc: bool,
     pub frequency_hz: u64,
@@ -46,6 +50,7 @@ pub(super) struct Sources {
 pub(super) struct Router {
     pids: Vec<u32>,
     burst_below: u64,
+    gil: bool,
     off_cpu: bool,
     alloc: bool,
 }
@@ -61,6 +66,10 @@ impl Router {
             } else {
                 Route::Main
             };
+        }
+        // The GIL probes are on for the burst alone: the always-on profile has no GIL view.
+        if h.flags & pyrometer_ebpf::SAMPLE_GIL_WAIT != 0 {
+            return if self.gil { Route::Side } else { Route::Main };
         }
         let off_cpu = h.flags & pyrometer_ebpf::SAMPLE_OFFCPU != 0;
         let alloc = h.flags & (pyrometer_ebpf::SAMPLE_ALLOC | pyrometer_ebpf::SAMPLE_FREE) != 0;
@@ -85,6 +94,110 @@ pub(super) struct Burst {
     /// CLOCK_MONOTONIC ns of the timeline's zero.
     origin_ns: u64,
     last_scan: Instant,
+    /// With `--gil`: the targets' GIL probes.
+    gil: Option<GilView>,
+}
+
+/// A burst's GIL view: the GIL probes on for its processes alone, while it runs.
+#[derive(Default)]
+struct GilView {
+    /// Targets whose probes are on.
+    attached: Vec<u32>,
+    /// Targets whose probes are not (yet) on, with why (None: their binary's sites are still
+    /// searched for). Asked again at each rescan: a process registers after its first samples.
+    waiting: Vec<(u32, Option<String>)>,
+    /// CLOCK_MONOTONIC ns when the probes came off.
+    stopped_ns: u64,
+    /// The targets' threads' run-queue delays, read at each rescan: the table's `preempted`.
+    run_delays: RunDelays,
+}
+
+impl GilView {
+    /// Attaches the probes of the targets still waiting, and reads the targets' run-queue
+    /// delays.
+    fn attach(&mut self, profiler: &mut Profiler) {
+        for &pid in self
+            .attached
+            .iter()
+            .chain(self.waiting.iter().map(|(p, _)| p))
+        {
+            self.run_delays.poll(pid);
+        }
+        for (pid, why) in &mut self.waiting {
+            let python = &mut profiler.tables.python;
+            match python.attach_gil_to(*pid, &mut profiler.sampler) {
+                Ok(Attached::Done) => self.attached.push(*pid),
+                Ok(Attached::Pending) => *why = None,
+                Err(e) => *why = Some(e),
+            }
+        }
+        let attached = &self.attached;
+        self.waiting.retain(|(pid, _)| !attached.contains(pid));
+    }
+
+    fn detach(&mut self, profiler: &mut Profiler) {
+        if self.stopped_ns != 0 {
+            return;
+        }
+        for &pid in &self.attached {
+            profiler
+                .tables
+                .python
+                .detach_gil_from(pid, &mut profiler.sampler);
+            self.run_delays.poll(pid);
+        }
+        self.stopped_ns = monotonic_now_ns();
+    }
+
+    /// The table `record --gil` prints, for the burst's threads, and a line for each target
+    /// without the view. The kernel's state of those threads is forgotten after.
+    fn table(&self, burst: &Burst, profiler: &mut Profiler) -> String {
+        let pids = &burst.request.pids;
+        let threads: Vec<_> = profiler
+            .sampler
+            .gil_threads()
+            .into_iter()
+            .filter(|(_, g)| pids.contains(&g.pid))
+            .collect();
+        profiler.sampler.forget_gil_threads(pids);
+        let python = &mut profiler.tables.python;
+        let rows = crate::python::gil_report::rows(
+            &threads,
+            &burst.capture.thread_samples,
+            burst.period_ns,
+            self.stopped_ns,
+            |pid, tid| python.thread_name(pid, tid).map(|n| n.to_string()),
+            |pid, tid| self.run_delays.preempted_ns(pid, tid),
+        );
+        let registry = &profiler.registry;
+        let comm = |pid: u32| {
+            registry
+                .get(pid)
+                .map_or_else(|| "?".to_string(), |p| p.comm.clone())
+        };
+        let elapsed = self.stopped_ns.saturating_sub(burst.origin_ns);
+        let mut text = if threads.is_empty() {
+            "GIL: no Python thread took the GIL while probed\n".to_string()
+        } else {
+            format!(
+                "GIL over {:.1}s ({} contended waits sampled with their stacks, {:.3}s):\n{}",
+                elapsed as f64 / 1e9,
+                burst.capture.gil_wait_events,
+                burst.capture.gil_wait_ns as f64 / 1e9,
+                crate::python::gil_report::render(&rows, elapsed, comm),
+            )
+        };
+        for (pid, why) in &self.waiting {
+            match why.as_deref() {
+                Some(why) => text.push_str(&format!("GIL view unavailable for pid {pid}: {why}\n")),
+                None => text.push_str(&format!(
+                    "GIL view unavailable for pid {pid}: its interpreter binary was still \
+                     searched for the GIL's probe sites\n"
+                )),
+            }
+        }
+        text
+    }
 }
 
 /// Wall-clock minus CLOCK_MONOTONIC now, in ns: the monotonic reading between two wall
@@ -121,14 +234,8 @@ impl Burst {
                 "the agent of node '{node}' runs without {what} (start it with {flag} to capture them)"
             )
         };
-        if request.gil {
-            return Err(fail(
-                Failure::Kernel,
-                format!(
-                    "the agent of node '{node}' does not load the GIL probes: captures cannot \
-                     ask for --gil (use pyrometer record --gil on the node)"
-                ),
-            ));
+        if request.gil && !sources.gil {
+            return Err(fail(Failure::Kernel, refused("the GIL probes", "--gil")));
         }
         if request.off_cpu && !sources.off_cpu {
             return Err(fail(
@@ -158,6 +265,11 @@ impl Burst {
         let mut capture =
             Capture::with_timeline(Timeline::new(DEFAULT_TIMELINE_EVENTS, origin_ns, period_ns));
         capture.off_cpu = request.off_cpu;
+        capture.gil = request.gil;
+        let gil = request.gil.then(|| GilView {
+            waiting: request.pids.iter().map(|&p| (p, None)).collect(),
+            ..GilView::default()
+        });
         let mut burst = Self {
             node: node.to_string(),
             links: HashMap::new(),
@@ -170,9 +282,15 @@ impl Burst {
             origin_ns,
             last_scan: Instant::now(),
             request,
+            gil,
         };
         for &pid in &burst.request.pids.clone() {
             profiler.sync_pid(pid);
+        }
+        if let Some(gil) = burst.gil.as_mut() {
+            // Measured from now: what earlier captures left is gone.
+            profiler.sampler.forget_gil_threads(&burst.request.pids);
+            gil.attach(profiler);
         }
         if let Err(e) = burst.scan(profiler) {
             burst.stop(profiler);
@@ -215,6 +333,7 @@ impl Burst {
         Router {
             pids: self.request.pids.clone(),
             burst_below: self.burst_below,
+            gil: self.gil.is_some(),
             off_cpu: self.request.off_cpu,
             alloc: self.request.alloc,
         }
@@ -224,6 +343,9 @@ impl Burst {
     pub(super) fn tick(&mut self, profiler: &mut Profiler) -> bool {
         if self.last_scan.elapsed() >= RESCAN {
             let _ = self.scan(profiler);
+            if let Some(gil) = self.gil.as_mut() {
+                gil.attach(profiler);
+            }
         }
         self.started.elapsed() >= Duration::from_millis(u64::from(self.request.duration_ms))
     }
@@ -231,6 +353,9 @@ impl Burst {
     fn stop(&mut self, profiler: &mut Profiler) {
         for (_, link) in self.links.drain() {
             profiler.sampler.detach_thread(link);
+        }
+        if let Some(gil) = self.gil.as_mut() {
+            gil.detach(profiler);
         }
     }
 
@@ -256,6 +381,11 @@ impl Burst {
         )
         .unwrap_or(0);
         let samples = self.capture.samples;
+        let text = self
+            .gil
+            .as_ref()
+            .map(|g| g.table(&self, profiler))
+            .unwrap_or_default();
         let period = i64::try_from(self.period_ns).unwrap_or(i64::MAX);
         let (profile, timeline) =
             self.capture
@@ -290,6 +420,7 @@ impl Burst {
             ended_unix_ns: ended,
             origin_unix_ns,
             samples,
+            text,
             ..Default::default()
         }
     }

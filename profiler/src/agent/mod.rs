@@ -94,6 +94,9 @@ pub struct AgentConfig {
     pub off_cpu_min_ns: Option<u64>,
     /// CPython's garbage-collector pauses (`--gc`): the `gc` type and `/metrics` histograms.
     pub gc: bool,
+    /// The GIL probes loaded (`--gil`), for captures that ask for the GIL view: attached to
+    /// a capture's processes only, while it runs.
+    pub gil: bool,
     /// asyncio task stacks (`--async`): task frames and the `asyncio_task` label.
     pub asyncio: bool,
     /// GPU polling: the interval and the NVML library, or None when off.

@@ -111,6 +111,8 @@ impl Node {
             .collect();
         let mut profiler =
             Profiler::open(&sampler_config(cfg, selective), &debug_dirs).map_err(|e| kernel(&e))?;
+        // The GIL probes go on for a capture's processes only, while it runs.
+        profiler.tables.python.gil_on_request();
         // Node-wide, every process is registered at its first sample and tables of binaries
         // seen before are reused at once; building new ones is paid from a bounded budget.
         // Processes the user chose get theirs at once, whatever they cost.
@@ -489,6 +491,7 @@ impl Node {
                 continue;
             }
             let sources = Sources {
+                gil: cfg.gil && !self.profiler.refused(Feature::Gil),
                 off_cpu: cfg.off_cpu_min_ns.is_some(),
                 alloc: self.profiler.tables.alloc.is_some(),
                 frequency_hz: self.profiler.frequency_hz(),
@@ -665,7 +668,7 @@ fn sampler_config(cfg: &AgentConfig, selective: bool) -> SamplerConfig {
         unwind_rows: cfg.unwind_rows,
         btf_path: crate::bpf::btf_path_or_default(cfg.btf_path.as_deref()),
         off_cpu_min_ns: cfg.off_cpu_min_ns,
-        gil: false,
+        gil: cfg.gil,
         gc: cfg.gc,
         asyncio: cfg.asyncio,
         // Always: processes that preload the sampler library are sampled without flags

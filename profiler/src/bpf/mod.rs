@@ -284,6 +284,23 @@ impl Sampler {
         }
     }
 
+    /// Forgets the GIL state of the threads of `pids`: a capture measures them from its
+    /// start, and leaves no entries behind for probes that are off again.
+    pub fn forget_gil_threads(&mut self, pids: &[u32]) {
+        let Some(map) = self.gil_threads.as_mut() else {
+            return;
+        };
+        let theirs: Vec<u32> = map
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, g)| pids.contains(&g.pid))
+            .map(|(tid, _)| tid)
+            .collect();
+        for tid in theirs {
+            let _ = map.remove(&tid);
+        }
+    }
+
     /// Samples per second per CPU (`SamplerConfig::frequency_hz`).
     pub fn frequency_hz(&self) -> u64 {
         self.frequency_hz

@@ -36,6 +36,8 @@ pub trait Uprobes {
     ) -> Result<(), BpfError>;
     /// Detaches the probes attached for `pid` (it exited).
     fn detach_process_probes(&mut self, pid: u32);
+    /// Detaches the probes of `programs` attached for `pid`, leaving its others on.
+    fn detach_process_programs(&mut self, pid: u32, programs: &[&str]);
 }
 
 /// The copies of one library whose probes are on (known by the file's identity, whatever
@@ -161,6 +163,24 @@ impl Uprobes for Sampler {
             }
         }
     }
+
+    fn detach_process_programs(&mut self, pid: u32, programs: &[&str]) {
+        let Some(links) = self.pid_probes.get_mut(&pid) else {
+            return;
+        };
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(links)
+            .into_iter()
+            .partition(|(program, _)| programs.contains(program));
+        *links = kept;
+        if links.is_empty() {
+            self.pid_probes.remove(&pid);
+        }
+        for (program, link) in gone {
+            if let Ok(prog) = uprobe(&mut self.ebpf, program) {
+                let _ = prog.detach(link);
+            }
+        }
+    }
 }
 
 /// Records the probes asked for, for unit tests of what chooses them and when (the kernel's
@@ -172,6 +192,8 @@ pub(crate) struct AskedProbes {
     pub binary: Vec<(String, u64)>,
     /// (pid, offset) of the probes for one process.
     pub process: Vec<(u32, u64)>,
+    /// Pids whose probes of some programs were taken off.
+    pub detached: Vec<u32>,
 }
 
 #[cfg(test)]
@@ -202,4 +224,7 @@ impl Uprobes for AskedProbes {
         Ok(())
     }
     fn detach_process_probes(&mut self, _: u32) {}
+    fn detach_process_programs(&mut self, pid: u32, _: &[&str]) {
+        self.detached.push(pid);
+    }
 }

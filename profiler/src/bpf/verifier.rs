@@ -111,6 +111,18 @@ pub fn configurations(btf_path: &Path) -> Vec<Configuration> {
                 off_cpu_min_ns: off_cpu,
                 alloc: Some(alloc(true)),
                 gpu_kernels: Some(GpuKernelsConfig { all: true }),
+                ..base.clone()
+            },
+        },
+        Configuration {
+            name: "agent --all --off-cpu --gil --gc --alloc-comm --gpu-kernels",
+            config: SamplerConfig {
+                filter: Filter::All,
+                off_cpu_min_ns: off_cpu,
+                gil: true,
+                gc: true,
+                alloc: Some(alloc(true)),
+                gpu_kernels: Some(GpuKernelsConfig { all: true }),
                 ..base
             },
         },

@@ -39,6 +39,8 @@ use crate::os::workers::{OffLoop, ProcessReads};
 
 mod bodies;
 mod probes;
+pub use probes::Attached;
+use probes::GilProbes;
 mod tasks;
 
 /// Threads reading interpreter binaries (version and symbols) off the sampling loop; each
@@ -195,13 +197,6 @@ pub struct TrackerStats {
     pub stalled_reads: u64,
 }
 
-/// `--gil`: the probe sites of each interpreter binary, and which are attached.
-struct GilProbes {
-    debug_dirs: Vec<PathBuf>,
-    sites: HashMap<BinaryKey, Result<GilSites, String>>,
-    attached: HashSet<BinaryKey>,
-}
-
 pub struct PyTracker {
     map: Option<BpfHashMap<MapData, u32, PyProcess>>,
     /// The kernel walker's module bodies (`py_bodies`), for frames whose code object was
@@ -268,16 +263,6 @@ impl PyTracker {
     /// Follows the asyncio tasks of every Python process registered from now on (`--async`).
     pub fn enable_async(&mut self) {
         self.asyncio = true;
-    }
-
-    /// Probes the GIL of every Python process registered from now on (`record --gil`);
-    /// debug files are looked for in `debug_dirs`.
-    pub fn enable_gil(&mut self, debug_dirs: Vec<PathBuf>) {
-        self.gil = Some(GilProbes {
-            debug_dirs,
-            sites: HashMap::new(),
-            attached: HashSet::new(),
-        });
     }
 
     /// Probes the garbage collector of every Python process registered from now on
@@ -422,7 +407,7 @@ impl PyTracker {
         self.stats.processes += 1;
         self.stats.span_tables += u64::from(span_table.is_some());
         if layout.free_threaded {
-            if self.gil.is_some() {
+            if self.gil.as_ref().is_some_and(GilProbes::every_process) {
                 self.free_threaded
                     .add(pid, process.comm.clone(), runtime.runtime, *offsets);
             }
@@ -523,6 +508,9 @@ impl PyTracker {
     /// Forgets a process (exited, or no longer Python).
     pub fn remove(&mut self, pid: u32) {
         self.probes_pending.remove(&pid);
+        if let Some(gil) = self.gil.as_mut() {
+            gil.forget(pid);
+        }
         if self.procs.remove(&pid).is_some()
             && let Some(map) = self.map.as_mut()
         {

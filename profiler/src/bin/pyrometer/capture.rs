@@ -51,7 +51,8 @@ pub struct CaptureArgs {
     /// Samples per second of each thread (at most 999, above the agent's always-on rate).
     #[arg(short = 'F', long, default_value_t = 99)]
     frequency: u32,
-    /// GIL wait and hold times (the node's agent must have the GIL probes loaded).
+    /// GIL wait and hold times: the `gil_wait` and `gil_held` types and the per-thread table
+    /// (the node's agent must run with --gil).
     #[arg(long)]
     gil: bool,
     /// Off-CPU time (the node's agent must run with --off-cpu).
@@ -187,6 +188,10 @@ pub fn run(args: CaptureArgs) -> anyhow::Result<u8> {
             r.node,
             r.ended_unix_ns.saturating_sub(r.started_unix_ns) as f64 / 1e9,
         );
+        // With --gil: the node's GIL table, as `record --gil` prints it.
+        if !r.text.is_empty() {
+            eprint!("pyrometer: node {}: {}", r.node, r.text);
+        }
     }
     eprintln!("pyrometer: wrote {}", output.display());
     Ok(0)

@@ -98,6 +98,11 @@ pub struct AgentArgs {
     /// histogram of pauses on /metrics.
     #[arg(long)]
     pub(super) gc: bool,
+    /// Load the GIL probes, so on-demand captures can ask for --gil (wait and hold times of
+    /// the GIL, as `record --gil`): they are attached to a capture's processes only, for its
+    /// duration; the always-on profile has no GIL view.
+    #[arg(long)]
+    pub(super) gil: bool,
     /// Also show asyncio task stacks (as `record --async`): `[task] NAME` frames above the
     /// coroutines they ran and the `asyncio_task` label (CPython 3.11-3.15).
     #[arg(long = "async")]
@@ -185,6 +190,7 @@ struct FileConfig {
     off_cpu: Option<bool>,
     off_cpu_min: Option<String>,
     gc: Option<bool>,
+    gil: Option<bool>,
     #[serde(rename = "async")]
     asyncio: Option<bool>,
     gpu: Option<bool>,
@@ -380,6 +386,7 @@ pub(super) fn resolve(args: &AgentArgs) -> anyhow::Result<Config> {
             .unwrap_or(DEFAULT_DWARF_MB)
             .saturating_mul(1 << 20),
         gc: args.gc || file.gc == Some(true),
+        gil: args.gil || file.gil == Some(true),
         asyncio: args.asyncio || file.asyncio == Some(true),
         process_budget_bytes: budget_bytes(args.process_budget_mb.or(file.process_budget_mb)),
         process_cpu_budget: cpu_budget(args.process_cpu_budget_ms.or(file.process_cpu_budget_ms)),
