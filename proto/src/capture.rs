@@ -66,6 +66,10 @@ pub struct CaptureRequest {
     /// resolves them against recent pushes and makes one request per node that matches.
     #[prost(string, tag = "10")]
     pub query: String,
+    /// A dump's native frames too: those of the threads blocked in a system call, whose
+    /// registers the agent reads without stopping them.
+    #[prost(bool, tag = "11")]
+    pub native: bool,
 }
 
 /// An agent's poll: the node it serves; the collector answers when a request for it comes,

@@ -1,7 +1,8 @@
 //! On-demand captures through the collector, as real processes: a collector, two agents with
 //! different node names, a 6:3:1 Python workload on the second; the capture's split, the
-//! always-on profile beside it (its samples per CPU second within ±5 % of those before), failures in one line with their exit codes, the role, and a
-//! remote dump.
+//! always-on profile beside it (its samples per CPU second within ±5 % of the minute
+//! before), failures in one line with their exit codes, the role, and remote dumps (with
+//! native frames of a sleeping process).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,6 +71,16 @@ fn capture_through_the_collector_on_another_node() {
             .expect("start sleeps.py"),
     );
     let sleeper_arg = sleeper.0.id().to_string();
+    // Asleep in a system call for good, under a Python function: its native frames can be
+    // read without stopping it.
+    let napper = Killed(
+        Command::new(pyrometer_e2e::python::pyenv("3.11.7"))
+            .args(["-c", "import time\ndef nap():\n    time.sleep(600)\nnap()"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the napper"),
+    );
+    let napper_arg = napper.0.id().to_string();
     // Node-wide agents would sample each other and every build on a busy machine; each
     // samples its own processes, as two nodes' agents would.
     let mut a = Agent::start(&dir, "node-a", &url, &["--comm", "^capture-none$"]);
@@ -78,19 +89,26 @@ fn capture_through_the_collector_on_another_node() {
         &dir,
         "node-b",
         &url,
-        &["--pid", &pid_arg, "--pid", &sleeper_arg],
+        &[
+            "--pid",
+            &pid_arg,
+            "--pid",
+            &sleeper_arg,
+            "--pid",
+            &napper_arg,
+        ],
     );
     wait_until(
         Duration::from_secs(120),
         "node-b's always-on samples of the workload",
         || samples_of(&collector, "node-b", pid) > 40,
     );
-    // The always-on samples per CPU second of the workload over 20 s of pushes before the
+    // The always-on samples per CPU second of the workload over the minute of pushes before the
     // capture (the rate against its CPU time: on a busy machine it gets less than a core).
     let (before0, cpu0) = at_next_push("node-b's always-on samples of the workload", pid, || {
         samples_of(&collector, "node-b", pid)
     });
-    std::thread::sleep(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(60));
     let (before1, cpu1) = at_next_push("node-b's always-on samples of the workload", pid, || {
         samples_of(&collector, "node-b", pid)
     });
@@ -207,16 +225,13 @@ fn capture_through_the_collector_on_another_node() {
     );
 
     // A remote dump shows the workload's Python stack within 2 s.
+    let remote_dump = |pid: &str, extra: &[&str]| {
+        let mut args = vec!["dump", "--collector", &url, "--node", "node-b", "--pid", pid];
+        args.extend_from_slice(extra);
+        pyrometer(&args)
+    };
     let started = Instant::now();
-    let out = pyrometer(&[
-        "dump",
-        "--collector",
-        &url,
-        "--node",
-        "node-b",
-        "--pid",
-        &pid.to_string(),
-    ]);
+    let out = remote_dump(&pid_arg, &[]);
     let took = started.elapsed();
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -227,6 +242,23 @@ fn capture_through_the_collector_on_another_node() {
     assert!(
         took < Duration::from_secs(2),
         "the remote dump took {took:?}"
+    );
+
+    // With --native: the napper's stack, native frames (libc's sleep) under its Python ones,
+    // read by the agent without stopping it.
+    let out = remote_dump(&napper_arg, &["--native"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    let nap = text
+        .find("nap (")
+        .unwrap_or_else(|| panic!("no nap frame:\n{text}"));
+    let sleep = text
+        .find("clock_nanosleep")
+        .unwrap_or_else(|| panic!("no native sleep:\n{text}"));
+    assert!(
+        sleep < nap && !text.contains("native frames unavailable"),
+        "the native sleep is not above nap():\n{text}"
     );
 
     // A dead pid and an unknown node: one line, exit 2.
@@ -276,6 +308,7 @@ fn capture_through_the_collector_on_another_node() {
 
     drop(work);
     drop(sleeper);
+    drop(napper);
     kill(std::mem::replace(
         &mut b.child,
         Command::new("true").spawn().unwrap(),

@@ -1,7 +1,7 @@
 //! The web UI's "Capture…" panel in headless Chromium over a real collector and agent: a
 //! capture of the 6:3:1 Python workload, asked from the page (node and pid from the query),
-//! drawn as a flame graph whose six/three/one widths keep the split, and a dump of the same
-//! process from the panel's "Dump" button.
+//! drawn as a flame graph whose six/three/one widths keep the split, a dump of the same
+//! process from the panel's "Dump" button, and a dump with native frames of a sleeping one.
 
 #[allow(dead_code)]
 #[path = "../../collector/tests/chromium/mod.rs"]
@@ -47,11 +47,17 @@ fn a_capture_and_a_dump_from_the_web_ui() {
         .spawn()
         .expect("start py631.py");
     let pid = work.id();
+    // Asleep in a system call under a Python function, for the native dump.
+    let mut napper = Command::new(pyrometer_e2e::python::pyenv("3.11.7"))
+        .args(["-c", "import time\ndef nap():\n    time.sleep(600)\nnap()"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the napper");
     let mut agent = Agent::start(
         &dir,
         "ui-node",
         &collector.url(),
-        &["--pid", &pid.to_string()],
+        &["--pid", &pid.to_string(), "--pid", &napper.id().to_string()],
     );
     wait_until(
         Duration::from_secs(120),
@@ -103,10 +109,32 @@ fn a_capture_and_a_dump_from_the_web_ui() {
     assert!(text.as_str().unwrap().contains("py631.py"), "{text}");
     page.screenshot(&shots.join("dump.png"));
 
+    // With "native" ticked, the napper's dump has libc's sleep above nap().
+    page.eval(&format!(
+        r#"document.getElementById("cap-pid").value = "{}";
+           document.getElementById("cap-native").checked = true;
+           document.getElementById("cap-dump").click()"#,
+        napper.id()
+    ));
+    let text = page.wait_for(
+        "the native dump's text",
+        r#"(() => { const t = document.getElementById("cap-dump-text");
+            return !t.hidden && t.textContent.includes("nap (") ? t.textContent : null; })()"#,
+    );
+    let text = text.as_str().unwrap_or_default();
+    let (sleep, nap) = (text.find("clock_nanosleep"), text.find("nap ("));
+    assert!(
+        sleep.is_some() && sleep < nap,
+        "no native sleep above nap():\n{text}"
+    );
+    page.screenshot(&shots.join("dump-native.png"));
+
     drop(page);
     let _ = agent.stop();
     let _ = work.kill();
     let _ = work.wait();
+    let _ = napper.kill();
+    let _ = napper.wait();
     drop(collector);
     let _ = std::fs::remove_dir_all(&dir);
 }

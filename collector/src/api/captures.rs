@@ -97,6 +97,9 @@ pub struct CreateBody {
     pub off_cpu: bool,
     #[serde(default)]
     pub alloc: bool,
+    /// A dump's native frames too (of the threads blocked in a system call).
+    #[serde(default)]
+    pub native: bool,
     /// `capture` (the default) or `dump`.
     #[serde(default)]
     pub kind: Option<String>,
@@ -132,6 +135,7 @@ impl CreateBody {
             alloc: self.alloc,
             kind: kind as i32,
             query: self.query.unwrap_or_default(),
+            native: self.native,
         })
     }
 }

@@ -72,6 +72,8 @@ function capRequest(kind) {
     gil: $("cap-gil").checked,
     off_cpu: $("cap-offcpu").checked,
   };
+  // A dump's native frames: those of the threads blocked in a system call.
+  if (kind === "dump") common.native = $("cap-native").checked;
   if (query) return { ...common, query };
   const pid = Number($("cap-pid").value.trim());
   if (!Number.isInteger(pid) || pid <= 0) throw new Error("give the pid of a process on the node");
@@ -91,6 +93,8 @@ async function follow(id, started) {
 async function runCapture(kind) {
   $("cap-result").hidden = true;
   $("cap-dump-text").hidden = true;
+  // A dump has no flame graph: its text takes the place.
+  $("cap-flame").hidden = kind === "dump";
   if (capFlame) capFlame.setData(newNode("all", null, "root"));
   $("cap-start").disabled = $("cap-dump").disabled = true;
   try {
@@ -158,6 +162,13 @@ async function runCapture(kind) {
   }
 }
 
+// One frame of a dump: a native one without a line shows its module, or its name alone.
+function frameText(f) {
+  if (!f.function) return "<unreadable frame: changed while read>";
+  if (f.native && f.line == null) return f.file ? `${f.function} (${f.file})` : f.function;
+  return `${f.function} (${f.file || "?"}:${f.line ?? "?"})`;
+}
+
 // A dump as `pyrometer dump` prints it.
 function dumpText(dumps) {
   const out = [];
@@ -167,7 +178,10 @@ function dumpText(dumps) {
       const name = t.python_name || t.name || "";
       const gil = t.holds_gil ? ", holds GIL" : "";
       out.push(`Thread ${t.tid ?? t.thread_id} (${t.state.replace(/_/g, " ")}${gil}): "${name}"`);
-      for (const f of t.frames) out.push(`    ${f.function || "?"} (${f.file || "?"}:${f.line ?? "?"})`);
+      if (!t.frames.length) out.push("    (no Python frames)");
+      for (const f of t.frames) out.push(`    ${frameText(f)}`);
+      if (t.native_error) out.push(`    (native frames unavailable: ${t.native_error})`);
+      if (t.truncated) out.push("    ... (stack cut: too deep, looping or unreadable)");
       out.push("");
     }
   }

@@ -142,13 +142,21 @@ fn poller(
 /// How long a process whose interpreter binary was not read in time is left alone by dumps.
 const DUMP_BACKOFF: Duration = Duration::from_secs(60);
 
-/// Every thread's Python stack of the request's processes, as JSON (one `ProcessDump` each).
-/// Native frames need ptrace, which the agent's system-call filter does not allow.
+/// Every thread's Python stack of the request's processes, as JSON (one `ProcessDump` each),
+/// with `native` its native frames too, read without stopping a thread (the agent's
+/// system-call filter has no ptrace): those of threads blocked in a system call.
 fn dump(request: &CaptureRequest, node: &str, reads: &mut ProcessReads) -> UploadRequest {
     let now = unix_now_ns();
     let mut dumps = Vec::new();
     for &pid in &request.pids {
-        match crate::dump::dump_with(std::path::Path::new("/proc"), pid, false, reads) {
+        match crate::dump::dump_with(
+            std::path::Path::new("/proc"),
+            pid,
+            request
+                .native
+                .then_some(crate::python::native::Registers::Blocked),
+            reads,
+        ) {
             Ok(d) => dumps.push(d),
             Err(e) => {
                 let failure = match e {

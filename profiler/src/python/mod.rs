@@ -176,17 +176,18 @@ pub struct ProcessDump {
 /// registers are read under a ptrace stop that lasts only for the read; see [`native`]).
 pub fn dump(proc_root: &Path, pid: u32, with_native: bool) -> Result<ProcessDump, PythonError> {
     let mut reads = ProcessReads::new(1, BINARY_DEADLINE, REST_OF_DUMP);
-    dump_with(proc_root, pid, with_native, &mut reads)
+    let native = with_native.then_some(native::Registers::Stop);
+    dump_with(proc_root, pid, native, &mut reads)
 }
 
 /// Like [`dump`], the interpreter's binary read on `reads`' workers within their deadline. A
 /// caller that dumps again and again (the agent) keeps one: a process whose read overran is
 /// then left alone for its backoff, and its workers bound the threads held by reads that
-/// never answer.
+/// never answer. `native`: each thread's native frames too, its registers read that way.
 pub fn dump_with(
     proc_root: &Path,
     pid: u32,
-    with_native: bool,
+    native: Option<native::Registers>,
     reads: &mut ProcessReads,
 ) -> Result<ProcessDump, PythonError> {
     let mut registry = ProcessRegistry::with_proc_root(proc_root);
@@ -247,10 +248,9 @@ pub fn dump_with(
             }
         })
         .collect::<Vec<_>>();
-    let threads = if with_native {
-        add_native_frames(&mut registry, pid, &runtime.path, threads)
-    } else {
-        threads
+    let threads = match native {
+        Some(how) => add_native_frames(&mut registry, pid, &runtime.path, threads, how),
+        None => threads,
     };
     Ok(ProcessDump {
         pid,
@@ -268,6 +268,7 @@ fn add_native_frames(
     pid: u32,
     interpreter: &str,
     threads: Vec<ThreadDump>,
+    how: native::Registers,
 ) -> Vec<ThreadDump> {
     use crate::model::{Frame, FrameKind};
     let mem = ProcessMemory::new(pid);
@@ -280,7 +281,13 @@ fn add_native_frames(
                 t.native_error = Some("its kernel thread id is not known".into());
                 return t;
             };
-            let regs = match native::thread_registers(tid) {
+            let regs = match how {
+                native::Registers::Stop => native::thread_registers(tid),
+                native::Registers::Blocked => {
+                    native::blocked_registers(registry.proc_root(), pid, tid)
+                }
+            };
+            let regs = match regs {
                 Ok(regs) => regs,
                 Err(e) => {
                     t.native_error = Some(format!("cannot read its registers: {e}"));

@@ -1,9 +1,13 @@
 //! Native stacks for `pyrometer dump --native`: a thread's registers, read under a ptrace stop
 //! that lasts as long as the read (seize, interrupt, read, detach: the thread is never stopped
-//! for longer), then its user stack walked from user space with the same DWARF unwind tables
-//! and rules the kernel unwinder uses, reading the stack through `process_vm_readv`.
+//! for longer) or, without stopping it, those of a thread blocked in a system call (the
+//! agent's remote dumps), then its user stack walked from user space with the same DWARF
+//! unwind tables and rules the kernel unwinder uses, reading the stack through
+//! `process_vm_readv`.
 
 use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +25,55 @@ pub const MAX_NATIVE_FRAMES: usize = 256;
 /// that wait ends, perhaps never: it is given up on and stays seized, so when the wait ends
 /// it stops until this process exits and the kernel detaches it (`dump` exits at once).
 pub const STOP_WAIT: Duration = Duration::from_millis(500);
+
+/// How a dump reads a thread's registers for its native frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registers {
+    /// Under a ptrace stop as long as the read ([`thread_registers`]): `dump --native` on the
+    /// node.
+    Stop,
+    /// Without stopping the thread ([`blocked_registers`]): only a thread blocked in a system
+    /// call has them. The agent's remote dumps, whose system-call filter has no ptrace.
+    Blocked,
+}
+
+/// The user stack and instruction pointers of thread `tid` of `pid` while it is blocked in a
+/// system call, as the kernel shows them in `/proc/PID/task/TID/syscall` (read with ptrace
+/// access, without stopping the thread). The frame pointer is not shown: a walk recovers it
+/// where a frame saved it, and stops at a frame that needs it before that.
+pub fn blocked_registers(proc_root: &Path, pid: u32, tid: u32) -> std::io::Result<Regs> {
+    let path = proc_root.join(format!("{pid}/task/{tid}/syscall"));
+    let mut text = String::new();
+    // A kernel file of one short line: a bounded read all the same.
+    std::fs::File::open(&path)?
+        .take(256)
+        .read_to_string(&mut text)?;
+    parse_syscall(&text)
+}
+
+/// `/proc/PID/task/TID/syscall`: `NR ARG1 … ARG6 SP PC` in a system call, `-1 SP PC` blocked
+/// outside one, `running` on a CPU.
+fn parse_syscall(text: &str) -> std::io::Result<Regs> {
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    if fields.first() == Some(&"running") {
+        return Err(std::io::Error::other(
+            "it was running on a CPU: without stopping it, only a thread blocked in a system \
+             call shows its registers",
+        ));
+    }
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    match fields[..] {
+        [.., sp, pc] if fields.len() == 9 || fields.len() == 3 => match (hex(sp), hex(pc)) {
+            (Some(sp), Some(pc)) => Ok(Regs { pc, sp, bp: 0 }),
+            _ => Err(std::io::Error::other(format!(
+                "unreadable registers: {text:?}"
+            ))),
+        },
+        _ => Err(std::io::Error::other(format!(
+            "unreadable registers: {text:?}"
+        ))),
+    }
+}
 
 /// A thread's user registers, read while it is stopped for the read alone. Fails (with the
 /// OS error) when the thread cannot be traced: gone, already traced by a debugger, or no
@@ -187,4 +240,88 @@ pub fn walk(
         }
     }
     (out, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syscall_lines() {
+        let blocked = "230 0x1 0x0 0x7ffd5c0 0x0 0x0 0x0 0x7ffd5b8f0a8 0x7f3e1c2e4c7d\n";
+        assert_eq!(
+            parse_syscall(blocked).unwrap(),
+            Regs {
+                pc: 0x7f3e1c2e4c7d,
+                sp: 0x7ffd5b8f0a8,
+                bp: 0
+            }
+        );
+        let outside = "-1 0x7ffd5b8f0a8 0x55d0c0de\n";
+        assert_eq!(parse_syscall(outside).unwrap().pc, 0x55d0c0de);
+        let running = parse_syscall("running\n").unwrap_err().to_string();
+        assert!(running.contains("running on a CPU"), "{running}");
+        for bad in [
+            "",
+            "1 2",
+            "230 0x1 zz 0x3",
+            "230 0x1 0x0 0x0 0x0 0x0 0x0 0xsp 0x1",
+        ] {
+            assert!(parse_syscall(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// A Python thread asleep in a system call: its registers without a stop, and a walk
+    /// from them through libc into the interpreter.
+    #[test]
+    fn a_sleeping_threads_stack_without_stopping_it() {
+        let python = crate::python::tests::pyenv_root().join("3.11.7/bin/python3.11");
+        if !python.exists() {
+            skip_ledger::skip(
+                "python:3.11",
+                format!("3.11: {} is missing", python.display()),
+            );
+            return;
+        }
+        let mut child = std::process::Command::new(&python)
+            .args(["-c", "import time; time.sleep(30)"])
+            .spawn()
+            .expect("start python");
+        let pid = child.id();
+        let mut registry = crate::os::procs::ProcessRegistry::new();
+        let mem = crate::python::memory::ProcessMemory::new(pid);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (addrs, regs) = loop {
+            // Until it is asleep (exec and the loader run first).
+            if let Ok(regs) = blocked_registers(Path::new("/proc"), pid, pid) {
+                let process = registry.observe(pid).expect("sleep runs");
+                let mut tables = NativeTables::default();
+                let (addrs, _) = walk(
+                    process,
+                    regs,
+                    |a| crate::python::memory::Memory::read_u64(&mem, a).ok(),
+                    &mut tables,
+                );
+                if addrs.len() >= 8 {
+                    break (addrs, regs);
+                }
+            }
+            assert!(Instant::now() < deadline, "python never blocked");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut symbolizer = crate::symbolize::Symbolizer::new();
+        let frames = symbolizer.user(&mut registry, pid, &addrs);
+        let names: Vec<&str> = frames.iter().map(|f| f.function.as_str()).collect();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            names.iter().any(|n| n.contains("nanosleep")),
+            "no nanosleep at pc {:#x}: {names:?}",
+            regs.pc
+        );
+        assert!(
+            names.iter().any(|n| n.contains("_PyEval_EvalFrameDefault")),
+            "the walk did not reach the interpreter's loop: {names:?}"
+        );
+    }
 }

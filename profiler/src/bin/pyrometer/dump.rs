@@ -20,11 +20,12 @@ pub struct DumpArgs {
     format: String,
     /// Also show native frames (C extensions, libraries) where they run, like
     /// `py-spy dump --native`. Each thread is stopped (ptrace) just long enough to read its
-    /// registers.
+    /// registers; through --collector nothing is stopped, and a thread shows them when it is
+    /// blocked in a system call.
     #[arg(long)]
     native: bool,
     /// Dump a process on another node, through the collector and that node's agent
-    /// (`--collector URL --node NAME`; Python frames only).
+    /// (`--collector URL --node NAME`).
     #[command(flatten)]
     remote: crate::capture::CollectorArgs,
     /// Where `/proc` is (tests, or a host's proc mounted elsewhere).
@@ -72,16 +73,11 @@ pub fn run(args: DumpArgs) -> Result<u8> {
 fn remote(args: &DumpArgs) -> Result<u8> {
     let pids: Vec<u32> = args.pid.into_iter().collect();
     let (node, query) = crate::capture::target(&args.remote, &pids)?;
-    if args.native {
-        return Err(exit_error(
-            EXIT_INPUT,
-            "--native is not available through --collector (the agent does not ptrace)",
-        ));
-    }
     let request = pyrometer::agent::remote::CaptureRequest {
         node,
         query,
         pids,
+        native: args.native,
         kind: pyrometer::agent::remote::Kind::Dump as i32,
         ..Default::default()
     };
