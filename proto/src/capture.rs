@@ -66,8 +66,9 @@ pub struct CaptureRequest {
     /// resolves them against recent pushes and makes one request per node that matches.
     #[prost(string, tag = "10")]
     pub query: String,
-    /// A dump's native frames too: those of the threads blocked in a system call, whose
-    /// registers the agent reads without stopping them.
+    /// A dump's native frames too, read without stopping a thread: from the registers the
+    /// kernel shows for a thread blocked in a system call, or one perf sample of a running
+    /// one.
     #[prost(bool, tag = "11")]
     pub native: bool,
 }

@@ -81,6 +81,19 @@ fn capture_through_the_collector_on_another_node() {
             .expect("start the napper"),
     );
     let napper_arg = napper.0.id().to_string();
+    // Running on a CPU in a C library under a Python function: its native frames come from
+    // one perf sample of it.
+    let cruncher = Killed(
+        Command::new(pyrometer_e2e::python::pyenv("3.11.7"))
+            .args([
+                "-c",
+                "import os, zlib\ndata = os.urandom(1 << 20)\ndef crunch():\n    while True:\n        zlib.compress(data, 9)\ncrunch()",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the cruncher"),
+    );
+    let cruncher_arg = cruncher.0.id().to_string();
     // Node-wide agents would sample each other and every build on a busy machine; each
     // samples its own processes, as two nodes' agents would.
     let mut a = Agent::start(&dir, "node-a", &url, &["--comm", "^capture-none$"]);
@@ -96,6 +109,8 @@ fn capture_through_the_collector_on_another_node() {
             &sleeper_arg,
             "--pid",
             &napper_arg,
+            "--pid",
+            &cruncher_arg,
         ],
     );
     wait_until(
@@ -226,7 +241,15 @@ fn capture_through_the_collector_on_another_node() {
 
     // A remote dump shows the workload's Python stack within 2 s.
     let remote_dump = |pid: &str, extra: &[&str]| {
-        let mut args = vec!["dump", "--collector", &url, "--node", "node-b", "--pid", pid];
+        let mut args = vec![
+            "dump",
+            "--collector",
+            &url,
+            "--node",
+            "node-b",
+            "--pid",
+            pid,
+        ];
         args.extend_from_slice(extra);
         pyrometer(&args)
     };
@@ -259,6 +282,20 @@ fn capture_through_the_collector_on_another_node() {
     assert!(
         sleep < nap && !text.contains("native frames unavailable"),
         "the native sleep is not above nap():\n{text}"
+    );
+
+    // A thread running on a CPU, in zlib: one perf sample of it gives its registers and
+    // stack top, and the walk goes from zlib's deflate to its Python caller.
+    let out = remote_dump(&cruncher_arg, &["--native"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    let deflate = text
+        .find("deflate")
+        .unwrap_or_else(|| panic!("no zlib frame:\n{text}"));
+    assert!(
+        text.find("crunch (").is_some_and(|c| deflate < c) && !text.contains("unavailable"),
+        "the running cruncher's native frames:\n{text}"
     );
 
     // A dead pid and an unknown node: one line, exit 2.
@@ -309,6 +346,7 @@ fn capture_through_the_collector_on_another_node() {
     drop(work);
     drop(sleeper);
     drop(napper);
+    drop(cruncher);
     kill(std::mem::replace(
         &mut b.child,
         Command::new("true").spawn().unwrap(),

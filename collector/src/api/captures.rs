@@ -97,7 +97,7 @@ pub struct CreateBody {
     pub off_cpu: bool,
     #[serde(default)]
     pub alloc: bool,
-    /// A dump's native frames too (of the threads blocked in a system call).
+    /// A dump's native frames too (read without stopping a thread).
     #[serde(default)]
     pub native: bool,
     /// `capture` (the default) or `dump`.

@@ -72,7 +72,7 @@ function capRequest(kind) {
     gil: $("cap-gil").checked,
     off_cpu: $("cap-offcpu").checked,
   };
-  // A dump's native frames: those of the threads blocked in a system call.
+  // A dump's native frames too (the agent stops no thread to read them).
   if (kind === "dump") common.native = $("cap-native").checked;
   if (query) return { ...common, query };
   const pid = Number($("cap-pid").value.trim());

@@ -144,7 +144,7 @@ const DUMP_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Every thread's Python stack of the request's processes, as JSON (one `ProcessDump` each),
 /// with `native` its native frames too, read without stopping a thread (the agent's
-/// system-call filter has no ptrace): those of threads blocked in a system call.
+/// system-call filter has no ptrace; see `python::native::Registers::Blocked`).
 fn dump(request: &CaptureRequest, node: &str, reads: &mut ProcessReads) -> UploadRequest {
     let now = unix_now_ns();
     let mut dumps = Vec::new();

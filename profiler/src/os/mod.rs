@@ -12,6 +12,7 @@ pub mod elfsyms;
 pub mod mounts;
 pub mod optout;
 pub mod owned;
+pub mod perf;
 pub mod pids;
 pub mod privileges;
 pub mod procevents;

@@ -4,6 +4,7 @@
 //! sees only after the drop, so it asks the running kernel before dropping: a forked child
 //! drops exactly as the agent will and opens one uprobe on its own executable.
 
+use super::perf::{PerfAttr, perf_event_open};
 use super::privileges::{self, Capability};
 use std::ffi::CString;
 
@@ -87,60 +88,18 @@ fn child(run_as: Option<(u32, u32)>, keep: &[Capability], pmu_type: u32, path: &
     // The attributes aya gives a uprobe: the PMU's type, the path in config1, the offset in
     // config2, one process. Offset 0 is the ELF header, in no executable mapping, so nothing
     // is written into this short-lived process either.
-    let attr = ProbeAttr {
-        kind: pmu_type,
-        size: std::mem::size_of::<ProbeAttr>() as u32,
+    let attr = PerfAttr {
         config1: path.as_ptr() as u64,
-        ..ProbeAttr::default()
+        ..PerfAttr::new(pmu_type)
     };
-    // SAFETY: perf_event_open with a valid attr (whose path outlives the call), this
-    // process, any CPU, no group.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const ProbeAttr,
-            libc::getpid(),
-            -1,
-            -1,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
+    // The path outlives the call; this process.
+    // SAFETY: getpid has no preconditions.
+    let fd = perf_event_open(&attr, unsafe { libc::getpid() });
     if fd >= 0 {
         return OPENED;
     }
     match std::io::Error::last_os_error().raw_os_error() {
         Some(libc::EACCES | libc::EPERM) => REFUSED,
         _ => UNSUPPORTED,
-    }
-}
-
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
-
-/// `struct perf_event_attr` up to `config2` (PERF_ATTR_SIZE_VER1, 72 bytes), which every
-/// kernel with a uprobe PMU accepts; libc does not define the struct.
-#[repr(C)]
-#[derive(Default)]
-#[allow(dead_code)] // The kernel reads the fields, Rust never does.
-struct ProbeAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn attr_is_the_first_versions_size() {
-        assert_eq!(std::mem::size_of::<ProbeAttr>(), 72);
     }
 }

@@ -13,6 +13,7 @@ pub mod memory;
 pub mod merge;
 pub mod names;
 pub mod native;
+pub mod native_sample;
 pub mod offsets;
 mod probe_target;
 mod retry;
@@ -271,6 +272,7 @@ fn add_native_frames(
     how: native::Registers,
 ) -> Vec<ThreadDump> {
     use crate::model::{Frame, FrameKind};
+    use native_sample::Sampled;
     let mem = ProcessMemory::new(pid);
     let mut tables = native::NativeTables::default();
     let mut symbolizer = crate::symbolize::Symbolizer::new();
@@ -281,26 +283,30 @@ fn add_native_frames(
                 t.native_error = Some("its kernel thread id is not known".into());
                 return t;
             };
-            let regs = match how {
-                native::Registers::Stop => native::thread_registers(tid),
+            let sampled = match how {
+                native::Registers::Stop => native::thread_registers(tid).map(Sampled::at),
+                // Not blocked in a system call: one perf sample of it running.
                 native::Registers::Blocked => {
-                    native::blocked_registers(registry.proc_root(), pid, tid)
+                    match native::blocked_registers(registry.proc_root(), pid, tid) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            native_sample::sample_running(tid)
+                        }
+                        r => r.map(Sampled::at),
+                    }
                 }
             };
-            let regs = match regs {
-                Ok(regs) => regs,
+            let sampled = match sampled {
+                Ok(s) => s,
                 Err(e) => {
                     t.native_error = Some(format!("cannot read its registers: {e}"));
                     return t;
                 }
             };
+            let live = |a| memory::Memory::read_u64(&mem, a).ok();
             let (addrs, complete) = match registry.get(pid) {
-                Some(p) => native::walk(
-                    p,
-                    regs,
-                    |a| memory::Memory::read_u64(&mem, a).ok(),
-                    &mut tables,
-                ),
+                Some(p) => {
+                    native::walk(p, sampled.regs, |a| sampled.read_u64(a, live), &mut tables)
+                }
                 None => (Vec::new(), false),
             };
             if !complete && tables.gave_up_on(pid) {

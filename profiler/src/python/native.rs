@@ -32,8 +32,10 @@ pub enum Registers {
     /// Under a ptrace stop as long as the read ([`thread_registers`]): `dump --native` on the
     /// node.
     Stop,
-    /// Without stopping the thread ([`blocked_registers`]): only a thread blocked in a system
-    /// call has them. The agent's remote dumps, whose system-call filter has no ptrace.
+    /// Without stopping the thread: those the kernel shows for a thread blocked in a system
+    /// call ([`blocked_registers`]), else one perf sample of it running
+    /// ([`super::native_sample::sample_running`]). The agent's remote dumps, whose
+    /// system-call filter has no ptrace.
     Blocked,
 }
 
@@ -56,7 +58,8 @@ pub fn blocked_registers(proc_root: &Path, pid: u32, tid: u32) -> std::io::Resul
 fn parse_syscall(text: &str) -> std::io::Result<Regs> {
     let fields: Vec<&str> = text.split_whitespace().collect();
     if fields.first() == Some(&"running") {
-        return Err(std::io::Error::other(
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
             "it was running on a CPU: without stopping it, only a thread blocked in a system \
              call shows its registers",
         ));

@@ -20,8 +20,8 @@ pub struct DumpArgs {
     format: String,
     /// Also show native frames (C extensions, libraries) where they run, like
     /// `py-spy dump --native`. Each thread is stopped (ptrace) just long enough to read its
-    /// registers; through --collector nothing is stopped, and a thread shows them when it is
-    /// blocked in a system call.
+    /// registers; through --collector no thread is stopped (a blocked thread's registers come
+    /// from the kernel, a running one's from one perf sample).
     #[arg(long)]
     native: bool,
     /// Dump a process on another node, through the collector and that node's agent
