@@ -81,14 +81,16 @@ fn capture_through_the_collector_on_another_node() {
             .expect("start the napper"),
     );
     let napper_arg = napper.0.id().to_string();
-    // Running on a CPU in a C library under a Python function: its native frames come from
-    // one perf sample of it.
-    let cruncher = Killed(
+    // Running on a CPU in a C library under a Python function once told to (a line on its
+    // stdin), so it takes no CPU from the rest of the test before: its native frames come
+    // from one perf sample of it.
+    let mut cruncher = Killed(
         Command::new(pyrometer_e2e::python::pyenv("3.11.7"))
             .args([
                 "-c",
-                "import os, zlib\ndata = os.urandom(1 << 20)\ndef crunch():\n    while True:\n        zlib.compress(data, 9)\ncrunch()",
+                "import os, sys, zlib\ndata = os.urandom(1 << 20)\ndef crunch():\n    while True:\n        zlib.compress(data, 9)\nsys.stdin.readline()\ncrunch()",
             ])
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
             .expect("start the cruncher"),
@@ -269,7 +271,12 @@ fn capture_through_the_collector_on_another_node() {
 
     // With --native: the napper's stack, native frames (libc's sleep) under its Python ones,
     // read by the agent without stopping it.
+    let started = Instant::now();
     let out = remote_dump(&napper_arg, &["--native"]);
+    println!(
+        "remote dump --native of the napper: {:?}",
+        started.elapsed()
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     println!("{text}");
@@ -286,7 +293,18 @@ fn capture_through_the_collector_on_another_node() {
 
     // A thread running on a CPU, in zlib: one perf sample of it gives its registers and
     // stack top, and the walk goes from zlib's deflate to its Python caller.
+    let mut go = cruncher.0.stdin.take().expect("the cruncher's stdin");
+    std::io::Write::write_all(&mut go, b"go\n").unwrap();
+    let crunching = cpu_time(cruncher.0.id()).expect("the cruncher runs");
+    wait_until(Duration::from_secs(30), "the cruncher crunching", || {
+        cpu_time(cruncher.0.id()).is_some_and(|t| t > crunching + Duration::from_millis(300))
+    });
+    let started = Instant::now();
     let out = remote_dump(&cruncher_arg, &["--native"]);
+    println!(
+        "remote dump --native of the cruncher: {:?}",
+        started.elapsed()
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     println!("{text}");
