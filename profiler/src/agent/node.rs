@@ -398,7 +398,7 @@ impl Node {
             for &pid in &self.exited {
                 self.known.exited(pid);
             }
-            if due != Due::Nothing {
+            if due != Due::Nothing || self.known.alloc_loading() {
                 scan(&mut self.profiler, cfg, &mut self.known, &due, &self.log);
             }
             self.metrics

@@ -1,7 +1,8 @@
 //! The agent's choice of processes: by name (`--comm`), and for allocation sampling
 //! (`--alloc-pid`, `--alloc-comm`), found as they appear.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use super::{AgentConfig, AllocTargets, Log};
 use crate::alloc::AllocProbes;
@@ -18,13 +19,26 @@ pub(super) struct Known {
     /// The `--alloc-pid` processes were added (once: a chosen pid that exits is not
     /// chosen again when the number comes back).
     alloc_pids_added: bool,
+    /// Chosen for allocation sampling while their dynamic loader was still at work (seen
+    /// at their exec, before libc was mapped), with when: looked at again on each scan.
+    alloc_loading: HashMap<u32, Instant>,
 }
+
+/// How long a process chosen at its exec is given to map its libraries before its
+/// allocator is said to be missing.
+const LOADER_WAIT: Duration = Duration::from_secs(2);
 
 impl Known {
     /// A pid that exited may come back as another process, to be looked at again.
     pub(super) fn exited(&mut self, pid: u32) {
         self.targets.remove(&pid);
         self.alloc.remove(&pid);
+        self.alloc_loading.remove(&pid);
+    }
+
+    /// Whether a scan is due for processes chosen while their loader was at work.
+    pub(super) fn alloc_loading(&self) -> bool {
+        !self.alloc_loading.is_empty()
     }
 }
 
@@ -56,7 +70,7 @@ fn add_alloc_targets(
     due: &Due,
     log: &Log,
 ) {
-    let mut pids: Vec<u32> = Vec::new();
+    let mut pids: Vec<u32> = known.alloc_loading.keys().copied().collect();
     if !std::mem::replace(&mut known.alloc_pids_added, true) {
         pids.extend(
             alloc
@@ -82,7 +96,11 @@ fn add_alloc_targets(
         ..
     } = profiler;
     for pid in pids {
-        if let Err(e) = sampler.add_alloc_target(pid) {
+        // Chosen before, while its loader was at work: its maps read again.
+        let since = known.alloc_loading.remove(&pid);
+        if since.is_some() {
+            let _ = registry.refresh(pid);
+        } else if let Err(e) = sampler.add_alloc_target(pid) {
             log(&format!("cannot sample the allocations of pid {pid}: {e}"));
             continue;
         }
@@ -101,6 +119,11 @@ fn add_alloc_targets(
                     "sampling the allocations of pid {pid} ({})",
                     p.comm
                 ));
+            } else if p.loading() && since.is_none_or(|t| t.elapsed() < LOADER_WAIT) {
+                // Its libc is not mapped yet: looked at again on the next scan.
+                known
+                    .alloc_loading
+                    .insert(pid, since.unwrap_or_else(Instant::now));
             } else {
                 log(&probes.unprobed_reason(pid, &p.comm, p.exe.as_deref()));
             }

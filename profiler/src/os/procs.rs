@@ -231,6 +231,24 @@ impl Process {
         &self.mappings
     }
 
+    /// Whether its dynamic loader is still at work: of the files it maps executable, only
+    /// the program and its loader (`ld-*`), none of the libraries the loader brings in. A
+    /// process read at its exec is in this state for a few milliseconds.
+    pub fn loading(&self) -> bool {
+        let program = self.exe.as_deref().and_then(Path::to_str);
+        let mut loader = false;
+        for m in self.mappings.iter().filter(|m| m.kind == MappingKind::File) {
+            if Some(m.path.as_str()) == program {
+                continue;
+            }
+            if !m.basename().starts_with("ld-") {
+                return false;
+            }
+            loader = true;
+        }
+        loader
+    }
+
     /// What the registry holds for it in memory: its mappings and their paths (a process
     /// decides how many it has, and unloaded ones are kept).
     pub fn held_bytes(&self) -> u64 {

@@ -51,6 +51,9 @@ pub const AGENT_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_rt_sigaction,
     libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
+    // The kernel's own restart of a sleep a signal interrupted (SIGTERM arriving while a
+    // thread is in clock_nanosleep): without it the agent dies of SIGSYS as it stops.
+    libc::SYS_restart_syscall,
     libc::SYS_sigaltstack,
     libc::SYS_exit,
     libc::SYS_exit_group,
@@ -200,6 +203,57 @@ mod tests {
         assert!(
             libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS,
             "status {status:#x}: the unlisted call did not kill the process"
+        );
+    }
+
+    /// A sleep stopped and continued (as any signal without a handler interrupting it) is
+    /// restarted by the kernel through restart_syscall: the filtered process lives on.
+    #[test]
+    fn a_sleep_interrupted_by_a_stop_goes_on() {
+        // SAFETY: fork in a test; the child only makes system calls and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = match install(Mode::Kill) {
+                Ok(()) => {
+                    let nap = libc::timespec {
+                        tv_sec: 1,
+                        tv_nsec: 0,
+                    };
+                    // SAFETY: a relative sleep with a valid timespec.
+                    unsafe {
+                        libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &nap, std::ptr::null_mut())
+                    }
+                }
+                Err(_) => 3,
+            };
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        // Until the child sleeps: its system call is clock_nanosleep's.
+        let syscall = format!("/proc/{pid}/syscall");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_to_string(&syscall)
+            .is_ok_and(|s| s.starts_with(&format!("{} ", libc::SYS_clock_nanosleep)))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never slept"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut status = 0;
+        // SAFETY: signals to and a wait for our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGSTOP);
+            assert_eq!(libc::waitpid(pid, &mut status, libc::WUNTRACED), pid);
+            assert!(libc::WIFSTOPPED(status), "status {status:#x}");
+            libc::kill(pid, libc::SIGCONT);
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "status {status:#x}: the restarted sleep killed the process"
         );
     }
 

@@ -276,6 +276,7 @@ fn add_native_frames(
     let mem = ProcessMemory::new(pid);
     let mut tables = native::NativeTables::default();
     let mut symbolizer = crate::symbolize::Symbolizer::new();
+    let mut sampling = native_sample::SamplingBudget::default();
     threads
         .into_iter()
         .map(|mut t| {
@@ -288,9 +289,7 @@ fn add_native_frames(
                 // Not blocked in a system call: one perf sample of it running.
                 native::Registers::Blocked => {
                     match native::blocked_registers(registry.proc_root(), pid, tid) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            native_sample::sample_running(tid)
-                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => sampling.sample(tid),
                         r => r.map(Sampled::at),
                     }
                 }

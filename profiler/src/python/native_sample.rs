@@ -14,6 +14,42 @@ use crate::os::perf::{PerfAttr, perf_event_open};
 
 /// How long a thread is given to run a millisecond of CPU time and be sampled.
 pub const SAMPLE_WAIT: Duration = Duration::from_millis(100);
+/// How long one dump waits for samples in all: a process with many threads runnable but not
+/// running would otherwise hold it for 100 ms each.
+pub const DUMP_SAMPLING: Duration = Duration::from_secs(1);
+
+/// What is left of a dump's [`DUMP_SAMPLING`].
+pub struct SamplingBudget {
+    left: Duration,
+}
+
+impl Default for SamplingBudget {
+    fn default() -> Self {
+        Self {
+            left: DUMP_SAMPLING,
+        }
+    }
+}
+
+impl SamplingBudget {
+    /// [`sample_running`] within what is left, which its wait is taken from.
+    pub fn sample(&mut self, tid: u32) -> std::io::Result<Sampled> {
+        if self.left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "it was running, and the dump's {} ms of waiting for samples of running \
+                     threads were spent",
+                    DUMP_SAMPLING.as_millis()
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let sampled = sample_running(tid, SAMPLE_WAIT.min(self.left));
+        self.left = self.left.saturating_sub(started.elapsed());
+        sampled
+    }
+}
 /// Bytes of the user stack copied with the sample (the kernel caps it at 64 KiB less the
 /// record's header).
 pub const STACK_BYTES: u32 = 32 * 1024;
@@ -95,8 +131,9 @@ impl Ring {
     }
 }
 
-/// Samples thread `tid` once while it runs in user mode: its registers and stack top.
-pub fn sample_running(tid: u32) -> std::io::Result<Sampled> {
+/// Samples thread `tid` once while it runs in user mode, within `wait`: its registers and
+/// stack top.
+pub fn sample_running(tid: u32, wait: Duration) -> std::io::Result<Sampled> {
     let attr = PerfAttr {
         config: PERF_COUNT_SW_TASK_CLOCK,
         sample_period: 1_000_000,
@@ -133,7 +170,7 @@ pub fn sample_running(tid: u32) -> std::io::Result<Sampled> {
         base: base.cast(),
         len,
     };
-    let until = Instant::now() + SAMPLE_WAIT;
+    let until = Instant::now() + wait;
     loop {
         if let Some(sampled) = first_sample(&ring, page) {
             return Ok(sampled);
@@ -143,7 +180,7 @@ pub fn sample_running(tid: u32) -> std::io::Result<Sampled> {
                 std::io::ErrorKind::TimedOut,
                 format!(
                     "it was neither blocked in a system call nor sampled running within {} ms",
-                    SAMPLE_WAIT.as_millis()
+                    wait.as_millis()
                 ),
             ));
         }
@@ -230,6 +267,44 @@ mod tests {
         assert_eq!(s.read_u64(0xff8, live), Some(0xff9));
     }
 
+    /// A dump's waits for samples add up to its budget at most: a thread that never runs
+    /// (asleep) costs a wait each time until the budget is spent, then none.
+    #[test]
+    fn a_dumps_waits_for_samples_are_bounded() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let mut budget = SamplingBudget {
+            left: Duration::from_millis(150),
+        };
+        let mut refusals = Vec::new();
+        for _ in 0..4 {
+            match budget.sample(tid) {
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                    skip_ledger::skip("root", format!("perf_event_open of a thread: {e}"));
+                    let _ = stop_tx.send(());
+                    sleeper.join().unwrap();
+                    return;
+                }
+                Err(e) => refusals.push(e.to_string()),
+                Ok(_) => panic!("a sleeping thread was sampled running"),
+            }
+        }
+        let _ = stop_tx.send(());
+        sleeper.join().unwrap();
+        assert!(
+            refusals[0].contains("within 100 ms") && refusals[3].contains("were spent"),
+            "{refusals:?}"
+        );
+        // A wait of 100 ms, then of the 50 left; once spent, no wait at all.
+        assert!(budget.left.is_zero(), "{:?} left", budget.left);
+    }
+
     /// A thread spinning in user mode: sampled within the wait, its instruction pointer in
     /// this test's own code and its stack copy starting at its stack pointer.
     #[test]
@@ -247,7 +322,7 @@ mod tests {
             x
         });
         let tid = rx.recv().unwrap();
-        let sampled = sample_running(tid);
+        let sampled = sample_running(tid, SAMPLE_WAIT);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         spinner.join().unwrap();
         let s = match sampled {

@@ -148,6 +148,36 @@ fn refresh_is_rate_limited_and_keeps_unloaded_mappings() {
     assert!(reg.get(7).unwrap().exited());
 }
 
+/// A process read at its exec maps only its program and the dynamic loader until the loader
+/// has mapped its libraries; a static program, or one with its libraries, is not loading.
+#[test]
+fn loading_is_the_loader_alone_beside_the_program() {
+    let tmp = TempDir::new("procs-loading");
+    let program = "1000-2000 r-xp 00000000 08:01 11 /usr/bin/prog\n";
+    let loader =
+        "5000-6000 r-xp 00001000 08:01 12 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\n";
+    let vdso = "7000-8000 r-xp 00000000 00:00 0  [vdso]\n";
+    let libc = "9000-a000 r-xp 00028000 08:01 13 /usr/lib/x86_64-linux-gnu/libc.so.6\n";
+    let root = fake_proc(&tmp, 9, &format!("{program}{loader}{vdso}"));
+    std::os::unix::fs::symlink("/usr/bin/prog", root.join("9/exe")).unwrap();
+    let mut reg = ProcessRegistry::with_proc_root(&root);
+    reg.set_refresh_interval(Duration::ZERO);
+    assert!(reg.observe(9).unwrap().loading(), "at exec");
+    fs::write(
+        root.join("9/maps"),
+        format!("{program}{loader}{vdso}{libc}"),
+    )
+    .unwrap();
+    if let Some(aged) = Instant::now().checked_sub(YOUNG * 2) {
+        reg.processes.get_mut(&9).unwrap().first_read = aged;
+    }
+    assert!(reg.refresh(9).unwrap());
+    assert!(!reg.get(9).unwrap().loading(), "with its libc");
+    let root = fake_proc(&tmp, 10, program);
+    std::os::unix::fs::symlink("/usr/bin/prog", root.join("10/exe")).unwrap();
+    assert!(!reg.observe(10).unwrap().loading(), "a static program");
+}
+
 #[test]
 fn forget_exited_drops_gone_processes_and_their_binaries() {
     let tmp = TempDir::new("procs-forget");
