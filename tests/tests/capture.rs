@@ -269,17 +269,23 @@ fn capture_through_the_collector_on_another_node() {
         "the remote dump took {took:?}"
     );
 
+    // A remote dump with --native of `pid` (named `what`): its text, printed with its time.
+    let native_dump = |pid: &str, what: &str| {
+        let started = Instant::now();
+        let out = remote_dump(pid, &["--native"]);
+        println!(
+            "remote dump --native of the {what}: {:?}",
+            started.elapsed()
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        println!("{text}");
+        text
+    };
+
     // With --native: the napper's stack, native frames (libc's sleep) under its Python ones,
     // read by the agent without stopping it.
-    let started = Instant::now();
-    let out = remote_dump(&napper_arg, &["--native"]);
-    println!(
-        "remote dump --native of the napper: {:?}",
-        started.elapsed()
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = String::from_utf8_lossy(&out.stdout);
-    println!("{text}");
+    let text = native_dump(&napper_arg, "napper");
     let nap = text
         .find("nap (")
         .unwrap_or_else(|| panic!("no nap frame:\n{text}"));
@@ -299,15 +305,7 @@ fn capture_through_the_collector_on_another_node() {
     wait_until(Duration::from_secs(30), "the cruncher crunching", || {
         cpu_time(cruncher.0.id()).is_some_and(|t| t > crunching + Duration::from_millis(300))
     });
-    let started = Instant::now();
-    let out = remote_dump(&cruncher_arg, &["--native"]);
-    println!(
-        "remote dump --native of the cruncher: {:?}",
-        started.elapsed()
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = String::from_utf8_lossy(&out.stdout);
-    println!("{text}");
+    let text = native_dump(&cruncher_arg, "cruncher");
     let deflate = text
         .find("deflate")
         .unwrap_or_else(|| panic!("no zlib frame:\n{text}"));

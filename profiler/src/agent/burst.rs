@@ -188,13 +188,10 @@ impl GilView {
             )
         };
         for (pid, why) in &self.waiting {
-            match why.as_deref() {
-                Some(why) => text.push_str(&format!("GIL view unavailable for pid {pid}: {why}\n")),
-                None => text.push_str(&format!(
-                    "GIL view unavailable for pid {pid}: its interpreter binary was still \
-                     searched for the GIL's probe sites\n"
-                )),
-            }
+            let why = why
+                .as_deref()
+                .unwrap_or("its interpreter binary was still searched for the GIL's probe sites");
+            text.push_str(&format!("GIL view unavailable for pid {pid}: {why}\n"));
         }
         text
     }

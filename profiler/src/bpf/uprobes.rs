@@ -6,7 +6,7 @@ use std::path::Path;
 
 use aya::Ebpf;
 use aya::programs::UProbe;
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 
 use super::{BpfError, Sampler, error_chain};
 use crate::os::procs::BinaryKey;
@@ -157,11 +157,8 @@ impl Uprobes for Sampler {
     }
 
     fn detach_process_probes(&mut self, pid: u32) {
-        for (program, link) in self.pid_probes.remove(&pid).unwrap_or_default() {
-            if let Ok(prog) = uprobe(&mut self.ebpf, program) {
-                let _ = prog.detach(link);
-            }
-        }
+        let links = self.pid_probes.remove(&pid).unwrap_or_default();
+        detach_links(&mut self.ebpf, links);
     }
 
     fn detach_process_programs(&mut self, pid: u32, programs: &[&str]) {
@@ -175,10 +172,15 @@ impl Uprobes for Sampler {
         if links.is_empty() {
             self.pid_probes.remove(&pid);
         }
-        for (program, link) in gone {
-            if let Ok(prog) = uprobe(&mut self.ebpf, program) {
-                let _ = prog.detach(link);
-            }
+        detach_links(&mut self.ebpf, gone);
+    }
+}
+
+/// Detaches per-process probe links (a program already gone has nothing to detach).
+fn detach_links(ebpf: &mut Ebpf, links: Vec<(&'static str, UProbeLinkId)>) {
+    for (program, link) in links {
+        if let Ok(prog) = uprobe(ebpf, program) {
+            let _ = prog.detach(link);
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod procevents;
 pub mod procs;
 pub mod proctext;
 pub mod seccomp;
+pub mod shared_map;
 pub mod signals;
 pub mod spawn;
 pub mod untrusted;

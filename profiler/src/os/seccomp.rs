@@ -51,8 +51,8 @@ pub const AGENT_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_rt_sigaction,
     libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
-    // The kernel's own restart of a sleep a signal interrupted (SIGTERM arriving while a
-    // thread is in clock_nanosleep): without it the agent dies of SIGSYS as it stops.
+    // The kernel's own restart of a sleep interrupted by a stop or by a signal without a
+    // handler (clock_nanosleep): without it such a signal kills the agent with SIGSYS.
     libc::SYS_restart_syscall,
     libc::SYS_sigaltstack,
     libc::SYS_exit,

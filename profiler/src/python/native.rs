@@ -65,17 +65,12 @@ fn parse_syscall(text: &str) -> std::io::Result<Regs> {
         ));
     }
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    match fields[..] {
-        [.., sp, pc] if fields.len() == 9 || fields.len() == 3 => match (hex(sp), hex(pc)) {
-            (Some(sp), Some(pc)) => Ok(Regs { pc, sp, bp: 0 }),
-            _ => Err(std::io::Error::other(format!(
-                "unreadable registers: {text:?}"
-            ))),
-        },
-        _ => Err(std::io::Error::other(format!(
-            "unreadable registers: {text:?}"
-        ))),
-    }
+    let regs = match fields[..] {
+        [.., sp, pc] if fields.len() == 9 || fields.len() == 3 => hex(sp).zip(hex(pc)),
+        _ => None,
+    };
+    regs.map(|(sp, pc)| Regs { pc, sp, bp: 0 })
+        .ok_or_else(|| std::io::Error::other(format!("unreadable registers: {text:?}")))
 }
 
 /// A thread's user registers, read while it is stopped for the read alone. Fails (with the
@@ -278,18 +273,11 @@ mod tests {
     /// from them through libc into the interpreter.
     #[test]
     fn a_sleeping_threads_stack_without_stopping_it() {
-        let python = crate::python::tests::pyenv_root().join("3.11.7/bin/python3.11");
-        if !python.exists() {
-            skip_ledger::skip(
-                "python:3.11",
-                format!("3.11: {} is missing", python.display()),
-            );
+        let Some(mut child) =
+            crate::python::tests::pyenv_311("import time\nprint('up', flush=True)\ntime.sleep(30)")
+        else {
             return;
-        }
-        let mut child = std::process::Command::new(&python)
-            .args(["-c", "import time; time.sleep(30)"])
-            .spawn()
-            .expect("start python");
+        };
         let pid = child.id();
         let mut registry = crate::os::procs::ProcessRegistry::new();
         let mem = crate::python::memory::ProcessMemory::new(pid);

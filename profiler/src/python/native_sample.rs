@@ -5,12 +5,13 @@
 //! it for threads that were not blocked in a system call (whose registers the kernel shows
 //! without a sample).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use pyrometer_unwind::Regs;
 
 use crate::os::perf::{PerfAttr, perf_event_open};
+use crate::os::shared_map::{SharedMap, page_size};
 
 /// How long a thread is given to run a millisecond of CPU time and be sampled.
 pub const SAMPLE_WAIT: Duration = Duration::from_millis(100);
@@ -101,33 +102,23 @@ const DATA_SIZE: usize = 1048;
 const DATA_PAGES: usize = 16;
 
 /// The ring's mapping, unmapped when dropped.
-struct Ring {
-    base: *mut u8,
-    len: usize,
-}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        // SAFETY: `base` and `len` are those of the mapping this value owns.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
+struct Ring(SharedMap);
 
 impl Ring {
     fn u64_at(&self, off: usize) -> u64 {
         // SAFETY: every offset read is inside the first page (the header) or inside the data
         // area, checked against `len` by the callers; the kernel writes the ring concurrently,
         // so reads are volatile.
-        unsafe { std::ptr::read_volatile(self.base.add(off).cast::<u64>()) }
+        unsafe { std::ptr::read_volatile(self.0.base().add(off).cast::<u64>()) }
     }
 
     fn bytes(&self, off: usize, n: usize) -> Option<&[u8]> {
-        if off.checked_add(n)? > self.len {
+        if off.checked_add(n)? > self.0.mapped_len() {
             return None;
         }
         // SAFETY: in bounds (checked above); the sample's bytes are complete once data_head
         // has passed them.
-        Some(unsafe { std::slice::from_raw_parts(self.base.add(off), n) })
+        Some(unsafe { std::slice::from_raw_parts(self.0.base().add(off), n) })
     }
 }
 
@@ -149,27 +140,14 @@ pub fn sample_running(tid: u32, wait: Duration) -> std::io::Result<Sampled> {
     }
     // SAFETY: a new descriptor this function owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let len = page * (1 + DATA_PAGES);
-    // SAFETY: a shared read-only mapping of the event's ring, of the size perf expects.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let ring = Ring {
-        base: base.cast(),
-        len,
-    };
+    let page = page_size();
+    // Read-only, of the size perf expects: its header page and the data pages.
+    let ring = Ring(SharedMap::new(
+        fd.as_fd(),
+        page * (1 + DATA_PAGES),
+        0,
+        false,
+    )?);
     let until = Instant::now() + wait;
     loop {
         if let Some(sampled) = first_sample(&ring, page) {
@@ -197,7 +175,7 @@ fn first_sample(ring: &Ring, page: usize) -> Option<Sampled> {
         o => o,
     };
     let size = match usize::try_from(ring.u64_at(DATA_SIZE)).ok()? {
-        0 => ring.len - page,
+        0 => ring.0.mapped_len() - page,
         s => s,
     };
     let mut at = 0;

@@ -453,6 +453,22 @@ pub(super) fn start_python(bin: &Path, script: &str) -> (std::process::Child, St
     (child, line)
 }
 
+/// pyenv's CPython 3.11 running `script`, once it printed `up` (which it must do when
+/// ready); None, the skip recorded, where that interpreter is missing.
+pub(super) fn pyenv_311(script: &str) -> Option<std::process::Child> {
+    let python = pyenv_root().join("3.11.7/bin/python3.11");
+    if !python.exists() {
+        skip_ledger::skip(
+            "python:3.11",
+            format!("3.11: {} is missing", python.display()),
+        );
+        return None;
+    }
+    let (child, line) = start_python(&python, script);
+    assert_eq!(line.trim(), "up", "{}", python.display());
+    Some(child)
+}
+
 /// The version read from each interpreter's binary (`Py_Version`, else the `PY_VERSION`
 /// literal in its read-only data, from a sparse copy of its symbol tables and read-only data)
 /// is the one the interpreter reports itself.

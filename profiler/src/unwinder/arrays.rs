@@ -1,11 +1,12 @@
 //! The unwinder's BPF arrays as the agent writes them: mapped a window at a time, and their
 //! free ranges.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use aya::maps::MapData;
 
 use super::UnwinderError;
+use crate::os::shared_map::{SharedMap, page_size};
 
 /// A BPF_F_MMAPABLE array, mapped only while something is written into it: a mapping kept
 /// open holds all its pages in the agent's resident set, though the data lives in the map's
@@ -33,30 +34,17 @@ impl MmapArray {
 
     /// Elements `first..first + count`, mapped read-write until the window is dropped.
     pub(super) fn window(&self, first: u32, count: u32) -> Result<Window, UnwinderError> {
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let page = page_size();
         let start = first as usize * self.slot;
         let end = start + count as usize * self.slot;
         let offset = start / page * page;
         let len = end.div_ceil(page) * page - offset;
-        // SAFETY: maps pages of a BPF array created with BPF_F_MMAPABLE, within its size
-        // (the allocators only hand out elements below capacity); unmapped on drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(UnwinderError::Mmap(std::io::Error::last_os_error()));
-        }
+        // Pages of a BPF array created with BPF_F_MMAPABLE, within its size (the allocators
+        // only hand out elements below capacity); unmapped on drop.
+        let map =
+            SharedMap::new(self.fd.as_fd(), len, offset, true).map_err(UnwinderError::Mmap)?;
         Ok(Window {
-            base: base.cast(),
-            len,
+            map,
             skip: start - offset,
             count: count as usize,
             slot: self.slot,
@@ -66,8 +54,7 @@ impl MmapArray {
 
 /// Some elements of an [`MmapArray`], mapped.
 pub(super) struct Window {
-    base: *mut u8,
-    len: usize,
+    map: SharedMap,
     /// Offset of the first element from `base` (the mapping starts on a page boundary).
     skip: usize,
     count: usize,
@@ -83,17 +70,10 @@ impl Window {
             // (the window starts on a page and slots are multiples of 8) and `slot` bytes
             // long, at least size_of::<T>().
             unsafe {
-                let at = self.base.add(self.skip + i * self.slot);
+                let at = self.map.base().add(self.skip + i * self.slot);
                 std::ptr::write(at.cast::<T>(), v);
             }
         }
-    }
-}
-
-impl Drop for Window {
-    fn drop(&mut self) {
-        // SAFETY: the region mapped in `MmapArray::window`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 

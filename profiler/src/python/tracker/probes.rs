@@ -337,20 +337,7 @@ mod tests {
 
     /// pyenv's CPython 3.11 waiting on its stdin, once up; None (the skip recorded) without it.
     fn idle_python() -> Option<std::process::Child> {
-        let python = crate::python::tests::pyenv_root().join("3.11.7/bin/python3.11");
-        if !python.exists() {
-            skip_ledger::skip(
-                "python:3.11",
-                format!("3.11: {} is missing", python.display()),
-            );
-            return None;
-        }
-        let (child, line) = crate::python::tests::start_python(
-            &python,
-            "import sys\nprint('up', flush=True)\nsys.stdin.read()",
-        );
-        assert_eq!(line.trim(), "up");
-        Some(child)
+        crate::python::tests::pyenv_311("import sys\nprint('up', flush=True)\nsys.stdin.read()")
     }
 
     /// The GIL's and the collector's probe sites (a whole copy of the interpreter binary) are
