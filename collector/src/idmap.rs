@@ -53,6 +53,63 @@ impl Hasher for IdHasher {
 pub type IdMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<IdHasher>>;
 pub type IdSet<K> = std::collections::HashSet<K, BuildHasherDefault<IdHasher>>;
 
+/// Values by the ids a push gave them: a vector indexed by id when the ids are dense, as
+/// pprof writers number them (1, 2, 3, …), else a hash map. A lookup is then an index rather
+/// than a hash and a probe, which is most of naming a push's locations.
+pub enum ById<V> {
+    Dense(Vec<Option<V>>),
+    Hashed(IdMap<u64, V>),
+}
+
+impl<V: Copy> ById<V> {
+    /// A table for `count` entries whose largest id is `max_id`: dense when that costs at
+    /// most about twice the entries (so memory stays bounded by the count, which the push
+    /// limits checked).
+    pub fn for_ids(max_id: u64, count: usize) -> Self {
+        let dense_up_to = count.saturating_mul(2).saturating_add(64) as u64;
+        if max_id <= dense_up_to {
+            ById::Dense(vec![None; max_id as usize + 1])
+        } else {
+            let mut map = IdMap::default();
+            map.reserve(count);
+            ById::Hashed(map)
+        }
+    }
+
+    /// Sets `id`'s value; a repeated id keeps the last, as a map would.
+    pub fn insert(&mut self, id: u64, v: V) {
+        match self {
+            ById::Dense(slots) => match slots.get_mut(id as usize) {
+                Some(slot) => *slot = Some(v),
+                // Not reached for ids within `for_ids`'s `max_id`; kept total anyway.
+                None => {
+                    let mut map: IdMap<u64, V> = slots
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, v)| v.map(|v| (i as u64, v)))
+                        .collect();
+                    map.insert(id, v);
+                    *self = ById::Hashed(map);
+                }
+            },
+            ById::Hashed(map) => {
+                map.insert(id, v);
+            }
+        }
+    }
+
+    pub fn get(&self, id: u64) -> Option<V> {
+        match self {
+            ById::Dense(slots) => usize::try_from(id)
+                .ok()
+                .and_then(|i| slots.get(i))
+                .copied()
+                .flatten(),
+            ById::Hashed(map) => map.get(&id).copied(),
+        }
+    }
+}
+
 /// A hash of length-prefixed strings (so `["ab", "c"]` and `["a", "bc"]` differ), read eight
 /// bytes at a time: the in-memory key stacks and label sets are found by, then compared.
 /// Never stored, so it may change between versions.
@@ -76,7 +133,35 @@ pub fn content_hash<'a>(parts: impl Iterator<Item = &'a str>) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::content_hash;
+    use super::{ById, content_hash};
+
+    /// Dense and sparse ids answer alike: the last value of a repeated id, none for an id
+    /// never given, whatever the table's form.
+    #[test]
+    fn by_id_answers_alike_dense_or_hashed() {
+        for ids in [vec![1u64, 2, 3, 2], vec![7, 1 << 40, 7, 3]] {
+            let max = ids.iter().copied().max().unwrap();
+            let mut t = ById::for_ids(max, ids.len());
+            assert_eq!(matches!(t, ById::Dense(_)), max < 100);
+            for (i, &id) in ids.iter().enumerate() {
+                t.insert(id, i);
+            }
+            for &id in &ids {
+                let last = ids.iter().rposition(|&x| x == id).unwrap();
+                assert_eq!(t.get(id), Some(last));
+            }
+            assert_eq!(t.get(0), None);
+            assert_eq!(t.get(5), None);
+            assert_eq!(t.get(u64::MAX), None);
+        }
+        let mut t = ById::for_ids(3, 3);
+        t.insert(1000, 'x');
+        t.insert(2, 'y');
+        assert_eq!(
+            (t.get(1000), t.get(2), t.get(3)),
+            (Some('x'), Some('y'), None)
+        );
+    }
 
     #[test]
     fn content_hash_separates_parts() {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use pyrometer_proto::{FrameKind, naming};
 
 use crate::frames;
-use crate::idmap::IdMap;
+use crate::idmap::{ById, IdMap};
 pub use crate::limits::{LimitError, Limits};
 use crate::store::{Batch, Frame, LabelSet, Row, Stack, TENANT_LABEL};
 use crate::wire::{self, Counts, LabelView, ProfileView, PushView};
@@ -290,7 +290,7 @@ pub fn from_view(
 /// not each allocate their own, and each name one shared allocation (see [`frames`]).
 pub struct Frames {
     /// Location id to its `[start, end)` in `names`.
-    by_id: IdMap<u64, (u32, u32)>,
+    by_id: ById<(u32, u32)>,
     /// Innermost inlined function first within a location.
     names: Vec<Frame>,
     /// The root of a truncated stack.
@@ -320,8 +320,8 @@ impl Frames {
             )?;
         }
         let s = |i: i64| string(profile, i);
-        let mut functions: IdMap<u64, (&str, &str)> = IdMap::default();
-        functions.reserve(profile.function.len());
+        let max_function = profile.function.iter().map(|f| f.id).max().unwrap_or(0);
+        let mut functions = ById::for_ids(max_function, profile.function.len());
         for f in &profile.function {
             functions.insert(f.id, (s(f.name)?, s(f.filename)?));
         }
@@ -338,12 +338,12 @@ impl Frames {
                 s(filename).map_or(FrameKind::Native, naming::mapping_kind),
             );
         }
+        let max_location = profile.location.iter().map(|l| l.id).max().unwrap_or(0);
         let mut out = Frames {
-            by_id: IdMap::default(),
+            by_id: ById::for_ids(max_location, profile.location.len()),
             names: Vec::with_capacity(profile.lines.len().max(profile.location.len())),
             truncated: frames::name(TRUNCATED).0,
         };
-        out.by_id.reserve(profile.location.len());
         let mut intern = |name: &str| -> Result<Frame, IngestError> {
             let (frame, new) = frames::name(name);
             if new {
@@ -358,7 +358,7 @@ impl Frames {
                 .unwrap_or(FrameKind::Native);
             let start = out.names.len();
             for &(function_id, line, kind) in profile.lines(loc) {
-                let &(name, file) = functions.get(&function_id).ok_or_else(|| {
+                let (name, file) = functions.get(function_id).ok_or_else(|| {
                     invalid(format!("function id {function_id} not in the profile"))
                 })?;
                 let kind = match FrameKind::try_from(kind) {
@@ -385,8 +385,8 @@ impl Frames {
     /// The location's frame names, innermost inlined function first.
     fn get(&self, id: u64) -> Result<&[Frame], IngestError> {
         self.by_id
-            .get(&id)
-            .and_then(|&(start, end)| self.names.get(start as usize..end as usize))
+            .get(id)
+            .and_then(|(start, end)| self.names.get(start as usize..end as usize))
             .ok_or_else(|| invalid(format!("location id {id} not in the profile")))
     }
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::rowbinary::{Reader, Writer};
 use super::{ClickHouseStore, IN_CHUNK, ids, list};
+use crate::idmap::IdMap;
 use crate::store::{Batch, LabelSet, Stack, StoreError, TENANT_LABEL, tenant_of};
 
 /// Ids remembered per cache before it is emptied (they are only round-trip savers).
@@ -38,6 +39,12 @@ pub(super) struct Caches {
     pub stacks: HashMap<u64, Stack>,
     stack_frames: usize,
     pub written_stacks: HashMap<u64, Instant>,
+    /// Stack ids by the address of the decoded stack: a push's stacks are the shared
+    /// allocations of [`crate::frames`], so a stack seen in an earlier push is found here
+    /// without hashing its names again (most of a push's storing time otherwise). Each entry
+    /// holds its stack, so no address is reused for another stack while it is here.
+    ids_by_address: IdMap<usize, (Stack, u64)>,
+    address_frames: usize,
     /// Label sets per tenant as last counted (with those written since), and when.
     tenant_counts: Option<(Instant, HashMap<String, usize>)>,
 }
@@ -57,6 +64,22 @@ impl Caches {
             self.stacks.clear();
             self.stack_frames = 0;
         }
+        if self.ids_by_address.len() > CACHE_ENTRIES || self.address_frames > STACK_FRAMES {
+            self.ids_by_address.clear();
+            self.address_frames = 0;
+        }
+    }
+
+    /// The id of `stack`, remembered by its address.
+    pub fn stack_id(&mut self, stack: &Stack) -> u64 {
+        let address = Arc::as_ptr(stack) as usize;
+        if let Some(&(_, id)) = self.ids_by_address.get(&address) {
+            return id;
+        }
+        let id = ids::stack(stack);
+        self.address_frames += stack.len() + 1;
+        self.ids_by_address.insert(address, (stack.clone(), id));
+        id
     }
 
     pub fn add_stack(&mut self, id: u64, stack: Stack) {
@@ -214,5 +237,35 @@ impl ClickHouseStore {
             caches.add_stack(id, stack);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stack's id remembered by its address is its content's id, for every allocation of
+    /// that content, and an address freed and reused by another stack cannot be met (each
+    /// entry keeps its stack alive).
+    #[test]
+    fn stack_ids_by_address_are_content_ids() {
+        let stack =
+            |names: &[&str]| -> Stack { Arc::new(names.iter().map(|&n| n.into()).collect()) };
+        let mut caches = Caches::default();
+        let a = stack(&["main", "work"]);
+        let again = stack(&["main", "work"]);
+        assert_eq!(caches.stack_id(&a), ids::stack(&["main", "work"]));
+        assert_eq!(caches.stack_id(&a), caches.stack_id(&again));
+        let address = Arc::as_ptr(&a) as usize;
+        drop(a);
+        for _ in 0..1000 {
+            let other = stack(&["main", "other"]);
+            assert_ne!(
+                Arc::as_ptr(&other) as usize,
+                address,
+                "address held by the cache"
+            );
+            assert_eq!(caches.stack_id(&other), ids::stack(&["main", "other"]));
+        }
     }
 }

@@ -517,13 +517,15 @@ impl Store for ClickHouseStore {
         let mut merged: HashMap<(u64, u64, u64), i64> = HashMap::new();
         let mut labelsets = HashMap::new();
         let mut stacks = HashMap::new();
+        let mut caches = self.caches();
+        caches.bound();
         for row in &batch.rows {
             let ty = *types
                 .get(row.sample_type)
                 .ok_or_else(|| StoreError::Corrupt("row names a missing sample type".into()))?;
             let sid = *stack_ids
                 .entry(Arc::as_ptr(&row.stack))
-                .or_insert_with(|| ids::stack(&row.stack));
+                .or_insert_with(|| caches.stack_id(&row.stack));
             let lid = *labelset_ids
                 .entry(Arc::as_ptr(&row.labels))
                 .or_insert_with(|| ids::labelset(&row.labels));
@@ -531,6 +533,7 @@ impl Store for ClickHouseStore {
             stacks.insert(sid, &row.stack);
             crate::store::add(merged.entry((ty, lid, sid)).or_default(), row.value);
         }
+        drop(caches);
         let refused = self.refused_labelsets(&labelsets, batch.max_label_sets)?;
         let mut rows_refused = 0;
         if !refused.is_empty() {
