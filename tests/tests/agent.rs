@@ -5,8 +5,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pyrometer_e2e::cluster::{
-    Agent, Collector, Held, enc, free_port, http_get, metric, workload_of,
+    Agent, Collector, Held, enc, free_port, http_get, metric, samples_of, workload_of,
 };
+use pyrometer_e2e::wait::wait_for;
 use pyrometer_e2e::{folded_counts, privileged, pyrometer, pyrometer_bin, scratch, stderr};
 
 /// CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE (19), CAP_PERFMON (38), CAP_BPF (39).
@@ -600,4 +601,85 @@ fn gc_pauses_on_metrics_and_pushed() {
         total > 0.0 && under >= 0.9 * total,
         "{under} of {total} ns of gc under full_collections:\n{folded}"
     );
+}
+
+/// The agent under its seccomp filter, in kill mode, through what interrupts its system calls
+/// on a real node: stops and continues (`kill -STOP`, a debugger, a cgroup freezer) landing on
+/// threads asleep in futex, epoll, poll, nanosleep and reads, which the kernel resumes with
+/// `restart_syscall` or the call again; a collector that goes away and comes back (refused
+/// connections, spooling, resending); /metrics scrapes throughout. A call outside its list
+/// would end it with SIGSYS; it must keep pushing and stop cleanly on SIGTERM.
+#[test]
+fn stops_and_a_collector_restart_under_the_seccomp_filter() {
+    if !privileged() {
+        return;
+    }
+    let dir = scratch("agent-stops");
+    let mut collector = Collector::start(&dir.join("store"), free_port(), None);
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let listen = metrics.to_string();
+    let args = [
+        "--comm",
+        "stops-wl",
+        "--off-cpu",
+        "--gc",
+        "-F",
+        "49",
+        "--metrics-listen",
+        &listen,
+    ];
+    let mut agent = Agent::start(&dir, "stops-node", &collector.url(), &args);
+    agent.wait_for_metrics(metrics);
+    let mut load = workload_of("cpu631", &dir, "stops-wl", 120);
+    let samples = |c: &Collector| samples_of(c, "stops-node", load.id());
+    wait_for(
+        Duration::from_secs(60),
+        "the first push",
+        || match samples(&collector) {
+            0 => Err(0),
+            n => Ok(n),
+        },
+    );
+    let pid = agent.child.id() as i32;
+    let mut exited = None;
+    for i in 0u64..120 {
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(1 + (i * 7) % 40));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(Duration::from_millis(5 + (i * 13) % 60));
+        if i % 10 == 0 {
+            let _ = http_get(metrics, "/metrics");
+        }
+        match i {
+            40 => collector.kill9(),
+            80 => collector.restart(),
+            _ => {}
+        }
+        exited = agent.child.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+    }
+    assert!(
+        exited.is_none(),
+        "the agent ended during the stops: {exited:?} (signal 31 is SIGSYS: a system call \
+         outside its seccomp list; the kernel logs which as type=1326)"
+    );
+    // Still pushing after all of it, the batches spooled while the collector was down
+    // included.
+    let before = samples(&collector);
+    wait_for(
+        Duration::from_secs(60),
+        "a push after the stops",
+        || match samples(&collector) {
+            n if n > before => Ok(n),
+            n => Err(n),
+        },
+    );
+    let _ = load.kill();
+    let _ = load.wait();
+    let s = agent.stop();
+    assert_eq!(s["spool_samples"], 0, "batches left unsent: {s}");
 }
