@@ -587,3 +587,69 @@ fn dump_native_frames() {
     }
     assert!(ran > 0, "no interpreter to check was present");
 }
+
+/// A static interpreter under another name (a renamed or embedding binary: neither its name
+/// nor a mapped libpython says Python) is read for its runtime when the user chooses the
+/// process, by pid or by name, as `dump` reads it: its samples carry Python frames, six()
+/// ahead of three() ahead of one(). Node-wide, only interpreters named so are read.
+#[test]
+fn a_renamed_static_interpreter_chosen_by_pid_or_name_has_python_frames() {
+    if !privileged() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("renamed-interpreter");
+    let exe = dir.join("renamed-interp");
+    copy_executable(Path::new("/usr/bin/python3.11"), &exe);
+    for by_pid in [true, false] {
+        let mut child = Command::new(&exe)
+            .arg(pyrometer_e2e::python::source("py631.py"))
+            .arg("100000")
+            .env("PYTHONHOME", "/usr")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the renamed interpreter");
+        let out = dir.join(format!("by-pid-{by_pid}.folded"));
+        let pid = child.id().to_string();
+        let target = if by_pid {
+            ["--pid", pid.as_str()]
+        } else {
+            ["--comm", "renamed-interp"]
+        };
+        let o = pyrometer(&[
+            "record",
+            target[0],
+            target[1],
+            "-d",
+            "3s",
+            "-F",
+            "199",
+            "-f",
+            "folded",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_ok(&o);
+        let folded = std::fs::read_to_string(&out).unwrap();
+        let total: u64 = folded
+            .lines()
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        let counts = folded_counts(&folded, &["six", "three", "one"]);
+        let (six, three, one) = (counts[0], counts[1], counts[2]);
+        assert!(
+            (six + three + one) * 10 >= total * 9,
+            "chosen by {}: {} of {total} samples in six/three/one:\n{folded}",
+            target[0],
+            six + three + one
+        );
+        assert!(
+            six > three && three > one,
+            "chosen by {}: six {six}, three {three}, one {one}",
+            target[0]
+        );
+    }
+}

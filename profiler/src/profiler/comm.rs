@@ -31,6 +31,7 @@ impl Profiler {
         };
         let mut errors = Vec::new();
         for pid in pids {
+            self.tables.python.choose(pid);
             self.sync_pid(pid);
             if let Err(e) = self.sampler.add_target(pid, follow_children) {
                 errors.push(format!("cannot target pid {pid}: {e}"));

@@ -126,6 +126,7 @@ impl Profiler {
         }
         for &pid in &all {
             self.sampler.add_target(pid, subprocesses)?;
+            self.tables.python.choose(pid);
         }
         // Before sampling starts: the reads are waited for (each up to its deadline).
         for pid in all {

@@ -224,6 +224,9 @@ pub struct PyTracker {
     /// Registered processes whose probes wait for their binary's sites.
     probes_pending: HashSet<u32>,
     procs: HashMap<u32, Tracked>,
+    /// Processes the user chose by pid or name: their executable is read for an interpreter
+    /// whatever it is called (a renamed or embedding static binary), as `dump` reads it.
+    chosen: HashSet<u32>,
     /// One line each, for the user: processes whose Python cannot be walked, and why.
     notices: Vec<String>,
     noticed: HashSet<u32>,
@@ -252,6 +255,7 @@ impl PyTracker {
             gc_reads: OffLoop::default(),
             probes_pending: HashSet::new(),
             procs: HashMap::new(),
+            chosen: HashSet::new(),
             notices: Vec::new(),
             noticed: HashSet::new(),
             stats: TrackerStats::default(),
@@ -306,14 +310,21 @@ impl PyTracker {
         std::mem::take(&mut self.notices)
     }
 
+    /// Marks `pid` as chosen by the user (see `chosen`), before its first sync.
+    pub fn choose(&mut self, pid: u32) {
+        self.chosen.insert(pid);
+    }
+
     /// Registers `process` with the kernel walker when it runs a supported CPython (again
     /// after an exec into another image); a process that stopped being Python is forgotten.
     pub fn sync(&mut self, process: &Process, probes: Option<&mut (dyn Uprobes + '_)>) {
         let pid = process.pid;
         let (reads, work) = (&mut self.reads, &mut self.binary_reads);
-        let detected = version::detect_named_with(process, &mut self.binaries, &mut |key, job| {
-            work.poll(reads, pid, key, job)
-        });
+        let chosen = self.chosen.contains(&pid);
+        let detected =
+            version::detect_cached(process, &mut self.binaries, chosen, &mut |key, job| {
+                work.poll(reads, pid, key, job)
+            });
         self.stats.stalled_reads = self.reads.overran();
         let runtime = match detected {
             Ok(rt) => rt,
@@ -733,6 +744,7 @@ impl PyTracker {
                 self.noticed.remove(&pid);
             }
         }
+        self.chosen.retain(|&pid| crate::os::pids::exists(pid));
     }
 }
 

@@ -246,17 +246,19 @@ pub fn detect_reading(
     detect_with(process, &mut BinaryCache::default(), true, read)
 }
 
-/// Like [`detect_reading`] with a cache, but an executable is only read when its name says Python
-/// (`python3.11`) or a `libpython` is mapped: for a node-wide capture, where every process's
-/// executable would otherwise be read in full to look for `_PyRuntime`. A binary not in the
-/// cache is read by `read`, which may run it elsewhere (a worker) and answer None until it is
-/// done ([`PythonError::Pending`] then).
-pub fn detect_named_with(
+/// Like [`detect_reading`] with a cache. Unless `read_unnamed` (a process the user named by
+/// pid or name), an executable is only read when its name says Python (`python3.11`) or a
+/// `libpython` is mapped: for a node-wide capture, where every process's executable would
+/// otherwise be read in full to look for `_PyRuntime`. A binary not in the cache is read by
+/// `read`, which may run it elsewhere (a worker) and answer None until it is done
+/// ([`PythonError::Pending`] then).
+pub fn detect_cached(
     process: &Process,
     cache: &mut BinaryCache,
+    read_unnamed: bool,
     read: &mut dyn FnMut(&crate::os::procs::BinaryKey, ReadJob) -> Option<Analyzed>,
 ) -> Result<PythonRuntime, PythonError> {
-    detect_with(process, cache, false, read)
+    detect_with(process, cache, read_unnamed, read)
 }
 
 fn detect_with(

@@ -20,7 +20,8 @@ pub struct AgentArgs {
     /// Process to profile (repeatable); default: every process.
     #[arg(short, long = "pid", value_name = "PID")]
     pub(super) pids: Vec<u32>,
-    /// Profile processes whose name (comm) matches this regex, including ones started later.
+    /// Profile processes whose name (comm, 15 bytes) matches this regex, anchored (the whole
+    /// name: `ray::.*` for a prefix), including ones started later.
     #[arg(long, value_name = "REGEX")]
     pub(super) comm: Option<String>,
     /// Collector to push to, e.g. http://collector:4040.
@@ -142,8 +143,8 @@ pub struct AgentArgs {
     /// `record --alloc`. Opt-in per process: a uprobe traps on every call.
     #[arg(long = "alloc-pid", value_name = "PID")]
     pub(super) alloc_pids: Vec<u32>,
-    /// Sample the allocations of processes whose name (comm) matches this regex, including
-    /// ones started later.
+    /// Sample the allocations of processes whose name (comm, 15 bytes) matches this regex,
+    /// anchored as --comm is, including ones started later.
     #[arg(long, value_name = "REGEX")]
     pub(super) alloc_comm: Option<String>,
     /// Mean bytes between allocation samples (default 512K).
