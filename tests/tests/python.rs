@@ -590,8 +590,9 @@ fn dump_native_frames() {
 
 /// A static interpreter under another name (a renamed or embedding binary: neither its name
 /// nor a mapped libpython says Python) is read for its runtime when the user chooses the
-/// process, by pid or by name, as `dump` reads it: its samples carry Python frames, six()
-/// ahead of three() ahead of one(). Node-wide, only interpreters named so are read.
+/// process, by pid, by name or as the command, as `dump` reads it: its samples carry Python
+/// frames, six() ahead of three() ahead of one(). Node-wide, only interpreters named so are
+/// read.
 #[test]
 fn a_renamed_static_interpreter_chosen_by_pid_or_name_has_python_frames() {
     if !privileged() {
@@ -601,9 +602,23 @@ fn a_renamed_static_interpreter_chosen_by_pid_or_name_has_python_frames() {
     let dir = scratch("renamed-interpreter");
     let exe = dir.join("renamed-interp");
     copy_executable(Path::new("/usr/bin/python3.11"), &exe);
+    let script = pyrometer_e2e::python::source("py631.py");
+    let as_command = dir.join("as-command.folded");
+    let o = Command::new(pyrometer_bin())
+        .args(["record", "-F", "199", "-f", "folded", "-o"])
+        .arg(&as_command)
+        .arg("--")
+        .arg(&exe)
+        .arg(&script)
+        .arg("150")
+        .env("PYTHONHOME", "/usr")
+        .output()
+        .expect("run pyrometer record");
+    assert_ok(&o);
+    check_renamed(&std::fs::read_to_string(&as_command).unwrap(), "--");
     for by_pid in [true, false] {
         let mut child = Command::new(&exe)
-            .arg(pyrometer_e2e::python::source("py631.py"))
+            .arg(&script)
             .arg("100000")
             .env("PYTHONHOME", "/usr")
             .stdout(Stdio::null())
@@ -633,23 +648,25 @@ fn a_renamed_static_interpreter_chosen_by_pid_or_name_has_python_frames() {
         let _ = child.kill();
         let _ = child.wait();
         assert_ok(&o);
-        let folded = std::fs::read_to_string(&out).unwrap();
-        let total: u64 = folded
-            .lines()
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum();
-        let counts = folded_counts(&folded, &["six", "three", "one"]);
-        let (six, three, one) = (counts[0], counts[1], counts[2]);
-        assert!(
-            (six + three + one) * 10 >= total * 9,
-            "chosen by {}: {} of {total} samples in six/three/one:\n{folded}",
-            target[0],
-            six + three + one
-        );
-        assert!(
-            six > three && three > one,
-            "chosen by {}: six {six}, three {three}, one {one}",
-            target[0]
-        );
+        check_renamed(&std::fs::read_to_string(&out).unwrap(), target[0]);
     }
+}
+
+/// Python frames in ≥ 90 % of the samples of py631.py, six() ahead of three() ahead of one().
+fn check_renamed(folded: &str, chosen_by: &str) {
+    let total: u64 = folded
+        .lines()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    let counts = folded_counts(folded, &["six", "three", "one"]);
+    let (six, three, one) = (counts[0], counts[1], counts[2]);
+    assert!(
+        (six + three + one) * 10 >= total * 9,
+        "chosen by {chosen_by}: {} of {total} samples in six/three/one:\n{folded}",
+        six + three + one
+    );
+    assert!(
+        six > three && three > one,
+        "chosen by {chosen_by}: six {six}, three {three}, one {one}"
+    );
 }

@@ -172,6 +172,7 @@ impl Recording {
         sampler
             .add_target(h.pid(), true)
             .map_err(|e| CommandError::Input(e.to_string()))?;
+        tables.python.choose(h.pid());
         if let (Some(a), Some(lib)) = (tables.alloc.as_mut(), preload.as_deref()) {
             a.mark_preloaded(h.pid());
             if let Some(u) = tables.unwinder.as_mut() {
