@@ -21,8 +21,7 @@ use http::{Client, HttpError};
 use rowbinary::{Reader, Writer};
 
 use crate::store::{
-    BUCKET_SECONDS, Batch, Frame, Ingested, LabelSet, Point, Selection, Stack, Stacked, Store,
-    StoreError,
+    BUCKET_SECONDS, Batch, Ingested, LabelSet, Point, Selection, Stack, Stacked, Store, StoreError,
 };
 
 /// Where the store is: `clickhouse://HOST[:PORT]/DATABASE` (HTTP interface, port 8123 by
@@ -512,7 +511,6 @@ impl Store for ClickHouseStore {
             .map(|(n, u)| ids::sample_type(n, u))
             .collect();
         // Rows of one (type, label set, stack) summed here: fewer rows to store and read.
-        let mut stack_ids: HashMap<*const Vec<Frame>, u64> = HashMap::new();
         let mut labelset_ids: HashMap<*const LabelSet, u64> = HashMap::new();
         let mut merged: HashMap<(u64, u64, u64), i64> = HashMap::new();
         let mut labelsets = HashMap::new();
@@ -523,9 +521,7 @@ impl Store for ClickHouseStore {
             let ty = *types
                 .get(row.sample_type)
                 .ok_or_else(|| StoreError::Corrupt("row names a missing sample type".into()))?;
-            let sid = *stack_ids
-                .entry(Arc::as_ptr(&row.stack))
-                .or_insert_with(|| caches.stack_id(&row.stack));
+            let sid = caches.stack_id(&row.stack);
             let lid = *labelset_ids
                 .entry(Arc::as_ptr(&row.labels))
                 .or_insert_with(|| ids::labelset(&row.labels));

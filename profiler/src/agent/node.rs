@@ -145,7 +145,6 @@ impl Node {
             profiler
                 .add_target(pid, true)
                 .map_err(|e| CommandError::Input(format!("adding pid {pid}: {e}")))?;
-            profiler.tables.python.choose(pid);
         }
         if let Some(probes) = profiler.tables.alloc.as_mut() {
             attach_own_library(probes, &mut profiler.sampler, &log);

@@ -31,9 +31,11 @@ impl Profiler {
         };
         let mut errors = Vec::new();
         for pid in pids {
+            // Chosen before the sync below reads its executable (`add_target` after it
+            // chooses it too).
             self.tables.python.choose(pid);
             self.sync_pid(pid);
-            if let Err(e) = self.sampler.add_target(pid, follow_children) {
+            if let Err(e) = self.add_target(pid, follow_children) {
                 errors.push(format!("cannot target pid {pid}: {e}"));
             }
         }

@@ -110,10 +110,13 @@ impl Profiler {
         self.sampler.frequency_hz()
     }
 
-    /// Adds a process to the kernel's target set; `follow_children` makes the processes it
-    /// starts targets too.
+    /// Adds a process the user chose (by pid or name) to the kernel's target set;
+    /// `follow_children` makes the processes it starts targets too. Being chosen, its
+    /// executable is read for an interpreter whatever it is called.
     pub fn add_target(&mut self, pid: u32, follow_children: bool) -> Result<(), BpfError> {
-        self.sampler.add_target(pid, follow_children)
+        self.sampler.add_target(pid, follow_children)?;
+        self.tables.python.choose(pid);
+        Ok(())
     }
 
     /// Targets `pids` (and with `subprocesses` their descendants, current and future), with
@@ -125,8 +128,7 @@ impl Profiler {
             all.extend(pids::descendants(Path::new("/proc"), pids));
         }
         for &pid in &all {
-            self.sampler.add_target(pid, subprocesses)?;
-            self.tables.python.choose(pid);
+            self.add_target(pid, subprocesses)?;
         }
         // Before sampling starts: the reads are waited for (each up to its deadline).
         for pid in all {
