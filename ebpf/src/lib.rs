@@ -190,6 +190,7 @@ impl PendingOffCpu {
             // SAFETY: any u64 is eight valid bytes; the slice covers exactly `slots`.
             slots: unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<u8>(), used * 8) },
             kernel: &[],
+            copy: None,
         }
     }
 }
@@ -209,7 +210,35 @@ pub struct RawSample<'a> {
     slots: &'a [u8],
     /// Inline kernel frames (`SAMPLE_KERNEL_INLINE` only).
     kernel: &'a [u8],
+    /// The copy of the user stack (`SAMPLE_STACK_COPY` only).
+    copy: Option<RawStackCopy<'a>>,
 }
+
+/// A sample's copy of its user stack (`SAMPLE_STACK_COPY`): the registers at the sample and
+/// the stack's top pages.
+#[derive(Debug, Clone, Copy)]
+pub struct RawStackCopy<'a> {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// The user address of `bytes[0]`.
+    pub base: u64,
+    pub bytes: &'a [u8],
+}
+
+impl RawStackCopy<'_> {
+    /// Eight bytes of the stack at `addr`, when the copy holds them.
+    pub fn read_u64(&self, addr: u64) -> Option<u64> {
+        let off = usize::try_from(addr.checked_sub(self.base)?).ok()?;
+        let b = self.bytes.get(off..off.checked_add(8)?)?;
+        Some(u64::from_ne_bytes(b.try_into().ok()?))
+    }
+}
+
+/// Where the copy starts in a `SAMPLE_STACK_COPY` record: after a full sample record.
+pub const STACK_COPY_OFFSET: usize = std::mem::offset_of!(SampleCopyRecord, copy);
+/// The copy's registers and length before its bytes.
+const STACK_COPY_HEAD: usize = std::mem::offset_of!(StackCopy, bytes);
 
 /// Why a ring-buffer record could not be read.
 #[derive(Debug, PartialEq, Eq)]
@@ -251,11 +280,27 @@ impl<'a> RawSample<'a> {
         {
             return Err(BadRecord("GPU channel chunk longer than its record"));
         }
+        let copy = if header.flags & SAMPLE_STACK_COPY != 0 {
+            Some(parse_copy(bytes)?)
+        } else {
+            None
+        };
+        let slots = if copy.is_some() {
+            &bytes[hsize..STACK_COPY_OFFSET]
+        } else {
+            &bytes[hsize..]
+        };
         Ok(Self {
             header,
-            slots: &bytes[hsize..],
+            slots,
             kernel,
+            copy,
         })
+    }
+
+    /// The copy of the user stack the record carries (`SAMPLE_STACK_COPY`).
+    pub fn stack_copy(&self) -> Option<RawStackCopy<'a>> {
+        self.copy
     }
 
     /// A move record's (`SAMPLE_ALLOC_MOVED`) new address: the word after the header.
@@ -358,6 +403,28 @@ impl RawSpan {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The stack copy of a `SAMPLE_STACK_COPY` record, its length checked against the record.
+fn parse_copy(bytes: &[u8]) -> Result<RawStackCopy<'_>, BadRecord> {
+    let head = bytes
+        .get(STACK_COPY_OFFSET..STACK_COPY_OFFSET + STACK_COPY_HEAD)
+        .ok_or(BadRecord("stack copy record shorter than its copy's head"))?;
+    let mut w = words(head);
+    let mut next = || w.next().unwrap_or(0);
+    let (pc, sp, bp, base) = (next(), next(), next(), next());
+    let len = next() as u32 as usize;
+    let start = STACK_COPY_OFFSET + STACK_COPY_HEAD;
+    if len > STACK_COPY_BYTES as usize || bytes.len() < start + len {
+        return Err(BadRecord("stack copy longer than its record"));
+    }
+    Ok(RawStackCopy {
+        pc,
+        sp,
+        bp,
+        base,
+        bytes: &bytes[start..start + len],
+    })
 }
 
 fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
@@ -598,5 +665,43 @@ mod tests {
         let s = RawSample::parse(&rec).unwrap();
         assert_eq!(s.user_frames().count(), 5);
         assert_eq!(s.inline_kernel_frames().count(), 0);
+    }
+
+    /// A stack copy's length is checked against the record, and its bytes are read where
+    /// the copy holds them only.
+    #[test]
+    fn stack_copies_are_bounded_by_their_record() {
+        let flags = std::mem::offset_of!(SampleHeader, flags);
+        let mut rec = vec![0u8; STACK_COPY_OFFSET];
+        rec[flags..flags + 4].copy_from_slice(&SAMPLE_STACK_COPY.to_ne_bytes());
+        assert_eq!(
+            RawSample::parse(&rec).unwrap_err(),
+            BadRecord("stack copy record shorter than its copy's head")
+        );
+        // pc, sp, bp, base, then the length: two pages said, one there.
+        for w in [0x401000u64, 0x7000_0010, 0x7000_0100, 0x7000_0000, 8192] {
+            rec.extend_from_slice(&w.to_ne_bytes());
+        }
+        rec.extend((0..4096u32).map(|i| i as u8));
+        assert_eq!(
+            RawSample::parse(&rec).unwrap_err(),
+            BadRecord("stack copy longer than its record")
+        );
+        rec.extend(std::iter::repeat_n(0u8, 4096));
+        let s = RawSample::parse(&rec).unwrap();
+        let copy = s.stack_copy().expect("the copy");
+        assert_eq!(
+            (copy.pc, copy.sp, copy.bytes.len()),
+            (0x401000, 0x7000_0010, 8192)
+        );
+        assert_eq!(
+            copy.read_u64(0x7000_0008),
+            Some(u64::from_ne_bytes([8, 9, 10, 11, 12, 13, 14, 15]))
+        );
+        assert_eq!(copy.read_u64(0x7000_0000 + 8190), None);
+        assert_eq!(copy.read_u64(0x6fff_fff8), None);
+        assert_eq!(copy.read_u64(u64::MAX), None);
+        // The slots end where the copy's record part does.
+        assert_eq!(s.user_frames().count(), 0);
     }
 }

@@ -13,8 +13,9 @@
 
 mod arrays;
 pub mod budget;
+mod replay;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,6 +118,8 @@ pub struct Unwinder {
     too_big: HashMap<TableKey, (u32, u32)>,
     /// Per process, the executables it maps that are in `too_big`.
     missing: HashMap<u32, Vec<TableKey>>,
+    /// Processes with a mapping whose table is being read or built (EXEC_MAPPING_PENDING).
+    pending: HashSet<u32>,
     free: Ranges,
     index_free: Ranges,
     process_tables: HashMap<u32, Vec<TableKey>>,
@@ -196,6 +199,7 @@ impl Unwinder {
             tables: HashMap::new(),
             too_big: HashMap::new(),
             missing: HashMap::new(),
+            pending: HashSet::new(),
             free: Ranges(vec![(0, capacity)]),
             index_free: Ranges(vec![(0, index_capacity)]),
             process_tables: HashMap::new(),
@@ -242,6 +246,7 @@ impl Unwinder {
         };
         let mut keys = Vec::new();
         let mut missing = Vec::new();
+        let mut pending = false;
         let mut n = 0usize;
         for m in process.mappings() {
             if m.kind != MappingKind::File {
@@ -253,10 +258,14 @@ impl Unwinder {
                 continue;
             }
             let Some(key) = self.table_key(process.pid, binary) else {
-                // Its build-id could not be read in time: frame pointers for now.
+                // Its build-id is being read: frame pointers for now, and samples through
+                // it keep a copy of their stack for when the table is in.
+                let flags = self.pending_flag(process.pid);
+                pending |= flags != 0;
                 entry.maps[n] = ExecMapping {
                     start: m.start,
                     end: m.end,
+                    flags,
                     ..ExecMapping::default()
                 };
                 n += 1;
@@ -270,6 +279,7 @@ impl Unwinder {
                 Source::Later(Arc::clone(binary)),
                 estimate,
             );
+            let mut flags = 0;
             let (first, count, index, bias) = match found {
                 Some(t) => {
                     t.last_used = clock;
@@ -277,8 +287,14 @@ impl Unwinder {
                     (t.first, t.count, t.index, bias)
                 }
                 None => {
-                    if self.too_big.contains_key(&key) && !missing.contains(&key) {
-                        missing.push(key.clone());
+                    if self.too_big.contains_key(&key) {
+                        if !missing.contains(&key) {
+                            missing.push(key.clone());
+                        }
+                    } else if !self.tables.contains_key(&key) {
+                        // Neither built nor failed: on a worker, or waiting for the budget.
+                        flags = self.pending_flag(process.pid);
+                        pending |= flags != 0;
                     }
                     (0, 0, (0, 0, 0), None)
                 }
@@ -301,7 +317,7 @@ impl Unwinder {
                 index_first,
                 index_count,
                 pc_base,
-                reserved: 0,
+                flags,
             };
             n += 1;
         }
@@ -316,6 +332,11 @@ impl Unwinder {
             self.missing.remove(&process.pid);
         } else {
             self.missing.insert(process.pid, missing);
+        }
+        if pending {
+            self.pending.insert(process.pid);
+        } else {
+            self.pending.remove(&process.pid);
         }
         if let Some(old) = self.process_tables.insert(process.pid, keys) {
             self.release(&old);
@@ -390,9 +411,26 @@ impl Unwinder {
             .is_some_and(|k| matches!(self.tables.get(k), Some(Some(_))))
     }
 
+    /// EXEC_MAPPING_PENDING for a mapping of `pid` whose table is on its way, unless the
+    /// process's reads are left alone for one that overran (no table comes for a while).
+    fn pending_flag(&self, pid: u32) -> u32 {
+        if self.reads.is_stalled(pid) {
+            0
+        } else {
+            pyrometer_ebpf::EXEC_MAPPING_PENDING
+        }
+    }
+
+    /// Whether a table `pid` maps may still come: a mapping of its last sync was waiting for
+    /// one, or it was never synced. A sample's stack copy waits for this to turn false.
+    pub fn pending(&self, pid: u32) -> bool {
+        self.pending.contains(&pid) || !self.process_tables.contains_key(&pid)
+    }
+
     /// Forgets a process that exited; its tables become evictable when nobody else maps them.
     pub fn remove_process(&mut self, pid: u32) {
         self.missing.remove(&pid);
+        self.pending.remove(&pid);
         self.budget.forget(pid);
         if let Some(keys) = self.process_tables.remove(&pid) {
             self.release(&keys);

@@ -2,10 +2,11 @@
 //! started again and again (as a compiler is), a CPython process restarting, idle Python
 //! processes, and short processes many times a second, at 499 Hz. Each process's sample count
 //! must match its CPU time (nothing dropped to look complete); the native program's stacks
-//! after its first 100 ms must reach `_start`, `clone` or `clone3` (99 %), and the Python
-//! stacks in the script `<module>` (99 %, its first 100 ms included). The native program's
-//! first 100 ms and the short processes are only partly complete: their first samples come
-//! before the agent has read their maps (see the comment at the checks).
+//! after its first 100 ms must reach `_start`, `clone` or `clone3` (99 %), those of its first
+//! 100 ms too (95 %: they are walked again from a copy of their stack once the agent has the
+//! table, see the comment at the checks), and the Python stacks in the script `<module>`
+//! (99 %, its first 100 ms included). The short processes are only partly complete: most of
+//! their life comes before the agent can know them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -270,7 +271,9 @@ fn new_processes_are_complete_from_their_first_samples() {
         .map(|(_, text)| text)
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.starts_with("pyrometer_agent_unwind"))
+        .filter(|l| {
+            l.starts_with("pyrometer_agent_unwind") || l.starts_with("pyrometer_agent_stack_copies")
+        })
         .map(str::to_string)
         .collect();
     // The last push (at the stop) holds every sample taken until then.
@@ -358,12 +361,30 @@ fn new_processes_are_complete_from_their_first_samples() {
             "pid {pid}: {samples} samples for {expected:.0} expected from its CPU time\n{summary}"
         );
     }
-    // A process's first samples come before the agent has read the maps it has then (the
-    // kernel's record of them wakes it), and on a loaded machine it takes tens of ms to run:
-    // they unwind by frame pointers, which stop at the leaf here. What it must do is not
-    // wait: with a fixed wait (a second, as before) none of them was complete. Whole stacks
-    // from the very first sample need the sample to keep a copy of the stack for later.
-    native_tally.check("native", 0.2);
+    // A process's first samples come before the agent has read the maps it has then, or
+    // while it builds the program's table (hundreds of ms for this one in a debug build):
+    // the kernel's walk falls back to frame pointers, which stop at the leaf here. Such a
+    // sample keeps a copy of its stack, which the agent walks again once the table is in.
+    // Without the copies 44-72 % of these were complete; with them 98-100 % in runs here,
+    // the rest being samples whose copy was left out while the ring buffer was three
+    // quarters full (the agent's loop waits up to 200 ms for a table read in its turn, and a
+    // copy is 9-21 KiB): they are counted (`skipped`) and must stay few.
+    native_tally.check("native", 0.95);
+    let copies = |outcome: &str| -> u64 {
+        let key = format!("pyrometer_agent_stack_copies_total{{outcome=\"{outcome}\"}} ");
+        unwind_metrics
+            .iter()
+            .find_map(|l| l.strip_prefix(&key)?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        copies("rewalked") > 0 && copies("complete") > 0,
+        "no sample was walked again from its stack copy\n{summary}"
+    );
+    assert!(
+        copies("skipped") * 10 <= copies("sent"),
+        "more than a tenth of the copies were left out\n{summary}"
+    );
     // The interpreter's own start-up (about 20 ms of CPU) covers the agent's reaction.
     python_frames.check("python (in the script)", 0.99);
     // Every Python run's script shows in its frames: a missing registration cannot pass as

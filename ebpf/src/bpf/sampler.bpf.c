@@ -19,6 +19,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "pyasync.h"
 #include "spans.h"
 #include "stacks.h"
+#include "stackcopy.h"
 
 #include "gil.h"
 #include "gc.h"
@@ -83,6 +84,16 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 		(unwind_dwarf &&
 		 (!(rec->hdr.flags & SAMPLE_DWARF) || (rec->hdr.flags & SAMPLE_UNKNOWN_MAPPING))) ||
 		(rec->hdr.flags & SAMPLE_PY_NEW_THREAD);
+	if (rec->hdr.flags & SAMPLE_STACK_COPY) {
+		if (send_with_stack_copy(rec, user, start) == 0) {
+			count(COUNTER_STACK_COPIES);
+			count(COUNTER_SAMPLES);
+			count_n(COUNTER_SAMPLE_NS, bpf_ktime_get_ns() - start);
+			return 0;
+		}
+		count(COUNTER_STACK_COPIES_SKIPPED);
+		rec->hdr.flags &= ~SAMPLE_STACK_COPY;
+	}
 	if (send_record_wake(rec, size, wake) != 0)
 		count(COUNTER_RINGBUF_DROPS);
 	else

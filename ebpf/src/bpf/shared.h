@@ -91,6 +91,11 @@
 // collection's start, timestamp_ns is when it started, value its length in ns and aux the
 // generation collected (GC_GENERATION_UNKNOWN where the probe site could not say).
 #define SAMPLE_GC 524288
+// A copy of the user stack follows the record (struct sample_copy_record): the walk met code
+// whose unwind table the agent was still building, or a new process it had not registered
+// yet. The agent unwinds the copy with the same tables once they exist (as `perf
+// --call-graph dwarf` does for every sample) and replaces the user frames with that walk.
+#define SAMPLE_STACK_COPY 1048576
 
 #define COUNTER_SAMPLES 0
 #define COUNTER_RINGBUF_DROPS 1
@@ -131,7 +136,10 @@
 #define COUNTER_GPU_CHUNKS_REFUSED 34 // ... refused: a length past GPU_CHUNK_MAX, unreadable memory
 #define COUNTER_GC_EVENTS 35          // garbage collections sent
 #define COUNTER_GC_PENDING_FULL 36    // a collection not tracked: gc_pending was full
-#define COUNTER_COUNT 37
+#define COUNTER_STACK_COPIES 37       // samples sent with a copy of their user stack
+// ... that wanted one and went without: over STACK_COPY_RATE, or no room in the ring buffer
+#define COUNTER_STACK_COPIES_SKIPPED 38
+#define COUNTER_COUNT 39
 
 // The largest chunk of the GPU library's channel (PYRO_GPU_CHUNK_MAX in gpu-inject/c/).
 #define GPU_CHUNK_MAX 4096
@@ -170,6 +178,10 @@ struct unwind_row {
 // has at most 2^UNWIND_BUCKET_SHIFT of them past its first, and 11 halvings cover 1024.
 #define UNWIND_SEARCH_STEPS (UNWIND_BUCKET_SHIFT + 1)
 
+// exec_mapping.flags: row_count is 0 for now, the table is being read or built (not one that
+// failed or did not fit): a sample through it keeps a copy of its stack (SAMPLE_STACK_COPY).
+#define EXEC_MAPPING_PENDING 1
+
 // One executable mapping of a process. row_count == 0: no table, walk by frame pointer.
 struct exec_mapping {
 	__u64 start;
@@ -180,7 +192,7 @@ struct exec_mapping {
 	__u32 index_first; // the table's first bucket in unwind_index
 	__u32 index_count; // its buckets; 0: no index, search all rows
 	__u32 pc_base;     // the ELF address bucket 0 starts at (the first row's pc)
-	__u32 reserved;
+	__u32 flags;       // EXEC_MAPPING_*
 };
 
 // A process's executable mappings, sorted by start.
@@ -249,6 +261,36 @@ struct sample_record {
 	struct sample_header hdr;
 	__u64 user[MAX_SLOTS];           // native frames leaf first, then Python frame pairs
 	__u64 kernel[MAX_KERNEL_FRAMES]; // leaf first, only with SAMPLE_KERNEL_INLINE
+};
+
+// Bytes of user stack a SAMPLE_STACK_COPY record carries: whole pages from the one holding the
+// stack pointer up, so every read is one page at a constant offset (at least 12 KiB above the
+// stack pointer; the main thread's copy ends where its stack does).
+#define STACK_COPY_PAGE 4096
+#define STACK_COPY_PAGES 4
+#define STACK_COPY_BYTES (STACK_COPY_PAGES * STACK_COPY_PAGE)
+// Copies a CPU sends a second in the long run, and at once: a process whose tables never
+// come (a budget spent, a read that hangs) costs the ring buffer at most the rate; a new
+// large program takes a few hundred ms to get its table, which the burst covers at 499 Hz.
+// Copies also leave the ring buffer's last quarter to the plain records (stackcopy.h).
+#define STACK_COPY_RATE 100
+#define STACK_COPY_BURST 256
+
+struct stack_copy {
+	__u64 pc; // the user registers at the sample
+	__u64 sp;
+	__u64 bp;
+	__u64 base; // the user address of bytes[0] (the stack pointer's page)
+	__u32 len;  // bytes copied, whole pages
+	__u32 reserved;
+	__u8 bytes[STACK_COPY_BYTES];
+};
+
+// A sample with a copy of its stack: the whole sample record (so its slots and inline kernel
+// frames lie where a full record has them), then the copy.
+struct sample_copy_record {
+	struct sample_record rec;
+	struct stack_copy copy;
 };
 
 // What sched_switch keeps for a blocked thread until it runs again: the header and user

@@ -149,6 +149,17 @@ static __always_inline int uretprobe_in_trampoline(__u64 *pc, __u64 *sp)
 	return 1;
 }
 
+// Out bits of a walk (dwarf_walk_args.flags, beside the SAMPLE_* ones) that ask for a copy
+// of the stack: the walk met a mapping whose table is being built (always worth one), or an
+// address in no mapping of the process or a process with no entry (worth one only while the
+// process is young: see STACK_COPY_YOUNG_NS).
+#define WALK_COPY_PENDING (1U << 31)
+#define WALK_COPY_IF_YOUNG (1U << 30)
+// A process younger than this (ns since its first thread started) that has no unwind entry
+// yet, or runs code in a mapping the agent has not seen, gets copies: an older one is one the
+// agent left out (opted out, over its budget) or one running JIT code, which no table covers.
+#define STACK_COPY_YOUNG_NS 5000000000ULL
+
 // Where a mapping's rows and index are.
 struct table_ref {
 	__u32 row_first;
@@ -156,7 +167,7 @@ struct table_ref {
 	__u32 index_first;
 	__u32 index_count;
 	__u32 pc_base;
-	__u32 reserved;
+	__u32 flags; // EXEC_MAPPING_*
 };
 
 // Frames whose row the cache gave, and those searched for (COUNTER_UNWIND_ROW_*).
@@ -190,7 +201,7 @@ struct unwind_state {
 	// Which per-CPU scratch record (SCRATCH_*) the frames go to: programs that may interrupt
 	// one another cannot share one.
 	__u32 which;
-	__u32 reserved;
+	__u32 copy; // WALK_COPY_*: whether the sample should keep a copy of its stack
 	// Summed here and counted once a walk: a counter map per frame would cost a lookup.
 	struct row_counts rows;
 	// The copy of the stack pages the walk is in (userwin.h): the return address and saved
@@ -221,6 +232,7 @@ static __always_inline int find_mapping(__u32 pid, __u64 pc, struct mapping_look
 			out->table.index_first = m->index_first;
 			out->table.index_count = m->index_count;
 			out->table.pc_base = m->pc_base;
+			out->table.flags = m->flags;
 			return 0;
 		}
 	}
@@ -396,6 +408,7 @@ static __always_inline int unwind_one(struct unwind_state *st, __u64 *user, stru
 		// Code the agent has not seen mapped yet (a fresh dlopen, JIT code): frame
 		// pointers, which the counter records when they fail too.
 		st->stop_reason = COUNTER_UNWIND_NO_MAPPING;
+		st->copy |= WALK_COPY_IF_YOUNG;
 		if (frame_pointer_step(st))
 			return 1;
 		st->stop_reason = 0;
@@ -403,6 +416,8 @@ static __always_inline int unwind_one(struct unwind_state *st, __u64 *user, stru
 	}
 	if (st->cur.table.row_count == 0) {
 		st->stop_reason = COUNTER_UNWIND_NO_TABLE;
+		if (st->cur.table.flags & EXEC_MAPPING_PENDING)
+			st->copy |= WALK_COPY_PENDING;
 		if (frame_pointer_step(st))
 			return 1;
 		st->stop_reason = 0;
@@ -528,8 +543,11 @@ __attribute__((noinline)) int dwarf_walk(struct dwarf_walk_args *a)
 		uretprobe_in_trampoline(&st.pc, &st.sp);
 	// The first frame's mapping, found here because the scan's lookup of the process also
 	// says whether it has unwind information at all: one hash lookup for both.
-	if (unwind_switch_mapping(&st, st.pc) == -2)
+	if (unwind_switch_mapping(&st, st.pc) == -2) {
+		// A kernel thread has no user registers: nothing to copy.
+		a->flags = st.pc && st.sp ? WALK_COPY_IF_YOUNG : 0;
 		return -1;
+	}
 	if (st.pc == 0)
 		return 0;
 	bpf_loop(MAX_USER_FRAMES / UNWIND_BATCH + 1, unwind_step, &st, 0);
@@ -544,10 +562,30 @@ __attribute__((noinline)) int dwarf_walk(struct dwarf_walk_args *a)
 	if (st.complete) {
 		count(COUNTER_UNWIND_COMPLETE);
 		flags |= SAMPLE_COMPLETE;
+	} else {
+		flags |= st.copy & (WALK_COPY_PENDING | WALK_COPY_IF_YOUNG);
 	}
 	a->flags = flags;
 	a->frames = st.frames;
 	return st.frames;
+}
+
+struct task_struct___copy {
+	struct task_struct___copy *group_leader;
+	__u64 start_time;
+} __attribute__((preserve_access_index));
+
+// Whether a walk that ended with `flags` should keep a copy of the stack: one through a table
+// being built, or one the agent could not know yet in a process that started moments ago.
+static __always_inline int walk_wants_copy(__u32 flags)
+{
+	if (flags & WALK_COPY_PENDING)
+		return 1;
+	if (!(flags & WALK_COPY_IF_YOUNG))
+		return 0;
+	struct task_struct___copy *task = (void *)bpf_get_current_task_btf();
+	__u64 started = BPF_CORE_READ(task, group_leader, start_time);
+	return bpf_ktime_get_ns() - started < STACK_COPY_YOUNG_NS;
 }
 
 // Walks the user stack of the current task into the scratch record `which` names, setting
@@ -580,8 +618,11 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 			return 0;
 	}
 	int frames = dwarf_walk(&a);
+	// Only the sampler sends copies; a walk for another program only drops the bits.
+	if (which == SCRATCH_SAMPLE && walk_wants_copy(a.flags))
+		hdr->flags |= SAMPLE_STACK_COPY;
 	if (frames < 0)
 		return -1;
-	hdr->flags |= a.flags;
+	hdr->flags |= a.flags & ~(WALK_COPY_PENDING | WALK_COPY_IF_YOUNG);
 	return frames;
 }

@@ -51,6 +51,9 @@ pub struct AgentMetrics {
     /// (UNWIND_STOP_REASONS order).
     pub unwind_walks: AtomicU64,
     pub unwind_stopped: [AtomicU64; 6],
+    /// Samples that wanted a copy of their stack, by what became of them
+    /// (STACK_COPY_OUTCOMES order).
+    pub stack_copies: [AtomicU64; 6],
     /// DWARF frames whose row the kernel's per-CPU row cache gave, and those searched for.
     pub unwind_row_hits: AtomicU64,
     pub unwind_row_searches: AtomicU64,
@@ -82,6 +85,19 @@ pub struct AgentMetrics {
     /// Debug files fetched by build id, when servers are configured.
     pub debuginfod: Mutex<Option<crate::symbolize::debuginfod::DebuginfodStats>>,
 }
+
+/// What became of the samples that wanted a copy of their stack: `sent` with one, `skipped`
+/// (over the per-CPU rate, or no room in the ring buffer); of those sent, `rewalked` (the walk
+/// of the copy went further, `complete` of them to the outermost frame), `unchanged` (counted
+/// as the kernel walked them) and `early` (counted before their tables came).
+pub const STACK_COPY_OUTCOMES: [&str; 6] = [
+    "sent",
+    "skipped",
+    "rewalked",
+    "complete",
+    "unchanged",
+    "early",
+];
 
 /// `frame_pointers`: walks that left the tables for frame pointers and ended on a zero
 /// return address, which the kernel gives no reason of their own.
@@ -176,6 +192,18 @@ impl AgentMetrics {
             let _ = writeln!(
                 o,
                 "pyrometer_agent_unwind_stopped_total{{reason=\"{reason}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# HELP pyrometer_agent_stack_copies_total Samples taken before their unwind tables were in, which keep a copy of their stack to be walked again once they are, by outcome.\n\
+             # TYPE pyrometer_agent_stack_copies_total counter"
+        );
+        for (outcome, v) in STACK_COPY_OUTCOMES.iter().zip(&self.stack_copies) {
+            let _ = writeln!(
+                o,
+                "pyrometer_agent_stack_copies_total{{outcome=\"{outcome}\"}} {}",
                 v.load(Relaxed)
             );
         }
@@ -514,8 +542,19 @@ pub fn publish_counters(
     c: &crate::bpf::Counters,
     samples: u64,
     unwinder: Option<crate::unwinder::UnwinderStats>,
+    held: crate::profiler::held::HeldStats,
 ) {
     metrics.samples.store(samples, Relaxed);
+    for (slot, v) in metrics.stack_copies.iter().zip([
+        c.unwind.stack_copies,
+        c.unwind.stack_copies_skipped,
+        held.rewalked,
+        held.complete,
+        held.unchanged,
+        held.early,
+    ]) {
+        slot.store(v, Relaxed);
+    }
     metrics.lost_ring_buffer.store(c.ringbuf_drops, Relaxed);
     metrics
         .user_stack_errors

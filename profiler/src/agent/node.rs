@@ -317,6 +317,10 @@ impl Node {
     pub(super) fn run(&mut self, cfg: &AgentConfig, shared: &Shared, otlp: Option<&Exporter>) {
         loop {
             let stopping = self.turn(cfg);
+            if stopping {
+                // The last push holds every sample: those waiting for their tables too.
+                self.profiler.release_held(&mut self.capture, true);
+            }
             let push_due = stopping || self.interval_start.elapsed() >= cfg.interval;
             // Some 25 map reads, a system call each: every few seconds, and with each push
             // so that /metrics agrees with what was pushed.
@@ -528,6 +532,7 @@ impl Node {
             &c,
             self.samples_total + self.capture.samples,
             unwinder,
+            self.profiler.held_stats(),
         );
         super::gpu::publish_stats(&self.metrics, &self.capture);
         if let Some(u) = unwinder

@@ -97,6 +97,12 @@ pub struct UnwindCounters {
     pub row_hits: u64,
     /// ... and those whose row was searched for.
     pub row_searches: u64,
+    /// Samples sent with a copy of their user stack (a table the walk needed was being
+    /// built, or the process was too new to be known): the agent walks them again later.
+    pub stack_copies: u64,
+    /// ... that wanted a copy and went without (over the per-CPU rate, or no room in the
+    /// ring buffer): their frames are the kernel walk's.
+    pub stack_copies_skipped: u64,
 }
 
 impl UnwindCounters {
@@ -150,6 +156,8 @@ impl Sampler {
                 truncated: sum(shared::COUNTER_UNWIND_TRUNCATED),
                 row_hits: sum(shared::COUNTER_UNWIND_ROW_HITS),
                 row_searches: sum(shared::COUNTER_UNWIND_ROW_SEARCHES),
+                stack_copies: sum(shared::COUNTER_STACK_COPIES),
+                stack_copies_skipped: sum(shared::COUNTER_STACK_COPIES_SKIPPED),
             },
             offcpu_events: sum(shared::COUNTER_OFFCPU_EVENTS),
             offcpu_map_full: sum(shared::COUNTER_OFFCPU_MAP_FULL),

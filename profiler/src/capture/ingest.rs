@@ -29,6 +29,29 @@ impl Capture {
         }
     }
 
+    /// Before a record with a stack copy is held for its tables: what counting it would do
+    /// first about its process (read a new one's maps, read them again for a frame in no
+    /// known mapping), so that the tables it waits for are asked for now. False for a process
+    /// that opted out, whose record is counted (as left out) at once.
+    pub fn note_held(&mut self, sample: &RawSample, registry: &mut ProcessRegistry) -> bool {
+        let pid = sample.header.pid;
+        if registry.opted_out(pid) {
+            return false;
+        }
+        if self.pids.insert(pid) {
+            if registry.observe(pid).is_ok() {
+                self.maps_changed.push(pid);
+            }
+        } else if sample
+            .user_frames()
+            .any(|a| registry.find(pid, a).is_none())
+            && let Ok(true) = registry.refresh(pid)
+        {
+            self.maps_changed.push(pid);
+        }
+        true
+    }
+
     /// Names the record's Python frames now, while the process can still be read.
     fn python_frames(&mut self, sample: &RawSample, python: &mut PyTracker) -> Vec<u32> {
         let pid = sample.header.pid;

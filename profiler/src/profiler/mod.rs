@@ -6,6 +6,7 @@
 
 pub mod comm;
 pub mod discover;
+pub mod held;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use crate::os::procs::ProcessRegistry;
 use crate::python::tracker::PyTracker;
 use crate::tables::Tables;
 use crate::unwinder::Unwinder;
+use held::{HeldStacks, HeldStats};
 
 /// Why the profiler could not be opened: the kernel side is missing or refused (exit 3).
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +45,8 @@ pub struct Profiler {
     pub registry: ProcessRegistry,
     /// Records read and not yet counted (kept to reuse the allocation).
     batch: Vec<Vec<u8>>,
+    /// Samples with a copy of their stack, waiting for their tables.
+    held: HeldStacks,
 }
 
 impl Profiler {
@@ -87,6 +91,7 @@ impl Profiler {
             tables: Tables::new(unwinder, python, alloc_probes),
             registry: ProcessRegistry::new(),
             batch: Vec::new(),
+            held: HeldStacks::default(),
         })
     }
 
@@ -178,17 +183,70 @@ impl Profiler {
         self.sampler.wait(wait);
     }
 
-    /// Counts the records waiting in the ring buffer into `capture`.
+    /// Counts the records waiting in the ring buffer into `capture`; those with a stack copy
+    /// wait for their tables ([`held`]), and those whose tables came since are counted.
     pub fn drain(&mut self, capture: &mut Capture) {
+        self.release_held(capture, false);
         self.sampler.drain_into(&mut self.batch);
-        for rec in self.batch.drain(..) {
-            capture.ingest(
-                &rec,
-                &self.sampler,
-                &mut self.registry,
-                &mut self.tables.python,
-            );
+        let mut batch = std::mem::take(&mut self.batch);
+        for rec in batch.drain(..) {
+            for (r, _) in self.hold_or_pass(rec, Route::Main, capture) {
+                self.ingest(capture, &r);
+            }
         }
+        self.batch = batch;
+    }
+
+    fn ingest(&mut self, capture: &mut Capture, rec: &[u8]) {
+        capture.ingest(
+            rec,
+            &self.sampler,
+            &mut self.registry,
+            &mut self.tables.python,
+        );
+    }
+
+    /// The records to count now: `rec` itself unless it waits for its tables, and any held
+    /// record it pushed out for room. `capture` asks for the waiting record's tables.
+    fn hold_or_pass(
+        &mut self,
+        rec: Vec<u8>,
+        route: Route,
+        capture: &mut Capture,
+    ) -> Vec<(Vec<u8>, Route)> {
+        match pyrometer_ebpf::RawSample::parse(&rec) {
+            Ok(s) if s.stack_copy().is_some() && capture.note_held(&s, &mut self.registry) => {
+                self.held.hold(&s, &rec, route)
+            }
+            _ => vec![(rec, route)],
+        }
+    }
+
+    /// Counts the held records whose tables are in, walked again (all of them with `all`,
+    /// as far as the tables now go: at the end of a capture).
+    pub fn release_held(&mut self, capture: &mut Capture, all: bool) {
+        if self.held.is_empty() {
+            return;
+        }
+        for (r, _) in self.held.release(self.tables.unwinder.as_ref(), all) {
+            self.ingest(capture, &r);
+        }
+        self.refresh_for_held(capture);
+    }
+
+    /// Reads again the maps of processes a held sample was taken in a mapping of that their
+    /// entry lacks (as often as the registry allows), for the next sync to register it.
+    fn refresh_for_held(&mut self, capture: &mut Capture) {
+        for pid in self.held.take_refresh() {
+            if let Ok(true) = self.registry.refresh(pid) {
+                capture.maps_changed.push(pid);
+            }
+        }
+    }
+
+    /// What became of the samples that came with a copy of their stack.
+    pub fn held_stats(&self) -> HeldStats {
+        self.held.stats()
     }
 
     /// Like [`Profiler::drain`], each record counted into `main`, `side` or both as `route`
@@ -199,25 +257,31 @@ impl Profiler {
         side: &mut Capture,
         route: impl Fn(&pyrometer_ebpf::SampleHeader) -> Route,
     ) {
+        let mut ready = if self.held.is_empty() {
+            Vec::new()
+        } else {
+            self.held.release(self.tables.unwinder.as_ref(), false)
+        };
+        self.refresh_for_held(main);
         self.sampler.drain_into(&mut self.batch);
-        for rec in self.batch.drain(..) {
+        let mut batch = std::mem::take(&mut self.batch);
+        for rec in batch.drain(..) {
             let to =
                 pyrometer_ebpf::RawSample::parse(&rec).map_or(Route::Main, |s| route(&s.header));
+            let into = if to == Route::Side {
+                &mut *side
+            } else {
+                &mut *main
+            };
+            ready.extend(self.hold_or_pass(rec, to, into));
+        }
+        self.batch = batch;
+        for (rec, to) in ready {
             if matches!(to, Route::Side | Route::Both) {
-                side.ingest(
-                    &rec,
-                    &self.sampler,
-                    &mut self.registry,
-                    &mut self.tables.python,
-                );
+                self.ingest(side, &rec);
             }
             if matches!(to, Route::Main | Route::Both) {
-                main.ingest(
-                    &rec,
-                    &self.sampler,
-                    &mut self.registry,
-                    &mut self.tables.python,
-                );
+                self.ingest(main, &rec);
             }
         }
     }
@@ -229,12 +293,17 @@ impl Profiler {
     }
 
     /// After the last turn: the records still in flight, and the intervals of threads still
-    /// blocked at `now_ns` as if they woke now.
-    pub fn finish(&mut self, capture: &mut Capture, now_ns: u64) {
+    /// blocked at `now_ns` as if they woke now. Returns what became of the samples that came
+    /// with a stack copy, all of them counted now.
+    pub fn finish(&mut self, capture: &mut Capture, now_ns: u64) -> HeldStats {
         // Samples taken just before the stop may still be on their way to the ring buffer.
         std::thread::sleep(Duration::from_millis(20));
         self.read(capture, Duration::ZERO);
+        // Tables read since the last turn are taken, then every held sample is counted.
+        self.sync(capture);
+        self.release_held(capture, true);
         self.flush_off_cpu(capture, now_ns);
+        self.held.stats()
     }
 
     /// Counts the intervals of threads still blocked at `now_ns` up to then (the rest

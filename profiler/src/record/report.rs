@@ -42,6 +42,9 @@ pub struct RunReport {
     pub py_frames: (u64, u64),
     /// The unwind tables' figures (all zero with `--unwind fp`).
     pub unwinder: UnwinderStats,
+    /// What became of the samples taken before their tables were in, which kept a copy of
+    /// their stack.
+    pub stack_copies: crate::profiler::held::HeldStats,
     /// The Python tracker's counters: processes walked for native frames only (an
     /// unsupported version, a description of itself that did not validate), code objects
     /// read, unreadable frames.
@@ -220,6 +223,7 @@ impl RunReport {
             "unwind_rows_capacity": unwinder.rows_capacity,
             "unwind_table_bytes": unwinder.rows_used * 12,
             "unwind_build_ns": unwinder.build_ns,
+
             "offcpu_kernel_events": c.offcpu_events,
             "offcpu_map_full": c.offcpu_map_full,
             "python_frames": self.py_frames.0,
@@ -243,6 +247,12 @@ impl RunReport {
         json["bpf_python_ns"] = c.python_ns.into();
         json["unwind_tables_too_big"] = unwinder.tables_too_big.into();
         json["unwind_mappings_dropped"] = unwinder.mappings_dropped.into();
+        json["stack_copies"] = c.unwind.stack_copies.into();
+        json["stack_copies_skipped"] = c.unwind.stack_copies_skipped.into();
+        json["stack_copies_rewalked"] = self.stack_copies.rewalked.into();
+        json["stack_copies_complete"] = self.stack_copies.complete.into();
+        json["stack_copies_unchanged"] = self.stack_copies.unchanged.into();
+        json["stack_copies_early"] = self.stack_copies.early.into();
         let py = &self.python;
         json["python_processes_unsupported"] = py.refused_unsupported.into();
         json["python_processes_invalid"] = py.refused_invalid.into();

@@ -196,11 +196,10 @@ impl Recording {
         let mut gpu_state = run.poller.take().map(Poller::stop);
         let capture_cpu_ns = self_cpu_ns().saturating_sub(run.cpu_at_start);
         let stopped_ns = monotonic_now_ns();
-        self.profiler.finish(&mut run.capture, stopped_ns);
+        let stack_copies = self.profiler.finish(&mut run.capture, stopped_ns);
         let period_ns = self.profiler.period_ns();
         let (sampler, mut tables, mut registry) = self.profiler.into_parts();
-        let counters = sampler.counters();
-        let bpf = sampler.program_stats();
+        let (counters, bpf) = (sampler.counters(), sampler.program_stats());
         let gil_threads = sampler.gil_threads();
         // The programs detach now; what is left is user space's.
         drop(sampler);
@@ -324,6 +323,7 @@ impl Recording {
             py_frames,
             python: tables.python.stats(),
             unwinder: tables.unwinder_stats(),
+            stack_copies,
             bpf,
             capture_cpu_ns,
             gpus,

@@ -77,6 +77,27 @@ impl Window {
     }
 }
 
+impl Window {
+    /// Element `i` of the window (None past its count).
+    pub(super) fn read<T: Copy>(&self, i: usize) -> Option<T> {
+        debug_assert!(size_of::<T>() <= self.slot);
+        if i >= self.count {
+            return None;
+        }
+        // SAFETY: element i < count lies inside the window, 8-byte aligned and `slot` bytes
+        // long (see `write`); T is plain data the agent wrote there itself.
+        Some(unsafe {
+            std::ptr::read(
+                self.map
+                    .base()
+                    .add(self.skip + i * self.slot)
+                    .cast::<T>()
+                    .cast_const(),
+            )
+        })
+    }
+}
+
 /// Free ranges of an array, (first, count) sorted by first; first fit.
 pub(super) struct Ranges(pub(super) Vec<(u32, u32)>);
 

@@ -219,6 +219,18 @@ pub fn print_unwinding(report: &RunReport) {
             by_frame_pointers
         );
     }
+    let copies = report.stack_copies;
+    if uw.stack_copies + uw.stack_copies_skipped > 0 {
+        eprintln!(
+            "pyrometer: {} samples taken before their unwind tables were in kept a copy of their stack: {} walked again further ({} to the outermost frame), {} as first walked, {} counted before their tables came; {} more went without a copy (over the per-CPU rate or no room in the ring buffer)",
+            uw.stack_copies,
+            copies.rewalked,
+            copies.complete,
+            copies.unchanged,
+            copies.early,
+            uw.stack_copies_skipped
+        );
+    }
     let st = &report.unwinder;
     if st.tables_too_big > 0 || st.mappings_dropped > 0 {
         let mut parts = Vec::new();

@@ -1,0 +1,126 @@
+//! Walking a sample's copy of its user stack (`SAMPLE_STACK_COPY`) in user space, with the
+//! rows and mapping table the kernel walks with: the process's entry in `unwind_procs` and
+//! the row array, both as they are now that the tables the sample lacked are in. Each step
+//! follows the kernel's (`ebpf/src/bpf/unwind.h`): a row where the mapping has a table, frame
+//! pointers where it has none or the address is in no mapping, a stop where a table has no
+//! row for it.
+
+use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, MAX_USER_FRAMES};
+use pyrometer_unwind::{CFA_NONE, Regs, Step, UnwindRow, step};
+
+use super::Unwinder;
+use super::arrays::Window;
+
+/// A stack walked again from its copy, innermost first, and whether it reached the outermost
+/// frame.
+pub struct Replayed {
+    pub frames: Vec<u64>,
+    pub complete: bool,
+}
+
+impl Unwinder {
+    /// Whether `pid`'s entry has a mapping holding `pc` (None: it has no entry).
+    pub fn covers(&self, pid: u32, pc: u64) -> Option<bool> {
+        let entry = self.procs.get(&pid, 0).ok()?;
+        let maps = &entry.maps[..(entry.count as usize).min(MAX_MAPPINGS)];
+        Some(maps.iter().any(|m| m.start <= pc && pc < m.end))
+    }
+
+    /// Walks the stack of a sample of `pid` taken at `regs`, reading the stack with `read`
+    /// (the sample's copy). None when the process has no entry (it exited and was forgotten).
+    pub fn replay(
+        &self,
+        pid: u32,
+        regs: Regs,
+        read: impl Fn(u64) -> Option<u64>,
+    ) -> Option<Replayed> {
+        let entry = self.procs.get(&pid, 0).ok()?;
+        let maps = &entry.maps[..(entry.count as usize).min(MAX_MAPPINGS)];
+        let mut regs = regs;
+        let mut frames = Vec::new();
+        // The rows of the mapping the last frame was in, mapped once for the frames after it.
+        let mut rows: Option<(u64, Window)> = None;
+        while frames.len() < MAX_USER_FRAMES && regs.pc != 0 {
+            // A return address points after the call; look up the call itself.
+            let lookup = if frames.is_empty() {
+                regs.pc
+            } else {
+                regs.pc - 1
+            };
+            frames.push(regs.pc);
+            let mapping = maps.iter().find(|m| m.start <= lookup && lookup < m.end);
+            let Some(m) = mapping.filter(|m| m.row_count > 0) else {
+                // No mapping, or no table for it: frame pointers, as the kernel does.
+                if !frame_pointer_step(&mut regs, &read) {
+                    break;
+                }
+                continue;
+            };
+            if rows.as_ref().is_none_or(|(start, _)| *start != m.start) {
+                rows = self
+                    .rows
+                    .window(m.row_first, m.row_count)
+                    .ok()
+                    .map(|w| (m.start, w));
+            }
+            let Some((_, window)) = rows.as_ref() else {
+                break;
+            };
+            let Some(row) = u32::try_from(lookup.wrapping_sub(m.bias))
+                .ok()
+                .and_then(|pc| find_row(window, m, pc))
+            else {
+                break;
+            };
+            if row.cfa_type == CFA_NONE {
+                break;
+            }
+            match step(&row, &mut regs, &read) {
+                Step::Next => {}
+                Step::End => {
+                    return Some(Replayed {
+                        frames,
+                        complete: true,
+                    });
+                }
+                Step::Stop(_) => break,
+            }
+        }
+        Some(Replayed {
+            frames,
+            complete: false,
+        })
+    }
+}
+
+/// One frame by the frame pointer; false when the chain ends or cannot be read.
+fn frame_pointer_step(regs: &mut Regs, read: &impl Fn(u64) -> Option<u64>) -> bool {
+    if regs.bp == 0 {
+        return false;
+    }
+    let (Some(next_bp), Some(ra)) = (read(regs.bp), read(regs.bp.wrapping_add(8))) else {
+        return false;
+    };
+    *regs = Regs {
+        pc: ra,
+        sp: regs.bp.wrapping_add(16),
+        bp: next_bp,
+    };
+    ra != 0
+}
+
+/// The last row of the mapping's table at or before `pc` (rows are sorted by pc).
+fn find_row(window: &Window, m: &ExecMapping, pc: u32) -> Option<UnwindRow> {
+    let count = m.row_count as usize;
+    let row = |i: usize| window.read::<UnwindRow>(i);
+    let (mut lo, mut hi) = (0usize, count);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if row(mid)?.pc <= pc {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo.checked_sub(1).and_then(row)
+}
