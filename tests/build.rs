@@ -64,6 +64,12 @@ fn main() {
         gcc(&fixtures.join(format!("{name}.c")), &out.join(name), &nofp);
     }
     gcc(&fixtures.join("dlopener.c"), &out.join("dlopener"), &nofp);
+    // Allocations without frame pointers: samples in an allocator probe's step must unwind.
+    gcc(
+        &fixtures.join("allocs.c"),
+        &out.join("allocs-nofp"),
+        &[&nofp[..], &["-pthread"]].concat(),
+    );
     // A dlopen'd library that allocates (the preloaded sampler sees its calls too).
     gcc(
         &fixtures.join("dlalloc.c"),

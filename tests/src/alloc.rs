@@ -109,3 +109,52 @@ pub fn read_stats(path: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// `bin` (a build of fixtures/allocs.c) started as `bin pause ARGS`, with `env` set: it waits
+/// for a line on its stdin in main, and is returned once its C library is mapped (so its
+/// allocator can be probed). Its stdout is piped (its totals).
+pub fn paused_allocs(
+    bin: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    let workload = Command::new(bin)
+        .arg("pause")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let maps = format!("/proc/{}/maps", workload.id());
+    crate::wait::wait_until(
+        std::time::Duration::from_secs(30),
+        "the workload's C library mapped",
+        || std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")),
+    );
+    workload
+}
+
+/// `pyrometer ARGS` started, its standard error read until it says it samples: the process,
+/// the rest of its standard error, and what it said so far.
+pub fn record_until_sampling(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+    String,
+) {
+    use std::io::BufRead;
+    let mut record = std::process::Command::new(crate::pyrometer_bin())
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(record.stderr.take().unwrap());
+    let mut text = String::new();
+    while !text.contains("pyrometer: sampling") {
+        assert!(err.read_line(&mut text).unwrap() > 0, "{text}");
+    }
+    (record, err, text)
+}

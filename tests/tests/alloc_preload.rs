@@ -317,28 +317,18 @@ fn pid_targets_use_the_library_when_they_load_it() {
     if !privileged() {
         return;
     }
-    use std::io::{BufRead, Write};
-    use std::process::{Command, Stdio};
+    use pyrometer_e2e::alloc::{paused_allocs, record_until_sampling};
+    use std::io::Write;
     let library = install_preload(&scratch("alloc-preload-pid-lib"));
     for preloaded in [true, false] {
         let dir = scratch(&format!("alloc-preload-pid-{preloaded}"));
         let (out, stats) = (dir.join("alloc.pb.gz"), dir.join("stats.json"));
-        let mut workload = Command::new(fixture("allocs"));
-        workload
-            .args(["pause", "totals", "0.3"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        if preloaded {
-            workload.env("LD_PRELOAD", &library);
-        }
-        let mut workload = workload.spawn().unwrap();
-        // Waiting on stdin in main: its libraries are mapped.
-        let maps = format!("/proc/{}/maps", workload.id());
-        pyrometer_e2e::wait::wait_until(
-            std::time::Duration::from_secs(30),
-            "the workload's C library mapped",
-            || std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")),
-        );
+        let env: &[(&str, &std::path::Path)] = if preloaded {
+            &[("LD_PRELOAD", &library)]
+        } else {
+            &[]
+        };
+        let mut workload = paused_allocs(&fixture("allocs"), &["totals", "0.3"], env);
         let pid = workload.id().to_string();
         if !preloaded {
             // Uprobes are not chosen without being asked for.
@@ -360,23 +350,12 @@ fn pid_targets_use_the_library_when_they_load_it() {
             );
             assert_eq!(err.lines().count(), 1, "{err}");
         }
-        let mut record = Command::new(pyrometer_bin())
-            .args(["record", "--alloc", "-o", out.to_str().unwrap(), "--stats"])
-            .arg(&stats)
-            .args(["--pid", &pid])
-            .args(if preloaded {
-                None
-            } else {
-                Some("--alloc-uprobes")
-            })
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = std::io::BufReader::new(record.stderr.take().unwrap());
-        let mut text = String::new();
-        while !text.contains("pyrometer: sampling") {
-            assert!(err.read_line(&mut text).unwrap() > 0, "{text}");
+        let mut args = vec!["record", "--alloc", "-o", out.to_str().unwrap()];
+        args.extend(["--stats", stats.to_str().unwrap(), "--pid", &pid]);
+        if !preloaded {
+            args.push("--alloc-uprobes");
         }
+        let (mut record, mut err, mut text) = record_until_sampling(&args);
         workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
         let stdout = workload.wait_with_output().unwrap().stdout;
         std::io::Read::read_to_string(&mut err, &mut text).unwrap();

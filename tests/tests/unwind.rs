@@ -398,3 +398,72 @@ fn tables_that_did_not_fit_are_built_once_rows_free_up() {
         "late(): {late_done} of {late} complete; {err}"
     );
 }
+
+/// A thread that hits a uprobe runs the probed instruction out of line, in the process's
+/// `[uprobes]` page, and traps back into the kernel: CPU samples taken then (most of a
+/// program's samples under `--alloc-uprobes`, which probes every allocator call) have their
+/// pc in that page, which no table covers. The walk starts from the probed instruction the
+/// slot stands for instead, so such samples go through the allocator function to `_start`
+/// in a program without frame pointers; before, their stacks lost the allocator and went
+/// astray through frame pointers (a sixth of a renamed interpreter's samples under the
+/// agent's `--alloc-comm`).
+#[test]
+fn samples_in_an_allocator_probes_step_unwind_through_the_allocator() {
+    if !privileged() {
+        return;
+    }
+    use pyrometer_e2e::alloc::{paused_allocs, record_until_sampling};
+    use std::io::Write;
+    let dir = scratch("unwind-uprobe-step");
+    let out = dir.join("cpu.folded");
+    let mut workload = paused_allocs(&fixture("allocs-nofp"), &["totals", "1"], &[]);
+    let pid = workload.id().to_string();
+    let args = [
+        "record",
+        "--alloc",
+        "--alloc-uprobes",
+        "-F",
+        "999",
+        "--type",
+        "samples",
+        "--pid",
+        &pid,
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (mut record, mut err, mut text) = record_until_sampling(&args);
+    workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(workload.wait().unwrap().success());
+    let status = record.wait().unwrap();
+    std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+    assert!(status.success(), "{text}");
+    let (mut stepping, mut through) = (0, 0);
+    let mut bad = Vec::new();
+    for s in read_folded(&out) {
+        let Some(k) = s.frames.iter().position(|f| f == "asm_exc_debug_[k]") else {
+            continue;
+        };
+        stepping += s.count;
+        let allocator = k > 0
+            && ["malloc", "free", "calloc", "realloc"]
+                .iter()
+                .any(|a| s.frames[k - 1].contains(a));
+        if allocator && s.frames.iter().any(|f| f == "_start") {
+            through += s.count;
+        } else if bad.len() < 8 {
+            bad.push(format!("{} {}", s.frames.join(";"), s.count));
+        }
+    }
+    println!("{through} of {stepping} samples in a probe's step went through the allocator");
+    // Most of the program's CPU time goes to the probes' traps: at 999 Hz hundreds of samples.
+    assert!(
+        stepping >= 50,
+        "{stepping} samples in a probe's out-of-line step: this kernel may emulate the probed \
+         instructions, which leaves nothing to test here\n{text}"
+    );
+    assert!(
+        through as f64 >= 0.99 * stepping as f64,
+        "{through} of {stepping} samples in a probe's step went through the allocator to _start:\n{}\n{text}",
+        bad.join("\n")
+    );
+}

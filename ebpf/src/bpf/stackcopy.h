@@ -10,6 +10,7 @@
 #pragma once
 
 #include "common.h"
+#include "unwind.h"
 
 // The copies this CPU may still send: credit in ns of the long-run rate, spent
 // NSEC_PER_COPY a copy and earned back with time, up to STACK_COPY_BURST copies' worth.
@@ -81,6 +82,7 @@ static __always_inline int send_with_stack_copy(struct sample_record *rec,
 			return -1;
 	}
 	__u32 zero = 0;
+	pc = uprobe_xol_pc(pc);
 	struct sample_copy_record *out = bpf_map_lookup_elem(&stack_copy_scratch, &zero);
 	if (!out || bpf_probe_read_kernel(&out->rec, sizeof(out->rec), rec))
 		return -1;

@@ -575,6 +575,37 @@ struct task_struct___copy {
 	__u64 start_time;
 } __attribute__((preserve_access_index));
 
+// A thread that hit a uprobe (an allocation probe, --gil, --gc) runs the probed instruction
+// out of line, in the process's [uprobes] page, and traps back: sampled then, its pc is in
+// that page, which no table covers, and its stack stopped short or went astray (frame
+// pointers from the probed function's first instruction). `vaddr` is where the instruction
+// belongs and `xol_vaddr` its slot (in an anonymous union and struct of uprobe_task, which
+// CO-RE finds by name).
+struct uprobe_task___xol {
+	unsigned long vaddr;
+	unsigned long xol_vaddr;
+} __attribute__((preserve_access_index));
+struct task_struct___xol {
+	struct uprobe_task___xol *utask;
+} __attribute__((preserve_access_index));
+
+// Bytes of a slot past its start that a pc may be at: the instruction (at most 15 bytes),
+// before or after it ran.
+#define XOL_SLOT_REACH 64
+
+// `pc` moved from the current thread's out-of-line slot to the probed code it stands for.
+static __always_inline __u64 uprobe_xol_pc(__u64 pc)
+{
+	struct task_struct___xol *task = (void *)bpf_get_current_task_btf();
+	struct uprobe_task___xol *ut = task->utask;
+	if (!ut)
+		return pc;
+	__u64 xol = ut->xol_vaddr;
+	if (xol == 0 || pc - xol >= XOL_SLOT_REACH)
+		return pc;
+	return ut->vaddr + (pc - xol);
+}
+
 // Whether a walk that ended with `flags` should keep a copy of the stack: one through a table
 // being built, or one the agent could not know yet in a process that started moments ago.
 static __always_inline int walk_wants_copy(__u32 flags)
@@ -617,6 +648,7 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 		    bpf_probe_read_kernel(&a.bp, sizeof(a.bp), &saved->rbp))
 			return 0;
 	}
+	a.pc = uprobe_xol_pc(a.pc);
 	int frames = dwarf_walk(&a);
 	// Only the sampler sends copies; a walk for another program only drops the bits.
 	if (which == SCRATCH_SAMPLE && walk_wants_copy(a.flags))
