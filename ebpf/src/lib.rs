@@ -235,10 +235,8 @@ impl RawStackCopy<'_> {
     }
 }
 
-/// Where the copy starts in a `SAMPLE_STACK_COPY` record: after a full sample record.
-pub const STACK_COPY_OFFSET: usize = std::mem::offset_of!(SampleCopyRecord, copy);
 /// The copy's registers and length before its bytes.
-const STACK_COPY_HEAD: usize = std::mem::offset_of!(StackCopy, bytes);
+pub const STACK_COPY_HEAD: usize = std::mem::offset_of!(StackCopy, bytes);
 
 /// Why a ring-buffer record could not be read.
 #[derive(Debug, PartialEq, Eq)]
@@ -280,13 +278,18 @@ impl<'a> RawSample<'a> {
         {
             return Err(BadRecord("GPU channel chunk longer than its record"));
         }
+        // A copy follows the slots the record uses.
+        let used = hsize + (user + 2 * py) * 8;
         let copy = if header.flags & SAMPLE_STACK_COPY != 0 {
-            Some(parse_copy(bytes)?)
+            if header.flags & SAMPLE_KERNEL_INLINE != 0 {
+                return Err(BadRecord("stack copy with inline kernel frames"));
+            }
+            Some(parse_copy(bytes, used)?)
         } else {
             None
         };
         let slots = if copy.is_some() {
-            &bytes[hsize..STACK_COPY_OFFSET]
+            &bytes[hsize..used]
         } else {
             &bytes[hsize..]
         };
@@ -405,16 +408,17 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The stack copy of a `SAMPLE_STACK_COPY` record, its length checked against the record.
-fn parse_copy(bytes: &[u8]) -> Result<RawStackCopy<'_>, BadRecord> {
+/// The stack copy of a `SAMPLE_STACK_COPY` record, at `at` (after the slots), its length
+/// checked against the record.
+fn parse_copy(bytes: &[u8], at: usize) -> Result<RawStackCopy<'_>, BadRecord> {
     let head = bytes
-        .get(STACK_COPY_OFFSET..STACK_COPY_OFFSET + STACK_COPY_HEAD)
+        .get(at..at + STACK_COPY_HEAD)
         .ok_or(BadRecord("stack copy record shorter than its copy's head"))?;
     let mut w = words(head);
     let mut next = || w.next().unwrap_or(0);
     let (pc, sp, bp, base) = (next(), next(), next(), next());
     let len = next() as u32 as usize;
-    let start = STACK_COPY_OFFSET + STACK_COPY_HEAD;
+    let start = at + STACK_COPY_HEAD;
     if len > STACK_COPY_BYTES as usize || bytes.len() < start + len {
         return Err(BadRecord("stack copy longer than its record"));
     }
@@ -672,8 +676,12 @@ mod tests {
     #[test]
     fn stack_copies_are_bounded_by_their_record() {
         let flags = std::mem::offset_of!(SampleHeader, flags);
-        let mut rec = vec![0u8; STACK_COPY_OFFSET];
+        let user = std::mem::offset_of!(SampleHeader, user_frames);
+        // The header and one user frame, then the copy.
+        let mut rec = vec![0u8; size_of::<SampleHeader>() + 8];
         rec[flags..flags + 4].copy_from_slice(&SAMPLE_STACK_COPY.to_ne_bytes());
+        rec[user..user + 4].copy_from_slice(&1u32.to_ne_bytes());
+        rec[size_of::<SampleHeader>()..].copy_from_slice(&0x401000u64.to_ne_bytes());
         assert_eq!(
             RawSample::parse(&rec).unwrap_err(),
             BadRecord("stack copy record shorter than its copy's head")
@@ -701,7 +709,8 @@ mod tests {
         assert_eq!(copy.read_u64(0x7000_0000 + 8190), None);
         assert_eq!(copy.read_u64(0x6fff_fff8), None);
         assert_eq!(copy.read_u64(u64::MAX), None);
-        // The slots end where the copy's record part does.
-        assert_eq!(s.user_frames().count(), 0);
+        // The slots end where the copy starts.
+        assert_eq!(s.user_frames().collect::<Vec<_>>(), [0x401000]);
+        assert!(s.python_frames().is_empty());
     }
 }

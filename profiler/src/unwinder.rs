@@ -13,7 +13,7 @@
 
 mod arrays;
 pub mod budget;
-mod replay;
+pub mod replay;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

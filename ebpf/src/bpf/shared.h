@@ -91,10 +91,11 @@
 // collection's start, timestamp_ns is when it started, value its length in ns and aux the
 // generation collected (GC_GENERATION_UNKNOWN where the probe site could not say).
 #define SAMPLE_GC 524288
-// A copy of the user stack follows the record (struct sample_copy_record): the walk met code
-// whose unwind table the agent was still building, or a new process it had not registered
-// yet. The agent unwinds the copy with the same tables once they exist (as `perf
-// --call-graph dwarf` does for every sample) and replaces the user frames with that walk.
+// A copy of the user stack follows the record's slots (a struct stack_copy, its bytes only as
+// long as `len`; never with SAMPLE_KERNEL_INLINE): the walk met code whose unwind table the
+// agent was still building, or a new process it had not registered yet. The agent unwinds the
+// copy with the same tables once they exist (as `perf --call-graph dwarf` does for every
+// sample) and replaces the user frames with that walk.
 #define SAMPLE_STACK_COPY 1048576
 
 #define COUNTER_SAMPLES 0
@@ -286,11 +287,10 @@ struct stack_copy {
 	__u8 bytes[STACK_COPY_BYTES];
 };
 
-// A sample with a copy of its stack: the whole sample record (so its slots and inline kernel
-// frames lie where a full record has them), then the copy.
-struct sample_copy_record {
-	struct sample_record rec;
-	struct stack_copy copy;
+// Where a SAMPLE_STACK_COPY record is put together: the header, the slots it uses, then the
+// copy (struct stack_copy) right after them.
+struct sample_copy_buf {
+	__u8 bytes[sizeof(struct sample_header) + MAX_SLOTS * 8 + sizeof(struct stack_copy)];
 };
 
 // What sched_switch keeps for a blocked thread until it runs again: the header and user

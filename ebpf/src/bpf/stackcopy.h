@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "unwind.h"
+#include "stacks.h"
 
 // The copies this CPU may still send: credit in ns of the long-run rate, spent
 // NSEC_PER_COPY a copy and earned back with time, up to STACK_COPY_BURST copies' worth.
@@ -34,7 +35,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct sample_copy_record);
+	__type(value, struct sample_copy_buf);
 } stack_copy_scratch SEC(".maps");
 
 static __always_inline int stack_copy_allowed(__u64 now)
@@ -55,19 +56,36 @@ static __always_inline int stack_copy_allowed(__u64 now)
 	return 1;
 }
 
-// Sends the scratch record `rec` (all of it: its slots and inline kernel frames where a full
-// record has them) with a copy of the user stack at `user` (the interrupted user registers,
-// or NULL: the ones saved on kernel entry). Returns 0 when sent; otherwise nothing was sent,
-// and the caller sends the record without a copy.
-static __always_inline int send_with_stack_copy(struct sample_record *rec,
-						const struct pt_regs *user, __u64 now)
+_Static_assert(STACK_COPY_PAGES == 4, "send_with_stack_copy reads four pages");
+
+// Page `i` from `base` into the copy; non-zero when it cannot be read.
+static __always_inline long copy_page(struct stack_copy *copy, __u64 base, int i)
+{
+	return bpf_probe_read_user(&copy->bytes[i * STACK_COPY_PAGE], STACK_COPY_PAGE,
+				   (void *)(base + i * STACK_COPY_PAGE));
+}
+
+// The header and the slots a record uses: where its copy goes.
+#define COPY_RECORD_MAX (sizeof(struct sample_header) + MAX_SLOTS * 8)
+
+// Sends the scratch record `rec` (the slots it uses; never one with inline kernel frames) with
+// a copy of the user stack at `user` (the interrupted user registers, or NULL: the ones saved
+// on kernel entry) right after them. Returns 0 when sent; otherwise nothing was sent, and the
+// caller sends the record without a copy. A call of its own: its locals inlined into the
+// sampler's frame took 6.1's combined stack of the walk's call chain past 512 bytes.
+static __attribute__((noinline)) int send_with_stack_copy(struct sample_record *rec,
+							  const struct pt_regs *user, __u64 now)
 {
 	// Past three quarters full (three times where records start waking the agent) the room
 	// is the plain records': a burst of copies must not make them drop. A quarter of the
 	// agent's smallest ring (1 MiB) holds a second of plain records at 499 Hz on two CPUs.
-	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= 3 * ringbuf_wakeup_bytes ||
+	// Past a quarter a copy keeps only the stack pointer's page (the innermost frames, and
+	// a main thread's whole stack near its top), so more of them fit while the agent is busy.
+	__u64 waiting = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA);
+	if (rec->hdr.flags & SAMPLE_KERNEL_INLINE || waiting >= 3 * ringbuf_wakeup_bytes ||
 	    !stack_copy_allowed(now))
 		return -1;
+	int pages = waiting >= ringbuf_wakeup_bytes ? 1 : STACK_COPY_PAGES;
 	__u64 pc, sp, bp;
 	if (user) {
 		pc = user->rip;
@@ -81,29 +99,39 @@ static __always_inline int send_with_stack_copy(struct sample_record *rec,
 		    bpf_probe_read_kernel(&bp, sizeof(bp), &saved->rbp))
 			return -1;
 	}
-	__u32 zero = 0;
 	pc = uprobe_xol_pc(pc);
-	struct sample_copy_record *out = bpf_map_lookup_elem(&stack_copy_scratch, &zero);
-	if (!out || bpf_probe_read_kernel(&out->rec, sizeof(out->rec), rec))
+	__u32 zero = 0;
+	struct sample_copy_buf *out = bpf_map_lookup_elem(&stack_copy_scratch, &zero);
+	if (!out)
 		return -1;
+	__u64 used = record_size(&rec->hdr, COPY_RECORD_MAX);
+	if (used < sizeof(struct sample_header) || used > COPY_RECORD_MAX)
+		return -1;
+	if (bpf_probe_read_kernel(out->bytes, used, rec))
+		return -1;
+	struct stack_copy *copy = (struct stack_copy *)(out->bytes + used);
 	__u64 base = sp & ~((__u64)STACK_COPY_PAGE - 1);
-	__u32 len = 0;
 	// Page by page: a page past the stack's end (the main thread's) is unmapped, and one read
 	// across it would copy nothing at all.
-#pragma unroll
-	for (int i = 0; i < STACK_COPY_PAGES; i++) {
-		if (bpf_probe_read_user(&out->copy.bytes[i * STACK_COPY_PAGE], STACK_COPY_PAGE,
-					(void *)(base + i * STACK_COPY_PAGE)))
-			break;
-		len += STACK_COPY_PAGE;
+	__u32 len = 0;
+	if (!copy_page(copy, base, 0)) {
+		len = STACK_COPY_PAGE;
+		if (pages > 1 && !copy_page(copy, base, 1)) {
+			len = 2 * STACK_COPY_PAGE;
+			if (!copy_page(copy, base, 2)) {
+				len = 3 * STACK_COPY_PAGE;
+				if (!copy_page(copy, base, 3))
+					len = 4 * STACK_COPY_PAGE;
+			}
+		}
 	}
-	out->copy.pc = pc;
-	out->copy.sp = sp;
-	out->copy.bp = bp;
-	out->copy.base = base;
-	out->copy.len = len;
-	out->copy.reserved = 0;
-	__u64 size = sizeof(*out) - STACK_COPY_BYTES + len;
+	copy->pc = pc;
+	copy->sp = sp;
+	copy->bp = bp;
+	copy->base = base;
+	copy->len = len;
+	copy->reserved = 0;
+	__u64 size = used + sizeof(*copy) - STACK_COPY_BYTES + len;
 	if (size > sizeof(*out))
 		size = sizeof(*out);
 	// The agent is waiting for these (it holds them until the table is in).

@@ -468,6 +468,9 @@ impl Node {
             std::thread::sleep(Duration::from_millis(20));
             self.drain();
             let mut b = self.burst.take().expect("checked above");
+            // Its samples still waiting for their tables count in it, as they can now.
+            self.profiler
+                .release_held_routed(&mut self.capture, &mut b.capture);
             b.capture
                 .name_late_threads(&mut self.profiler.tables.python);
             self.symbolizer.wait_for_reads_until(reads_wait_until(cfg));

@@ -6,17 +6,18 @@
 //! frames are replaced before it is counted. A record whose tables never come is counted as
 //! the kernel walked it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use pyrometer_ebpf::{
-    FULL_RECORD_SIZE, KERNEL_FRAMES_OFFSET, MAX_SLOTS, MAX_USER_FRAMES, RawSample, RawStackCopy,
-    SAMPLE_COMPLETE, SAMPLE_DWARF, SAMPLE_KERNEL_INLINE, SAMPLE_STACK_COPY, SampleHeader,
+    MAX_SLOTS, MAX_USER_FRAMES, ProcessUnwind, RawSample, RawStackCopy, SAMPLE_COMPLETE,
+    SAMPLE_DWARF, SAMPLE_STACK_COPY, SampleHeader,
 };
 use pyrometer_unwind::Regs;
 
 use super::Route;
 use crate::unwinder::Unwinder;
+use crate::unwinder::replay::covers;
 
 /// Bytes of held records (their copies mostly) past which the oldest is counted as it is.
 pub const MAX_HELD_BYTES: usize = 8 << 20;
@@ -65,6 +66,8 @@ pub struct HeldStacks {
     stats: HeldStats,
     /// Processes whose maps should be read again: a held sample's address is in none.
     refresh: Vec<u32>,
+    /// The unwinder's generation at the last look.
+    looked_at: Option<u64>,
 }
 
 impl HeldStacks {
@@ -94,11 +97,9 @@ impl HeldStacks {
         };
         self.stats.received += 1;
         let h = sample.header;
-        let end = if h.flags & SAMPLE_KERNEL_INLINE != 0 {
-            FULL_RECORD_SIZE
-        } else {
-            size_of::<SampleHeader>() + (h.user_frames as usize + 2 * h.py_frames as usize) * 8
-        };
+        // The copy follows the slots (a record with one has no inline kernel frames).
+        let end =
+            size_of::<SampleHeader>() + (h.user_frames as usize + 2 * h.py_frames as usize) * 8;
         let mut record = bytes[..end.min(bytes.len())].to_vec();
         // Without its copy now: counted as a plain record.
         let at = std::mem::offset_of!(SampleHeader, flags);
@@ -125,7 +126,15 @@ impl HeldStacks {
         }
         self.bytes += held.bytes();
         self.held.push_back(held);
+        // A new record is looked at on the next pass, whatever changed.
+        self.looked_at = None;
         out
+    }
+
+    /// A process whose maps could not be read again yet (the registry spaces its reads): its
+    /// held samples are looked at again on the next pass, which asks again.
+    pub fn refresh_later(&mut self) {
+        self.looked_at = None;
     }
 
     fn pop_front(&mut self) -> Held {
@@ -139,21 +148,43 @@ impl HeldStacks {
     /// unwinder they are counted as they are.
     pub fn release(&mut self, unwinder: Option<&Unwinder>, all: bool) -> Vec<(Vec<u8>, Route)> {
         let now = Instant::now();
+        // Nothing to look at before an entry changed or a record's time is up: the loop
+        // turns every few ms, and a look reads each waiting process's entry from the kernel.
+        let generation = unwinder.map(Unwinder::generation);
+        let due = self
+            .held
+            .front()
+            .is_some_and(|h| now.duration_since(h.since) >= MAX_HOLD);
+        if !all && generation.is_some() && generation == self.looked_at && !due {
+            return Vec::new();
+        }
+        self.looked_at = generation;
+        // Per process, once a look: whether a table is still on its way, and its entry.
+        let mut processes: HashMap<u32, (bool, Option<ProcessUnwind>)> = HashMap::new();
         let mut out = Vec::new();
         let mut kept = VecDeque::with_capacity(self.held.len());
         while let Some(h) = self.held.pop_front() {
             self.bytes -= h.bytes();
+            let (pending, entry) = match unwinder {
+                Some(u) => {
+                    let p = processes.entry(h.pid).or_insert_with(|| {
+                        let pending = u.pending(h.pid) && crate::os::pids::exists(h.pid);
+                        (pending, u.entry(h.pid))
+                    });
+                    (p.0, p.1.as_ref())
+                }
+                None => (false, None),
+            };
             // Its tables are in when none of its process's is pending and the mapping the
             // sample was taken in is one the entry has (the loader maps libraries after the
             // exec, whose maps registered the process): until then its maps are read again.
             // A process that is gone gets no more: its samples go with what there is.
-            let waiting = unwinder.is_some_and(|u| {
-                let uncovered = u.covers(h.pid, h.regs.pc) == Some(false);
-                if uncovered && !self.refresh.contains(&h.pid) {
-                    self.refresh.push(h.pid);
-                }
-                u.pending(h.pid) || uncovered
-            }) && crate::os::pids::exists(h.pid);
+            let uncovered =
+                entry.is_some_and(|e| !covers(e, h.regs.pc) && crate::os::pids::exists(h.pid));
+            if uncovered && !self.refresh.contains(&h.pid) {
+                self.refresh.push(h.pid);
+            }
+            let waiting = pending || uncovered;
             if waiting && !all && now.duration_since(h.since) < MAX_HOLD {
                 self.bytes += h.bytes();
                 kept.push_back(h);
@@ -162,7 +193,11 @@ impl HeldStacks {
             if waiting {
                 self.stats.early += 1;
             }
-            let record = match unwinder.and_then(|u| self.rewalk(u, &h)) {
+            let rewalked = match (unwinder, entry) {
+                (Some(u), Some(e)) => self.rewalk(u, e, &h),
+                _ => None,
+            };
+            let record = match rewalked {
                 Some(r) => r,
                 None => {
                     self.stats.unchanged += 1;
@@ -177,7 +212,7 @@ impl HeldStacks {
 
     /// The record with the frames of its copy's walk, when that walk goes further than the
     /// kernel's did.
-    fn rewalk(&mut self, unwinder: &Unwinder, h: &Held) -> Option<Vec<u8>> {
+    fn rewalk(&mut self, unwinder: &Unwinder, entry: &ProcessUnwind, h: &Held) -> Option<Vec<u8>> {
         let copy = RawStackCopy {
             pc: h.regs.pc,
             sp: h.regs.sp,
@@ -185,7 +220,7 @@ impl HeldStacks {
             base: h.base,
             bytes: &h.stack,
         };
-        let walk = unwinder.replay(h.pid, h.regs, |a| copy.read_u64(a))?;
+        let walk = unwinder.replay(entry, h.regs, |a| copy.read_u64(a));
         let sample = RawSample::parse(&h.record).ok()?;
         let before = sample.header.user_frames as usize;
         let was_complete = sample.header.flags & SAMPLE_COMPLETE != 0;
@@ -200,8 +235,8 @@ impl HeldStacks {
     }
 }
 
-/// `record` (parsed as `sample`) with `frames` for its user frames; its Python frame pairs and
-/// inline kernel frames stay as they were. Frames past what a record holds are cut (the
+/// `record` (parsed as `sample`) with `frames` for its user frames; its Python frame pairs
+/// stay as they were. Frames past what a record holds are cut (the
 /// outermost ones).
 fn with_frames(sample: &RawSample, record: &[u8], frames: &[u64], complete: bool) -> Vec<u8> {
     let mut h = sample.header;
@@ -216,12 +251,8 @@ fn with_frames(sample: &RawSample, record: &[u8], frames: &[u64], complete: bool
     if complete && !cut {
         h.flags |= SAMPLE_COMPLETE;
     }
-    let inline = h.flags & SAMPLE_KERNEL_INLINE != 0;
-    let mut out = Vec::with_capacity(if inline {
-        FULL_RECORD_SIZE
-    } else {
-        record.len()
-    });
+    // A record with a copy has no inline kernel frames (the kernel sends none with one).
+    let mut out = Vec::with_capacity(hsize + (frames.len() + py_slots) * 8);
     // SAFETY: SampleHeader is plain old data (bindgen's repr(C) struct, no padding).
     out.extend_from_slice(unsafe {
         std::slice::from_raw_parts((&raw const h).cast::<u8>(), hsize)
@@ -231,10 +262,6 @@ fn with_frames(sample: &RawSample, record: &[u8], frames: &[u64], complete: bool
     }
     let py = hsize + old_user * 8;
     out.extend_from_slice(&record[py..py + py_slots * 8]);
-    if inline {
-        out.resize(KERNEL_FRAMES_OFFSET, 0);
-        out.extend_from_slice(&record[KERNEL_FRAMES_OFFSET..FULL_RECORD_SIZE]);
-    }
     out
 }
 
@@ -299,7 +326,6 @@ mod tests {
     fn holding_is_bounded_in_bytes() {
         let mut held = HeldStacks::default();
         let mut bytes = record(&[1], &[], SAMPLE_STACK_COPY);
-        bytes.resize(pyrometer_ebpf::STACK_COPY_OFFSET, 0);
         // The copy's head: pc, sp, bp, base, then the length, then the bytes.
         for w in [0x1000u64, 0x7f00, 0, 0x7000] {
             bytes.extend_from_slice(&w.to_ne_bytes());

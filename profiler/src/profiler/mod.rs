@@ -238,8 +238,10 @@ impl Profiler {
     /// entry lacks (as often as the registry allows), for the next sync to register it.
     fn refresh_for_held(&mut self, capture: &mut Capture) {
         for pid in self.held.take_refresh() {
-            if let Ok(true) = self.registry.refresh(pid) {
-                capture.maps_changed.push(pid);
+            match self.registry.refresh(pid) {
+                Ok(true) => capture.maps_changed.push(pid),
+                Ok(false) => self.held.refresh_later(),
+                Err(_) => {}
             }
         }
     }
@@ -276,7 +278,16 @@ impl Profiler {
             ready.extend(self.hold_or_pass(rec, to, into));
         }
         self.batch = batch;
-        for (rec, to) in ready {
+        self.ingest_routed(ready, main, side);
+    }
+
+    fn ingest_routed(
+        &mut self,
+        records: Vec<(Vec<u8>, Route)>,
+        main: &mut Capture,
+        side: &mut Capture,
+    ) {
+        for (rec, to) in records {
             if matches!(to, Route::Side | Route::Both) {
                 self.ingest(side, &rec);
             }
@@ -284,6 +295,13 @@ impl Profiler {
                 self.ingest(main, &rec);
             }
         }
+    }
+
+    /// Counts every held record now, into `main`, `side` or both as it was routed when it
+    /// came: at the end of the capture `side` is.
+    pub fn release_held_routed(&mut self, main: &mut Capture, side: &mut Capture) {
+        let all = self.held.release(self.tables.unwinder.as_ref(), true);
+        self.ingest_routed(all, main, side);
     }
 
     /// Brings the tables of the processes whose maps `capture` saw change up to date.

@@ -5,7 +5,7 @@
 //! pointers where it has none or the address is in no mapping, a stop where a table has no
 //! row for it.
 
-use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, MAX_USER_FRAMES};
+use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, MAX_USER_FRAMES, ProcessUnwind};
 use pyrometer_unwind::{CFA_NONE, Regs, Step, UnwindRow, step};
 
 use super::Unwinder;
@@ -19,23 +19,26 @@ pub struct Replayed {
 }
 
 impl Unwinder {
-    /// Whether `pid`'s entry has a mapping holding `pc` (None: it has no entry).
-    pub fn covers(&self, pid: u32, pc: u64) -> Option<bool> {
-        let entry = self.procs.get(&pid, 0).ok()?;
-        let maps = &entry.maps[..(entry.count as usize).min(MAX_MAPPINGS)];
-        Some(maps.iter().any(|m| m.start <= pc && pc < m.end))
+    /// The process's entry in `unwind_procs` as the kernel walks with it now (None: it has
+    /// none, e.g. it exited and was forgotten). A copy: read once for a process's held samples.
+    pub fn entry(&self, pid: u32) -> Option<ProcessUnwind> {
+        self.procs.get(&pid, 0).ok()
     }
 
-    /// Walks the stack of a sample of `pid` taken at `regs`, reading the stack with `read`
-    /// (the sample's copy). None when the process has no entry (it exited and was forgotten).
+    /// How many times a process's entry was written: held samples wait for a change.
+    pub fn generation(&self) -> u64 {
+        self.clock
+    }
+
+    /// Walks the stack of a sample of the process whose entry is `entry`, taken at `regs`,
+    /// reading the stack with `read` (the sample's copy).
     pub fn replay(
         &self,
-        pid: u32,
+        entry: &ProcessUnwind,
         regs: Regs,
         read: impl Fn(u64) -> Option<u64>,
-    ) -> Option<Replayed> {
-        let entry = self.procs.get(&pid, 0).ok()?;
-        let maps = &entry.maps[..(entry.count as usize).min(MAX_MAPPINGS)];
+    ) -> Replayed {
+        let maps = mappings(entry);
         let mut regs = regs;
         let mut frames = Vec::new();
         // The rows of the mapping the last frame was in, mapped once for the frames after it.
@@ -78,19 +81,29 @@ impl Unwinder {
             match step(&row, &mut regs, &read) {
                 Step::Next => {}
                 Step::End => {
-                    return Some(Replayed {
+                    return Replayed {
                         frames,
                         complete: true,
-                    });
+                    };
                 }
                 Step::Stop(_) => break,
             }
         }
-        Some(Replayed {
+        Replayed {
             frames,
             complete: false,
-        })
+        }
     }
+}
+
+/// The executable mappings of a process's entry.
+fn mappings(entry: &ProcessUnwind) -> &[ExecMapping] {
+    &entry.maps[..(entry.count as usize).min(MAX_MAPPINGS)]
+}
+
+/// Whether the entry has a mapping holding `pc`.
+pub fn covers(entry: &ProcessUnwind, pc: u64) -> bool {
+    mappings(entry).iter().any(|m| m.start <= pc && pc < m.end)
 }
 
 /// One frame by the frame pointer; false when the chain ends or cannot be read.
