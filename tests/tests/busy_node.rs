@@ -365,9 +365,9 @@ fn new_processes_are_complete_from_their_first_samples() {
     // while it builds the program's table: the kernel's walk falls back to frame pointers,
     // which stop at the leaf here. Such a sample keeps a copy of its stack, which the agent
     // walks again once the table is in. Without the copies 44-72 % of these were complete;
-    // with them 100 % in nine runs here, six of them beside one or two CPU spinners. A sample whose
-    // copy was left out (the ring buffer three quarters full while the agent's loop waited
-    // for a table read) is counted (`skipped`), and copies must mostly be sent.
+    // with them 100 % in eleven runs here, six of them beside one or two CPU spinners. A
+    // sample whose copy was left out (the ring buffer three quarters full while the agent's
+    // loop waited for a table read) is counted (`skipped`), and copies must mostly be sent.
     native_tally.check("native", 0.99);
     let copies = |outcome: &str| -> u64 {
         let key = format!("pyrometer_agent_stack_copies_total{{outcome=\"{outcome}\"}} ");

@@ -35,9 +35,10 @@ pub struct HeldStats {
     /// ... of those, walks that reached the outermost frame.
     pub complete: u64,
     /// ... counted as the kernel walked them: the tables did not come within [`MAX_HOLD`],
-    /// the process was gone, or the walk went no further.
+    /// the process was gone, the walk went no further, or there was no room to hold them.
     pub unchanged: u64,
-    /// ... counted before their tables came, for room ([`MAX_HELD_BYTES`]) or at the end.
+    /// Of those walked again or not, the ones counted before their tables came: for room
+    /// ([`MAX_HELD_BYTES`]), after [`MAX_HOLD`], or at the end.
     pub early: u64,
 }
 
@@ -122,6 +123,7 @@ impl HeldStacks {
         while !self.held.is_empty() && self.bytes + held.bytes() > MAX_HELD_BYTES {
             let old = self.pop_front();
             self.stats.early += 1;
+            self.stats.unchanged += 1;
             out.push((old.record, old.route));
         }
         self.bytes += held.bytes();
@@ -347,6 +349,7 @@ mod tests {
         }
         assert!(back >= 10, "{back} of {n} came back");
         assert_eq!(held.stats().early as usize, back);
+        assert_eq!(held.stats().unchanged as usize, back);
         // Without an unwinder everything goes, as it came.
         let all = held.release(None, false);
         assert_eq!(all.len() + back, n);

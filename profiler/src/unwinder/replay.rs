@@ -41,8 +41,9 @@ impl Unwinder {
         let maps = mappings(entry);
         let mut regs = regs;
         let mut frames = Vec::new();
-        // The rows of the mapping the last frame was in, mapped once for the frames after it.
-        let mut rows: Option<(u64, Window)> = None;
+        // The rows of each mapping met, mapped once for the walk: a stack goes back and forth
+        // between a program and its libraries.
+        let mut windows: Vec<(u64, Window)> = Vec::new();
         while frames.len() < MAX_USER_FRAMES && regs.pc != 0 {
             // A return address points after the call; look up the call itself.
             let lookup = if frames.is_empty() {
@@ -59,16 +60,17 @@ impl Unwinder {
                 }
                 continue;
             };
-            if rows.as_ref().is_none_or(|(start, _)| *start != m.start) {
-                rows = self
-                    .rows
-                    .window(m.row_first, m.row_count)
-                    .ok()
-                    .map(|w| (m.start, w));
-            }
-            let Some((_, window)) = rows.as_ref() else {
-                break;
+            let at = match windows.iter().position(|(start, _)| *start == m.start) {
+                Some(at) => at,
+                None => match self.rows.window(m.row_first, m.row_count) {
+                    Ok(w) => {
+                        windows.push((m.start, w));
+                        windows.len() - 1
+                    }
+                    Err(_) => break,
+                },
             };
+            let window = &windows[at].1;
             let Some(row) = u32::try_from(lookup.wrapping_sub(m.bias))
                 .ok()
                 .and_then(|pc| find_row(window, m, pc))

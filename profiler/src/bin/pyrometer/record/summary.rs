@@ -222,7 +222,7 @@ pub fn print_unwinding(report: &RunReport) {
     let copies = report.stack_copies;
     if uw.stack_copies + uw.stack_copies_skipped > 0 {
         eprintln!(
-            "pyrometer: {} samples taken before their unwind tables were in kept a copy of their stack: {} walked again further ({} to the outermost frame), {} as first walked, {} counted before their tables came; {} more went without a copy (over the per-CPU rate or no room in the ring buffer)",
+            "pyrometer: {} samples taken before their unwind tables were in kept a copy of their stack: {} walked again further ({} to the outermost frame), {} as first walked ({} of all these counted before their tables came); {} more went without a copy (over the per-CPU rate or no room in the ring buffer)",
             uw.stack_copies,
             copies.rewalked,
             copies.complete,
