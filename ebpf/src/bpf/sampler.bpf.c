@@ -84,17 +84,14 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 		(unwind_dwarf &&
 		 (!(rec->hdr.flags & SAMPLE_DWARF) || (rec->hdr.flags & SAMPLE_UNKNOWN_MAPPING))) ||
 		(rec->hdr.flags & SAMPLE_PY_NEW_THREAD);
+	// A sample that asked for a copy of its stack goes with one, or as it is (its flag off).
+	int copied = 0;
 	if (rec->hdr.flags & SAMPLE_STACK_COPY) {
-		if (send_with_stack_copy(rec, user, start) == 0) {
-			count(COUNTER_STACK_COPIES);
-			count(COUNTER_SAMPLES);
-			count_n(COUNTER_SAMPLE_NS, bpf_ktime_get_ns() - start);
-			return 0;
-		}
-		count(COUNTER_STACK_COPIES_SKIPPED);
+		copied = send_with_stack_copy(rec, user, start) == 0;
+		count(copied ? COUNTER_STACK_COPIES : COUNTER_STACK_COPIES_SKIPPED);
 		rec->hdr.flags &= ~SAMPLE_STACK_COPY;
 	}
-	if (send_record_wake(rec, size, wake) != 0)
+	if (!copied && send_record_wake(rec, size, wake) != 0)
 		count(COUNTER_RINGBUF_DROPS);
 	else
 		count(COUNTER_SAMPLES);

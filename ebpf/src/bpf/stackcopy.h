@@ -87,19 +87,8 @@ static __attribute__((noinline)) int send_with_stack_copy(struct sample_record *
 		return -1;
 	int pages = waiting >= ringbuf_wakeup_bytes ? 1 : STACK_COPY_PAGES;
 	__u64 pc, sp, bp;
-	if (user) {
-		pc = user->rip;
-		sp = user->rsp;
-		bp = user->rbp;
-	} else {
-		struct pt_regs *saved =
-			(struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		if (bpf_probe_read_kernel(&pc, sizeof(pc), &saved->rip) ||
-		    bpf_probe_read_kernel(&sp, sizeof(sp), &saved->rsp) ||
-		    bpf_probe_read_kernel(&bp, sizeof(bp), &saved->rbp))
-			return -1;
-	}
-	pc = uprobe_xol_pc(pc);
+	if (walk_start_regs(user, &pc, &sp, &bp))
+		return -1;
 	__u32 zero = 0;
 	struct sample_copy_buf *out = bpf_map_lookup_elem(&stack_copy_scratch, &zero);
 	if (!out)

@@ -619,6 +619,28 @@ static __always_inline int walk_wants_copy(__u32 flags)
 	return bpf_ktime_get_ns() - started < STACK_COPY_YOUNG_NS;
 }
 
+// The user registers a stack walk starts from: `user` (those of a probe or an interrupted
+// user-mode sample), or when NULL the ones saved on kernel entry (a sample in a system call,
+// a thread switched out); the pc moved out of a uprobe's slot. Non-zero when unreadable.
+static __always_inline int walk_start_regs(const struct pt_regs *user, __u64 *pc, __u64 *sp,
+					   __u64 *bp)
+{
+	if (user) {
+		*pc = user->rip;
+		*sp = user->rsp;
+		*bp = user->rbp;
+	} else {
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (bpf_probe_read_kernel(pc, sizeof(*pc), &saved->rip) ||
+		    bpf_probe_read_kernel(sp, sizeof(*sp), &saved->rsp) ||
+		    bpf_probe_read_kernel(bp, sizeof(*bp), &saved->rbp))
+			return -1;
+	}
+	*pc = uprobe_xol_pc(*pc);
+	return 0;
+}
+
 // Walks the user stack of the current task into the scratch record `which` names, setting
 // SAMPLE_* flags in `hdr`. `regs` are the user registers when the program interrupted user
 // mode, or NULL: then the ones saved on kernel entry are used (a sample in a system call,
@@ -636,19 +658,8 @@ static __always_inline int dwarf_unwind_regs(const struct pt_regs *user_regs, __
 		.pid = tgid,
 		.which = which,
 	};
-	if (user_regs) {
-		a.pc = user_regs->rip;
-		a.sp = user_regs->rsp;
-		a.bp = user_regs->rbp;
-	} else {
-		struct task_struct *task = bpf_get_current_task_btf();
-		struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(task);
-		if (bpf_probe_read_kernel(&a.pc, sizeof(a.pc), &saved->rip) ||
-		    bpf_probe_read_kernel(&a.sp, sizeof(a.sp), &saved->rsp) ||
-		    bpf_probe_read_kernel(&a.bp, sizeof(a.bp), &saved->rbp))
-			return 0;
-	}
-	a.pc = uprobe_xol_pc(a.pc);
+	if (walk_start_regs(user_regs, &a.pc, &a.sp, &a.bp))
+		return 0;
 	int frames = dwarf_walk(&a);
 	// Only the sampler sends copies; a walk for another program only drops the bits.
 	if (which == SCRATCH_SAMPLE && walk_wants_copy(a.flags))
