@@ -71,7 +71,7 @@ mod step;
 
 pub use build::{build_id, build_table};
 pub use cache::{CacheKey, CacheStats, DEFAULT_BUDGET_BYTES, TableCache};
-pub use step::{Regs, Step, step};
+pub use step::{Regs, Rule, Step, frame_pointer_step, step, walk};
 
 /// No CFI covers this pc.
 pub const CFA_NONE: u8 = 0;

@@ -65,6 +65,72 @@ pub fn step(row: &UnwindRow, regs: &mut Regs, read: impl Fn(u64) -> Option<u64>)
     if ra == 0 { Step::End } else { Step::Next }
 }
 
+/// How the frame at an address unwinds, as a walk's caller finds it ([`walk`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// By this row (the one for the address).
+    Row(UnwindRow),
+    /// By the frame pointer (code the kernel side would walk so: no table for it).
+    FramePointer,
+    /// Not at all: the walk ends here, incomplete.
+    Stop,
+}
+
+/// Walks a stack from `regs`, innermost first (the first address the interrupted
+/// instruction, the others return addresses), at most `max_frames`, and says whether it
+/// reached the outermost frame. `rule` says how the frame at an address unwinds (it is asked
+/// for the call itself, one byte before a return address); `read` reads 8 bytes of the
+/// thread's memory.
+pub fn walk(
+    regs: Regs,
+    max_frames: usize,
+    read: impl Fn(u64) -> Option<u64>,
+    mut rule: impl FnMut(u64) -> Rule,
+) -> (Vec<u64>, bool) {
+    let mut regs = regs;
+    let mut frames = Vec::new();
+    while frames.len() < max_frames && regs.pc != 0 {
+        let lookup = if frames.is_empty() {
+            regs.pc
+        } else {
+            regs.pc - 1
+        };
+        frames.push(regs.pc);
+        let next = match rule(lookup) {
+            Rule::Row(row) => step(&row, &mut regs, &read),
+            Rule::FramePointer => frame_pointer_step(&mut regs, &read),
+            Rule::Stop => break,
+        };
+        match next {
+            Step::Next => {}
+            Step::End => return (frames, true),
+            Step::Stop(_) => break,
+        }
+    }
+    (frames, false)
+}
+
+/// One frame by the frame pointer, as the kernel side's fallback takes it: a zero return
+/// address ends the chain without completing it.
+pub fn frame_pointer_step(regs: &mut Regs, read: impl Fn(u64) -> Option<u64>) -> Step {
+    if regs.bp == 0 {
+        return Step::Stop("no frame pointer");
+    }
+    let (Some(next_bp), Some(ra)) = (read(regs.bp), read(regs.bp.wrapping_add(8))) else {
+        return Step::Stop("unreadable frame record");
+    };
+    *regs = Regs {
+        pc: ra,
+        sp: regs.bp.wrapping_add(16),
+        bp: next_bp,
+    };
+    if ra == 0 {
+        Step::Stop("a zero return address")
+    } else {
+        Step::Next
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +181,50 @@ mod tests {
             Step::Next
         );
         assert_eq!((regs.pc, regs.sp), (0xbeef, 0x1008));
+    }
+
+    /// A walk asks for the call (one byte before a return address), follows rows and frame
+    /// pointers as told, and ends complete only at an end row.
+    #[test]
+    fn walks_by_rows_and_frame_pointers() {
+        // 0x10 by a row (CFA = rsp + 8, return to 0x20); 0x20 by the frame pointer at 0x2000
+        // (saved rbp 0x3000, return to 0x30); 0x30 ends the stack.
+        let mem: HashMap<u64, u64> = [(0x1000, 0x20), (0x2000, 0x3000), (0x2008, 0x30)].into();
+        let read = |a: u64| mem.get(&a).copied();
+        let start = Regs {
+            pc: 0x10,
+            sp: 0x1000,
+            bp: 0x2000,
+        };
+        let mut asked = Vec::new();
+        let (frames, complete) = walk(start, 8, read, |pc| {
+            asked.push(pc);
+            match pc {
+                0x10 => Rule::Row(row(CFA_RSP, 8, RBP_SAME, 0)),
+                0x1f => Rule::FramePointer,
+                _ => Rule::Row(row(CFA_END, 0, RBP_SAME, 0)),
+            }
+        });
+        assert_eq!((frames, complete), (vec![0x10, 0x20, 0x30], true));
+        assert_eq!(asked, [0x10, 0x1f, 0x2f]);
+        // A stop, or the frame limit, leaves it incomplete with the frames so far.
+        assert_eq!(walk(start, 8, read, |_| Rule::Stop), (vec![0x10], false));
+        let (frames, complete) = walk(start, 2, read, |pc| match pc {
+            0x10 => Rule::Row(row(CFA_RSP, 8, RBP_SAME, 0)),
+            _ => Rule::FramePointer,
+        });
+        assert_eq!((frames, complete), (vec![0x10, 0x20], false));
+        // A frame pointer chain that ends on a zero return address is not complete.
+        let mut regs = Regs {
+            pc: 1,
+            sp: 0,
+            bp: 0x2000,
+        };
+        let zero: HashMap<u64, u64> = [(0x2000, 0), (0x2008, 0)].into();
+        assert!(matches!(
+            frame_pointer_step(&mut regs, |a| zero.get(&a).copied()),
+            Step::Stop(_)
+        ));
     }
 
     #[test]

@@ -38,18 +38,34 @@ impl Capture {
         if registry.opted_out(pid) {
             return false;
         }
-        if self.pids.insert(pid) {
-            if registry.observe(pid).is_ok() {
-                self.maps_changed.push(pid);
-            }
-        } else if sample
-            .user_frames()
-            .any(|a| registry.find(pid, a).is_none())
+        if !self.first_sight(pid, registry) {
+            let frames: Vec<u64> = sample.user_frames().collect();
+            self.refresh_for_unknown(pid, &frames, registry);
+        }
+        true
+    }
+
+    /// Reads a process's maps the first time one of its records is counted, for its tables
+    /// to be synced. Whether it was the first time.
+    fn first_sight(&mut self, pid: u32, registry: &mut ProcessRegistry) -> bool {
+        if !self.pids.insert(pid) {
+            return false;
+        }
+        // Best effort: a process that is already gone keeps its samples, unsymbolized.
+        if registry.observe(pid).is_ok() {
+            self.maps_changed.push(pid);
+        }
+        true
+    }
+
+    /// Any frame outside the known mappings means the map changed since it was read (the
+    /// loader mapped libraries after exec, or a dlopen): it is read again (rate-limited).
+    fn refresh_for_unknown(&mut self, pid: u32, frames: &[u64], registry: &mut ProcessRegistry) {
+        if frames.iter().any(|&a| registry.find(pid, a).is_none())
             && let Ok(true) = registry.refresh(pid)
         {
             self.maps_changed.push(pid);
         }
-        true
     }
 
     /// Names the record's Python frames now, while the process can still be read.
@@ -111,12 +127,7 @@ impl Capture {
         if h.comm.starts_with(b"ray::") {
             self.ray_seen = true;
         }
-        if self.pids.insert(h.pid) {
-            // Best effort: a process that is already gone keeps its samples, unsymbolized.
-            if registry.observe(h.pid).is_ok() {
-                self.maps_changed.push(h.pid);
-            }
-        }
+        self.first_sight(h.pid, registry);
         let key = self.stack_key(sample, sampler, registry, python);
         self.count_record(&h, key, registry, still_blocked);
     }
@@ -162,13 +173,7 @@ impl Capture {
         {
             *leaf = leaf.saturating_sub(1);
         }
-        // Any frame outside the known mappings means the map changed since it was read (the
-        // loader mapped libraries after exec, or a dlopen); refresh is rate-limited.
-        if user.iter().any(|&a| registry.find(h.pid, a).is_none())
-            && let Ok(true) = registry.refresh(h.pid)
-        {
-            self.maps_changed.push(h.pid);
-        }
+        self.refresh_for_unknown(h.pid, &user, registry);
         let kernel = if h.kernel_stack_id >= 0 {
             match self.kernel_stack_cache.get(&h.kernel_stack_id) {
                 Some(frames) => frames.clone(),

@@ -161,32 +161,35 @@ impl HeldStacks {
             return Vec::new();
         }
         self.looked_at = generation;
-        // Per process, once a look: whether a table is still on its way, and its entry.
-        let mut processes: HashMap<u32, (bool, Option<ProcessUnwind>)> = HashMap::new();
+        // Per process, once a look: whether it still runs, whether a table of it is still on
+        // its way, and its entry.
+        let mut processes: HashMap<u32, (bool, bool, Option<ProcessUnwind>)> = HashMap::new();
         let mut out = Vec::new();
         let mut kept = VecDeque::with_capacity(self.held.len());
         while let Some(h) = self.held.pop_front() {
             self.bytes -= h.bytes();
-            let (pending, entry) = match unwinder {
+            let (alive, pending, entry) = match unwinder {
                 Some(u) => {
                     let p = processes.entry(h.pid).or_insert_with(|| {
-                        let pending = u.pending(h.pid) && crate::os::pids::exists(h.pid);
-                        (pending, u.entry(h.pid))
+                        (
+                            crate::os::pids::exists(h.pid),
+                            u.pending(h.pid),
+                            u.entry(h.pid),
+                        )
                     });
-                    (p.0, p.1.as_ref())
+                    (p.0, p.1, p.2.as_ref())
                 }
-                None => (false, None),
+                None => (false, false, None),
             };
             // Its tables are in when none of its process's is pending and the mapping the
             // sample was taken in is one the entry has (the loader maps libraries after the
             // exec, whose maps registered the process): until then its maps are read again.
             // A process that is gone gets no more: its samples go with what there is.
-            let uncovered =
-                entry.is_some_and(|e| !covers(e, h.regs.pc) && crate::os::pids::exists(h.pid));
+            let uncovered = alive && entry.is_some_and(|e| !covers(e, h.regs.pc));
             if uncovered && !self.refresh.contains(&h.pid) {
                 self.refresh.push(h.pid);
             }
-            let waiting = pending || uncovered;
+            let waiting = uncovered || (alive && pending);
             if waiting && !all && now.duration_since(h.since) < MAX_HOLD {
                 self.bytes += h.bytes();
                 kept.push_back(h);

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pyrometer_unwind::{Regs, Step, UnwindRow, lookup, step};
+use pyrometer_unwind::{Regs, Rule, UnwindRow, lookup};
 
 use crate::os::elfsyms::loads;
 use crate::os::procs::{BinaryKey, Process};
@@ -216,28 +216,12 @@ pub fn walk(
     read: impl Fn(u64) -> Option<u64>,
     tables: &mut NativeTables,
 ) -> (Vec<u64>, bool) {
-    let mut regs = regs;
-    let mut out = Vec::new();
-    while out.len() < MAX_NATIVE_FRAMES && regs.pc != 0 {
-        // A return address points after the call; look up the call itself.
-        let lookup_pc = if out.is_empty() { regs.pc } else { regs.pc - 1 };
-        out.push(regs.pc);
-        let Some((table, vaddr)) = tables.get(process, lookup_pc) else {
-            break;
-        };
-        let Some(row) = u32::try_from(vaddr)
-            .ok()
-            .and_then(|pc| lookup(&table.rows, pc))
-        else {
-            break;
-        };
-        match step(row, &mut regs, &read) {
-            Step::Next => {}
-            Step::End => return (out, true),
-            Step::Stop(_) => break,
-        }
-    }
-    (out, false)
+    pyrometer_unwind::walk(regs, MAX_NATIVE_FRAMES, read, |pc| {
+        tables
+            .get(process, pc)
+            .and_then(|(table, vaddr)| lookup(&table.rows, u32::try_from(vaddr).ok()?).copied())
+            .map_or(Rule::Stop, Rule::Row)
+    })
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 //! the row array, both as they are now that the tables the sample lacked are in. Each step
 //! follows the kernel's (`ebpf/src/bpf/unwind.h`): a row where the mapping has a table, frame
 //! pointers where it has none or the address is in no mapping, a stop where a table has no
-//! row for it.
+//! row for it (the walk itself is `pyrometer_unwind::walk`, which `dump --native` uses too).
 
 use pyrometer_ebpf::{ExecMapping, MAX_MAPPINGS, MAX_USER_FRAMES, ProcessUnwind};
-use pyrometer_unwind::{CFA_NONE, Regs, Step, UnwindRow, step};
+use pyrometer_unwind::{Regs, Rule, UnwindRow, walk};
 
 use super::Unwinder;
 use super::arrays::Window;
@@ -39,26 +39,16 @@ impl Unwinder {
         read: impl Fn(u64) -> Option<u64>,
     ) -> Replayed {
         let maps = mappings(entry);
-        let mut regs = regs;
-        let mut frames = Vec::new();
         // The rows of each mapping met, mapped once for the walk: a stack goes back and forth
         // between a program and its libraries.
         let mut windows: Vec<(u64, Window)> = Vec::new();
-        while frames.len() < MAX_USER_FRAMES && regs.pc != 0 {
-            // A return address points after the call; look up the call itself.
-            let lookup = if frames.is_empty() {
-                regs.pc
-            } else {
-                regs.pc - 1
-            };
-            frames.push(regs.pc);
-            let mapping = maps.iter().find(|m| m.start <= lookup && lookup < m.end);
-            let Some(m) = mapping.filter(|m| m.row_count > 0) else {
+        let (frames, complete) = walk(regs, MAX_USER_FRAMES, read, |pc| {
+            let Some(m) = maps
+                .iter()
+                .find(|m| m.start <= pc && pc < m.end && m.row_count > 0)
+            else {
                 // No mapping, or no table for it: frame pointers, as the kernel does.
-                if !frame_pointer_step(&mut regs, &read) {
-                    break;
-                }
-                continue;
+                return Rule::FramePointer;
             };
             let at = match windows.iter().position(|(start, _)| *start == m.start) {
                 Some(at) => at,
@@ -67,34 +57,15 @@ impl Unwinder {
                         windows.push((m.start, w));
                         windows.len() - 1
                     }
-                    Err(_) => break,
+                    Err(_) => return Rule::Stop,
                 },
             };
-            let window = &windows[at].1;
-            let Some(row) = u32::try_from(lookup.wrapping_sub(m.bias))
+            u32::try_from(pc.wrapping_sub(m.bias))
                 .ok()
-                .and_then(|pc| find_row(window, m, pc))
-            else {
-                break;
-            };
-            if row.cfa_type == CFA_NONE {
-                break;
-            }
-            match step(&row, &mut regs, &read) {
-                Step::Next => {}
-                Step::End => {
-                    return Replayed {
-                        frames,
-                        complete: true,
-                    };
-                }
-                Step::Stop(_) => break,
-            }
-        }
-        Replayed {
-            frames,
-            complete: false,
-        }
+                .and_then(|rel| find_row(&windows[at].1, m, rel))
+                .map_or(Rule::Stop, Rule::Row)
+        });
+        Replayed { frames, complete }
     }
 }
 
@@ -106,22 +77,6 @@ fn mappings(entry: &ProcessUnwind) -> &[ExecMapping] {
 /// Whether the entry has a mapping holding `pc`.
 pub fn covers(entry: &ProcessUnwind, pc: u64) -> bool {
     mappings(entry).iter().any(|m| m.start <= pc && pc < m.end)
-}
-
-/// One frame by the frame pointer; false when the chain ends or cannot be read.
-fn frame_pointer_step(regs: &mut Regs, read: &impl Fn(u64) -> Option<u64>) -> bool {
-    if regs.bp == 0 {
-        return false;
-    }
-    let (Some(next_bp), Some(ra)) = (read(regs.bp), read(regs.bp.wrapping_add(8))) else {
-        return false;
-    };
-    *regs = Regs {
-        pc: ra,
-        sp: regs.bp.wrapping_add(16),
-        bp: next_bp,
-    };
-    ra != 0
 }
 
 /// The last row of the mapping's table at or before `pc` (rows are sorted by pc).
